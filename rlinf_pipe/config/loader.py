@@ -1,0 +1,189 @@
+"""Load a run config: YAML file + `key=value` overrides -> typed `Config`, then one validation pass.
+
+Errors are `ConfigError`s that name the key, where it came from (file or override) and what would be valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from rlinf_pipe.config.schema import Config
+from rlinf_pipe.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sources:
+    """Where config values came from, to name them in errors."""
+
+    file: str | None
+    overrides: tuple[str, ...]
+
+    def of(self, path: str) -> str:
+        for override in reversed(self.overrides):
+            key = override.split("=", 1)[0].lstrip("+")
+            if key == path or path.startswith(key + ".") or key.startswith(path + "."):
+                return f"override `{override}`"
+        return f"file {self.file}" if self.file else "the defaults"
+
+
+def closest(name: str, valid: typing.Iterable[str]) -> str:
+    """A hint naming the closest valid names, or all of them when none is close."""
+    valid = sorted(valid)
+    near = difflib.get_close_matches(name, valid, n=3, cutoff=0.6)
+    if near:
+        return "did you mean " + " or ".join(f"`{v}`" for v in near) + "?"
+    return "valid names: " + ", ".join(f"`{v}`" for v in valid)
+
+
+def find_config_file(config_path: str | Path, config_name: str) -> Path:
+    """Resolve `--config-path DIR --config-name NAME` (NAME with or without .yaml)."""
+    folder = Path(config_path)
+    if not folder.is_dir():
+        raise ConfigError(f"--config-path {config_path}: no such folder")
+    name = config_name if config_name.endswith((".yaml", ".yml")) else f"{config_name}.yaml"
+    path = folder / name
+    if not path.is_file():
+        available = [p.stem for p in folder.glob("*.yaml")]
+        raise ConfigError(
+            f"--config-name {config_name}: no file {path}; " + closest(Path(name).stem, available)
+        )
+    return path
+
+
+def load_config(
+    config_path: str | Path | None = None,
+    config_name: str | None = None,
+    overrides: typing.Sequence[str] = (),
+) -> Config:
+    """Build and validate a `Config` from an optional YAML file plus dotlist overrides.
+
+    With no file, the schema defaults (the tiny CPU pipeline) are the base.
+    """
+    file = find_config_file(config_path or ".", config_name) if config_name else None
+    sources = _Sources(str(file) if file else None, tuple(overrides))
+    try:
+        merged = OmegaConf.create({})
+        if file is not None:
+            loaded = OmegaConf.load(file)
+            if not isinstance(loaded, typing.Mapping) and not OmegaConf.is_dict(loaded):
+                raise ConfigError(f"file {file}: the top level must be a mapping of sections")
+            merged = OmegaConf.merge(merged, loaded)
+        merged = OmegaConf.merge(merged, _parse_overrides(overrides))
+        raw = OmegaConf.to_container(merged, resolve=True)
+    except OmegaConfBaseException as exc:
+        where = f"file {file}" if file else "overrides"
+        raise ConfigError(f"{where}: {exc}".split("\n    full_key")[0]) from None
+    cfg = _convert(Config, raw or {}, "", sources)
+    from rlinf_pipe.config.validate import validate_config
+
+    validate_config(cfg, sources.of)
+    return cfg
+
+
+def _parse_overrides(overrides: typing.Sequence[str]) -> Any:
+    for override in overrides:
+        key, sep, _ = override.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override `{override}` must look like key=value, e.g. runner.max_steps=5")
+    return OmegaConf.from_dotlist([o.lstrip("+") for o in overrides])
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    if origin is dict:
+        return f"mapping of {_type_name(typing.get_args(tp)[1])}"
+    if tp is type(None):
+        return "null"
+    if dataclasses.is_dataclass(tp):
+        return "mapping (section)"
+    return getattr(tp, "__name__", str(tp))
+
+
+class _Mismatch(Exception):
+    pass
+
+
+def _convert(tp: Any, value: Any, path: str, sources: _Sources) -> Any:
+    """Convert a plain value to `tp`, raising ConfigError with the key path on any mismatch."""
+    try:
+        return _convert_inner(tp, value, path, sources)
+    except _Mismatch:
+        raise ConfigError(
+            f"{path}: expected {_type_name(tp)}, got {type(value).__name__} {value!r} (from {sources.of(path)})"
+        ) from None
+
+
+def _convert_inner(tp: Any, value: Any, path: str, sources: _Sources) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise _Mismatch
+        hints = typing.get_type_hints(tp)
+        fields = {f.name for f in dataclasses.fields(tp)}
+        for key in value:
+            if key not in fields:
+                key_path = f"{path}.{key}" if path else str(key)
+                section = f"section `{path}`" if path else "the top level"
+                raise ConfigError(
+                    f"unknown key `{key_path}` (from {sources.of(key_path)}) in {section}; {closest(str(key), fields)}"
+                )
+        kwargs = {
+            key: _convert(hints[key], item, f"{path}.{key}" if path else key, sources) for key, item in value.items()
+        }
+        return tp(**kwargs)
+    if origin in (Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return _convert_inner(arg, value, path, sources)
+            except (_Mismatch, ConfigError):
+                continue
+        raise _Mismatch
+    if origin is Literal:
+        if value in typing.get_args(tp):
+            return value
+        raise _Mismatch
+    if origin is list:
+        if not isinstance(value, list):
+            raise _Mismatch
+        (item_tp,) = typing.get_args(tp)
+        return [_convert(item_tp, item, f"{path}[{i}]", sources) for i, item in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise _Mismatch
+        _, item_tp = typing.get_args(tp)
+        return {str(k): _convert(item_tp, item, f"{path}.{k}", sources) for k, item in value.items()}
+    if tp is type(None):
+        if value is None:
+            return None
+        raise _Mismatch
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise _Mismatch
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _Mismatch
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise _Mismatch
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise _Mismatch
+    raise TypeError(f"schema type {tp!r} at {path} is not supported by the config loader")

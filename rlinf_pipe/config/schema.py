@@ -1,0 +1,151 @@
+"""The typed config schema. Its defaults are the embedded default run: the tiny CPU pipeline.
+
+Each field carries a help string (shown by docs/configuration.md) and, where it applies, a minimum.
+Later features add fields here; `rlinf_pipe.config.loader` converts YAML + overrides into these classes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+def opt(default: Any, help: str, *, min: float | None = None) -> Any:
+    """A schema field: default value (copied if mutable), help text and an optional lower bound."""
+    meta = {"help": help, "min": min}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class ClusterConfig:
+    """Where the job runs and which GPUs each component gets."""
+
+    num_nodes: int = opt(1, "Number of Ray nodes the job needs; the job waits until they have joined.", min=1)
+    num_gpus_per_node: int | list[int] = opt(
+        3,
+        "GPUs per node: one number, or a list with one entry per node in node order (heterogeneous nodes). "
+        "On a machine without GPUs this many virtual GPUs are declared.",
+        min=1,
+    )
+    component_placement: dict[str, str | int | list[int]] = opt(
+        {"rollout": 0, "inference": 1, "actor": 2},
+        "Component -> global GPU ids: `all`, `N`, `a-b`, or comma lists of those; keys may join names "
+        "(`actor,rollout: all` = collocated). See docs/placement.md.",
+    )
+    ray_address: str = opt(
+        "auto",
+        "`auto`: join the running Ray cluster if there is one, else start a local one; `local`: always start "
+        "a local one; or an explicit `IP:PORT`.",
+    )
+    join_timeout_s: float = opt(300.0, "Seconds to wait for `num_nodes` nodes to join before failing.", min=0)
+
+
+@dataclass
+class RunnerConfig:
+    """The training loop: length, seeds, outputs, checkpoints."""
+
+    experiment_name: str = opt("tiny-grpo", "Name of the run; outputs go to <output_dir>/<experiment_name>/<time>/.")
+    output_dir: str = opt("outputs", "Root folder of run outputs.")
+    max_steps: int = opt(20, "Number of training steps.", min=1)
+    seed: int = opt(1, "Seed of data order, sampling and initialisation.")
+    save_interval: int = opt(0, "Save a checkpoint every N steps (0: only at the end).", min=0)
+    resume_dir: str | None = opt(None, "Checkpoint folder to resume from, or `auto` for the newest complete one.")
+    max_staleness: int = opt(
+        0, "0: every sample comes from the current weights (exact). 1: rollout runs one step ahead.", min=0
+    )
+
+
+@dataclass
+class AlgorithmConfig:
+    """The RL algorithm: advantages, loss, batch shape."""
+
+    adv_estimator: str = opt("grpo", "Advantage estimator by registry name (grpo, rloo, reinforce_plus_plus).")
+    group_size: int = opt(8, "Samples per prompt.", min=1)
+    n_minibatches: int = opt(1, "Optimizer steps per training step (the rollout batch is split into this many).", min=1)
+    kl_coef: float = opt(0.0, "Weight of the KL penalty against the reference policy (0 disables it).", min=0)
+    clip_ratio_low: float = opt(0.2, "PPO clip epsilon below 1.", min=0)
+    clip_ratio_high: float = opt(0.2, "PPO clip epsilon above 1.", min=0)
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = opt(
+        "token-mean", "How token losses are aggregated."
+    )
+
+
+@dataclass
+class RolloutConfig:
+    """Generation engines."""
+
+    backend: Literal["torch", "sglang"] = opt("torch", "`torch` (any device) or `sglang` (GPU only).")
+    model_path: str | None = opt(None, "HF model folder to generate with; defaults to actor.model_path.")
+    tensor_parallel_size: int = opt(1, "GPUs per generation engine.", min=1)
+    temperature: float = opt(1.0, "Sampling temperature.", min=0)
+    top_p: float = opt(1.0, "Nucleus sampling threshold.", min=0)
+    top_k: int = opt(-1, "Top-k sampling (-1: off).")
+    max_new_tokens: int = opt(32, "Maximum response length in tokens.", min=1)
+
+
+@dataclass
+class InferenceConfig:
+    """Log-prob workers (old and reference log-probs), used in the disaggregated pipeline."""
+
+    tensor_parallel_size: int = opt(1, "Megatron tensor-parallel size of each inference replica.", min=1)
+    pipeline_parallel_size: int = opt(1, "Megatron pipeline-parallel size of each inference replica.", min=1)
+    max_tokens_per_batch: int = opt(4096, "Token budget of one log-prob forward pass.", min=1)
+
+
+@dataclass
+class ActorConfig:
+    """Megatron training of the policy."""
+
+    model_path: str = opt("tiny", "HF model folder of the policy (`tiny`: the tiny model created on first use).")
+    tensor_parallel_size: int = opt(1, "Megatron tensor-parallel size.", min=1)
+    pipeline_parallel_size: int = opt(1, "Megatron pipeline-parallel size.", min=1)
+    micro_batch_size: int = opt(8, "Sequences per micro-batch.", min=1)
+    lr: float = opt(1e-5, "Peak learning rate.", min=0)
+    weight_decay: float = opt(0.0, "AdamW weight decay.", min=0)
+    clip_grad: float = opt(1.0, "Gradient-norm clipping threshold (0 disables it).", min=0)
+    lr_warmup_steps: int = opt(0, "Linear warmup steps of the learning rate.", min=0)
+
+
+@dataclass
+class RewardConfig:
+    """Verifiable reward."""
+
+    reward_type: Literal["math"] = opt("math", "Reward function.")
+    num_workers: int = opt(1, "Processes in the reward pool.", min=1)
+    timeout_s: float = opt(5.0, "Seconds one verification may take before it scores as wrong.", min=0)
+    correct_score: float = opt(1.0, "Reward of a correct answer.")
+    wrong_score: float = opt(0.0, "Reward of a wrong or unparseable answer.")
+
+
+@dataclass
+class DataConfig:
+    """Prompts."""
+
+    dataset: str = opt("arithmetic", "`arithmetic` (built-in generator) or a .jsonl / .json / .parquet path.")
+    rollout_batch_size: int = opt(8, "Prompts per training step.", min=1)
+    max_prompt_length: int = opt(128, "Prompts longer than this many tokens are dropped (and counted).", min=1)
+    prompt_key: str = opt("question", "Record key of the prompt in dataset files.")
+    answer_key: str = opt("answer", "Record key of the reference answer in dataset files.")
+
+
+@dataclass
+class Config:
+    """A whole run. Built by `rlinf_pipe.config.load_config`; never from a dict of strings."""
+
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def gpus_per_node(self) -> list[int]:
+        """GPU count of each node in node order (validated by the loader)."""
+        per_node = self.cluster.num_gpus_per_node
+        if isinstance(per_node, int):
+            return [per_node] * self.cluster.num_nodes
+        return list(per_node)

@@ -1,0 +1,34 @@
+"""User-facing errors. Each one says what was wrong and how to fix it; the CLI prints it without a traceback."""
+
+from __future__ import annotations
+
+
+class RlinfPipeError(Exception):
+    """Base class of errors caused by user input or the environment (not by a bug in rlinf_pipe)."""
+
+
+class ConfigError(RlinfPipeError):
+    """A config file or override is invalid: unknown key, wrong type, or an inconsistent value."""
+
+
+class PlacementError(RlinfPipeError):
+    """`cluster.component_placement` breaks a placement rule.
+
+    The message names the YAML key, the offending value, the rule, and a fix.
+    """
+
+    def __init__(self, key: str, value: object, rule: str, fix: str):
+        self.key, self.value, self.rule, self.fix = key, value, rule, fix
+        super().__init__(
+            f"invalid placement `{key}: {value}` (cluster.component_placement)\n"
+            f"  rule: {rule}\n"
+            f"  fix:  {fix}"
+        )
+
+
+class ClusterError(RlinfPipeError):
+    """The Ray cluster is missing, too small, or does not match `cluster` in the config."""
+
+
+class WorkerError(RlinfPipeError):
+    """A remote worker raised or died. Names the group, rank, node and GPUs, with the remote traceback."""

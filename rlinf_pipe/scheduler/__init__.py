@@ -1,0 +1,1 @@
+"""Placement, cluster, workers and worker groups."""

@@ -1,0 +1,1 @@
+"""Filled in by later issues (see DESIGN.md)."""

@@ -1,0 +1,403 @@
+"""GPU-range placement: `cluster.component_placement` -> processes on exact nodes and GPUs.
+
+Pure functions, no Ray: `rlinf-pipe plan` and the runner use the same code. Every broken rule raises a
+`PlacementError` that names the YAML key, the value, the rule and a fix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Literal, Sequence
+
+from rlinf_pipe.config.loader import closest
+from rlinf_pipe.config.schema import Config
+from rlinf_pipe.errors import PlacementError
+
+COMPONENTS = ("rollout", "inference", "actor", "reward")
+CPU_ONLY = "cpu"  # `reward: cpu` runs the reward pool without GPUs
+
+Mode = Literal["collocated", "disaggregated"]
+
+
+@dataclass(frozen=True)
+class ProcessPlacement:
+    """One worker process: its rank in the component, its node, and its GPUs (node-local and global ids)."""
+
+    rank: int
+    node_rank: int
+    local_gpus: tuple[int, ...]
+    global_gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ComponentPlacement:
+    """Where one component runs and how it is parallelised (tp x pp model-parallel, dp replicas)."""
+
+    name: str
+    key: str
+    gpus: tuple[int, ...]
+    tp: int
+    pp: int
+    processes: tuple[ProcessPlacement, ...]
+
+    @property
+    def dp(self) -> int:
+        return max(1, len(self.gpus) // (self.tp * self.pp)) if self.gpus else len(self.processes)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The validated placement of every component on the cluster."""
+
+    mode: Mode
+    gpus_per_node: tuple[int, ...]
+    components: dict[str, ComponentPlacement]
+    warnings: tuple[str, ...]
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.gpus_per_node)
+
+    def to_json(self) -> dict:
+        return {
+            "mode": self.mode,
+            "num_nodes": len(self.gpus_per_node),
+            "gpus_per_node": list(self.gpus_per_node),
+            "components": {
+                name: [
+                    {
+                        "rank": p.rank,
+                        "node_rank": p.node_rank,
+                        "local_gpus": list(p.local_gpus),
+                        "global_gpus": list(p.global_gpus),
+                    }
+                    for p in comp.processes
+                ]
+                for name, comp in self.components.items()
+            },
+            "parallelism": {
+                name: {"tp": comp.tp, "pp": comp.pp, "dp": comp.dp} for name, comp in self.components.items()
+            },
+            "warnings": list(self.warnings),
+        }
+
+
+class NodeLayout:
+    """Global GPU id <-> (node rank, local id): ids are cumulative over the node order."""
+
+    def __init__(self, gpus_per_node: Sequence[int]):
+        self.gpus_per_node = tuple(gpus_per_node)
+        self.offsets = (0, *accumulate(self.gpus_per_node))
+
+    @property
+    def world_size(self) -> int:
+        return self.offsets[-1]
+
+    def node_of(self, gpu: int) -> int:
+        for node, end in enumerate(self.offsets[1:]):
+            if gpu < end:
+                return node
+        raise ValueError(f"GPU {gpu} is outside the cluster ({self.world_size} GPUs)")
+
+    def local_id(self, gpu: int) -> int:
+        return gpu - self.offsets[self.node_of(gpu)]
+
+    def describe(self) -> str:
+        if len(set(self.gpus_per_node)) == 1:
+            per = f"{self.gpus_per_node[0]} GPUs each"
+        else:
+            per = "GPUs per node " + "/".join(map(str, self.gpus_per_node))
+        return f"{len(self.gpus_per_node)} node(s), {per}, global ids 0-{self.world_size - 1}"
+
+
+def format_ids(ids: Sequence[int]) -> str:
+    """Compact id list: [0, 1, 2, 5] -> "0-2,5"."""
+    ids = sorted(ids)
+    parts: list[str] = []
+    i = 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        parts.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+_TOKEN = re.compile(r"^(\d+)(?:\s*-\s*(\d+))?$")
+
+
+def parse_gpu_ids(key: str, value: object, layout: NodeLayout) -> tuple[int, ...]:
+    """Parse one placement value (`all`, `N`, `a-b`, comma lists, or a YAML list of ints) into sorted ids."""
+    world = layout.world_size
+    if isinstance(value, bool):
+        raise PlacementError(key, value, "a placement value is GPU ids, not a boolean", "write e.g. `0-3` or `all`")
+    if isinstance(value, int):
+        tokens: list[str] = [str(value)]
+    elif isinstance(value, list):
+        tokens = [str(v).strip() for v in value]
+    else:
+        text = str(value).strip()
+        if text.lower() == "all":
+            return tuple(range(world))
+        tokens = [t.strip() for t in text.split(",")]
+    ids: list[int] = []
+    for token in tokens:
+        match = _TOKEN.match(token)
+        if not match:
+            raise PlacementError(
+                key,
+                value,
+                f"`{token}` is not a GPU id or an inclusive range a-b (grammar: `all`, `N`, `a-b`, comma lists)",
+                f"write non-negative ids, e.g. `0-3,8-11`; the cluster has ids 0-{world - 1}",
+            )
+        low = int(match.group(1))
+        high = int(match.group(2)) if match.group(2) is not None else low
+        if high < low:
+            raise PlacementError(
+                key, value, f"range `{token}` is reversed (ranges are inclusive and ascending)", f"write `{high}-{low}`"
+            )
+        if high >= world:
+            raise PlacementError(
+                key,
+                value,
+                f"GPU id {high} is out of range: the cluster has {layout.describe()}",
+                f"use ids up to {world - 1}, or raise cluster.num_nodes / cluster.num_gpus_per_node",
+            )
+        ids.extend(range(low, high + 1))
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise PlacementError(
+            key, value, f"GPU id(s) {format_ids(duplicates)} listed twice", "list each GPU once"
+        )
+    return tuple(sorted(ids))
+
+
+def _split_key(key: str, value: object) -> list[str]:
+    names = [n.strip() for n in str(key).split(",")]
+    for name in names:
+        if name not in COMPONENTS:
+            label = f"`{name}`" if name else "an empty name"
+            raise PlacementError(
+                key,
+                value,
+                f"{label} is not a component (components: {', '.join(COMPONENTS)})",
+                closest(name, COMPONENTS) if name else "remove the stray comma",
+            )
+    return names
+
+
+def _parallel_sizes(cfg: Config) -> dict[str, tuple[int, int, str]]:
+    """Per component: (tp, pp, the config keys that set them)."""
+    return {
+        "rollout": (cfg.rollout.tensor_parallel_size, 1, "rollout.tensor_parallel_size"),
+        "inference": (
+            cfg.inference.tensor_parallel_size,
+            cfg.inference.pipeline_parallel_size,
+            "inference.tensor_parallel_size x inference.pipeline_parallel_size",
+        ),
+        "actor": (
+            cfg.actor.tensor_parallel_size,
+            cfg.actor.pipeline_parallel_size,
+            "actor.tensor_parallel_size x actor.pipeline_parallel_size",
+        ),
+        "reward": (1, 1, ""),
+    }
+
+
+def plan_placement(cfg: Config, gpus_per_node: Sequence[int] | None = None) -> Placement:
+    """Validate `cfg.cluster.component_placement` against a cluster and lay out every component's processes.
+
+    `gpus_per_node` defaults to the cluster described in the config; the runner passes the live cluster's.
+    """
+    layout = NodeLayout(gpus_per_node if gpus_per_node is not None else cfg.gpus_per_node())
+    raw = cfg.cluster.component_placement
+    if not raw:
+        raise PlacementError(
+            "component_placement", "{}", "no component is placed", "add e.g. `actor,rollout: all` (collocated)"
+        )
+
+    keys: dict[str, str] = {}
+    ids: dict[str, tuple[int, ...]] = {}
+    values: dict[str, object] = {}
+    for key, value in raw.items():
+        for name in _split_key(key, value):
+            if name in keys:
+                raise PlacementError(
+                    key,
+                    value,
+                    f"`{name}` is placed twice (also by `{keys[name]}`)",
+                    f"give `{name}` exactly one entry",
+                )
+            keys[name], values[name] = key, value
+            if name == "reward" and str(value).strip().lower() == CPU_ONLY:
+                ids[name] = ()
+            else:
+                ids[name] = parse_gpu_ids(key, value, layout)
+
+    for required in ("actor", "rollout"):
+        if required not in keys:
+            raise PlacementError(
+                required,
+                "<missing>",
+                f"`{required}` must be placed (actor and rollout are required)",
+                "add e.g. `actor,rollout: all` (collocated) or `rollout: 0-3` and `actor: 4-7` (pipeline)",
+            )
+
+    mode = _derive_mode(keys, values, ids)
+    sizes = _parallel_sizes(cfg)
+    components: dict[str, ComponentPlacement] = {}
+    for name in keys:
+        tp, pp, size_keys = sizes[name]
+        gpus = ids[name]
+        if name != "reward" and len(gpus) % (tp * pp):
+            raise PlacementError(
+                keys[name],
+                values[name],
+                f"{name} has {len(gpus)} GPU(s), not a multiple of {size_keys} = {tp * pp}",
+                f"give {name} a multiple of {tp * pp} GPUs, or change {size_keys}",
+            )
+        components[name] = ComponentPlacement(name, keys[name], gpus, tp, pp, ())
+
+    if mode == "collocated":
+        actor_tp, rollout_tp = components["actor"].tp, components["rollout"].tp
+        if actor_tp % rollout_tp:
+            raise PlacementError(
+                keys["rollout"],
+                values["rollout"],
+                f"collocated: actor.tensor_parallel_size ({actor_tp}) is not a multiple of "
+                f"rollout.tensor_parallel_size ({rollout_tp}), so actor TP shards cannot line up with rollout ranks",
+                f"use a rollout.tensor_parallel_size that divides {actor_tp}",
+            )
+
+    warnings: list[str] = []
+    for name, comp in components.items():
+        processes = _lay_out_processes(name, comp, components, mode, layout, values[name], warnings)
+        components[name] = ComponentPlacement(comp.name, comp.key, comp.gpus, comp.tp, comp.pp, processes)
+
+    samples = cfg.data.rollout_batch_size * cfg.algorithm.group_size
+    actor_dp = components["actor"].dp
+    if samples % actor_dp:
+        raise PlacementError(
+            keys["actor"],
+            values["actor"],
+            f"a step's {samples} samples (data.rollout_batch_size={cfg.data.rollout_batch_size} x "
+            f"algorithm.group_size={cfg.algorithm.group_size}) do not split evenly over the actor's "
+            f"{actor_dp} data-parallel ranks",
+            f"make data.rollout_batch_size x algorithm.group_size a multiple of {actor_dp}, or change the actor's "
+            "GPU count / parallel sizes",
+        )
+
+    used = set().union(*ids.values())
+    unused = [g for g in range(layout.world_size) if g not in used]
+    if unused:
+        warnings.append(
+            f"GPU(s) {format_ids(unused)} are not used by any component (the cluster has {layout.world_size}); "
+            "that is allowed, but they sit idle"
+        )
+    return Placement(mode, layout.gpus_per_node, components, tuple(warnings))
+
+
+def _derive_mode(keys: dict[str, str], values: dict[str, object], ids: dict[str, tuple[int, ...]]) -> Mode:
+    actor, rollout = set(ids["actor"]), set(ids["rollout"])
+    if "reward" in ids and not set(ids["reward"]) <= rollout:
+        outside = sorted(set(ids["reward"]) - rollout)
+        raise PlacementError(
+            keys["reward"],
+            values["reward"],
+            f"reward is a CPU component that may only share GPUs with rollout; GPU(s) {format_ids(outside)} "
+            "are not rollout's",
+            "place reward on rollout's GPUs (e.g. the same value as rollout) or write `reward: cpu`",
+        )
+    if actor == rollout:
+        if "inference" in ids:
+            raise PlacementError(
+                keys["inference"],
+                values["inference"],
+                "inference workers only exist in the disaggregated pipeline; with actor and rollout on the same "
+                "GPUs (collocated) the actor computes old and reference log-probs itself",
+                "remove the `inference` entry, or place actor and rollout on disjoint GPUs",
+            )
+        return "collocated"
+    gpu_components = [n for n in ("rollout", "inference", "actor") if n in ids]
+    for i, first in enumerate(gpu_components):
+        for second in gpu_components[i + 1 :]:
+            shared = set(ids[first]) & set(ids[second])
+            if shared:
+                pair = {first, second}
+                if pair == {"actor", "rollout"}:
+                    rule = (
+                        f"actor ({format_ids(ids['actor'])}) and rollout ({format_ids(ids['rollout'])}) share "
+                        f"GPU(s) {format_ids(sorted(shared))} but are not identical: they must be on the same GPUs "
+                        "(collocated) or on disjoint GPUs (disaggregated pipeline)"
+                    )
+                else:
+                    rule = (
+                        f"in the disaggregated pipeline every component needs its own GPUs; {first} and {second} "
+                        f"share GPU(s) {format_ids(sorted(shared))}"
+                    )
+                raise PlacementError(
+                    keys[second],
+                    values[second],
+                    rule,
+                    "collocated: `actor,rollout: all`; pipeline: disjoint ranges such as "
+                    "`rollout: 0-3`, `inference: 4-5`, `actor: 6-7`",
+                )
+    return "disaggregated"
+
+
+def _lay_out_processes(
+    name: str,
+    comp: ComponentPlacement,
+    components: dict[str, ComponentPlacement],
+    mode: Mode,
+    layout: NodeLayout,
+    value: object,
+    warnings: list[str],
+) -> tuple[ProcessPlacement, ...]:
+    """Group a component's GPUs into processes and check that none spans two nodes."""
+    if name == "rollout":
+        groups = _rollout_groups(comp, components["actor"], mode)
+    else:  # Megatron components and reward workers: one process per GPU
+        groups = [(g,) for g in comp.gpus]
+        model_parallel = comp.tp * comp.pp
+        if name != "reward" and model_parallel > 1:
+            for start in range(0, len(comp.gpus), comp.tp):
+                tp_group = comp.gpus[start : start + comp.tp]
+                if len({layout.node_of(g) for g in tp_group}) > 1:
+                    warnings.append(
+                        f"{name}: tensor-parallel group on GPUs {format_ids(tp_group)} spans nodes; TP traffic "
+                        "will cross the network (slow). Align the range to node boundaries if you can."
+                    )
+    processes = []
+    for rank, group in enumerate(groups):
+        nodes = sorted({layout.node_of(g) for g in group})
+        if len(nodes) > 1:
+            raise PlacementError(
+                comp.key,
+                value,
+                f"{name} process {rank} would get GPUs {format_ids(group)} on nodes "
+                f"{', '.join(map(str, nodes))}; a process never spans nodes",
+                f"make {name}'s GPUs on each node a multiple of its {comp.tp * comp.pp} GPUs per process "
+                f"({layout.describe()})",
+            )
+        processes.append(
+            ProcessPlacement(rank, nodes[0], tuple(layout.local_id(g) for g in group), tuple(group))
+        )
+    return tuple(processes)
+
+
+def _rollout_groups(rollout: ComponentPlacement, actor: ComponentPlacement, mode: Mode) -> list[tuple[int, ...]]:
+    """GPUs of each rollout engine. Collocated engines are strided inside each actor TP group so that
+    rollout TP rank r of engine j sits on the device of actor TP shard j + r * stride."""
+    tp = rollout.tp
+    if mode == "disaggregated":
+        return [rollout.gpus[i : i + tp] for i in range(0, len(rollout.gpus), tp)]
+    stride = actor.tp // tp
+    groups = []
+    for start in range(0, len(actor.gpus), actor.tp):
+        tp_group = actor.gpus[start : start + actor.tp]
+        groups.extend(tuple(tp_group[j + r * stride] for r in range(tp)) for j in range(stride))
+    return groups

@@ -1,0 +1,64 @@
+"""Text view of a `Placement`: node x GPU grid, per-component parallelism, warnings."""
+
+from __future__ import annotations
+
+from rlinf_pipe.scheduler.placement import Placement, format_ids
+
+ABBREVIATIONS = {"rollout": "R", "inference": "I", "actor": "A", "reward": "W"}
+MODE_REASONS = {
+    "collocated": "actor and rollout share the same GPUs and take turns on them",
+    "disaggregated": "components on disjoint GPUs stream to each other, stages overlap",
+}
+
+
+def render_plan(placement: Placement) -> str:
+    """The screen `rlinf-pipe plan` prints."""
+    lines = [
+        f"mode: {placement.mode} ({MODE_REASONS[placement.mode]})",
+        f"cluster: {len(placement.gpus_per_node)} node(s), {placement.world_size} GPU(s)",
+        "",
+        *_grid(placement),
+        "",
+        "legend: " + ", ".join(f"{a}n = {name} process n" for name, a in ABBREVIATIONS.items()
+                               if name in placement.components) + ", . = unused",
+        "",
+        *_table(placement),
+    ]
+    if placement.warnings:
+        lines += ["", *(f"warning: {w}" for w in placement.warnings)]
+    return "\n".join(lines)
+
+
+def _grid(placement: Placement) -> list[str]:
+    owners: dict[int, list[str]] = {}
+    for name, comp in placement.components.items():
+        for proc in comp.processes:
+            for gpu in proc.global_gpus:
+                owners.setdefault(gpu, []).append(f"{ABBREVIATIONS[name]}{proc.rank}")
+    cells: list[list[str]] = []
+    start = 0
+    for count in placement.gpus_per_node:
+        cells.append(["+".join(owners.get(start + i, ["."])) for i in range(count)])
+        start += count
+    widest_node = max(placement.gpus_per_node)
+    width = max([len(c) for row in cells for c in row] + [len(f"gpu{widest_node - 1}")])
+    header = " " * 8 + " ".join(f"gpu{i}".ljust(width) for i in range(widest_node))
+    rows = [header.rstrip()]
+    offset = 0
+    for node, row in enumerate(cells):
+        ids = f"[{offset}-{offset + len(row) - 1}]" if row else "[]"
+        rows.append((f"node {node}".ljust(8) + " ".join(c.ljust(width) for c in row)).rstrip() + f"   {ids}")
+        offset += len(row)
+    return rows
+
+
+def _table(placement: Placement) -> list[str]:
+    head = ("component", "yaml key", "global gpus", "procs", "gpus/proc", "TP", "PP", "DP")
+    rows = [head]
+    for name, comp in placement.components.items():
+        per_proc = len(comp.processes[0].global_gpus) if comp.processes else 0
+        gpus = format_ids(comp.gpus) if comp.gpus else "cpu"
+        rows.append((name, comp.key, gpus, str(len(comp.processes)), str(per_proc), str(comp.tp), str(comp.pp),
+                     str(comp.dp)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
