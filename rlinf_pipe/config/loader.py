@@ -76,7 +76,9 @@ def load_config(
             if not isinstance(loaded, typing.Mapping) and not OmegaConf.is_dict(loaded):
                 raise ConfigError(f"file {file}: the top level must be a mapping of sections")
             merged = OmegaConf.merge(merged, loaded)
-        merged = OmegaConf.merge(merged, _parse_overrides(overrides))
+        for key, value in _parse_overrides(overrides):
+            # A mapping-valued field (e.g. cluster.component_placement) is replaced by its override, not merged.
+            OmegaConf.update(merged, key, value, merge=not _is_mapping_field(key), force_add=True)
         raw = OmegaConf.to_container(merged, resolve=True)
     except OmegaConfBaseException as exc:
         where = f"file {file}" if file else "overrides"
@@ -88,12 +90,29 @@ def load_config(
     return cfg
 
 
-def _parse_overrides(overrides: typing.Sequence[str]) -> Any:
+def _parse_overrides(overrides: typing.Sequence[str]) -> list[tuple[str, Any]]:
+    """`key=value` strings -> (key, YAML-parsed value) pairs."""
+    parsed = []
     for override in overrides:
         key, sep, _ = override.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"override `{override}` must look like key=value, e.g. runner.max_steps=5")
-    return OmegaConf.from_dotlist([o.lstrip("+") for o in overrides])
+        key = key.strip().lstrip("+")
+        value = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={override.partition('=')[2]}"]))["v"]
+        parsed.append((key, value))
+    return parsed
+
+
+def _is_mapping_field(key: str) -> bool:
+    tp: Any = Config
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(tp):
+            return False
+        hints = typing.get_type_hints(tp)
+        if part not in hints:
+            return False
+        tp = hints[part]
+    return typing.get_origin(tp) is dict
 
 
 def _type_name(tp: Any) -> str:

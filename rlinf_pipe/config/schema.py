@@ -29,7 +29,7 @@ class ClusterConfig:
         "On a machine without GPUs this many virtual GPUs are declared.",
         min=1,
     )
-    component_placement: dict[str, str | int | list[int]] = opt(
+    component_placement: dict[str, str | int | list[int] | None] = opt(
         {"rollout": 0, "inference": 1, "actor": 2},
         "Component -> global GPU ids: `all`, `N`, `a-b`, or comma lists of those; keys may join names "
         "(`actor,rollout: all` = collocated). See docs/placement.md.",

@@ -44,7 +44,12 @@ class ComponentPlacement:
 
     @property
     def dp(self) -> int:
-        return max(1, len(self.gpus) // (self.tp * self.pp)) if self.gpus else len(self.processes)
+        """Data-parallel replicas (for a CPU-only component: its process count)."""
+        return len(self.gpus) // (self.tp * self.pp) if self.gpus else len(self.processes)
+
+    @property
+    def gpus_per_process(self) -> int:
+        return len(self.processes[0].global_gpus) if self.processes else 0
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,14 @@ _TOKEN = re.compile(r"^(\d+)(?:\s*-\s*(\d+))?$")
 def parse_gpu_ids(key: str, value: object, layout: NodeLayout) -> tuple[int, ...]:
     """Parse one placement value (`all`, `N`, `a-b`, comma lists, or a YAML list of ints) into sorted ids."""
     world = layout.world_size
+    if value is None:
+        raise PlacementError(
+            key,
+            "null",
+            "no GPUs given",
+            "write e.g. `0-3` or `all`. On the command line, quote joined keys inside a flow mapping, since YAML "
+            "splits `{actor,rollout: all}` at the comma: 'cluster.component_placement={\"actor,rollout\": all}'",
+        )
     if isinstance(value, bool):
         raise PlacementError(key, value, "a placement value is GPU ids, not a boolean", "write e.g. `0-3` or `all`")
     if isinstance(value, int):
@@ -167,6 +180,8 @@ def parse_gpu_ids(key: str, value: object, layout: NodeLayout) -> tuple[int, ...
                 f"use ids up to {world - 1}, or raise cluster.num_nodes / cluster.num_gpus_per_node",
             )
         ids.extend(range(low, high + 1))
+    if not ids:
+        raise PlacementError(key, value, "no GPUs given", "write e.g. `0-3` or `all`, or remove the entry")
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
         raise PlacementError(

@@ -1,0 +1,259 @@
+"""The Ray cluster a job runs on: connection, deterministic node order, GPU reservation.
+
+Node order: the head node first, then nodes by the RANK given to `ray_utils/start_ray.sh` (Ray node label
+`rlinf_pipe/node-rank`), then by IP. Global GPU ids are cumulative GPU counts over that order.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import math
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rlinf_pipe.config.schema import Config
+from rlinf_pipe.errors import ClusterError
+from rlinf_pipe.scheduler.placement import NodeLayout, Placement
+
+NODE_RANK_LABEL = "rlinf_pipe/node-rank"
+HEAD_RESOURCE = "node:__internal_head__"
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node of the cluster, in rlinf_pipe's node order."""
+
+    node_rank: int
+    node_id: str
+    ip: str
+    num_gpus: int
+    is_head: bool
+    rank_label: int | None
+
+
+def order_nodes(ray_nodes: list[dict[str, Any]]) -> list[NodeInfo]:
+    """Alive nodes of `ray.nodes()` in rlinf_pipe's deterministic order."""
+    alive = [n for n in ray_nodes if n.get("Alive", n.get("alive", False))]
+    labelled: dict[int, str] = {}
+    infos = []
+    for node in alive:
+        label = (node.get("Labels") or {}).get(NODE_RANK_LABEL)
+        rank_label = int(label) if label is not None and str(label).isdigit() else None
+        ip = node["NodeManagerAddress"]
+        if rank_label is not None:
+            if rank_label in labelled:
+                raise ClusterError(
+                    f"two nodes were started with RANK={rank_label} ({labelled[rank_label]} and {ip}); give every "
+                    "node its own RANK when running ray_utils/start_ray.sh"
+                )
+            labelled[rank_label] = ip
+        infos.append(
+            NodeInfo(
+                node_rank=-1,
+                node_id=node["NodeID"],
+                ip=ip,
+                num_gpus=int(node.get("Resources", {}).get("GPU", 0)),
+                is_head=HEAD_RESOURCE in node.get("Resources", {}),
+                rank_label=rank_label,
+            )
+        )
+
+    def key(n: NodeInfo) -> tuple:
+        try:
+            ip_key: tuple = (0, int(ipaddress.ip_address(n.ip)))
+        except ValueError:
+            ip_key = (1, n.ip)
+        return (not n.is_head, n.rank_label if n.rank_label is not None else math.inf, ip_key, n.node_id)
+
+    ordered = sorted(infos, key=key)
+    return [NodeInfo(i, n.node_id, n.ip, n.num_gpus, n.is_head, n.rank_label) for i, n in enumerate(ordered)]
+
+
+def _check_reachable(address: str) -> None:
+    """Fail fast with a clear message when an explicit `IP:PORT` has no Ray head listening (Ray itself retries
+    for a long time and then aborts the process)."""
+    if "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ClusterError(f"cluster.ray_address={address}: expected `auto`, `local` or `IP:PORT`")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        raise ClusterError(
+            f"cluster.ray_address={address}: no Ray head answers there ({exc.strerror or exc}); start it with "
+            "`RANK=0 bash ray_utils/start_ray.sh` (it writes its address to ray_utils/ray_head_ip.txt) or use "
+            "cluster.ray_address=auto"
+        ) from None
+
+
+def cuda_available() -> bool:
+    """Whether this process can use CUDA. Never inferred from CUDA_VISIBLE_DEVICES (Ray sets it for virtual GPUs)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+class Cluster:
+    """A connection to a Ray cluster with `cfg.cluster.num_nodes` nodes in a deterministic order.
+
+    `Cluster(cfg)` joins the running cluster (or starts a local one, declaring virtual GPUs on a machine without
+    GPUs), waits for the nodes to join, and checks their GPU counts against the config.
+    """
+
+    def __init__(self, cfg: Config, *, poll_interval_s: float = 1.0):
+        import ray
+
+        self.cfg = cfg
+        self.started_ray = False
+        if not ray.is_initialized():
+            self.started_ray = self._connect_or_start()
+        self.nodes = self._wait_for_nodes(poll_interval_s)
+        self.layout = NodeLayout([n.num_gpus for n in self.nodes])
+        self._reservations: dict[int, Any] = {}
+
+    # --- connection -------------------------------------------------------------------------------------------
+    def _connect_or_start(self) -> bool:
+        import ray
+
+        address = self.cfg.cluster.ray_address
+        if address not in ("auto", "local"):
+            _check_reachable(address)
+        if address != "local":
+            try:
+                ray.init(address=address, log_to_driver=True)
+                return False
+            except ConnectionError as exc:
+                if address != "auto":
+                    raise ClusterError(
+                        f"cluster.ray_address={address}: cannot connect to a Ray cluster there ({exc}); start it "
+                        "with `RANK=0 bash ray_utils/start_ray.sh` or use cluster.ray_address=auto"
+                    ) from None
+        if self.cfg.cluster.num_nodes > 1:
+            raise ClusterError(
+                f"cluster.num_nodes={self.cfg.cluster.num_nodes} but no running Ray cluster was found; start one "
+                "with `RANK=n bash ray_utils/start_ray.sh` on every node (RANK=0 on the head) and run the job on "
+                "the head node (see docs/multi-node.md)"
+            )
+        num_gpus = None if cuda_available() else self.cfg.gpus_per_node()[0]
+        ray.init(num_gpus=num_gpus, include_dashboard=False, labels={NODE_RANK_LABEL: "0"})
+        return True
+
+    def _wait_for_nodes(self, poll_interval_s: float) -> list[NodeInfo]:
+        import ray
+
+        wanted = self.cfg.cluster.num_nodes
+        deadline = time.monotonic() + self.cfg.cluster.join_timeout_s
+        last_report = 0.0
+        while True:
+            nodes = order_nodes(ray.nodes())
+            if len(nodes) >= wanted:
+                break
+            now = time.monotonic()
+            if now >= deadline:
+                raise ClusterError(
+                    f"only {len(nodes)} of cluster.num_nodes={wanted} Ray nodes joined within "
+                    f"{self.cfg.cluster.join_timeout_s:g} s: {self._describe(nodes)}. Start the missing nodes with "
+                    "`RANK=n bash ray_utils/start_ray.sh`, or lower cluster.num_nodes"
+                )
+            if now - last_report >= 10:
+                log.warning("waiting for Ray nodes: %d of %d joined", len(nodes), wanted)
+                last_report = now
+            time.sleep(poll_interval_s)
+        if len(nodes) > wanted:
+            log.warning("the cluster has %d nodes; using the first %d in node order", len(nodes), wanted)
+            nodes = nodes[:wanted]
+        self._check_gpu_counts(nodes)
+        return [
+            NodeInfo(n.node_rank, n.node_id, n.ip, self.cfg.gpus_per_node()[n.node_rank], n.is_head, n.rank_label)
+            for n in nodes
+        ]
+
+    def _check_gpu_counts(self, nodes: list[NodeInfo]) -> None:
+        for node, wanted in zip(nodes, self.cfg.gpus_per_node()):
+            if node.num_gpus < wanted:
+                raise ClusterError(
+                    f"node {node.node_rank} ({node.ip}, RANK label {node.rank_label}) has {node.num_gpus} GPU(s) but "
+                    f"the config expects {wanted} (cluster.num_gpus_per_node); fix the config or start the node with "
+                    "more GPUs (RAY_NUM_GPUS=N for virtual GPUs on CPU machines)"
+                )
+            if node.num_gpus > wanted:
+                log.warning("node %d has %d GPUs; the config uses %d of them", node.node_rank, node.num_gpus, wanted)
+
+    @staticmethod
+    def _describe(nodes: list[NodeInfo]) -> str:
+        if not nodes:
+            return "none"
+        return ", ".join(f"node {n.node_rank} {n.ip} (RANK {n.rank_label}, {n.num_gpus} GPUs)" for n in nodes)
+
+    # --- queries --------------------------------------------------------------------------------------------
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def gpus_per_node(self) -> list[int]:
+        return [n.num_gpus for n in self.nodes]
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    def node_of(self, global_gpu: int) -> NodeInfo:
+        return self.nodes[self.layout.node_of(global_gpu)]
+
+    # --- reservation ----------------------------------------------------------------------------------------
+    def reserve(self, placement: Placement, timeout_s: float = 60.0) -> dict[int, Any]:
+        """Reserve the GPUs of every node that hosts a placed GPU process (see `reserve_nodes`)."""
+        used = {p.node_rank for c in placement.components.values() if c.gpus for p in c.processes}
+        return self.reserve_nodes(sorted(used), timeout_s)
+
+    def reserve_nodes(self, node_ranks: list[int], timeout_s: float = 60.0) -> dict[int, Any]:
+        """Hold every GPU of the given nodes with one placement group pinned to each node (idempotent).
+
+        Whole nodes are held because Ray does not let a job choose *which* GPU ids it holds: with the whole node
+        held, no other Ray job can be handed a GPU that a placed process uses. Returns node rank -> group.
+        """
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        new = {}
+        for node_rank in node_ranks:
+            if node_rank in self._reservations:
+                continue
+            node = self.nodes[node_rank]
+            new[node_rank] = placement_group(
+                [{"GPU": node.num_gpus}],
+                strategy="STRICT_PACK",
+                bundle_label_selector=[{"ray.io/node-id": node.node_id}],
+            )
+        ready, _ = ray.wait([g.ready() for g in new.values()], num_returns=len(new), timeout=timeout_s)
+        if len(ready) < len(new):
+            for group in new.values():
+                remove_placement_group(group)
+            raise ClusterError(
+                f"could not reserve the GPUs of node(s) {sorted(new)} within {timeout_s:g} s; another Ray job "
+                "probably holds some of them (see `ray status`). Stop it, or place components on other nodes"
+            )
+        self._reservations.update(new)
+        return {rank: self._reservations[rank] for rank in node_ranks}
+
+    def release(self) -> None:
+        """Give the reserved GPUs back."""
+        from ray.util.placement_group import remove_placement_group
+
+        for group in self._reservations.values():
+            remove_placement_group(group)
+        self._reservations.clear()
+
+    def shutdown(self) -> None:
+        """Release reservations; stop Ray if this Cluster started it."""
+        import ray
+
+        self.release()
+        if self.started_ray:
+            ray.shutdown()

@@ -1,0 +1,58 @@
+"""Starting a local Ray cluster with virtual GPUs (the laptop path), and its user errors."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import ray
+
+from rlinf_pipe.config import load_config
+from rlinf_pipe.errors import ClusterError
+from rlinf_pipe.scheduler.cluster import Cluster
+from rlinf_pipe.scheduler.placement import plan_placement
+from rlinf_pipe.scheduler.worker import Worker
+from rlinf_pipe.scheduler.worker_group import WorkerGroup
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class Idle(Worker):
+    pass
+
+
+@pytest.fixture
+def no_ray():
+    assert not ray.is_initialized(), "another test left Ray running"
+    yield
+    ray.shutdown()
+
+
+def test_local_cluster_declares_virtual_gpus_and_places_the_tiny_pipeline(no_ray):
+    cfg = load_config(overrides=["cluster.ray_address=local"])
+    cluster = Cluster(cfg)
+    try:
+        assert cluster.started_ray and cluster.gpus_per_node == [3]
+        assert ray.cluster_resources()["GPU"] == 3
+        placement = plan_placement(cfg, cluster.gpus_per_node)
+        groups = {name: WorkerGroup.launch(Idle, name, comp, cluster, init_distributed=False)
+                  for name, comp in placement.components.items()}
+        devices = {name: [i.cuda_visible_devices for i in group.infos()] for name, group in groups.items()}
+        assert devices == {"rollout": ["0"], "inference": ["1"], "actor": ["2"]}
+    finally:
+        cluster.shutdown()
+    assert not ray.is_initialized()
+
+
+def test_several_nodes_need_a_running_cluster(no_ray):
+    cfg = load_config(overrides=["cluster.ray_address=local", "cluster.num_nodes=2"])
+    with pytest.raises(ClusterError, match="no running Ray cluster was found; start one with `RANK=n bash"):
+        Cluster(cfg)
+    assert not ray.is_initialized()
+
+
+@pytest.mark.parametrize("address, expected", [("127.0.0.1:1", "no Ray head answers there"),
+                                               ("nonsense", "expected `auto`, `local` or `IP:PORT`")])
+def test_explicit_address_fails_fast_with_message(no_ray, address, expected):
+    with pytest.raises(ClusterError, match=expected):
+        Cluster(load_config(overrides=[f"cluster.ray_address={address}"]))

@@ -1,0 +1,226 @@
+"""Workers and worker groups on a real multi-node Ray cluster with fake GPUs (4 nodes x 8 GPUs, one machine)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster as RayTestCluster
+
+from rlinf_pipe.config import Config
+from rlinf_pipe.errors import ClusterError, WorkerError
+from rlinf_pipe.scheduler.cluster import NODE_RANK_LABEL, Cluster
+from rlinf_pipe.scheduler.placement import plan_placement
+from rlinf_pipe.scheduler.worker import Worker
+from rlinf_pipe.scheduler.worker_group import WorkerGroup
+
+# Worker classes below are shipped to Ray workers by value (the tests folder is not importable there).
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class Probe(Worker):
+    def __init__(self, tag: str = ""):
+        self.tag = tag
+
+    def tagged(self) -> tuple[str, int]:
+        return self.tag, self.rank
+
+    def all_reduce_rank(self) -> tuple[float, str]:
+        import torch
+        import torch.distributed as dist
+
+        value = torch.tensor([float(self.rank)])
+        dist.all_reduce(value)
+        return value.item(), dist.get_backend()
+
+    def fail_on(self, rank: int) -> int:
+        if self.rank == rank:
+            raise ValueError(f"rank {rank} refuses on purpose")
+        return self.rank
+
+    def shard_sum(self, shard: list[int], offset: int = 0) -> tuple[int, list[int]]:
+        return self.rank, [x + offset for x in shard]
+
+    def crash(self) -> None:
+        os._exit(3)
+
+
+class BrokenInit(Worker):
+    def __init__(self):
+        raise RuntimeError("constructor failed on purpose")
+
+
+def make_config(placement: dict, **parallel: int) -> Config:
+    cfg = Config()
+    cfg.cluster.num_nodes, cfg.cluster.num_gpus_per_node = 4, 8
+    cfg.cluster.component_placement = placement
+    cfg.actor.tensor_parallel_size = parallel.get("actor_tp", 1)
+    cfg.rollout.tensor_parallel_size = parallel.get("rollout_tp", 1)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """4 nodes x 8 fake GPUs. Nodes join out of RANK order; the head carries no label."""
+    test_cluster = RayTestCluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 8})
+    for rank in ("3", "1", "2"):
+        test_cluster.add_node(num_cpus=1, num_gpus=8, labels={NODE_RANK_LABEL: rank})
+    ray.init(address=test_cluster.address)
+    try:
+        yield Cluster(make_config({"actor,rollout": "all"}))
+    finally:
+        ray.shutdown()
+        test_cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def actor_group(cluster):
+    """4 actor processes on GPUs 6-9 (nodes 0 and 1), TP 2 -> 2 data-parallel replicas, gloo initialised."""
+    cfg = make_config({"rollout": "0-5", "actor": "6-9"}, actor_tp=2)
+    group = WorkerGroup.launch(Probe, "actor", plan_placement(cfg).components["actor"], cluster, "shared")
+    yield group
+    group.shutdown()
+
+
+def test_nodes_follow_head_then_rank_label(cluster):
+    node_ids = {n["NodeID"]: (n.get("Labels") or {}).get(NODE_RANK_LABEL) for n in ray.nodes()}
+    assert [node_ids[n.node_id] for n in cluster.nodes] == [None, "1", "2", "3"]
+    assert cluster.nodes[0].is_head
+    assert (cluster.num_nodes, cluster.gpus_per_node, cluster.world_size) == (4, [8] * 4, 32)
+    assert cluster.node_of(17).node_rank == 2
+
+
+def test_workers_land_on_their_nodes_with_their_gpus(cluster):
+    cfg = make_config({"rollout": "0-3,12-15,16-19,28-31", "actor": "4-11"}, rollout_tp=4)
+    placement = plan_placement(cfg).components["rollout"]
+    group = WorkerGroup.launch(Probe, "rollout", placement, cluster, init_distributed=False)
+    try:
+        infos = group.infos()
+        assert [i.rank for i in infos] == [0, 1, 2, 3]
+        for info, proc in zip(infos, placement.processes):
+            assert info.node_id == cluster.nodes[proc.node_rank].node_id
+            assert info.node_rank == proc.node_rank
+            assert info.cuda_visible_devices == ",".join(map(str, proc.local_gpus))
+            assert info.global_gpus == proc.global_gpus and info.world_size == 4 and info.pid > 0
+        assert [i.node_rank for i in infos] == [0, 1, 2, 3]
+        assert [i.cuda_visible_devices for i in infos] == ["0,1,2,3", "4,5,6,7", "0,1,2,3", "4,5,6,7"]
+        assert group.dp_size == 4 and all(group.is_output_rank(r) for r in range(4))
+    finally:
+        group.shutdown()
+
+
+def test_gloo_all_reduce_across_nodes(actor_group):
+    assert actor_group.all_reduce_rank().wait() == [(6.0, "gloo")] * 4
+    infos = actor_group.infos()
+    assert [i.node_rank for i in infos] == [0, 0, 1, 1]
+    assert [i.cuda_visible_devices for i in infos] == ["6", "7", "0", "1"]
+
+
+def test_constructor_args_reach_every_rank(actor_group):
+    assert actor_group.tagged().wait() == [("shared", r) for r in range(4)]
+
+
+def test_remote_exception_names_group_rank_node_gpus_and_traceback(actor_group):
+    with pytest.raises(WorkerError) as info:
+        actor_group.fail_on(2).wait()
+    message = str(info.value)
+    assert message.startswith("actor rank 2 (node 1, GPUs 8) in fail_on() raised ValueError: rank 2 refuses")
+    assert "--- remote traceback ---" in message and "\x1b[" not in message
+    assert 'test_workers.py", line' in message and "in fail_on" in message
+    assert actor_group.fail_on(-1).wait() == [0, 1, 2, 3]  # the group keeps working
+
+
+async def test_async_wait(actor_group):
+    assert await actor_group.tagged() == [("shared", r) for r in range(4)]
+    with pytest.raises(WorkerError, match="rank 1"):
+        await actor_group.fail_on(1).async_wait()
+
+
+def test_execute_on_some_ranks(actor_group):
+    assert actor_group.execute_on([3, 1]).tagged().wait() == [("shared", 3), ("shared", 1)]
+    with pytest.raises(ValueError, match="no rank"):
+        actor_group.execute_on([4])
+
+
+def test_sharded_call_splits_along_data_parallel_ranks(actor_group):
+    assert actor_group.dp_size == 2
+    assert [actor_group.dp_rank_of(r) for r in range(4)] == [0, 0, 1, 1]
+    results = actor_group.call_sharded("shard_sum", list(range(7)), offset=100).wait()
+    assert results == [(0, [100, 101, 102]), (2, [103, 104, 105, 106])]
+
+
+def test_wait_timeout_names_running_ranks(cluster):
+    cfg = make_config({"rollout": "0-1", "actor": "2-3"})
+    group = WorkerGroup.launch(Probe, "slow", plan_placement(cfg).components["actor"], cluster,
+                               init_distributed=False)
+    try:
+        blocker = group.execute_on([1]).run(lambda w: __import__("time").sleep(30))
+        with pytest.raises(WorkerError, match=r"ranks \[1\] still running after 0.5 s"):
+            group.run(lambda w: w.rank).wait(timeout_s=0.5)
+        assert group.alive() == [True, True]  # pings are answered while rank 1 is busy
+        del blocker
+    finally:
+        group.shutdown()
+
+
+def test_dead_worker_is_reported_by_name(cluster):
+    cfg = make_config({"rollout": "0-1", "actor": "2-3"})
+    group = WorkerGroup.launch(Probe, "fragile", plan_placement(cfg).components["actor"], cluster,
+                               init_distributed=False)
+    try:
+        with pytest.raises(WorkerError) as info:
+            group.execute_on([1]).crash().wait()
+        assert "worker rlinf_pipe:fragile:1 died" in str(info.value) and "node 0, GPUs 3" in str(info.value)
+        assert group.alive() == [True, False]
+    finally:
+        group.shutdown()
+
+
+def test_constructor_failure_surfaces_with_rank(cluster):
+    cfg = make_config({"rollout": "0", "actor": "1"})
+    with pytest.raises(WorkerError, match=r"broken rank 0 \(node 0, GPUs 1\) failed in its constructor: "
+                                          "RuntimeError: constructor failed on purpose"):
+        WorkerGroup.launch(BrokenInit, "broken", plan_placement(cfg).components["actor"], cluster)
+
+
+def test_collocated_components_share_gpus(cluster):
+    placement = plan_placement(make_config({"actor,rollout": "24-25"}))
+    actor = WorkerGroup.launch(Probe, "colo-actor", placement.components["actor"], cluster, init_distributed=False)
+    rollout = WorkerGroup.launch(Probe, "colo-rollout", placement.components["rollout"], cluster,
+                                 init_distributed=False)
+    try:
+        a, r = actor.infos(), rollout.infos()
+        assert [i.cuda_visible_devices for i in a] == [i.cuda_visible_devices for i in r] == ["0", "1"]
+        assert {i.node_rank for i in a + r} == {3}
+    finally:
+        actor.shutdown()
+        rollout.shutdown()
+
+
+def test_reservation_holds_every_gpu_of_used_nodes(cluster, actor_group):
+    per_node = ray._private.state.available_resources_per_node()
+    free = {node.node_rank: per_node[node.node_id].get("GPU", 0.0) for node in cluster.nodes}
+    assert free[0] == 0.0 and free[1] == 0.0  # actor_group's nodes are held whole
+
+
+def test_duplicate_group_name_is_a_clear_error(cluster, actor_group):
+    with pytest.raises(ClusterError, match="is a group named 'actor' running"):
+        WorkerGroup.launch(Probe, "actor", actor_group.placement, cluster)
+
+
+def test_waiting_for_missing_nodes_times_out_with_message(cluster):
+    cfg = make_config({"actor,rollout": "all"})
+    cfg.cluster.num_nodes, cfg.cluster.join_timeout_s = 5, 0.2
+    with pytest.raises(ClusterError) as info:
+        Cluster(cfg, poll_interval_s=0.05)
+    assert "only 4 of cluster.num_nodes=5 Ray nodes joined" in str(info.value)
+    assert "start_ray.sh" in str(info.value)
+
+
+def test_gpu_count_mismatch_names_the_node(cluster):
+    cfg = make_config({"actor,rollout": "all"})
+    cfg.cluster.num_gpus_per_node = [8, 8, 16, 8]
+    with pytest.raises(ClusterError, match="node 2 .* has 8 GPU\\(s\\) but the config expects 16"):
+        Cluster(cfg)

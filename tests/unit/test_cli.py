@@ -1,0 +1,87 @@
+"""`rlinf-pipe plan`: the grid, --json, and user errors as exit 2 without a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlinf_pipe.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = str(ROOT / "examples" / "math" / "config")
+
+
+def run_plan(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["plan", "--config-path", CONFIGS, *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_default_prints_grid_mode_and_parallelism(capsys):
+    code, out, _ = run_plan(capsys)
+    assert code == 0
+    assert out.startswith("mode: disaggregated")
+    grid_row = next(line for line in out.splitlines() if line.startswith("node 0"))
+    assert grid_row.split()[2:5] == ["R0", "I0", "A0"]
+    assert any(line.split()[:2] == ["actor", "actor"] for line in out.splitlines())
+
+
+def test_plan_four_node_pipeline_grid(capsys):
+    code, out, _ = run_plan(capsys, "--config-name", "qwen2.5-1.5b-grpo-megatron-pipeline")
+    assert code == 0
+    rows = {line.split()[1]: line.split()[2:10] for line in out.splitlines() if line.startswith("node ")}
+    assert rows["0"] == ["R0", "R0", "R1", "R1", "R2", "R2", "R3", "R3"]
+    assert rows["2"] == ["R8", "R8", "R9", "R9", "I0", "I1", "I2", "I3"]
+    assert rows["3"] == [f"A{i}" for i in range(8)]
+    actor_row = next(line.split() for line in out.splitlines() if line.startswith("actor "))
+    assert actor_row[-3:] == ["2", "1", "4"]  # TP PP DP
+
+
+def test_plan_collocated_cells_show_both_components(capsys):
+    code, out, _ = run_plan(capsys, "--config-name", "tiny-grpo-megatron")
+    assert code == 0 and "mode: collocated" in out and "A0+R0" in out and "A1+R1" in out
+
+
+def test_plan_prints_warnings(capsys):
+    code, out, _ = run_plan(capsys, "cluster.num_gpus_per_node=5")
+    assert code == 0 and "warning: GPU(s) 3-4 are not used" in out
+
+
+def test_plan_json(capsys):
+    code, out, _ = run_plan(capsys, "--config-name", "qwen2.5-1.5b-grpo-megatron-pipeline", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["mode"] == "disaggregated"
+    assert data["num_nodes"] == 4 and data["gpus_per_node"] == [8, 8, 8, 8]
+    assert len(data["components"]["rollout"]) == 10
+    assert data["components"]["rollout"][9] == {"rank": 9, "node_rank": 2, "local_gpus": [2, 3],
+                                                "global_gpus": [18, 19]}
+    assert data["components"]["actor"][0]["global_gpus"] == [24]
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["cluster.component_placement.actor=9"], "invalid placement `actor: 9`"),
+        (["runner.max_step=1"], "unknown key `runner.max_step`"),
+        (["--config-name", "nope"], "--config-name nope"),
+    ],
+)
+def test_user_errors_exit_2_with_message(capsys, args, expected):
+    code, out, err = run_plan(capsys, *args)
+    assert code == 2 and out == ""
+    assert err.startswith("error: ") and expected in err and "Traceback" not in err
+
+
+def test_console_script_exits_2_without_traceback():
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlinf_pipe.cli", "plan", "--config-path", CONFIGS,
+         "--config-name", "qwen2.5-1.5b-grpo-megatron-pipeline", "cluster.component_placement.actor=20-31"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "rule: in the disaggregated pipeline every component needs its own GPUs" in proc.stderr

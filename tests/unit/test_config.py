@@ -1,0 +1,165 @@
+"""Config loading: YAML + overrides, unknown keys, types, bounds, derived values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlinf_pipe.config import Config, load_config
+from rlinf_pipe.errors import ConfigError, PlacementError
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "math" / "config"
+
+
+def write(tmp_path: Path, text: str, name: str = "run") -> Path:
+    (tmp_path / f"{name}.yaml").write_text(text)
+    return tmp_path
+
+
+def test_no_file_gives_the_embedded_tiny_pipeline_default():
+    cfg = load_config()
+    assert cfg.cluster.component_placement == {"rollout": 0, "inference": 1, "actor": 2}
+    assert cfg.gpus_per_node() == [3] and cfg.rollout.model_path == cfg.actor.model_path == "tiny"
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in EXAMPLES.glob("*.yaml")))
+def test_every_example_config_is_valid(name):
+    assert isinstance(load_config(EXAMPLES, name), Config)
+
+
+def test_file_values_and_overrides(tmp_path):
+    folder = write(tmp_path, "runner:\n  max_steps: 7\n  seed: 3\nactor:\n  lr: 1.0e-4\n")
+    cfg = load_config(folder, "run", ["runner.seed=11", "rollout.temperature=0.5"])
+    assert (cfg.runner.max_steps, cfg.runner.seed, cfg.actor.lr, cfg.rollout.temperature) == (7, 11, 1e-4, 0.5)
+    assert isinstance(cfg.rollout.temperature, float)
+
+
+def test_config_name_may_carry_the_suffix(tmp_path):
+    assert load_config(write(tmp_path, "runner:\n  max_steps: 2\n"), "run.yaml").runner.max_steps == 2
+
+
+def test_interpolation(tmp_path):
+    folder = write(tmp_path, "runner:\n  experiment_name: exp-${runner.seed}\n  seed: 5\n")
+    assert load_config(folder, "run").runner.experiment_name == "exp-5"
+
+
+def test_broken_interpolation_is_a_config_error(tmp_path):
+    folder = write(tmp_path, "runner:\n  experiment_name: ${runner.nothing}\n")
+    with pytest.raises(ConfigError, match="nothing"):
+        load_config(folder, "run")
+
+
+def test_unknown_key_in_file_names_key_file_and_closest(tmp_path):
+    folder = write(tmp_path, "actor:\n  learning_rate: 1.0\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(folder, "run")
+    message = str(info.value)
+    assert "`actor.learning_rate`" in message and str(folder / "run.yaml") in message
+    assert "valid names" in message and "`lr`" in message
+
+
+def test_unknown_key_in_override_names_the_override():
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=["runner.max_step=3"])
+    assert "from override `runner.max_step=3`" in str(info.value)
+    assert "did you mean `max_steps`" in str(info.value)
+
+
+def test_unknown_section_suggests_sections():
+    with pytest.raises(ConfigError, match=r"unknown key `rolout` .* did you mean `rollout`"):
+        load_config(overrides=["rolout.temperature=1"])
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("runner.max_steps=abc", "runner.max_steps: expected int, got str 'abc'"),
+        ("runner.max_steps=1.5", "expected int, got float"),
+        ("rollout.temperature=hot", "rollout.temperature: expected float"),
+        ("rollout.backend=vllm", "expected one of 'torch', 'sglang'"),
+        ("cluster.num_gpus_per_node=[8,x]", "cluster.num_gpus_per_node: expected int or list of int"),
+        ("runner=5", "runner: expected mapping (section)"),
+        ("runner.max_steps=true", "expected int, got bool"),
+    ],
+)
+def test_type_errors_name_key_and_expected_type(override, expected):
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[override])
+    assert expected in str(info.value) and f"override `{override}`" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("runner.max_steps=0", "runner.max_steps: must be >= 1, got 0"),
+        ("cluster.num_gpus_per_node=[0]", "cluster.num_gpus_per_node: must be >= 1"),
+        ("algorithm.group_size=-2", "algorithm.group_size: must be >= 1"),
+        ("runner.max_staleness=2", "runner.max_staleness: 2 is not supported"),
+        ("algorithm.clip_ratio_low=1.5", "must be below 1"),
+        ("algorithm.n_minibatches=3", "does not divide the 64 samples"),
+        ("cluster.num_gpus_per_node=[3,3]", "the list has 2 entries but cluster.num_nodes is 1"),
+    ],
+)
+def test_bad_values(override, expected):
+    with pytest.raises(ConfigError, match=None) as info:
+        load_config(overrides=[override])
+    assert expected in str(info.value)
+
+
+def test_malformed_override():
+    with pytest.raises(ConfigError, match="must look like key=value"):
+        load_config(overrides=["runner.max_steps"])
+
+
+def test_missing_config_name_lists_available():
+    with pytest.raises(ConfigError) as info:
+        load_config(EXAMPLES, "tiny-grpo-megatron-pipline")
+    assert "did you mean `tiny-grpo-megatron-pipeline`" in str(info.value)
+
+
+def test_missing_config_folder():
+    with pytest.raises(ConfigError, match="no such folder"):
+        load_config("/nonexistent/folder", "x")
+
+
+def test_top_level_must_be_a_mapping(tmp_path):
+    with pytest.raises(ConfigError):
+        load_config(write(tmp_path, "- 1\n- 2\n"), "run")
+
+
+def test_yaml_int_placement_value(tmp_path):
+    folder = write(tmp_path, "cluster:\n  num_gpus_per_node: 4\n  component_placement:\n    rollout: 0-1\n"
+                             "    inference: 3\n    actor: 2\n")
+    assert load_config(folder, "run").cluster.component_placement["inference"] == 3
+
+
+def test_mapping_override_replaces_instead_of_merging():
+    cfg = load_config(EXAMPLES, "tiny-grpo-megatron-pipeline",
+                      ['cluster.component_placement={"actor,rollout": all}', "cluster.num_gpus_per_node=2"])
+    assert cfg.cluster.component_placement == {"actor,rollout": "all"}
+
+
+def test_single_placement_key_override_merges():
+    cfg = load_config(EXAMPLES, "tiny-grpo-megatron-pipeline",
+                      ["cluster.num_gpus_per_node=4", "cluster.component_placement.actor=2-3"])
+    assert cfg.cluster.component_placement == {"rollout": 0, "inference": 1, "actor": "2-3"}
+
+
+def test_placement_is_validated_when_loading():
+    with pytest.raises(PlacementError, match="out of range"):
+        load_config(overrides=["cluster.component_placement.actor=5"])
+
+
+def test_unquoted_joined_key_in_flow_mapping_explains_yaml_gotcha():
+    with pytest.raises(PlacementError, match="quote joined keys"):
+        load_config(overrides=["cluster.component_placement={actor,rollout: all}"])
+
+
+def test_derived_rollout_model_path_keeps_explicit_value():
+    assert load_config(overrides=["rollout.model_path=/m"]).rollout.model_path == "/m"
+    assert load_config(overrides=["actor.model_path=/a"]).rollout.model_path == "/a"
+
+
+def test_null_for_optional():
+    assert load_config(overrides=["runner.resume_dir=null"]).runner.resume_dir is None

@@ -1,0 +1,263 @@
+"""Placement: grammar, mode derivation, every rule, process layout."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlinf_pipe.config import Config
+from rlinf_pipe.errors import PlacementError
+from rlinf_pipe.scheduler.placement import NodeLayout, format_ids, parse_gpu_ids, plan_placement
+
+
+def plan(placement: dict, nodes: int = 4, gpus: int | list[int] = 8, **overrides):
+    """Plan a placement on a described cluster; overrides are dotted config keys."""
+    cfg = Config()
+    cfg.cluster.num_nodes, cfg.cluster.num_gpus_per_node = nodes, gpus
+    cfg.cluster.component_placement = placement
+    for key, value in overrides.items():
+        section, name = key.split("__")
+        setattr(getattr(cfg, section), name, value)
+    return plan_placement(cfg)
+
+
+def placement_error(placement: dict, **kwargs) -> PlacementError:
+    with pytest.raises(PlacementError) as info:
+        plan(placement, **kwargs)
+    return info.value
+
+
+# --- grammar -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("all", list(range(16))),
+        (3, [3]),
+        ("3", [3]),
+        ("0-3", [0, 1, 2, 3]),
+        ("0-3,8-11", [0, 1, 2, 3, 8, 9, 10, 11]),
+        (" 5 , 1-2 ", [1, 2, 5]),
+        ("4 - 6", [4, 5, 6]),
+        ([0, 2, 4], [0, 2, 4]),
+        ("ALL", list(range(16))),
+    ],
+)
+def test_grammar(value, expected):
+    assert list(parse_gpu_ids("actor", value, NodeLayout([8, 8]))) == expected
+
+
+@pytest.mark.parametrize(
+    "value, rule",
+    [
+        ("3-1", "reversed"),
+        ("0-16", "out of range"),
+        (16, "out of range"),
+        ("a-b", "not a GPU id"),
+        ("-1", "not a GPU id"),
+        ("0,,1", "not a GPU id"),
+        ("", "not a GPU id"),
+        ("0-3,2", "listed twice"),
+        (True, "not a boolean"),
+        ("1.5", "not a GPU id"),
+        ([], "no GPUs given"),
+    ],
+)
+def test_grammar_errors(value, rule):
+    with pytest.raises(PlacementError) as info:
+        parse_gpu_ids("actor", value, NodeLayout([8, 8]))
+    assert rule in info.value.rule
+    assert info.value.key == "actor" and "actor:" in str(info.value)
+    assert info.value.fix
+
+
+def test_format_ids_compacts_ranges():
+    assert format_ids([5, 0, 1, 2, 9, 10]) == "0-2,5,9-10"
+    assert format_ids([]) == ""
+
+
+# --- the user-story layouts ------------------------------------------------------------------------------------
+
+
+def test_four_node_pipeline_example():
+    p = plan(
+        {"rollout": "0-19", "inference": "20-23", "actor": "24-31"},
+        rollout__tensor_parallel_size=2,
+        actor__tensor_parallel_size=2,
+    )
+    assert p.mode == "disaggregated" and p.warnings == ()
+    rollout, inference, actor = (p.components[n] for n in ("rollout", "inference", "actor"))
+    assert [proc.global_gpus for proc in rollout.processes] == [(i, i + 1) for i in range(0, 20, 2)]
+    assert rollout.processes[8].node_rank == 2 and rollout.processes[8].local_gpus == (0, 1)
+    assert [proc.local_gpus for proc in inference.processes] == [(4,), (5,), (6,), (7,)]
+    assert {proc.node_rank for proc in inference.processes} == {2}
+    assert [proc.node_rank for proc in actor.processes] == [3] * 8
+    assert (actor.tp, actor.pp, actor.dp) == (2, 1, 4)
+    assert (rollout.dp, inference.dp) == (10, 4)
+
+
+def test_collocated_all():
+    p = plan({"actor,rollout": "all"})
+    assert p.mode == "collocated"
+    assert p.components["actor"].gpus == p.components["rollout"].gpus == tuple(range(32))
+    assert [proc.global_gpus for proc in p.components["rollout"].processes] == [(i,) for i in range(32)]
+    assert p.components["actor"].key == "actor,rollout"
+
+
+def test_collocated_rollout_is_strided_inside_actor_tp_groups():
+    p = plan({"actor,rollout": "all"}, nodes=1, actor__tensor_parallel_size=4, rollout__tensor_parallel_size=2)
+    engines = [proc.global_gpus for proc in p.components["rollout"].processes]
+    assert engines == [(0, 2), (1, 3), (4, 6), (5, 7)]
+    # rollout TP rank r of engine j sits on the device of actor TP shard j + r * stride (stride 2)
+    actor_gpus = p.components["actor"].gpus
+    for j, engine in enumerate(engines):
+        group_start = (j // 2) * 4
+        for r, gpu in enumerate(engine):
+            assert actor_gpus.index(gpu) == group_start + (j % 2) + r * 2
+
+
+def test_collocated_equal_tp_is_not_strided():
+    p = plan({"actor,rollout": "0-7"}, nodes=1, actor__tensor_parallel_size=2, rollout__tensor_parallel_size=2)
+    assert [proc.global_gpus for proc in p.components["rollout"].processes] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+
+
+def test_separate_keys_with_identical_gpus_are_collocated():
+    assert plan({"actor": "0-7", "rollout": "0-7"}, nodes=1).mode == "collocated"
+
+
+def test_heterogeneous_nodes_global_ids_are_cumulative():
+    p = plan({"rollout": "0-11", "actor": "12-27"}, nodes=3, gpus=[4, 8, 16], rollout__tensor_parallel_size=4)
+    rollout = p.components["rollout"].processes
+    assert [(proc.node_rank, proc.local_gpus) for proc in rollout] == [(0, (0, 1, 2, 3)), (1, (0, 1, 2, 3)),
+                                                                      (1, (4, 5, 6, 7))]
+    actor = p.components["actor"].processes
+    assert actor[0].node_rank == 2 and actor[0].local_gpus == (0,)
+    assert actor[-1].global_gpus == (27,) and actor[-1].local_gpus == (15,)
+    assert p.to_json()["gpus_per_node"] == [4, 8, 16]
+
+
+def test_reward_may_share_rollout_gpus_or_run_on_cpu():
+    p = plan({"rollout": "0-3", "reward": "0-3", "actor": "4-7"}, nodes=1)
+    assert p.mode == "disaggregated"
+    assert [proc.global_gpus for proc in p.components["reward"].processes] == [(0,), (1,), (2,), (3,)]
+    p = plan({"actor,rollout": "all", "reward": "cpu"}, nodes=1)
+    assert p.components["reward"].processes == () and p.components["reward"].gpus == ()
+
+
+def test_unused_gpus_warn():
+    p = plan({"rollout": "0-3", "actor": "4-5"}, nodes=1)
+    assert len(p.warnings) == 1 and "6-7" in p.warnings[0] and "not used" in p.warnings[0]
+
+
+def test_tp_group_across_nodes_warns():
+    p = plan({"rollout": "0-5", "actor": "6-9"}, nodes=2, actor__tensor_parallel_size=4)
+    assert any("spans nodes" in w and "6-9" in w for w in p.warnings)
+
+
+def test_json_shape():
+    data = plan({"rollout": 0, "inference": 1, "actor": 2}, nodes=1, gpus=3).to_json()
+    assert data["mode"] == "disaggregated" and data["num_nodes"] == 1 and data["gpus_per_node"] == [3]
+    assert data["components"]["inference"] == [{"rank": 0, "node_rank": 0, "local_gpus": [1], "global_gpus": [1]}]
+
+
+# --- rules -----------------------------------------------------------------------------------------------------
+
+
+def test_id_out_of_range_names_cluster_size():
+    err = placement_error({"rollout": "0-19", "inference": "20-23", "actor": "24-32"})
+    assert err.key == "actor" and err.value == "24-32" and "32" in err.rule and "0-31" in err.rule
+
+
+def test_reversed_range():
+    err = placement_error({"rollout": "19-0", "actor": "24-31"})
+    assert err.key == "rollout" and "reversed" in err.rule and "0-19" in err.fix
+
+
+def test_overlap_between_disaggregated_components():
+    err = placement_error({"rollout": "0-19", "inference": "18-23", "actor": "24-31"})
+    assert err.key == "inference" and "rollout and inference share GPU(s) 18-19" in err.rule
+
+
+def test_partial_actor_rollout_overlap():
+    err = placement_error({"rollout": "0-19", "actor": "16-31"})
+    assert "share GPU(s) 16-19 but are not identical" in err.rule and "collocated" in err.fix
+
+
+def test_unknown_component_suggests_closest():
+    err = placement_error({"rolout": "0-19", "actor": "24-31"})
+    assert err.key == "rolout" and "not a component" in err.rule and "`rollout`" in err.fix
+
+
+def test_empty_name_in_joined_key():
+    err = placement_error({"actor,": "all", "rollout": "all"})
+    assert "empty name" in err.rule
+
+
+def test_component_placed_twice():
+    err = placement_error({"actor,rollout": "all", "actor": "0-3"})
+    assert "placed twice" in err.rule
+
+
+@pytest.mark.parametrize("missing", ["actor", "rollout"])
+def test_missing_actor_or_rollout(missing):
+    present = {"actor": "0-3", "rollout": "4-7"}
+    present.pop(missing)
+    err = placement_error(present, nodes=1)
+    assert err.key == missing and "must be placed" in err.rule
+
+
+def test_empty_placement():
+    assert "no component" in placement_error({}).rule
+
+
+def test_rollout_process_would_span_nodes():
+    err = placement_error({"rollout": "6-13", "actor": "0-3"}, nodes=2, rollout__tensor_parallel_size=4)
+    assert err.key == "rollout" and "span" in err.rule and "nodes 0, 1" in err.rule
+
+
+def test_collocated_engine_would_span_nodes():
+    # actor TP groups of 4 starting at 6 cross the node boundary at 8; so would the rollout engines on them
+    err = placement_error({"actor,rollout": "6-13"}, nodes=2, actor__tensor_parallel_size=4,
+                          rollout__tensor_parallel_size=2)
+    assert "never spans nodes" in err.rule
+
+
+@pytest.mark.parametrize("component", ["rollout", "inference", "actor"])
+def test_gpu_count_not_divisible_by_model_parallel_size(component):
+    placement = {"rollout": "0-5", "inference": "6-11", "actor": "12-17"}
+    err = placement_error(placement, nodes=4, **{f"{component}__tensor_parallel_size": 4})
+    assert err.key == component and "6 GPU(s), not a multiple of" in err.rule and "= 4" in err.rule
+
+
+def test_pipeline_parallel_counts_in_divisibility():
+    err = placement_error({"rollout": "0-3", "actor": "4-9"}, nodes=2, actor__tensor_parallel_size=2,
+                          actor__pipeline_parallel_size=2)
+    assert "actor.tensor_parallel_size x actor.pipeline_parallel_size = 4" in err.rule
+
+
+def test_collocated_actor_tp_not_multiple_of_rollout_tp():
+    err = placement_error({"actor,rollout": "all"}, actor__tensor_parallel_size=2, rollout__tensor_parallel_size=4)
+    assert "not a multiple of" in err.rule and "collocated" in err.rule
+
+
+def test_batch_not_divisible_by_actor_dp():
+    err = placement_error({"rollout": "0-1", "actor": "2-7"}, nodes=1, data__rollout_batch_size=3,
+                          algorithm__group_size=3)
+    assert err.key == "actor" and "9 samples" in err.rule and "6 data-parallel" in err.rule
+
+
+def test_reward_outside_rollout_gpus():
+    err = placement_error({"rollout": "0-3", "reward": "4", "actor": "4-7"}, nodes=1)
+    assert err.key == "reward" and "only share GPUs with rollout" in err.rule and "reward: cpu" in err.fix
+
+
+def test_inference_in_collocated_mode():
+    err = placement_error({"actor,rollout": "0-3", "inference": "4-7"}, nodes=1)
+    assert err.key == "inference" and "disaggregated" in err.rule
+
+
+def test_error_message_is_one_readable_block():
+    err = placement_error({"rollout": "0-19", "actor": "24-33"})
+    lines = str(err).splitlines()
+    assert lines[0] == "invalid placement `actor: 24-33` (cluster.component_placement)"
+    assert lines[1].startswith("  rule: ") and lines[2].startswith("  fix:  ")
