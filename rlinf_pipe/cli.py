@@ -5,9 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from rlinf_pipe.errors import RlinfPipeError
+
+
+def exit_on_user_error(fn: Callable[..., Any], *args: Any) -> int:
+    """Run `fn(*args)`; a user error (bad config, placement, cluster) prints `error: ...` and returns 2."""
+    try:
+        result = fn(*args)
+    except RlinfPipeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return result if isinstance(result, int) else 0
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -46,11 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `rlinf-pipe` console script. User errors exit 2 with a message, no traceback."""
     args = build_parser().parse_args(argv)
-    try:
-        return args.run(args)
-    except RlinfPipeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return exit_on_user_error(args.run, args)
 
 
 if __name__ == "__main__":

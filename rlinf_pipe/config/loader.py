@@ -115,16 +115,16 @@ def _is_mapping_field(key: str) -> bool:
     return typing.get_origin(tp) is dict
 
 
-def _type_name(tp: Any) -> str:
+def type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+        return " or ".join(type_name(a) for a in typing.get_args(tp))
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if origin is list:
-        return f"list of {_type_name(typing.get_args(tp)[0])}"
+        return f"list of {type_name(typing.get_args(tp)[0])}"
     if origin is dict:
-        return f"mapping of {_type_name(typing.get_args(tp)[1])}"
+        return f"mapping of {type_name(typing.get_args(tp)[1])}"
     if tp is type(None):
         return "null"
     if dataclasses.is_dataclass(tp):
@@ -142,7 +142,7 @@ def _convert(tp: Any, value: Any, path: str, sources: _Sources) -> Any:
         return _convert_inner(tp, value, path, sources)
     except _Mismatch:
         raise ConfigError(
-            f"{path}: expected {_type_name(tp)}, got {type(value).__name__} {value!r} (from {sources.of(path)})"
+            f"{path}: expected {type_name(tp)}, got {type(value).__name__} {value!r} (from {sources.of(path)})"
         ) from None
 
 

@@ -46,7 +46,7 @@ class ClusterConfig:
 class RunnerConfig:
     """The training loop: length, seeds, outputs, checkpoints."""
 
-    experiment_name: str = opt("tiny-grpo", "Name of the run; outputs go to <output_dir>/<experiment_name>/<time>/.")
+    experiment_name: str = opt("tiny-grpo", "Name of the run; outputs go to `<output_dir>/<experiment_name>/<time>/`.")
     output_dir: str = opt("outputs", "Root folder of run outputs.")
     max_steps: int = opt(20, "Number of training steps.", min=1)
     seed: int = opt(1, "Seed of data order, sampling and initialisation.")

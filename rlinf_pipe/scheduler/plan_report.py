@@ -47,7 +47,8 @@ def _grid(placement: Placement) -> list[str]:
     offset = 0
     for node, row in enumerate(cells):
         ids = f"[{offset}-{offset + len(row) - 1}]" if row else "[]"
-        rows.append((f"node {node}".ljust(8) + " ".join(c.ljust(width) for c in row)).rstrip() + f"   {ids}")
+        padded = row + [""] * (widest_node - len(row))
+        rows.append(f"node {node}".ljust(8) + " ".join(c.ljust(width) for c in padded) + f"  global {ids}")
         offset += len(row)
     return rows
 

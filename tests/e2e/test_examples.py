@@ -1,0 +1,32 @@
+"""Runnable examples keep working (run as a user would, in a fresh process)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_allreduce_example_on_a_local_virtual_gpu_cluster():
+    proc = subprocess.run(
+        [sys.executable, "examples/workers/allreduce.py", "cluster.ray_address=local"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "actor rank 1: node 0" in proc.stdout and "CUDA_VISIBLE_DEVICES=3, global GPUs [3]" in proc.stdout
+    assert "all-reduce of ranks: [1.0, 1.0]" in proc.stdout
+    assert "items per data-parallel replica: [5, 5]" in proc.stdout
+
+
+def test_example_reports_user_errors_without_traceback():
+    proc = subprocess.run(
+        [sys.executable, "examples/workers/allreduce.py", "cluster.ray_address=local", "cluster.num_nodes=2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: cluster.num_nodes=2 but no running Ray cluster")
