@@ -36,8 +36,8 @@ class ClusterConfig:
     )
     ray_address: str = opt(
         "auto",
-        "`auto`: join the running Ray cluster if there is one, else start a local one; `local`: always start "
-        "a local one; or an explicit `IP:PORT`.",
+        "`auto`: join the cluster at RAY_ADDRESS, else the one ray_utils/start_ray.sh recorded, else any running "
+        "one Ray finds, else start a local one; `local`: always start a local one; or an explicit `IP:PORT`.",
     )
     join_timeout_s: float = opt(300.0, "Seconds to wait for `num_nodes` nodes to join before failing.", min=0)
 

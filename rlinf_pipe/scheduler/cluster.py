@@ -9,9 +9,11 @@ from __future__ import annotations
 import ipaddress
 import logging
 import math
+import os
 import socket
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rlinf_pipe.config.schema import Config
@@ -73,6 +75,30 @@ def order_nodes(ray_nodes: list[dict[str, Any]]) -> list[NodeInfo]:
     return [NodeInfo(i, n.node_id, n.ip, n.num_gpus, n.is_head, n.rank_label) for i, n in enumerate(ordered)]
 
 
+def head_ip_file() -> Path:
+    """Where `ray_utils/start_ray.sh` writes the head's address (RAY_HEAD_IP_FILE overrides)."""
+    return Path(os.environ.get("RAY_HEAD_IP_FILE", "ray_utils/ray_head_ip.txt"))
+
+
+def resolve_address(configured: str) -> str:
+    """`auto` means: RAY_ADDRESS, else the address start_ray.sh wrote, else Ray's own discovery.
+
+    Also adopts start_ray.sh's token authentication (its token file next to the address file) when the
+    environment does not choose an auth mode itself.
+    """
+    if configured != "auto":
+        return configured
+    address_file = head_ip_file()
+    token_file = Path(os.environ.get("RAY_AUTH_TOKEN_FILE", address_file.parent / "ray_auth_token"))
+    if "RAY_AUTH_MODE" not in os.environ and token_file.is_file():
+        os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file.resolve()))
+    if os.environ.get("RAY_ADDRESS"):
+        return os.environ["RAY_ADDRESS"]
+    if address_file.is_file() and address_file.read_text().strip():
+        return address_file.read_text().strip()
+    return "auto"
+
+
 def _check_reachable(address: str) -> None:
     """Fail fast with a clear message when an explicit `IP:PORT` has no Ray head listening (Ray itself retries
     for a long time and then aborts the process)."""
@@ -120,7 +146,7 @@ class Cluster:
     def _connect_or_start(self) -> bool:
         import ray
 
-        address = self.cfg.cluster.ray_address
+        address = resolve_address(self.cfg.cluster.ray_address)
         if address not in ("auto", "local"):
             _check_reachable(address)
         if address != "local":
@@ -130,7 +156,7 @@ class Cluster:
             except ConnectionError as exc:
                 if address != "auto":
                     raise ClusterError(
-                        f"cluster.ray_address={address}: cannot connect to a Ray cluster there ({exc}); start it "
+                        f"cannot connect to the Ray cluster at {address} ({exc}); start it "
                         "with `RANK=0 bash ray_utils/start_ray.sh` or use cluster.ray_address=auto"
                     ) from None
         if self.cfg.cluster.num_nodes > 1:

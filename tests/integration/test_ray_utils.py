@@ -1,0 +1,215 @@
+"""ray_utils/start_ray.sh and check_ray.sh against real Ray processes (no mocks).
+
+A two-node cluster with virtual GPUs runs on this machine (head: 2 GPUs, RANK=0; worker: 3 GPUs, RANK=1), once
+with RAY_AUTH_MODE=disabled and once with token. Every script runs in its own session (setsid), so teardown stops
+exactly the processes of this cluster, by session id, never with a machine-wide `ray stop`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+START = REPO / "ray_utils" / "start_ray.sh"
+CHECK = REPO / "ray_utils" / "check_ray.sh"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _script_env(tmp: Path, **extra: str) -> dict[str, str]:
+    """The caller's environment without any RAY_* setting, pointed at files under `tmp`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(RAY_HEAD_IP_FILE=str(tmp / "ray_head_ip.txt"), RAY_AUTH_MODE="disabled")
+    env.update(extra)
+    return env
+
+
+class Sessions:
+    """Runs commands in new sessions and stops every process left in those sessions (or naming `marker`)."""
+
+    def __init__(self, logdir: Path, marker: str | None = None):
+        self.logdir = logdir
+        self.marker = marker
+        self.sids: set[int] = set()
+        self.count = 0
+
+    def start(self, cmd: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, Path]:
+        # Output goes to a file: Ray's daemons could keep a pipe open long after the script has exited.
+        self.count += 1
+        log = self.logdir / f"cmd{self.count}.log"
+        with open(log, "w") as out:
+            proc = subprocess.Popen(
+                cmd, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.sids.add(proc.pid)  # start_new_session: the child's session id is its pid
+        return proc, log
+
+    def run(self, cmd: list[str], env: dict[str, str], timeout: float = 120) -> tuple[int, str]:
+        proc, log = self.start(cmd, env)
+        rc = proc.wait(timeout=timeout)
+        return rc, log.read_text()
+
+    def pids(self) -> list[int]:
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            state, _ppid, _pgrp, sid = stat[stat.rindex(")") + 2 :].split()[:4]
+            if state == "Z":  # exited, only waiting for its parent to reap it
+                continue
+            if int(sid) in self.sids or (self.marker and self.marker in cmdline):
+                found.append(int(entry))
+        return found
+
+    def _signal_until_gone(self, sig: signal.Signals, grace_s: float) -> list[int]:
+        for pid in self.pids():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while (left := self.pids()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return left
+
+    def stop_all(self) -> None:
+        # SIGTERM lets raylets unregister; Ray 2.60's GCS may hang while flushing events, hence the SIGKILL.
+        if self._signal_until_gone(signal.SIGTERM, grace_s=3.0):
+            left = self._signal_until_gone(signal.SIGKILL, grace_s=10.0)
+            assert not left, f"processes of the test cluster survived SIGKILL: {left}"
+
+
+def _wait(proc: subprocess.Popen, log: Path, what: str, timeout: float = 120) -> str:
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{what} did not finish within {timeout}s:\n{log.read_text()}")
+    text = log.read_text()
+    assert rc == 0, f"{what} failed (rc={rc}):\n{text}"
+    return text
+
+
+@pytest.fixture(scope="module", params=["disabled", "token"])
+def cluster(request, tmp_path_factory):
+    auth_mode = request.param
+    tmp = tmp_path_factory.mktemp(f"ray_utils_{auth_mode}")
+    # Ray's unix socket paths (temp dir + session name + socket name) must stay under 108 bytes: keep it short.
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rlp-ray-"))
+    sessions = Sessions(tmp, marker=str(ray_tmp))
+    port = _free_port()
+    common = dict(RAY_PORT=str(port), RAY_NUM_CPUS="1", RAY_AUTH_MODE=auth_mode, RAY_JOIN_TIMEOUT="90")
+    head_env = _script_env(tmp, RANK="0", RAY_NUM_GPUS="2", RAY_TEMP_DIR=str(ray_tmp / "h"),
+                           RAY_EXTRA_ARGS="--include-dashboard=false", **common)
+    worker_env = _script_env(tmp, RANK="1", RAY_NUM_GPUS="3", RAY_TEMP_DIR=str(ray_tmp / "w"), **common)
+    try:
+        # Both at once, as on a real cluster: the worker waits for the head's address file.
+        worker, worker_log = sessions.start(["bash", str(START)], worker_env)
+        head, head_log = sessions.start(["bash", str(START)], head_env)
+        head_out = _wait(head, head_log, "RANK=0 start_ray.sh")
+        worker_out = _wait(worker, worker_log, "RANK=1 start_ray.sh")
+        address = (tmp / "ray_head_ip.txt").read_text().strip()
+        assert address.endswith(f":{port}")
+        assert f"Ray head started at {address}" in head_out
+        assert f"Ray started: node rank 1 joined {address}" in worker_out
+        driver_env = _script_env(tmp, RAY_AUTH_MODE=auth_mode)
+        if auth_mode == "token":
+            token_file = tmp / "ray_auth_token"
+            assert token_file.stat().st_mode & 0o077 == 0, "the token file must be readable by its owner only"
+            driver_env["RAY_AUTH_TOKEN_PATH"] = str(token_file)
+        yield {"sessions": sessions, "tmp": tmp, "address": address, "driver_env": driver_env}
+    finally:
+        sessions.stop_all()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_check_ray_sees_both_nodes(cluster):
+    env = _script_env(cluster["tmp"], RAY_AUTH_MODE=cluster["driver_env"]["RAY_AUTH_MODE"], RAY_CHECK_TIMEOUT="60")
+    rc, out = cluster["sessions"].run(["bash", str(CHECK), "5"], env)
+    assert rc == 0, out
+    assert f"OK: 5 GPUs on 2 node(s) at {cluster['address']}" in out
+    assert re.search(r"node rank 0  ip \S+  2 GPUs  id \w+ \(head\)", out), out
+    assert re.search(r"node rank 1  ip \S+  3 GPUs  id \w+$", out, re.MULTILINE), out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cluster", ["disabled"], indirect=True)  # the auth mode does not matter here
+def test_check_ray_fails_on_wrong_gpu_count(cluster):
+    env = _script_env(cluster["tmp"], RAY_AUTH_MODE=cluster["driver_env"]["RAY_AUTH_MODE"], RAY_CHECK_TIMEOUT="2")
+    rc, out = cluster["sessions"].run(["bash", str(CHECK), "6"], env)
+    assert rc == 1, out
+    assert "timed out after 2s: saw 5 of 6 expected GPUs on 2 alive node(s)" in out
+    assert "RAY_NUM_GPUS" in out
+
+    rc, out = cluster["sessions"].run(["bash", str(CHECK), "4"], env)
+    assert rc == 1, out
+    assert "has 5 GPUs on 2 node(s), more than the expected 4" in out
+
+
+QUERY = """
+import json, ray
+ray.init(address="{address}", log_to_driver=False, logging_level="ERROR")
+nodes = [(n["Labels"].get("rlinf_pipe/node-rank"), n["Resources"].get("GPU")) for n in ray.nodes() if n["Alive"]]
+print("NODES=" + json.dumps(sorted(nodes)))
+"""
+
+
+@pytest.mark.slow
+def test_nodes_carry_rank_labels(cluster):
+    # The driver's environment here is what rlinf_pipe's driver needs: RAY_AUTH_MODE (+ the token file for `token`).
+    cmd = [sys.executable, "-c", QUERY.format(address=cluster["address"])]
+    rc, out = cluster["sessions"].run(cmd, cluster["driver_env"], timeout=60)
+    assert rc == 0, out
+    line = next(x for x in out.splitlines() if x.startswith("NODES="))
+    assert line == 'NODES=[["0", 2.0], ["1", 3.0]]'
+
+
+def test_worker_without_head_file_fails_clearly(tmp_path):
+    sessions = Sessions(tmp_path)
+    try:
+        env = _script_env(tmp_path, RANK="1", RAY_JOIN_TIMEOUT="1")
+        rc, out = sessions.run(["bash", str(START)], env, timeout=30)
+    finally:
+        sessions.stop_all()
+    assert rc == 1, out
+    assert f"the head address file {tmp_path / 'ray_head_ip.txt'} did not appear within 1s" in out
+    assert "Start the head node first (RANK=0 bash ray_utils/start_ray.sh)" in out
+    assert "RAY_HEAD_IP_FILE" in out
+
+
+@pytest.mark.parametrize("rank", ["", "-1", "abc", "1.5"])
+def test_invalid_rank_fails_clearly(tmp_path, rank):
+    env = _script_env(tmp_path, RANK=rank)
+    res = subprocess.run(["bash", str(START)], env=env, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "RANK must be a non-negative integer (0 on the head node, 1, 2, ... on the others)" in res.stderr
+    assert f"got '{rank}'" in res.stderr
+    assert not (tmp_path / "ray_head_ip.txt").exists()
+
+
+@pytest.mark.parametrize("args", [[], ["0"], ["x"], ["4", "8"]])
+def test_check_ray_usage(args):
+    res = subprocess.run(["bash", str(CHECK), *args], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "usage: bash ray_utils/check_ray.sh N" in res.stderr
