@@ -32,3 +32,19 @@ class ClusterError(RlinfPipeError):
 
 class WorkerError(RlinfPipeError):
     """A remote worker raised or died. Names the group, rank, node and GPUs, with the remote traceback."""
+
+
+class ChannelError(RlinfPipeError):
+    """Base of channel errors; every message names the channel."""
+
+
+class ChannelClosed(ChannelError):
+    """The channel (or this end of it) is closed: the stream has ended, or put/get was called after close()."""
+
+
+class ChannelTimeout(ChannelError):
+    """A blocking channel call did not complete within its `timeout`."""
+
+
+class ChannelPeerError(ChannelError):
+    """A peer process of the channel stopped responding (died or hung) while a call depended on it."""

@@ -1,8 +1,15 @@
-"""Shared test setup: `gpu` tests are skipped on machines without CUDA."""
+"""Shared test setup: tests/ is importable in Ray workers too; `gpu` tests are skipped without CUDA."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
+
+# Ray workers inherit the environment of the process that starts Ray (these tests): let them import tests.support.
+_TESTS = str(Path(__file__).resolve().parent)
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_TESTS, os.environ.get("PYTHONPATH", "")) if p)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -166,7 +166,7 @@ class Cluster:
                 "the head node (see docs/multi-node.md)"
             )
         num_gpus = None if cuda_available() else self.cfg.gpus_per_node()[0]
-        ray.init(num_gpus=num_gpus, include_dashboard=False, labels={NODE_RANK_LABEL: "0"})
+        ray.init(address="local", num_gpus=num_gpus, include_dashboard=False, labels={NODE_RANK_LABEL: "0"})
         return True
 
     def _wait_for_nodes(self, poll_interval_s: float) -> list[NodeInfo]:

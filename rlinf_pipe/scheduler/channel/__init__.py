@@ -1,1 +1,8 @@
-"""Filled in by later issues (see DESIGN.md)."""
+"""Streaming channels: named, typed FIFO streams between components (sockets) or inside a process (local)."""
+
+from rlinf_pipe.scheduler.channel.buffer import StepEnd
+from rlinf_pipe.scheduler.channel.channel import Channel
+from rlinf_pipe.scheduler.channel.local import LocalChannel
+from rlinf_pipe.scheduler.channel.registry import ChannelSpec
+
+__all__ = ["Channel", "ChannelSpec", "LocalChannel", "StepEnd"]

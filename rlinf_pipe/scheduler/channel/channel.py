@@ -1,0 +1,151 @@
+"""`Channel`: a named, typed stream between processes (pyzmq + msgspec).
+
+    rollouts = Channel.create("rollouts", RolloutGroup, maxsize=16, num_producers=4)   # once, e.g. the driver
+    rollouts = Channel.open("rollouts", RolloutGroup)                                # anywhere else
+    rollouts.put(group, weight=len(group.samples)); rollouts.end_step(); rollouts.close()   # producers
+    for group in rollouts.iter_step(): ...; batch = rollouts.get_batch(4096)        # consumers
+
+A process gets its producing end on its first put and its consuming end on its first get. Handles pickle by name,
+so a Channel can be passed to Ray workers.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Generic, TypeVar
+
+import ray
+
+from rlinf_pipe.errors import ChannelClosed, ChannelError
+from rlinf_pipe.scheduler.channel.api import ConsumerAPI
+from rlinf_pipe.scheduler.channel.buffer import Entry, StepBuffer, Waiter
+from rlinf_pipe.scheduler.channel.codec import Codec
+from rlinf_pipe.scheduler.channel.consumer import ConsumerEnd
+from rlinf_pipe.scheduler.channel.producer import ProducerEnd
+from rlinf_pipe.scheduler.channel.registry import ChannelSpec, registry
+
+T = TypeVar("T")
+
+
+class Channel(ConsumerAPI[T], Generic[T]):
+    """A handle on a named socket channel; see the module docstring."""
+
+    def __init__(self, spec: ChannelSpec, item_type: Any = Any):
+        self.spec, self.name, self.item_type = spec, spec.name, item_type
+        self.codec = Codec(item_type)
+        self._lock = threading.Lock()
+        self._producer: ProducerEnd | None = None
+        self._consumer_end: ConsumerEnd | None = None
+        self._closed = False
+
+    @classmethod
+    def create(cls, name: str, item_type: Any = Any, **spec: Any) -> "Channel[T]":
+        """Declare the channel (idempotent when the spec matches) and return a handle."""
+        wanted = ChannelSpec(name=name, **spec)
+        existing = ray.get(registry().declare.remote(wanted))
+        if existing != wanted:
+            raise ChannelError(f"channel {name!r} already exists with a different spec: {existing} (asked {wanted})")
+        return cls(existing, item_type)
+
+    @classmethod
+    def open(cls, name: str, item_type: Any = Any) -> "Channel[T]":
+        """A handle on an existing channel."""
+        spec = ray.get(registry().spec.remote(name))
+        if spec is None:
+            raise ChannelError(f"channel {name!r} does not exist; create it first with Channel.create({name!r}, ...)")
+        return cls(spec, item_type)
+
+    def __reduce__(self):
+        return (Channel, (self.spec, self.item_type))
+
+    # --- producer -------------------------------------------------------------------------------------------
+    def _producer_end(self) -> ProducerEnd:
+        with self._lock:
+            if self._closed:
+                raise ChannelClosed(f"channel {self.name!r}: used after close()")
+            if self._producer is None:
+                self._producer = ProducerEnd(self.spec, self.codec)
+            return self._producer
+
+    def put(self, item: T, weight: float = 1, timeout: float | None = None) -> None:
+        """Send `item`. Blocks while this producer has `maxsize` weight of items no consumer has taken yet."""
+        end = self._producer_end()
+        frames = self.codec.encode(item)
+        end._waiter.wait(lambda: end.try_put(frames, weight), timeout, f"channel {self.name!r} put")
+
+    async def aput(self, item: T, weight: float = 1, timeout: float | None = None) -> None:
+        end = self._producer_end()
+        frames = self.codec.encode(item)
+        await end._waiter.await_(lambda: end.try_put(frames, weight), timeout, f"channel {self.name!r} put")
+
+    def end_step(self) -> None:
+        """This producer has put every item of the current step (a step ends once every producer ended it)."""
+        self._producer_end().end_step()
+
+    # --- consumer -------------------------------------------------------------------------------------------
+    def _consumer(self) -> tuple[Waiter, StepBuffer]:
+        with self._lock:
+            if self._closed:
+                raise ChannelClosed(f"channel {self.name!r}: used after close()")
+            if self._consumer_end is None:
+                self._consumer_end = ConsumerEnd(self.spec)
+            return self._consumer_end._waiter, self._consumer_end.buffer
+
+    def _try_take(self) -> Any:
+        end = self._consumer_end
+        end.check()
+        if end.buffer.peek() is not None:
+            entry = end.buffer.pop()
+            end.credit([entry])
+            end.ack([entry])  # get() hands it over at once: no separate acknowledgement step
+            return entry
+        return end.buffer.next_marker()
+
+    def _on_take(self, entries: list[Entry]) -> None:
+        self._consumer_end.credit(entries)
+
+    def _ack(self, entries: list[Entry]) -> None:
+        self._consumer_end.ack(entries)
+
+    def _decode(self, entries: list[Entry]) -> list[T]:
+        return [self.codec.decode(e.payload) for e in entries]
+
+    # --- lifetime -------------------------------------------------------------------------------------------
+    def close(self, timeout: float | None = None) -> None:
+        """Producer end: end the current step if it has items, wait until every item was taken by a consumer,
+        then tell consumers this producer is done. Consumer end: leave (untaken items go to other consumers).
+        Any use of this handle afterwards raises ChannelClosed."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        producer, consumer = self._producer, self._consumer_end
+        try:
+            if producer is not None:
+                producer.begin_close()
+                producer._waiter.wait(producer.try_finish_close, timeout, f"channel {self.name!r} close")
+        finally:
+            if consumer is not None:
+                consumer.stop()
+            if producer is not None:
+                producer.stop()
+
+    def abort(self) -> None:
+        """Tear this process's ends down at once, without draining (error paths, teardown). Items this producer
+        still holds are lost; a consumer's untaken items go back to their producers."""
+        with self._lock:
+            self._closed = True
+        for end in (self._consumer_end, self._producer):
+            if end is not None:
+                end.stop()
+
+    def stats(self) -> dict[str, float]:
+        """Queue sizes at this process's ends (for metrics)."""
+        out: dict[str, float] = {}
+        if self._producer is not None:
+            out["untaken_items"], out["untaken_weight"] = self._producer.untaken()
+        if self._consumer_end is not None:
+            with self._consumer_end._waiter.lock:
+                out["buffered_items"] = self._consumer_end.buffer.count
+                out["buffered_weight"] = self._consumer_end.buffer.weight
+        return out

@@ -1,0 +1,201 @@
+"""The consuming end of a socket channel in one process.
+
+An I/O thread discovers producers through the registry, connects to each (ipc on the same node, tcp otherwise),
+grants each `prefetch` items of credit, buffers what arrives, and watches heartbeats. The app thread takes items
+from the buffer; each take returns one credit to that item's producer (so a slow consumer is sent less) and is
+acknowledged so the producer can forget the item.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+import zmq
+from ray.exceptions import RayActorError
+
+from rlinf_pipe.errors import ChannelPeerError
+from rlinf_pipe.scheduler.channel import wire
+from rlinf_pipe.scheduler.channel.buffer import Entry, StepBuffer, Waiter
+from rlinf_pipe.scheduler.channel.producer import endpoint_id
+from rlinf_pipe.scheduler.channel.registry import ChannelSpec, ProducerRecord, registry
+
+REFRESH_S = 1.0  # how often the registry is asked for new producers
+EAGER_REFRESH_S = 0.02  # ... while producers are still missing
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _ProducerLink:
+    record: ProducerRecord
+    sock: zmq.Socket
+    endpoint: str
+    last_seen: float
+
+
+class ConsumerEnd:
+    """Connects to every producer of the channel and buffers their items for this process."""
+
+    def __init__(self, spec: ChannelSpec):
+        self.spec = spec
+        self.id = endpoint_id("consumer")
+        self._waiter = Waiter(threading.RLock())
+        self.buffer = StepBuffer(spec.name, expected_producers=spec.num_producers)
+        self._links: dict[str, _ProducerLink] = {}
+        self._by_socket: dict[zmq.Socket, str] = {}
+        self._credit: dict[str, int] = {}  # producer -> items of credit not yet sent
+        self._acks: dict[str, list[int]] = {}  # producer -> taken seqs not yet acknowledged
+        self._node_id = ray.get_runtime_context().get_node_id()
+        self._registry = registry()
+        self._stopping = False
+        self._error: BaseException | None = None
+        context = zmq.Context.instance()
+        self._wakeup = wire.Wakeup()
+        self._poller = zmq.Poller()
+        self._poller.register(self._wakeup.rx, zmq.POLLIN)
+        self._refresh()
+        self._thread = threading.Thread(target=self._run, name=f"channel-{spec.name}-consumer", daemon=True)
+        self._thread.start()
+
+    # --- app side (call with the waiter lock held) ----------------------------------------------------------
+    def check(self) -> None:
+        if self._error is not None:
+            raise ChannelPeerError(f"channel {self.spec.name!r}: consumer I/O failed: {self._error}")
+
+    def credit(self, entries: list[Entry]) -> None:
+        """Entries left the buffer: give their producers credit for as many new items."""
+        for entry in entries:
+            self._credit[entry.producer] = self._credit.get(entry.producer, 0) + 1
+        self._wakeup.wake()
+
+    def ack(self, entries: list[Entry]) -> None:
+        """Entries were handed to the app: their producers may forget them."""
+        for entry in entries:
+            self._acks.setdefault(entry.producer, []).append(entry.seq)
+        self._wakeup.wake()
+
+    def endpoints(self) -> list[str]:
+        """The producer addresses this consumer connected to (ipc on its node, tcp across nodes)."""
+        with self._waiter.lock:
+            return [link.endpoint for link in self._links.values()]
+
+    # --- I/O thread -----------------------------------------------------------------------------------------
+    def _refresh(self) -> None:
+        """Connect to producers that registered since the last look (the registry call runs without the lock)."""
+        try:
+            records = ray.get(self._registry.list_producers.remote(self.spec.name))
+        except RayActorError:  # the job that owned the registry ended: so does this channel
+            self._stopping = True
+            return
+        with self._waiter.lock:
+            for record in records:
+                if record.id not in self._links:
+                    self._connect(record)
+            self._waiter.notify()
+
+    def _connect(self, record: ProducerRecord) -> None:
+        state = self.buffer.producer(record.id)
+        if record.closed:  # it finished (every item taken) before we arrived
+            state.closed, state.ended_through = True, max(state.ended_through, record.ended_through)
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.ROUTING_ID, self.id.encode())
+        sock.setsockopt(zmq.LINGER, 0)
+        endpoint = record.ipc if record.node_id == self._node_id else record.tcp
+        sock.connect(endpoint)
+        sock.send_multipart([wire.HELLO, wire.pack(self.spec.prefetch)])
+        self._links[record.id] = _ProducerLink(record, sock, endpoint, time.monotonic())
+        self._by_socket[sock] = record.id
+        self._poller.register(sock, zmq.POLLIN)
+
+    def _run(self) -> None:
+        next_housekeeping = next_refresh = 0.0
+        try:
+            while not self._stopping and ray.is_initialized():  # Ray gone (shutdown): nothing left to serve
+                wait_s = min(self.spec.heartbeat_s / 2, max(0.0, next_refresh - time.monotonic()))
+                events = dict(self._poller.poll(wait_s * 1000))
+                now = time.monotonic()
+                if now >= next_refresh:
+                    self._refresh()
+                    expected = self.spec.num_producers
+                    missing = not self._links or (expected is not None and len(self._links) < expected)
+                    next_refresh = now + (EAGER_REFRESH_S if missing else REFRESH_S)
+                with self._waiter.lock:
+                    if self._wakeup.rx in events:
+                        self._wakeup.drain()
+                    for sock in events:
+                        producer = self._by_socket.get(sock)
+                        while producer is not None and sock.poll(0):
+                            self._on_message(producer, sock.recv_multipart(copy=False))
+                    self._flush_updates()
+                    if now >= next_housekeeping:  # heartbeats and peer expiry, a few times per heartbeat
+                        for link in self._links.values():
+                            link.sock.send(wire.HEARTBEAT)
+                        self._expire_producers(now)
+                        next_housekeeping = now + self.spec.heartbeat_s / 2
+                    if events:
+                        self._waiter.notify()
+        except BaseException as exc:
+            log.error("channel %r: %s I/O thread failed", self.spec.name, "consumer", exc_info=True)
+            with self._waiter.lock:
+                self._error = exc
+                self._waiter.notify()
+        finally:
+            self._close_sockets()
+
+    def _flush_updates(self) -> None:
+        """One CREDIT message per producer carries every credit and acknowledgement gathered since the last."""
+        for producer in set(self._credit) | set(self._acks):
+            link = self._links.get(producer)
+            if link is not None:
+                payload = wire.pack([self._credit.get(producer, 0), self._acks.get(producer, [])])
+                link.sock.send_multipart([wire.CREDIT, payload])
+        self._credit.clear()
+        self._acks.clear()
+
+    def _on_message(self, producer: str, frames: list[Any]) -> None:
+        link = self._links[producer]
+        link.last_seen = time.monotonic()
+        kind = frames[0].bytes
+        state = self.buffer.producer(producer)
+        if kind == wire.ITEM:
+            seq, step, weight = wire.unpack(frames[1].buffer)
+            self.buffer.add(Entry(producer, seq, step, weight, frames[2:]))
+        elif kind == wire.STEP_END:
+            state.ended_through = max(state.ended_through, wire.unpack(frames[1].buffer))
+        elif kind == wire.STATE:
+            ended, closed = wire.unpack(frames[1].buffer)
+            state.ended_through = max(state.ended_through, ended)
+            state.closed = state.closed or closed
+        elif kind == wire.CLOSED:
+            state.ended_through = max(state.ended_through, wire.unpack(frames[1].buffer))
+            state.closed = True
+
+    def _expire_producers(self, now: float) -> None:
+        for producer, link in self._links.items():
+            state = self.buffer.producer(producer)
+            silent = now - link.last_seen
+            if not state.closed and not state.dead and silent > self.spec.peer_timeout_s:
+                state.dead = f"stopped responding (no message for {silent:.1f} s)"
+                self._waiter.notify()
+
+    def _close_sockets(self) -> None:
+        for link in self._links.values():
+            try:
+                link.sock.send(wire.BYE, zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+            link.sock.close(linger=100)
+
+    def stop(self) -> None:
+        """Idempotent. Leave the channel: producers hand this consumer's untaken items to the other consumers."""
+        with self._waiter.lock:
+            if self._stopping:
+                return
+            self._stopping = True
+            self._wakeup.wake()
+        self._thread.join(timeout=5)
+        self._wakeup.close()

@@ -1,0 +1,288 @@
+"""The producing end of a socket channel in one process.
+
+Items wait in this process until a consumer has credit for them (consumers pull: each grants `prefetch` items per
+producer and one more per item it takes). Sent items are kept until the consumer reports them taken, so a
+consumer that dies loses nothing: its untaken items go to the other consumers. `put` blocks while this
+producer's untaken weight is at `maxsize` (backpressure across processes and nodes).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+import zmq
+
+from rlinf_pipe.errors import ChannelClosed, ChannelPeerError
+from rlinf_pipe.scheduler.channel import wire
+from rlinf_pipe.scheduler.channel.buffer import PENDING, Waiter
+from rlinf_pipe.scheduler.channel.codec import Codec
+from rlinf_pipe.scheduler.channel.registry import ChannelSpec, ProducerRecord, registry
+
+log = logging.getLogger(__name__)
+
+
+def endpoint_id(role: str) -> str:
+    """A readable, unique name for this process's end of a channel (it appears in peer errors)."""
+    return f"{role}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class _OutItem:
+    seq: int
+    step: int
+    weight: float
+    frames: list[Any]
+
+
+@dataclass
+class _ConsumerLink:
+    last_seen: float
+    inflight: dict[int, _OutItem] = field(default_factory=dict)
+    dead: str | None = None
+
+
+class ProducerEnd:
+    """Owns a ROUTER socket (ipc + tcp) that consumers connect to; an I/O thread runs the protocol."""
+
+    def __init__(self, spec: ChannelSpec, codec: Codec):
+        self.spec, self.codec = spec, codec
+        self.id = endpoint_id("producer")
+        self._waiter = Waiter(threading.RLock())
+        self._queue: deque[_OutItem] = deque()
+        self._consumers: dict[bytes, _ConsumerLink] = {}
+        self._credits: deque[bytes] = deque()
+        self._outstanding: dict[int, int] = {}  # step -> items not yet taken
+        self._untaken = 0.0
+        self._seq = 0
+        self._step = 0
+        self._step_has_items = False
+        self._ended: deque[int] = deque()  # ended steps whose marker is not yet broadcast
+        self._ended_through = -1
+        self._closing = self._closed = self._stopping = False
+        self._error: BaseException | None = None
+
+        context = zmq.Context.instance()
+        self._router = context.socket(zmq.ROUTER)
+        self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._router.setsockopt(zmq.LINGER, 0)
+        self._ipc_path = os.path.join(tempfile.gettempdir(), f"rlp-{uuid.uuid4().hex[:12]}.sock")
+        self._router.bind(f"ipc://{self._ipc_path}")
+        port = self._router.bind_to_random_port("tcp://*")
+        self._wakeup = wire.Wakeup()
+        self.record = ProducerRecord(
+            id=self.id,
+            node_id=ray.get_runtime_context().get_node_id(),
+            ipc=f"ipc://{self._ipc_path}",
+            tcp=f"tcp://{ray.util.get_node_ip_address()}:{port}",
+        )
+        ray.get(registry().add_producer.remote(spec.name, self.record))
+        self._thread = threading.Thread(target=self._run, name=f"channel-{spec.name}-producer", daemon=True)
+        self._thread.start()
+
+    # --- app side -------------------------------------------------------------------------------------------
+    def _wake(self) -> None:
+        self._wakeup.wake()
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise ChannelPeerError(f"channel {self.spec.name!r}: producer I/O failed: {self._error}")
+        if self._closing:
+            raise ChannelClosed(f"channel {self.spec.name!r}: put() after close()")
+
+    def _no_live_consumer(self) -> str | None:
+        """Why nothing can drain this producer: every consumer that connected has died."""
+        if self._consumers and all(c.dead for c in self._consumers.values()):
+            dead = ", ".join(f"{cid.decode()} ({c.dead})" for cid, c in self._consumers.items())
+            return f"channel {self.spec.name!r}: every consumer is gone: {dead}"
+        return None
+
+    def try_put(self, frames: list[Any], weight: float) -> Any:
+        self._check()
+        maxsize = self.spec.maxsize
+        if maxsize is not None and self._untaken and self._untaken + weight > maxsize:
+            problem = self._no_live_consumer()
+            if problem:
+                raise ChannelPeerError(problem + "; put() would block forever")
+            return PENDING
+        self._seq += 1
+        self._queue.append(_OutItem(self._seq, self._step, weight, frames))
+        self._outstanding[self._step] = self._outstanding.get(self._step, 0) + 1
+        self._untaken += weight
+        self._step_has_items = True
+        self._wake()
+        return None
+
+    def end_step(self) -> None:
+        with self._waiter.lock:
+            self._check()
+            self._end_step()
+
+    def _end_step(self) -> None:
+        self._ended.append(self._step)
+        self._step += 1
+        self._step_has_items = False
+        self._wake()
+
+    def begin_close(self) -> None:
+        with self._waiter.lock:
+            if self._closing:
+                return
+            if self._step_has_items:
+                self._end_step()
+            self._closing = True
+            self._wake()
+
+    def try_finish_close(self) -> Any:
+        if self._error is not None:
+            raise ChannelPeerError(f"channel {self.spec.name!r}: producer I/O failed: {self._error}")
+        if self._closed:
+            return None
+        problem = self._no_live_consumer()
+        if problem and self._untaken:
+            raise ChannelPeerError(problem + f"; {len(self._queue)} item(s) cannot be delivered")
+        return PENDING
+
+    def untaken(self) -> tuple[int, float]:
+        with self._waiter.lock:
+            return len(self._queue) + sum(len(c.inflight) for c in self._consumers.values()), self._untaken
+
+    # --- I/O thread -----------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._wakeup.rx, zmq.POLLIN)
+        next_housekeeping = 0.0
+        try:
+            while not self._stopping and ray.is_initialized():  # Ray gone (shutdown): nothing left to serve
+                events = dict(poller.poll(self.spec.heartbeat_s * 1000 / 2))
+                with self._waiter.lock:
+                    if self._wakeup.rx in events:
+                        self._wakeup.drain()
+                    if self._router in events:
+                        while self._router.poll(0):
+                            self._on_message(self._router.recv_multipart(copy=False))
+                    now = time.monotonic()
+                    if now >= next_housekeeping:  # heartbeats and peer expiry, a few times per heartbeat
+                        self._expire_consumers(now)
+                        self._broadcast(wire.HEARTBEAT)
+                        next_housekeeping = now + self.spec.heartbeat_s / 2
+                    self._dispatch()
+                    self._broadcast_markers()
+                    if self._closing and not self._closed and self._drained():
+                        self._broadcast(wire.CLOSED, wire.pack(self._ended_through))
+                        self._closed = True
+                        self._waiter.notify()
+                        break
+                    if events:
+                        self._waiter.notify()
+        except BaseException as exc:
+            log.error("channel %r: %s I/O thread failed", self.spec.name, "producer", exc_info=True)
+            with self._waiter.lock:
+                self._error = exc
+                self._waiter.notify()
+        finally:
+            self._shutdown_sockets()
+
+    def _drained(self) -> bool:
+        return not self._queue and not self._ended and not any(c.inflight for c in self._consumers.values())
+
+    def _on_message(self, frames: list[Any]) -> None:
+        cid, kind = frames[0].bytes, frames[1].bytes
+        link = self._consumers.get(cid)
+        if kind == wire.HELLO:
+            if link is None or link.dead:
+                link = self._consumers[cid] = _ConsumerLink(time.monotonic())
+            self._credits.extend([cid] * wire.unpack(frames[2].buffer))
+            self._send(cid, wire.STATE, wire.pack([self._ended_through, self._closed]))
+            return
+        if link is None or link.dead:
+            return  # a consumer we gave up on; it will see itself dropped by our silence
+        link.last_seen = time.monotonic()
+        if kind == wire.CREDIT:
+            credit, taken = wire.unpack(frames[2].buffer)
+            self._credits.extend([cid] * credit)
+            for seq in taken:
+                item = link.inflight.pop(seq, None)
+                if item is not None:
+                    self._untaken -= item.weight
+                    self._outstanding[item.step] -= 1
+        elif kind == wire.BYE:
+            self._drop(cid, link, "closed its end")
+
+    def _expire_consumers(self, now: float) -> None:
+        for cid, link in list(self._consumers.items()):
+            if not link.dead and now - link.last_seen > self.spec.peer_timeout_s:
+                self._drop(cid, link, f"stopped responding (no message for {now - link.last_seen:.1f} s)")
+
+    def _drop(self, cid: bytes, link: _ConsumerLink, why: str) -> None:
+        """Forget a consumer; its untaken items go back to the front of the queue, in order."""
+        link.dead = why
+        for item in sorted(link.inflight.values(), key=lambda i: i.seq, reverse=True):
+            self._queue.appendleft(item)
+        link.inflight.clear()
+        self._credits = deque(c for c in self._credits if c != cid)
+
+    def _dispatch(self) -> None:
+        while self._queue and self._credits:
+            cid = self._credits.popleft()
+            link = self._consumers.get(cid)
+            if link is None or link.dead:
+                continue
+            item = self._queue.popleft()
+            if self._send(cid, wire.ITEM, wire.pack([item.seq, item.step, item.weight]), *item.frames):
+                link.inflight[item.seq] = item
+            else:
+                self._queue.appendleft(item)
+
+    def _broadcast_markers(self) -> None:
+        while self._ended and not self._outstanding.get(self._ended[0], 0):
+            step = self._ended.popleft()
+            self._outstanding.pop(step, None)
+            self._ended_through = step
+            self._broadcast(wire.STEP_END, wire.pack(step))
+
+    def _broadcast(self, kind: bytes, *payload: Any) -> None:
+        for cid, link in list(self._consumers.items()):
+            if not link.dead:
+                self._send(cid, kind, *payload)
+
+    def _send(self, cid: bytes, kind: bytes, *payload: Any) -> bool:
+        try:
+            self._router.send_multipart([cid, kind, *payload], copy=False)
+            return True
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            link = self._consumers.get(cid)
+            if link is not None and not link.dead:
+                self._drop(cid, link, "disconnected")
+            return False
+
+    def _shutdown_sockets(self) -> None:
+        self._router.close(linger=0)
+        try:
+            os.unlink(self._ipc_path)
+        except OSError:
+            pass
+        if ray.is_initialized():
+            registry().close_producer.remote(self.spec.name, self.id, self._ended_through)
+
+    def stop(self) -> None:
+        """Idempotent. Tear down without draining (process exit, abort)."""
+        with self._waiter.lock:
+            if self._stopping:
+                return
+            self._closing = self._stopping = True
+            self._wake()
+        self._thread.join(timeout=5)
+        self._wakeup.close()

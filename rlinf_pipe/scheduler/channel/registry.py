@@ -1,0 +1,80 @@
+"""Endpoint discovery: one small Ray named actor per Ray namespace. It holds channel specs and producer addresses;
+payloads never pass through it."""
+
+from __future__ import annotations
+
+import msgspec
+import ray
+
+from rlinf_pipe.errors import ChannelError
+
+REGISTRY_NAME = "rlinf_pipe:channel_registry"
+
+
+class ChannelSpec(msgspec.Struct, frozen=True):
+    """How a channel behaves; fixed when it is created.
+
+    `maxsize` bounds, per producer, the weight of items put but not yet taken by a consumer (None: unbounded).
+    `prefetch` is how many items each consumer accepts ahead from each producer.
+    """
+
+    name: str
+    maxsize: float | None = 64
+    num_producers: int | None = None
+    prefetch: int = 8
+    heartbeat_s: float = 1.0
+    peer_timeout_s: float = 30.0
+
+
+class ProducerRecord(msgspec.Struct, frozen=True):
+    """Where a producer listens: ipc for consumers on its node, tcp for the others."""
+
+    id: str
+    node_id: str
+    ipc: str
+    tcp: str
+    closed: bool = False
+    ended_through: int = -1  # its last ended step, once closed
+
+
+@ray.remote(num_cpus=0)
+class ChannelRegistry:
+    def __init__(self) -> None:
+        self.specs: dict[str, ChannelSpec] = {}
+        self.producers: dict[str, dict[str, ProducerRecord]] = {}
+
+    def declare(self, spec: ChannelSpec) -> ChannelSpec:
+        """Create the channel, or return the existing spec (the caller checks it matches)."""
+        return self.specs.setdefault(spec.name, spec)
+
+    def spec(self, name: str) -> ChannelSpec | None:
+        return self.specs.get(name)
+
+    def add_producer(self, name: str, record: ProducerRecord) -> None:
+        self.producers.setdefault(name, {})[record.id] = record
+
+    def close_producer(self, name: str, producer_id: str, ended_through: int) -> None:
+        record = self.producers.get(name, {}).get(producer_id)
+        if record is not None:
+            self.producers[name][producer_id] = msgspec.structs.replace(
+                record, closed=True, ended_through=ended_through
+            )
+
+    def list_producers(self, name: str) -> list[ProducerRecord]:
+        return list(self.producers.get(name, {}).values())
+
+
+_handle: tuple[str, "ray.actor.ActorHandle"] | None = None
+
+
+def registry() -> "ray.actor.ActorHandle":
+    """The registry of this Ray job (created on first use; the first process to use channels owns it, so in a
+    run that is the driver). The handle is kept: Ray removes a named actor once no handle to it is left."""
+    global _handle
+    if not ray.is_initialized():
+        raise ChannelError("socket channels need Ray: call ray.init() (or start a Cluster) first")
+    job = ray.get_runtime_context().get_job_id()
+    if _handle is None or _handle[0] != job:
+        actor = ChannelRegistry.options(name=REGISTRY_NAME, get_if_exists=True, lifetime=None).remote()
+        _handle = (job, actor)
+    return _handle[1]

@@ -1,0 +1,286 @@
+"""Socket channels between real processes on a two-node Ray cluster (one machine): ipc on a node, tcp across."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+import ray
+import torch
+from ray.cluster_utils import Cluster as RayTestCluster
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from rlinf_pipe.errors import ChannelClosed, ChannelError, ChannelPeerError, ChannelTimeout
+from rlinf_pipe.scheduler.channel import Channel, StepEnd
+from support.channel_items import Rich, Tagged, assert_same, rich
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+FAST_FAILURE = {"heartbeat_s": 0.2, "peer_timeout_s": 1.5}
+
+
+@ray.remote(num_cpus=0)
+class Producer:
+    def __init__(self, channel: Channel, producer: int = 0):
+        self.channel, self.producer = channel, producer
+
+    def put_tagged(self, count: int, steps: int = 1, close: bool = True) -> int:
+        for step in range(steps):
+            for seq in range(count):
+                self.channel.put(Tagged(self.producer, seq, step))
+            self.channel.end_step()
+        if close:
+            self.channel.close()
+        return count * steps
+
+    def put_until_blocked(self, limit: int, timeout: float) -> int:
+        """Put items until a put times out; returns how many went in."""
+        for n in range(limit):
+            try:
+                self.channel.put(Tagged(self.producer, n), timeout=timeout)
+            except ChannelTimeout:
+                return n
+        return limit
+
+    def put_rich(self, count: int) -> None:
+        for step in range(count):
+            self.channel.put(rich(step))
+        self.channel.close()
+
+    def put_weighted(self, weights: list[int]) -> None:
+        for i, weight in enumerate(weights):
+            self.channel.put(Tagged(self.producer, i), weight=weight)
+        self.channel.end_step()
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def untaken(self) -> float:
+        return self.channel.stats()["untaken_items"]
+
+
+@ray.remote(num_cpus=0)
+class Consumer:
+    def __init__(self, channel: Channel, delay_s: float = 0.0):
+        self.channel, self.delay_s = channel, delay_s
+
+    def drain(self) -> list[tuple[int, int, int]]:
+        """Take items until the stream ends (the delay simulates a slow consumer's work)."""
+        seen = []
+        while True:
+            try:
+                item = self.channel.get(timeout=60)
+            except ChannelClosed:
+                return seen
+            if not isinstance(item, StepEnd):
+                seen.append((item.producer, item.seq, item.step))
+                time.sleep(self.delay_s)
+
+    def take(self, n: int) -> list:
+        return [self.channel.get(timeout=30) for _ in range(n)]
+
+    def open(self) -> None:
+        self.channel.qsize()  # creates this process's consuming end (it starts granting credit)
+
+
+
+def on_node(actor_cls, node_id: str):
+    return actor_cls.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    cluster = RayTestCluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    cluster.add_node(num_cpus=2)
+    ray.init(address=cluster.address)
+    here = ray.get_runtime_context().get_node_id()
+    try:  # [the driver's node, the other node]
+        yield [here] + [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != here]
+    finally:
+        for ch in _created:
+            ch.abort()
+        ray.shutdown()
+        cluster.shutdown()
+
+
+_names = iter(range(10_000))
+_created: list[Channel] = []
+
+
+def channel(item_type=Tagged, **spec) -> Channel:
+    _created.append(Channel.create(f"test-{next(_names)}", item_type, **spec))
+    return _created[-1]
+
+
+def test_rich_items_roundtrip_across_nodes(nodes):
+    ch = channel(Rich, maxsize=4)
+    producer = on_node(Producer, nodes[1]).remote(ch)
+    assert ray.get(producer.node_id.remote()) != ray.get_runtime_context().get_node_id()  # tcp path
+    producer.put_rich.remote(5)
+    got = [ch.get(timeout=60) for _ in range(6)]
+    assert ch._consumer_end.endpoints()[0].startswith("tcp://")
+    assert got[-1] == StepEnd(0)
+    for step, item in enumerate(got[:5]):
+        want = rich(step)
+        assert item.step == step and item.version == want.version and item.optional is None
+        assert item.inner.values.dtype == torch.bfloat16
+        for a, b in zip(item.tensors, want.tensors):
+            assert_same(a, b)
+        for key in want.by_name:
+            assert_same(item.by_name[key], want.by_name[key])
+    with pytest.raises(ChannelClosed):
+        ch.get(timeout=30)
+
+
+def test_same_node_roundtrip_uses_ipc(nodes):
+    ch = channel(maxsize=8)
+    producer = on_node(Producer, ray.get_runtime_context().get_node_id()).remote(ch, 7)
+    producer.put_tagged.remote(20)
+    assert [ch.get(timeout=60) for _ in range(21)] == [Tagged(7, i) for i in range(20)] + [StepEnd(0)]
+    assert ch._consumer_end.endpoints()[0].startswith("ipc://")
+
+
+def test_producer_blocks_at_capacity_and_resumes_when_the_consumer_drains(nodes):
+    ch = channel(maxsize=4, prefetch=2)
+    ch.qsize()  # the consumer is connected but takes nothing
+    producer = on_node(Producer, nodes[1]).remote(ch)
+    assert ray.get(producer.put_until_blocked.remote(20, 1.0)) == 4  # blocked at capacity
+    assert [ch.get(timeout=30).seq for _ in range(3)] == [0, 1, 2]
+    assert ray.get(producer.put_until_blocked.remote(20, 1.0)) == 3  # resumed: exactly the freed room
+
+
+def test_many_producers_many_consumers_across_nodes(nodes):
+    ch = channel(maxsize=8, prefetch=2, num_producers=3)
+    consumers = [on_node(Consumer, nodes[0]).remote(ch, 0.02), on_node(Consumer, nodes[1]).remote(ch, 0.0)]
+    drained = [c.drain.remote() for c in consumers]
+    producers = [on_node(Producer, nodes[p % 2]).remote(ch, p) for p in range(3)]
+    assert ray.get([p.put_tagged.remote(150, steps=2) for p in producers]) == [300] * 3
+    slow, fast = ray.get(drained)
+    everything = sorted(slow + fast)
+    assert everything == sorted((p, s, step) for p in range(3) for step in range(2) for s in range(150))
+    for received in (slow, fast):  # per-producer order holds at every consumer
+        for p in range(3):
+            mine = [(step, seq) for producer, seq, step in received if producer == p]
+            assert mine == sorted(mine)
+    assert len(slow) < len(fast)  # work pulling: the slow consumer is sent less
+
+
+def test_step_end_waits_for_every_producer(nodes):
+    ch = channel(maxsize=16, num_producers=2)
+    first, second = (on_node(Producer, nodes[i]).remote(ch, i) for i in range(2))
+    ray.get(first.put_tagged.remote(3, steps=2, close=False))  # producer 0 already ended steps 0 and 1
+    got = [ch.get(timeout=30) for _ in range(3)]
+    assert sorted(t.seq for t in got) == [0, 1, 2] and all(t.step == 0 for t in got)
+    with pytest.raises(ChannelTimeout):
+        ch.get(timeout=0.5)  # producer 1 has not ended step 0: no StepEnd, and no step-1 item either
+    ray.get(second.put_tagged.remote(1, steps=1, close=False))
+    assert ch.get(timeout=30) == Tagged(1, 0, 0)
+    assert ch.get(timeout=30) == StepEnd(0)
+    assert [ch.get(timeout=30).step for _ in range(3)] == [1, 1, 1]
+
+
+def test_get_batch_weights_across_processes(nodes):
+    ch = channel(maxsize=100, prefetch=8)
+    producer = on_node(Producer, nodes[1]).remote(ch)
+    ray.get(producer.put_weighted.remote([3, 4, 2, 5]))
+    assert [t.seq for t in ch.get_batch(7, timeout=30)] == [0, 1]
+    assert [t.seq for t in ch.get_batch(6, timeout=30)] == [2]
+    assert [t.seq for t in ch.get_batch(1, timeout=30)] == [3]
+    assert ch.get_batch(10, timeout=30) == StepEnd(0)
+
+
+def test_get_batch_larger_than_the_prefetch_window(nodes):
+    ch = channel(maxsize=64, prefetch=2)
+    producer = on_node(Producer, nodes[1]).remote(ch)
+    ray.get(producer.put_weighted.remote([1] * 10))
+    assert len(ch.get_batch(10, timeout=30)) == 10  # credit flows while the batch is assembled
+
+
+def test_close_semantics(nodes):
+    ch = channel(maxsize=4)
+    producer = on_node(Producer, nodes[1]).remote(ch)
+    closed = producer.put_tagged.remote(2)  # its close() waits until a consumer took every item
+    assert [ch.get(timeout=30) for _ in range(3)] == [Tagged(0, 0), Tagged(0, 1), StepEnd(0)]
+    ray.get(closed)
+    with pytest.raises(ChannelClosed):
+        ch.get(timeout=30)
+    ch.close()
+    with pytest.raises(ChannelClosed, match="after close"):
+        ch.get()
+    with pytest.raises(ChannelClosed, match="after close"):
+        ch.put(Tagged(0, 0))
+
+
+def test_unknown_channel_and_spec_mismatch(nodes):
+    with pytest.raises(ChannelError, match="does not exist; create it first"):
+        Channel.open("never-created")
+    Channel.create("fixed", maxsize=4)
+    with pytest.raises(ChannelError, match="already exists with a different spec"):
+        Channel.create("fixed", maxsize=8)
+
+
+def test_dead_producer_fails_a_blocked_get_naming_it(nodes):
+    ch = channel(maxsize=8, **FAST_FAILURE)
+    producer = on_node(Producer, nodes[1]).remote(ch)
+    ray.get(producer.put_tagged.remote(2, steps=1, close=False))
+    assert [ch.get(timeout=30) for _ in range(3)][-1] == StepEnd(0)
+    ray.get(producer.put_until_blocked.remote(1, 5.0))  # one item of step 1, then the producer dies
+    ray.kill(producer)
+    assert ch.get(timeout=30).seq == 0  # what it sent is not lost
+    start = time.monotonic()
+    with pytest.raises(ChannelPeerError, match=r"producer producer@.*stopped responding.*step 1 cannot complete"):
+        ch.get(timeout=30)
+    assert time.monotonic() - start < 10
+
+
+def test_dead_consumer_fails_a_blocked_put_naming_it(nodes):
+    ch = channel(maxsize=2, prefetch=1, **FAST_FAILURE)
+    consumer = on_node(Consumer, nodes[1]).remote(ch)
+    ch.put(Tagged(0, 0))
+    ch.put(Tagged(0, 1))
+    assert [t.seq for t in ray.get(consumer.take.remote(1))] == [0]  # connected, and took one
+    ray.kill(consumer)
+    ch.put(Tagged(0, 2))  # room for one more
+    with pytest.raises(ChannelPeerError, match=r"every consumer is gone: consumer@.*(stopped responding|disconnected)"):
+        ch.put(Tagged(0, 3), timeout=30)
+
+
+def test_a_dying_consumers_untaken_items_go_to_another(nodes):
+    ch = channel(maxsize=20, prefetch=10, **FAST_FAILURE)
+    doomed = on_node(Consumer, nodes[1]).remote(ch)
+    ray.get(doomed.open.remote())
+    producer = on_node(Producer, nodes[0]).remote(ch)
+    ray.get(producer.put_tagged.remote(10, steps=1, close=False))  # all 10 go to the only consumer
+    taken = ray.get(doomed.take.remote(3))
+    deadline = time.monotonic() + 30
+    while ray.get(producer.untaken.remote()) != 7:  # the 3 acknowledgements reached the producer
+        assert time.monotonic() < deadline
+    ray.kill(doomed)
+    survivor = on_node(Consumer, nodes[0]).remote(ch)
+    rest = ray.get(survivor.take.remote(8))
+    assert [t.seq for t in taken] == [0, 1, 2]
+    assert [t.seq for t in rest[:7]] == [3, 4, 5, 6, 7, 8, 9] and rest[7] == StepEnd(0)
+
+
+def test_a_hundred_thousand_small_items_without_loss(nodes):
+    ch = channel(maxsize=512, prefetch=256)
+    producer = on_node(Producer, ray.get_runtime_context().get_node_id()).remote(ch, 1)
+    done = producer.put_tagged.remote(100_000)
+    seqs = [item.seq for item in ch.iter_step(timeout=60)]
+    assert ray.get(done) == 100_000
+    assert seqs == list(range(100_000))
+
+
+async def test_async_put_and_get(nodes):
+    ch = channel(maxsize=4)
+    producer = on_node(Producer, nodes[1]).remote(ch)
+    ref = producer.put_tagged.remote(10)
+    items = [await ch.aget(timeout=30) for _ in range(11)]
+    assert items[-1] == StepEnd(0) and [t.seq for t in items[:10]] == list(range(10))
+    await ref
+    reply = channel(maxsize=4)
+    for i in range(3):
+        await reply.aput(Tagged(9, i))
+    reply.end_step()
+    consumer = on_node(Consumer, nodes[1]).remote(reply)
+    assert [t.seq for t in ray.get(consumer.take.remote(3))] == [0, 1, 2]

@@ -1,0 +1,1 @@
+"""Helpers importable by the tests and by the Ray workers they start (tests/ is on both paths)."""
