@@ -200,7 +200,7 @@ class Cluster:
         ]
 
     def _check_gpu_counts(self, nodes: list[NodeInfo]) -> None:
-        for node, wanted in zip(nodes, self.cfg.gpus_per_node()):
+        for node, wanted in zip(nodes, self.cfg.gpus_per_node(), strict=True):
             if node.num_gpus < wanted:
                 raise ClusterError(
                     f"node {node.node_rank} ({node.ip}, RANK label {node.rank_label}) has {node.num_gpus} GPU(s) but "

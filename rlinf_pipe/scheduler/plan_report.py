@@ -62,4 +62,4 @@ def _table(placement: Placement) -> list[str]:
         rows.append((name, comp.key, gpus, str(len(comp.processes)), str(per_proc), str(comp.tp), str(comp.pp),
                      str(comp.dp)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]

@@ -53,7 +53,7 @@ class GroupCall:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             done, pending = ray.wait(pending, num_returns=1, timeout=left)
             if not done:
-                running = [m.rank for m, r in zip(self.members, self.refs) if r in pending]
+                running = [m.rank for m, r in zip(self.members, self.refs, strict=True) if r in pending]
                 raise WorkerError(
                     f"{self.group.name}.{self.method}: ranks {running} still running after {timeout_s:g} s"
                 )
@@ -173,7 +173,9 @@ class WorkerGroup(Generic[W]):
                     runtime_env={"env_vars": {**(env or {}), **process_env}},
                 ).remote(*args, **kwargs)
             except ValueError as exc:
-                raise ClusterError(f"cannot start worker {actor_name}: {exc} (is a group named {name!r} running?)")
+                raise ClusterError(
+                    f"cannot start worker {actor_name}: {exc} (is a group named {name!r} running?)"
+                ) from None
             members.append(_Member(proc.rank, proc, actor, actor_name))
         group = cls(name, placement, members)
         group.worker_info().wait()  # surfaces constructor failures with group/rank/traceback

@@ -124,7 +124,7 @@ def test_rich_items_roundtrip_across_nodes(nodes):
         want = rich(step)
         assert item.step == step and item.version == want.version and item.optional is None
         assert item.inner.values.dtype == torch.bfloat16
-        for a, b in zip(item.tensors, want.tensors):
+        for a, b in zip(item.tensors, want.tensors, strict=True):
             assert_same(a, b)
         for key in want.by_name:
             assert_same(item.by_name[key], want.by_name[key])
@@ -281,6 +281,7 @@ async def test_async_put_and_get(nodes):
     reply = channel(maxsize=4)
     for i in range(3):
         await reply.aput(Tagged(9, i))
-    reply.end_step()
     consumer = on_node(Consumer, nodes[1]).remote(reply)
-    assert [t.seq for t in ray.get(consumer.take.remote(3))] == [0, 1, 2]
+    taken = consumer.take.remote(4)
+    await reply.aclose(timeout=30)  # awaits the drain: the consumer took all three
+    assert [t.seq for t in (await taken)[:3]] == [0, 1, 2] and (await taken)[3] == StepEnd(0)

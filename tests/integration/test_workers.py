@@ -99,7 +99,7 @@ def test_workers_land_on_their_nodes_with_their_gpus(cluster):
     try:
         infos = group.infos()
         assert [i.rank for i in infos] == [0, 1, 2, 3]
-        for info, proc in zip(infos, placement.processes):
+        for info, proc in zip(infos, placement.processes, strict=True):
             assert info.node_id == cluster.nodes[proc.node_rank].node_id
             assert info.node_rank == proc.node_rank
             assert info.cuda_visible_devices == ",".join(map(str, proc.local_gpus))

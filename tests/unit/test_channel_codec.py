@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlinf_pipe.scheduler.channel.codec import Codec
-from support.channel_items import DTYPES, Inner, Rich, assert_same, rich
+from support.channel_items import Inner, Rich, assert_same, rich
 
 def roundtrip(item, item_type):
     codec = Codec(item_type)
@@ -25,7 +25,7 @@ def test_nested_struct_with_every_dtype_roundtrips():
     assert out.step == 3 and out.version == 9 and out.optional is None and out.inner.name == "x"
     assert_same(out.inner.values, item.inner.values)
     assert np.array_equal(out.inner.mask, item.inner.mask) and out.inner.mask.dtype == np.bool_
-    for got, want in zip(out.tensors, item.tensors):
+    for got, want in zip(out.tensors, item.tensors, strict=True):
         assert_same(got, want)
     for key in item.by_name:
         assert_same(out.by_name[key], item.by_name[key])

@@ -144,3 +144,12 @@ async def test_async_get_batch():
     ch.end_step()
     assert await ch.aget_batch(4) == ["a", "b"]
     assert await ch.aget_batch(4) == StepEnd(0)
+
+
+def test_stats_report_buffered_items_and_weight():
+    ch = LocalChannel("c")
+    ch.put("a", weight=3)
+    ch.put("b", weight=4)
+    assert ch.stats() == {"buffered_items": 2, "buffered_weight": 7}
+    ch.get()
+    assert ch.stats() == {"buffered_items": 1, "buffered_weight": 4}

@@ -130,6 +130,22 @@ class Channel(ConsumerAPI[T], Generic[T]):
             if producer is not None:
                 producer.stop()
 
+    async def aclose(self, timeout: float | None = None) -> None:
+        """`close()` for asyncio code: the producer's drain is awaited instead of blocking the loop."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        producer, consumer = self._producer, self._consumer_end
+        try:
+            if producer is not None:
+                producer.begin_close()
+                await producer._waiter.await_(producer.try_finish_close, timeout, f"channel {self.name!r} close")
+        finally:
+            for end in (consumer, producer):
+                if end is not None:
+                    end.stop()
+
     def abort(self) -> None:
         """Tear this process's ends down at once, without draining (error paths, teardown). Items this producer
         still holds are lost; a consumer's untaken items go back to their producers."""

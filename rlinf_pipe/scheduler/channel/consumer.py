@@ -53,7 +53,6 @@ class ConsumerEnd:
         self._registry = registry()
         self._stopping = False
         self._error: BaseException | None = None
-        context = zmq.Context.instance()
         self._wakeup = wire.Wakeup()
         self._poller = zmq.Poller()
         self._poller.register(self._wakeup.rx, zmq.POLLIN)

@@ -63,8 +63,9 @@ class LocalChannel(ConsumerAPI[T], Generic[T]):
         self._step_has_items = False
         self._waiter.notify()
 
-    def close(self) -> None:
-        """No more puts from this producer; consumers drain what is buffered, then get() raises ChannelClosed."""
+    def close(self, timeout: float | None = None) -> None:
+        """No more puts from this producer; consumers drain what is buffered, then get() raises ChannelClosed.
+        (`timeout` exists for API parity with `Channel.close`: nothing here waits.)"""
         with self._waiter.lock:
             self._closes += 1
             if self._closes >= self.num_producers:
@@ -93,7 +94,19 @@ class LocalChannel(ConsumerAPI[T], Generic[T]):
     def _decode(self, entries: list[Entry]) -> list[T]:
         return [e.payload for e in entries]
 
+    async def aclose(self, timeout: float | None = None) -> None:
+        self.close(timeout)
+
+    def abort(self) -> None:
+        """Same as close() in one process (nothing to tear down)."""
+        self.close()
+
     # --- introspection --------------------------------------------------------------------------------------
     def weight(self) -> float:
         with self._waiter.lock:
             return self._buffer.weight
+
+    def stats(self) -> dict[str, float]:
+        """Queue sizes (for metrics), under the same keys as `Channel.stats`."""
+        with self._waiter.lock:
+            return {"buffered_items": self._buffer.count, "buffered_weight": self._buffer.weight}

@@ -1,0 +1,146 @@
+"""Channel throughput between two processes on one node, against raw pyzmq and a Ray actor queue.
+
+    python benchmarks/channel_bench.py [--repeats 5] [--json]
+
+For each payload size, a producer process sends N items and a consumer process receives them; throughput is
+counted on the consumer from the first item to the last (setup excluded). Baselines, measured in the same run:
+(a) raw pyzmq PUSH/PULL sending the same bytes (zero-copy for large payloads, default high-water marks,
+which measured fastest), (b) `ray.util.queue.Queue`
+(an actor-backed queue) for the small items. Each measurement is repeated; medians and ratios are reported.
+With --json the last printed line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+import zmq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_items import Payload  # noqa: E402  (importable by Ray workers through PYTHONPATH)
+
+from rlinf_pipe.scheduler.channel import Channel  # noqa: E402
+
+PREFETCH = 32
+SIZES = {"100B": (100, 20000), "64KiB": (64 * 1024, 4000), "4MiB": (4 * 1024 * 1024, 150)}
+
+
+@ray.remote(num_cpus=0)
+class Endpoint:
+    """One benchmark process. Every transport first moves one warm-up item (connections made, buffers
+    allocated); only then does the driver start the timed part: the sender returns the clock when it starts,
+    the receiver the clock after the last item (both read the machine-wide monotonic clock)."""
+
+    def setup(self, transport: str, size: int, target: Any = None) -> Any:
+        self.transport, self.data = transport, np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
+        self.copy = size < 65536
+        if transport == "channel" or transport == "ray_queue":
+            self.target = target
+        elif target is None:  # zmq receiver
+            self.sock = zmq.Context.instance().socket(zmq.PULL)  # default high-water marks: its fastest setting
+            path = f"/tmp/rlp-bench-{os.getpid()}-{time.monotonic_ns()}.sock"
+            self.sock.bind(f"ipc://{path}")
+            return f"ipc://{path}"
+        else:  # zmq sender
+            self.sock = zmq.Context.instance().socket(zmq.PUSH)
+            self.sock.connect(target)
+        return None
+
+    def send(self, i: int) -> None:
+        if self.transport == "zmq":
+            self.sock.send(self.data, copy=self.copy)
+        else:
+            self.target.put(Payload(i, self.data))
+
+    def receive(self) -> None:
+        if self.transport == "zmq":
+            self.sock.recv(copy=False)
+        else:
+            self.target.get()
+
+    def send_many(self, count: int) -> float:
+        start = time.perf_counter()
+        for i in range(count):
+            self.send(i)
+        return start
+
+    def receive_many(self, count: int) -> float:
+        for _ in range(count):
+            self.receive()
+        return time.perf_counter()
+
+
+def measure(transport: str, size: int, count: int, run: int) -> float:
+    """Items per second from `count` items sent after a warm-up item."""
+    consumer, producer = Endpoint.remote(), Endpoint.remote()
+    if transport == "channel":
+        target = Channel.create(f"bench-{size}-{run}", Payload, maxsize=2 * PREFETCH, prefetch=PREFETCH)
+    elif transport == "ray_queue":
+        from ray.util.queue import Queue
+
+        target = Queue(maxsize=2 * PREFETCH)
+    else:
+        target = None
+    address = ray.get(consumer.setup.remote(transport, size, target))
+    ray.get(producer.setup.remote(transport, size, target if transport != "zmq" else address))
+    ray.get([producer.send.remote(-1), consumer.receive.remote()])  # warm-up item
+    end = consumer.receive_many.remote(count)
+    start = ray.get(producer.send_many.remote(count))
+    return count / (ray.get(end) - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply item counts (e.g. 0.1 for a smoke run)")
+    parser.add_argument("--sizes", nargs="*", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")])
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+
+    results: dict[str, dict[str, float]] = {}
+    for name in args.sizes:
+        size, count = SIZES[name]
+        count = max(10, int(count * args.scale))
+        runs = {"channel": [], "zmq": [], "ray_queue": []}
+        for run in range(args.repeats):
+            runs["channel"].append(measure("channel", size, count, run))
+            runs["zmq"].append(measure("zmq", size, count, run))
+            if name == "100B":
+                runs["ray_queue"].append(measure("ray_queue", size, max(10, count // 10), run))
+        results[name] = {k: statistics.median(v) for k, v in runs.items() if v}
+        line = ", ".join(f"{k} {v:,.0f} items/s ({v * size / 2**20:,.1f} MB/s)" for k, v in results[name].items())
+        print(f"{name:>6}: {line}", flush=True)
+
+    def ratio(name: str, baseline: str) -> float | None:
+        r = results.get(name, {})
+        return round(r["channel"] / r[baseline], 3) if baseline in r else None
+
+    summary = {
+        "ratio_vs_zmq": {n: ratio(n, "zmq") for n in ("64KiB", "4MiB")},
+        "ratio_vs_ray": {"100B": ratio("100B", "ray_queue")},
+        "items_per_s": {n: round(r["channel"]) for n, r in results.items()},
+        "mb_per_s": {n: round(r["channel"] * SIZES[n][0] / 2**20, 1) for n, r in results.items()},
+        "baselines_items_per_s": {n: {k: round(v) for k, v in r.items() if k != "channel"} for n, r in results.items()},
+        "repeats": args.repeats,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+    }
+    print(f"ratio vs raw pyzmq: {summary['ratio_vs_zmq']}; vs Ray queue: {summary['ratio_vs_ray']}")
+    if args.json:
+        print(json.dumps(summary))
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
