@@ -30,3 +30,17 @@ def test_example_reports_user_errors_without_traceback():
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: cluster.num_nodes=2 but no running Ray cluster")
+
+
+@pytest.mark.slow
+def test_channel_stream_example():
+    proc = subprocess.run(
+        [sys.executable, "examples/channels/stream.py", "cluster.ray_address=local"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "step 0 complete" in proc.stdout and "step 1 complete" in proc.stdout
+    assert "samples per producer: [12, 12]" in proc.stdout
+    batches = [line for line in proc.stdout.splitlines() if line.startswith("step 0:")]
+    tokens = [int(line.split(", ")[1].split()[0]) for line in batches]
+    assert all(t <= 24 for t in tokens) and sum(tokens) == sum(3 + (i * 5 + r) % 9 for r in (0, 1) for i in range(6))

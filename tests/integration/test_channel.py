@@ -189,6 +189,15 @@ def test_get_batch_weights_across_processes(nodes):
     assert ch.get_batch(10, timeout=30) == StepEnd(0)
 
 
+def test_get_batch_returns_a_partial_batch_when_the_step_ends(nodes):
+    ch = channel(maxsize=100, num_producers=2)
+    producers = [on_node(Producer, nodes[i]).remote(ch, i) for i in range(2)]
+    ray.get([p.put_weighted.remote([2, 3]) for p in producers])
+    batch = ch.get_batch(100, timeout=30)  # 10 < 100: returned when the step ends, not after the timeout
+    assert sorted((t.producer, t.seq) for t in batch) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert ch.get_batch(100, timeout=30) == StepEnd(0)
+
+
 def test_get_batch_larger_than_the_prefetch_window(nodes):
     ch = channel(maxsize=64, prefetch=2)
     producer = on_node(Producer, nodes[1]).remote(ch)

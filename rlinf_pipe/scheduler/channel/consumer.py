@@ -47,8 +47,8 @@ class ConsumerEnd:
         self.buffer = StepBuffer(spec.name, expected_producers=spec.num_producers)
         self._links: dict[str, _ProducerLink] = {}
         self._by_socket: dict[zmq.Socket, str] = {}
-        self._credit: dict[str, int] = {}  # producer -> items of credit not yet sent
-        self._acks: dict[str, list[int]] = {}  # producer -> taken seqs not yet acknowledged
+        self._taken: dict[str, list[int]] = {}  # producer -> seqs taken from the buffer, not yet reported
+        self._acks: dict[str, list[int]] = {}  # producer -> seqs handed to the app, not yet reported
         self._node_id = ray.get_runtime_context().get_node_id()
         self._registry = registry()
         self._stopping = False
@@ -66,13 +66,14 @@ class ConsumerEnd:
             raise ChannelPeerError(f"channel {self.spec.name!r}: consumer I/O failed: {self._error}")
 
     def credit(self, entries: list[Entry]) -> None:
-        """Entries left the buffer: give their producers credit for as many new items."""
+        """Entries were taken out of the buffer: their producers get as much new credit, free the capacity, and
+        count them toward the end of their step."""
         for entry in entries:
-            self._credit[entry.producer] = self._credit.get(entry.producer, 0) + 1
+            self._taken.setdefault(entry.producer, []).append(entry.seq)
         self._wakeup.wake()
 
     def ack(self, entries: list[Entry]) -> None:
-        """Entries were handed to the app: their producers may forget them."""
+        """Entries were handed to the app: their producers may drop the copies kept for redelivery."""
         for entry in entries:
             self._acks.setdefault(entry.producer, []).append(entry.seq)
         self._wakeup.wake()
@@ -146,13 +147,13 @@ class ConsumerEnd:
             self._close_sockets()
 
     def _flush_updates(self) -> None:
-        """One CREDIT message per producer carries every credit and acknowledgement gathered since the last."""
-        for producer in set(self._credit) | set(self._acks):
+        """One CREDIT message per producer carries everything taken and delivered since the last."""
+        for producer in set(self._taken) | set(self._acks):
             link = self._links.get(producer)
             if link is not None:
-                payload = wire.pack([self._credit.get(producer, 0), self._acks.get(producer, [])])
+                payload = wire.pack([self._taken.get(producer, []), self._acks.get(producer, [])])
                 link.sock.send_multipart([wire.CREDIT, payload])
-        self._credit.clear()
+        self._taken.clear()
         self._acks.clear()
 
     def _on_message(self, producer: str, frames: list[Any]) -> None:

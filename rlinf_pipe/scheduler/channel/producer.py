@@ -2,8 +2,9 @@
 
 Items wait in this process until a consumer has credit for them (consumers pull: each grants `prefetch` items per
 producer and one more per item it takes). Sent items are kept until the consumer reports them taken, so a
-consumer that dies loses nothing: its untaken items go to the other consumers. `put` blocks while this
-producer's untaken weight is at `maxsize` (backpressure across processes and nodes).
+consumer that dies loses nothing: every item it had not handed to its app goes to the other consumers. `put`
+blocks while this producer's untaken weight is at `maxsize` (backpressure across processes and nodes). A step's
+end is announced once every item of it has been taken out of some consumer's buffer.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class _OutItem:
     step: int
     weight: float
     frames: list[Any]
+    taken: bool = False  # taken out of a consumer's buffer (delivery may still be pending)
 
 
 @dataclass
@@ -154,7 +156,8 @@ class ProducerEnd:
 
     def untaken(self) -> tuple[int, float]:
         with self._waiter.lock:
-            return len(self._queue) + sum(len(c.inflight) for c in self._consumers.values()), self._untaken
+            sent = sum(not item.taken for c in self._consumers.values() for item in c.inflight.values())
+            return len(self._queue) + sent, self._untaken
 
     # --- I/O thread -----------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -209,13 +212,16 @@ class ProducerEnd:
             return  # a consumer we gave up on; it will see itself dropped by our silence
         link.last_seen = time.monotonic()
         if kind == wire.CREDIT:
-            credit, taken = wire.unpack(frames[2].buffer)
-            self._credits.extend([cid] * credit)
-            for seq in taken:
-                item = link.inflight.pop(seq, None)
-                if item is not None:
+            taken, delivered = wire.unpack(frames[2].buffer)
+            self._credits.extend([cid] * len(taken))
+            for seq in taken:  # out of the consumer's buffer: capacity is free and the step is nearer its end
+                item = link.inflight.get(seq)
+                if item is not None and not item.taken:
+                    item.taken = True
                     self._untaken -= item.weight
                     self._outstanding[item.step] -= 1
+            for seq in delivered:  # in the app's hands: the copy kept for redelivery can go
+                link.inflight.pop(seq, None)
         elif kind == wire.BYE:
             self._drop(cid, link, "closed its end")
 
@@ -225,9 +231,15 @@ class ProducerEnd:
                 self._drop(cid, link, f"stopped responding (no message for {now - link.last_seen:.1f} s)")
 
     def _drop(self, cid: bytes, link: _ConsumerLink, why: str) -> None:
-        """Forget a consumer; its untaken items go back to the front of the queue, in order."""
+        """Forget a consumer; every item it did not hand to its app goes back to the front of the queue, in
+        order. (An item it had already taken counts as outstanding again; if its step's end was already
+        announced, the item reaches another consumer after that announcement.)"""
         link.dead = why
         for item in sorted(link.inflight.values(), key=lambda i: i.seq, reverse=True):
+            if item.taken:
+                item.taken = False
+                self._untaken += item.weight
+                self._outstanding[item.step] = self._outstanding.get(item.step, 0) + 1
             self._queue.appendleft(item)
         link.inflight.clear()
         self._credits = deque(c for c in self._credits if c != cid)

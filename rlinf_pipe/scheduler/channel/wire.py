@@ -2,7 +2,7 @@
 
 producer -> consumer: ITEM [meta(seq, step, weight), header, *buffers], STEP_END [step], STATE [ended, closed],
                       CLOSED [ended], HEARTBEAT
-consumer -> producer: HELLO [credit], CREDIT [n, taken seqs], BYE, HEARTBEAT
+consumer -> producer: HELLO [credit], CREDIT [taken seqs, delivered seqs], BYE, HEARTBEAT
 """
 
 from __future__ import annotations

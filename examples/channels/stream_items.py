@@ -1,0 +1,10 @@
+"""The item type of the channel example (a module of its own: msgspec Structs must be importable by workers)."""
+
+import msgspec
+import torch
+
+
+class Sample(msgspec.Struct):
+    producer: int
+    index: int
+    tokens: torch.Tensor  # travels as an out-of-band frame
