@@ -16,22 +16,29 @@ START, END = "<!-- reference:start -->", "<!-- reference:end -->"
 
 
 def render_reference() -> str:
-    lines = []
+    lines: list[str] = []
     sections = typing.get_type_hints(Config)
     for section in dataclasses.fields(Config):
-        cls = sections[section.name]
-        doc = (cls.__doc__ or "").strip().splitlines()[0]
-        lines += [f"### `{section.name}`", "", doc, "", "| key | type | default | meaning |", "| --- | --- | --- | --- |"]
-        defaults, hints = cls(), typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            default = getattr(defaults, f.name)
-            bound = f" (>= {f.metadata['min']:g})" if f.metadata.get("min") is not None else ""
-            help_text = f.metadata.get("help", "").replace("|", "\\|")
-            lines.append(
-                f"| `{section.name}.{f.name}` | {type_name(hints[f.name])}{bound} | `{default!r}` | {help_text} |"
-            )
-        lines.append("")
+        _render_section(sections[section.name], section.name, lines)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _render_section(cls: type, path: str, lines: list[str]) -> None:
+    """One table per section; nested sections (e.g. data.arithmetic) get their own table after it."""
+    doc = (cls.__doc__ or "").strip().splitlines()[0]
+    lines += [f"### `{path}`", "", doc, "", "| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+    defaults, hints, nested = cls(), typing.get_type_hints(cls), []
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            nested.append((hints[f.name], f"{path}.{f.name}"))
+            continue
+        bound = f" (>= {f.metadata['min']:g})" if f.metadata.get("min") is not None else ""
+        help_text = f.metadata.get("help", "").replace("|", "\\|")
+        default = repr(getattr(defaults, f.name))
+        lines.append(f"| `{path}.{f.name}` | {type_name(hints[f.name])}{bound} | `{default}` | {help_text} |")
+    lines.append("")
+    for nested_cls, nested_path in nested:
+        _render_section(nested_cls, nested_path, lines)
 
 
 if __name__ == "__main__":

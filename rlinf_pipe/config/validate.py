@@ -30,6 +30,12 @@ def validate_config(cfg: Config, source_of: Callable[[str], str] = lambda _: "th
             f"algorithm.clip_ratio_low: {cfg.algorithm.clip_ratio_low} must be below 1 (the ratio is clipped to "
             f"[1 - low, 1 + high]) (from {source_of('algorithm.clip_ratio_low')})"
         )
+    if cfg.algorithm.dual_clip_c is not None and cfg.algorithm.dual_clip_c <= 1:
+        raise ConfigError(
+            f"algorithm.dual_clip_c: {cfg.algorithm.dual_clip_c} must be > 1, or null to disable the dual clip "
+            f"(from {source_of('algorithm.dual_clip_c')})"
+        )
+    _check_estimator(cfg.algorithm.adv_estimator, source_of)
     samples = cfg.data.rollout_batch_size * cfg.algorithm.group_size
     if samples % cfg.algorithm.n_minibatches:
         raise ConfigError(
@@ -46,15 +52,28 @@ def validate_config(cfg: Config, source_of: Callable[[str], str] = lambda _: "th
     plan_placement(cfg)
 
 
-def _check_bounds(cfg: Config, source_of: Callable[[str], str]) -> None:
-    for section in dataclasses.fields(cfg):
-        values = getattr(cfg, section.name)
-        for f in dataclasses.fields(values):
-            low = f.metadata.get("min")
-            value = getattr(values, f.name)
-            if low is None or value is None:
-                continue
-            for item in value if isinstance(value, list) else [value]:
-                if isinstance(item, (int, float)) and item < low:
-                    key = f"{section.name}.{f.name}"
-                    raise ConfigError(f"{key}: must be >= {low:g}, got {item!r} (from {source_of(key)})")
+def _check_estimator(name: str, source_of: Callable[[str], str]) -> None:
+    from rlinf_pipe.algorithms.advantages import registered_advantages
+    from rlinf_pipe.config.loader import closest
+
+    known = registered_advantages()
+    if name not in known:
+        raise ConfigError(
+            f"algorithm.adv_estimator: no estimator named {name!r} (from {source_of('algorithm.adv_estimator')}); "
+            f"{closest(name, known)}. Register your own with rlinf_pipe.algorithms.register_advantage"
+        )
+
+
+def _check_bounds(section: object, source_of: Callable[[str], str], prefix: str = "") -> None:
+    """Every field's `min` bound, recursing into nested sections (e.g. data.arithmetic)."""
+    for f in dataclasses.fields(section):
+        value, key = getattr(section, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            _check_bounds(value, source_of, f"{key}.")
+            continue
+        low = f.metadata.get("min")
+        if low is None or value is None:
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, (int, float)) and item < low:
+                raise ConfigError(f"{key}: must be >= {low:g}, got {item!r} (from {source_of(key)})")

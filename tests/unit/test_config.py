@@ -163,3 +163,29 @@ def test_derived_rollout_model_path_keeps_explicit_value():
 
 def test_null_for_optional():
     assert load_config(overrides=["runner.resume_dir=null"]).runner.resume_dir is None
+
+
+def test_unknown_advantage_estimator_suggests_registered_ones():
+    with pytest.raises(ConfigError, match=r"no estimator named 'gpro'.*did you mean `grpo`"):
+        load_config(overrides=["algorithm.adv_estimator=gpro"])
+
+
+def test_dual_clip_must_exceed_one():
+    with pytest.raises(ConfigError, match="algorithm.dual_clip_c: 0.5 must be > 1"):
+        load_config(overrides=["algorithm.dual_clip_c=0.5"])
+    assert load_config(overrides=["algorithm.dual_clip_c=3"]).algorithm.dual_clip_c == 3.0
+
+
+def test_nested_section_values_types_and_bounds():
+    cfg = load_config(overrides=["data.arithmetic.max_value=50", "data.arithmetic.operators=[+,'*']"])
+    assert cfg.data.arithmetic.max_value == 50 and cfg.data.arithmetic.operators == ["+", "*"]
+    with pytest.raises(ConfigError, match=r"data.arithmetic.num_operands: must be >= 2, got 1"):
+        load_config(overrides=["data.arithmetic.num_operands=1"])
+    with pytest.raises(ConfigError, match=r"unknown key `data.arithmetic.max` .* valid names: `max_value`"):
+        load_config(overrides=["data.arithmetic.max=3"])
+
+
+def test_schema_defaults_match_the_data_module():
+    from rlinf_pipe.data.templates import DEFAULT_SYSTEM_PROMPT
+
+    assert load_config().data.system_prompt == DEFAULT_SYSTEM_PROMPT

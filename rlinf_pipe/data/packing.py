@@ -1,0 +1,82 @@
+"""Pure functions between scored groups and padded training batches."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+import numpy as np
+import torch
+
+from rlinf_pipe.data.structs import ScoredGroup, TrainBatch
+
+
+def pack_train_batch(groups: Sequence[ScoredGroup], pad_token_id: int) -> TrainBatch:
+    """Pack groups into one right-padded TrainBatch, one row per sample in group order.
+
+    Each row is `prompt_ids + response_ids`, padded with `pad_token_id` to the longest row. The response mask
+    covers the response tokens only; old log-probs are the samples' rollout log-probs; advantages are each
+    sample's advantage on its response tokens; `ref_logprobs` is None. Samples are packed as they are
+    (filtering aborted or truncated ones is the caller's choice).
+    """
+    rows = [(scored, index) for scored in groups for index in range(len(scored.group.samples))]
+    if not rows:
+        raise ValueError("pack_train_batch: no samples to pack")
+    lengths = [len(s.group.prompt.prompt_ids) + s.group.samples[i].num_tokens for s, i in rows]
+    shape = (len(rows), max(lengths))
+    input_ids = np.full(shape, pad_token_id, dtype=np.int64)
+    attention_mask = np.zeros(shape, dtype=bool)
+    response_mask = np.zeros(shape, dtype=bool)
+    old_logprobs = np.zeros(shape, dtype=np.float32)
+    advantages = np.zeros(shape, dtype=np.float32)
+    rewards = np.zeros(len(rows), dtype=np.float32)
+    for row, ((scored, index), length) in enumerate(zip(rows, lengths, strict=True)):
+        prompt_ids = scored.group.prompt.prompt_ids
+        sample = scored.group.samples[index]
+        start = len(prompt_ids)
+        input_ids[row, :start] = prompt_ids
+        input_ids[row, start:length] = sample.response_ids
+        attention_mask[row, :length] = True
+        response_mask[row, start:length] = True
+        old_logprobs[row, start:length] = sample.logprobs
+        advantages[row, start:length] = scored.advantages[index]
+        rewards[row] = scored.rewards[index]
+    return TrainBatch(
+        input_ids=torch.from_numpy(input_ids),
+        attention_mask=torch.from_numpy(attention_mask),
+        response_mask=torch.from_numpy(response_mask),
+        old_logprobs=torch.from_numpy(old_logprobs),
+        advantages=torch.from_numpy(advantages),
+        rewards=torch.from_numpy(rewards),
+        version=min(min(scored.version, scored.group.version) for scored in groups),
+        num_sequences=len(rows),
+        num_tokens=int(response_mask.sum()),
+    )
+
+
+def split_train_batch(batch: TrainBatch, micro_batch_size: int) -> list[TrainBatch]:
+    """Consecutive micro-batches of at most `micro_batch_size` rows, each trimmed to its own longest row.
+    Their num_sequences / num_tokens add up to the batch's; the version is the batch's."""
+    if micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    out = []
+    for start in range(0, batch.num_sequences, micro_batch_size):
+        rows = slice(start, start + micro_batch_size)
+        width = int(batch.attention_mask[rows].sum(dim=1).max())
+        cut = (rows, slice(0, width))
+        response_mask = batch.response_mask[cut]
+        out.append(
+            msgspec.structs.replace(
+                batch,
+                input_ids=batch.input_ids[cut],
+                attention_mask=batch.attention_mask[cut],
+                response_mask=response_mask,
+                old_logprobs=batch.old_logprobs[cut],
+                ref_logprobs=None if batch.ref_logprobs is None else batch.ref_logprobs[cut],
+                advantages=batch.advantages[cut],
+                rewards=batch.rewards[rows],
+                num_sequences=int(response_mask.shape[0]),
+                num_tokens=int(response_mask.sum()),
+            )
+        )
+    return out

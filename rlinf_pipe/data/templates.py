@@ -1,0 +1,73 @@
+"""Prompt rendering: a question -> the prompt text the model sees -> its token ids.
+
+Two modes, chosen by `template` (config `data.template`):
+- `"chat"`: the tokenizer's chat template over `[system, user]` messages (system omitted when `system_prompt`
+  is empty or None), with the assistant turn opened; tokenized without adding special tokens (the template
+  writes them).
+- a format string with one field, `{prompt}`, e.g. `"{prompt}\\nPut the final answer in \\\\boxed{{}}."`
+  (literal braces doubled); tokenized with the tokenizer's special tokens (e.g. BOS). `system_prompt` is unused.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+from rlinf_pipe.data.errors import TemplateError
+
+CHAT = "chat"
+DEFAULT_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+def check_format_template(template: str) -> None:
+    """Raise TemplateError unless `template` is a format string whose only field is `{prompt}` (at least once)."""
+    try:
+        fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as exc:
+        raise TemplateError(
+            f"data.template {template!r} is not a valid format string ({exc}); write literal braces as {{{{ }}}}"
+        ) from None
+    unknown = sorted({name for name in fields if name != "prompt"})
+    if unknown:
+        raise TemplateError(
+            f"data.template {template!r} uses unknown field(s) {', '.join('{' + n + '}' for n in unknown)}; "
+            "the only field is {prompt} (write literal braces as {{ }}), or use `chat` for the tokenizer's "
+            "chat template"
+        )
+    if "prompt" not in fields:
+        raise TemplateError(f"data.template {template!r} has no {{prompt}} field, so every prompt would be the same")
+
+
+class PromptRenderer:
+    """Renders and tokenizes prompts with a tokenizer (a transformers tokenizer) and a template."""
+
+    def __init__(self, tokenizer: Any, template: str = CHAT, system_prompt: str | None = DEFAULT_SYSTEM_PROMPT):
+        self.tokenizer = tokenizer
+        self.template = template
+        self.system_prompt = system_prompt or None
+        if template == CHAT:
+            if not getattr(tokenizer, "chat_template", None):
+                name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+                raise TemplateError(
+                    f"data.template is `chat` but the tokenizer {name!r} has no chat template; set data.template "
+                    "to a format string such as '{prompt}\\nAnswer:' or use a chat model's tokenizer"
+                )
+        else:
+            check_format_template(template)
+
+    def render(self, prompt: str) -> str:
+        """The prompt text the model sees."""
+        if self.template != CHAT:
+            return self.template.format(prompt=prompt)
+        messages = [{"role": "user", "content": prompt}]
+        if self.system_prompt:
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        if not isinstance(text, str):
+            raise TemplateError(f"the tokenizer's chat template returned {type(text).__name__}, not text")
+        return text
+
+    def encode(self, prompt: str) -> list[int]:
+        """Token ids of the rendered prompt."""
+        add_special = self.template != CHAT
+        return list(self.tokenizer(self.render(prompt), add_special_tokens=add_special)["input_ids"])
