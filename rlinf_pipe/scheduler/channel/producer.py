@@ -272,6 +272,8 @@ class ProducerEnd:
         try:
             self._router.send_multipart([cid, kind, *payload], copy=False)
             return True
+        except zmq.Again:  # the consumer's pipe is full (a frozen process): try again later, expiry decides
+            return False
         except zmq.ZMQError as exc:
             if exc.errno != zmq.EHOSTUNREACH:
                 raise
