@@ -13,7 +13,7 @@ from rlinf_pipe.algorithms.advantages import (
     registered_advantages,
 )
 from rlinf_pipe.algorithms.filters import DynamicSampler, drop_uniform_groups
-from rlinf_pipe.algorithms.groups import GroupStats, group_stats
+from rlinf_pipe.algorithms.groups import GroupStats, group_stats, reward_metrics
 from rlinf_pipe.algorithms.losses import (
     KL_ESTIMATORS,
     KLEstimator,
@@ -56,6 +56,7 @@ __all__ = [
     "finalize_metrics",
     "get_advantage",
     "group_stats",
+    "reward_metrics",
     "kl_penalty",
     "merge",
     "policy_loss",

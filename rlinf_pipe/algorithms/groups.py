@@ -58,3 +58,15 @@ def group_stats(rewards: Tensor, group_ids: Tensor) -> GroupStats:
     low = zeros.scatter_reduce(0, index, r, "amin", include_self=False)
     high = zeros.scatter_reduce(0, index, r, "amax", include_self=False)
     return GroupStats(index=index, count=count, mean=mean, std=std, uniform=low == high)
+
+
+def reward_metrics(rewards: Tensor, group_ids: Tensor) -> dict[str, float]:
+    """A step's reward metrics: mean, std (over all samples, unbiased), and the fraction of groups whose rewards
+    are all equal (they carry no learning signal under group-relative advantages)."""
+    stats = group_stats(rewards, group_ids)
+    r = rewards.to(torch.float64)
+    return {
+        "reward/mean": float(r.mean()) if r.numel() else 0.0,
+        "reward/std": float(r.std()) if r.numel() > 1 else 0.0,
+        "reward/uniform_group_frac": float(stats.uniform.double().mean()) if stats.num_groups else 0.0,
+    }

@@ -213,3 +213,14 @@ def test_group_scoped_estimators_can_run_group_by_group(data: tuple[list[float],
     for g in groups.unique():
         part = groups == g
         torch.testing.assert_close(compute_advantages(name, rewards[part], groups[part]), whole[part])
+
+
+def test_reward_metrics_by_hand():
+    from rlinf_pipe.algorithms import reward_metrics
+
+    # groups: [1, 0, 1, 1] (mixed) and [0, 0, 0] (uniform); 7 rewards, mean 3/7
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0])
+    metrics = reward_metrics(rewards, torch.tensor([0, 0, 0, 0, 1, 1, 1]))
+    mean = 3 / 7
+    std = math.sqrt((3 * (1 - mean) ** 2 + 4 * mean**2) / 6)
+    assert metrics == pytest.approx({"reward/mean": mean, "reward/std": std, "reward/uniform_group_frac": 0.5})
