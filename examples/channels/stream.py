@@ -31,7 +31,7 @@ STEPS, PER_STEP, TOKEN_BUDGET = 2, 6, 24
 
 class SampleProducer(Worker):
     def produce(self, channel: Channel, steps: int, per_step: int) -> int:
-        for step in range(steps):
+        for _ in range(steps):
             for index in range(per_step):
                 length = 3 + (index * 5 + self.rank) % 9
                 channel.put(Sample(self.rank, index, torch.arange(length)), weight=length)

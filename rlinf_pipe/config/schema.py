@@ -124,7 +124,11 @@ class RewardConfig:
     num_workers: int = opt(1, "Processes in the reward pool.", min=1)
     timeout_s: float = opt(5.0, "Seconds one verification may take before it scores as wrong.", min=0)
     correct_score: float = opt(1.0, "Reward of a correct answer.")
-    wrong_score: float = opt(0.0, "Reward of a wrong or unparseable answer.")
+    wrong_score: float = opt(0.0, "Reward of a wrong or unparseable answer (and of a timed-out one).")
+    format_score: float = opt(0.0, "Added when an answer could be extracted (negative: a penalty when none).")
+    answer_pattern: str | None = opt(
+        None, "Regex whose group 1 is the answer, used when the response has no \\boxed{} (e.g. `#### (.+)`)."
+    )
 
 
 @dataclass

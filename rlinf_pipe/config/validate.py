@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Callable
 
 from rlinf_pipe.config.schema import Config
@@ -36,6 +37,15 @@ def validate_config(cfg: Config, source_of: Callable[[str], str] = lambda _: "th
             f"(from {source_of('algorithm.dual_clip_c')})"
         )
     _check_estimator(cfg.algorithm.adv_estimator, source_of)
+    if cfg.reward.answer_pattern is not None:
+        try:
+            if re.compile(cfg.reward.answer_pattern).groups < 1:
+                raise re.error("it has no capture group for the answer")
+        except re.error as exc:
+            raise ConfigError(
+                f"reward.answer_pattern: {cfg.reward.answer_pattern!r} is not a usable regex: {exc} "
+                f"(from {source_of('reward.answer_pattern')}); write e.g. '#### (.+)'"
+            ) from None
     samples = cfg.data.rollout_batch_size * cfg.algorithm.group_size
     if samples % cfg.algorithm.n_minibatches:
         raise ConfigError(

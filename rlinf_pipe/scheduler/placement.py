@@ -373,6 +373,8 @@ def _lay_out_processes(
     warnings: list[str],
 ) -> tuple[ProcessPlacement, ...]:
     """Group a component's GPUs into processes and check that none spans two nodes."""
+    if name == "reward" and not comp.gpus:  # `reward: cpu`: one CPU process on the head node
+        return (ProcessPlacement(0, 0, (), ()),)
     if name == "rollout":
         groups = _rollout_groups(comp, components["actor"], mode)
     else:  # Megatron components and reward workers: one process per GPU

@@ -10,11 +10,15 @@ from rlinf_pipe.scheduler.cluster import resolve_address
 
 
 @pytest.fixture
-def clean_env(monkeypatch, tmp_path):
+def clean_env(tmp_path):
+    """resolve_address() may set RAY_AUTH_* in os.environ: restore the whole environment afterwards."""
+    saved = dict(os.environ)
     for name in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("RAY_HEAD_IP_FILE", str(tmp_path / "ray_head_ip.txt"))
-    return tmp_path
+        os.environ.pop(name, None)
+    os.environ["RAY_HEAD_IP_FILE"] = str(tmp_path / "ray_head_ip.txt")
+    yield tmp_path
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def test_explicit_values_pass_through(clean_env):
@@ -26,9 +30,9 @@ def test_auto_without_hints_is_rays_discovery(clean_env):
     assert resolve_address("auto") == "auto"
 
 
-def test_auto_prefers_ray_address(clean_env, monkeypatch):
+def test_auto_prefers_ray_address(clean_env):
     (clean_env / "ray_head_ip.txt").write_text("10.0.0.2:29500\n")
-    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.3:6379")
+    os.environ["RAY_ADDRESS"] = "10.0.0.3:6379"
     assert resolve_address("auto") == "10.0.0.3:6379"
 
 
@@ -46,8 +50,8 @@ def test_auto_adopts_token_auth_from_start_ray(clean_env):
     assert os.environ["RAY_AUTH_TOKEN_PATH"] == str((clean_env / "ray_auth_token").resolve())
 
 
-def test_explicit_auth_mode_is_respected(clean_env, monkeypatch):
+def test_explicit_auth_mode_is_respected(clean_env):
     (clean_env / "ray_auth_token").write_text("secret\n")
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
     resolve_address("auto")
     assert os.environ["RAY_AUTH_MODE"] == "disabled" and "RAY_AUTH_TOKEN_PATH" not in os.environ

@@ -189,3 +189,9 @@ def test_schema_defaults_match_the_data_module():
     from rlinf_pipe.data.templates import DEFAULT_SYSTEM_PROMPT
 
     assert load_config().data.system_prompt == DEFAULT_SYSTEM_PROMPT
+
+
+@pytest.mark.parametrize("pattern, problem", [("#### (", "not a usable regex"), ("####", "no capture group")])
+def test_bad_answer_pattern(pattern, problem):
+    with pytest.raises(ConfigError, match=problem):
+        load_config(overrides=[f"reward.answer_pattern='{pattern}'"])

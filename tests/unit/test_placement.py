@@ -141,7 +141,9 @@ def test_reward_may_share_rollout_gpus_or_run_on_cpu():
     assert p.mode == "disaggregated"
     assert [proc.global_gpus for proc in p.components["reward"].processes] == [(0,), (1,), (2,), (3,)]
     p = plan({"actor,rollout": "all", "reward": "cpu"}, nodes=1)
-    assert p.components["reward"].processes == () and p.components["reward"].gpus == ()
+    reward = p.components["reward"]
+    assert reward.gpus == () and reward.dp == 1
+    assert [(proc.node_rank, proc.local_gpus, proc.global_gpus) for proc in reward.processes] == [(0, (), ())]
 
 
 def test_unused_gpus_warn():

@@ -1,0 +1,115 @@
+"""Find the final answer in a model response and normalise its text before it is parsed.
+
+Rules (see docs/reward.md):
+- the answer is the content of the LAST `\\boxed{...}` (or `\\fbox{...}`), braces matched, escaped braces skipped;
+  an unterminated last box (a truncated response) means "no answer", never an earlier box;
+- without a box, an optional regex (`answer_pattern`): its last match, group 1 if it has groups;
+- the text is then normalised: full-width characters, unicode minus, vulgar fractions, superscripts, degree signs,
+  `√n`, space-like thousands separators and `1e3` notation become LaTeX that math-verify reads.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from functools import lru_cache
+
+_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+_MINUS_SIGNS = {"\u2212": "-", "\ufe63": "-", "\u2796": "-"}
+_SUPERSCRIPTS = dict(zip("⁰¹²³⁴⁵⁶⁷⁸⁹⁻", "0123456789-", strict=True))
+_SUPERSCRIPT_RUN = re.compile(f"[{''.join(_SUPERSCRIPTS)}]+")
+_VULGAR_FRACTION = re.compile(r"[\u00bc-\u00be\u2150-\u215e\u2189]")
+_SQRT_SHORTHAND = re.compile(r"√\s*(\d+(?:\.\d+)?|[A-Za-z])")
+# 1 234 567 with a space-like or LaTeX spacing separator between groups of three digits.
+_SPACED_THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?:(?:\\,|\\ |\\!|\\;|~|[ \u00a0\u2009\u202f])\d{3})+(?![\d])")
+_SEPARATOR = re.compile(r"\\,|\\ |\\!|\\;|~|[ \u00a0\u2009\u202f]")
+_SCIENTIFIC = re.compile(r"^(-?\d+(?:\.\d+)?)[eE]([+-]?\d+)$")
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` in `text`, or None (no box, or the last one is never closed)."""
+    openings = list(_BOX_OPEN.finditer(text))
+    if not openings:
+        return None
+    opening = openings[-1]
+    start = index = opening.end()
+    depth = 1
+    while index < len(text):
+        char = text[index]
+        if char == "\\":  # an escaped character (\{ \} \\) never opens or closes a group
+            index += 2
+            continue
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start:index]
+        index += 1
+    return None
+
+
+@lru_cache(maxsize=64)
+def compile_pattern(pattern: str) -> re.Pattern[str]:
+    """Compile (and cache) an answer pattern; raises `re.error` for an invalid one."""
+    return re.compile(pattern)
+
+
+def pattern_answer(text: str, pattern: str) -> str | None:
+    """Group 1 (or the whole match, when the pattern has no group) of the last match of `pattern` in `text`."""
+    compiled = compile_pattern(pattern)
+    matches = list(compiled.finditer(text))
+    if not matches:
+        return None
+    found = matches[-1]
+    return found.group(1) if compiled.groups else found.group(0)
+
+
+def extract_answer(response: str, answer_pattern: str | None = None) -> str | None:
+    """The final answer text of `response` (normalised), or None when it states none.
+
+    The last `\\boxed{}` wins; `answer_pattern` (e.g. `#### (.*)`) is the fallback for responses without a box.
+    An empty answer counts as none.
+    """
+    raw = last_boxed(response)
+    if raw is None and answer_pattern:
+        raw = pattern_answer(response, answer_pattern)
+    if raw is None:
+        return None
+    answer = normalize_answer(raw)
+    return answer or None
+
+
+def normalize_answer(text: str) -> str:
+    """Rewrite unicode math and number formatting that math-verify misreads into plain LaTeX."""
+    text = _normalize_unicode(text).strip()
+    text = _SPACED_THOUSANDS.sub(lambda m: _SEPARATOR.sub("", m.group(0)), text)
+    scientific = _SCIENTIFIC.match(text)
+    if scientific:
+        text = f"{scientific.group(1)}\\times 10^{{{scientific.group(2)}}}"
+    if text.endswith(".") and not text.endswith(".."):  # sentence full stop: "72." -> "72"
+        text = text[:-1].rstrip()
+    return text
+
+
+def _normalize_unicode(text: str) -> str:
+    chars = []
+    for char in text:
+        code = ord(char)
+        if 0xFF01 <= code <= 0xFF5E:  # full-width ASCII (１２, ＋, ／)
+            chars.append(chr(code - 0xFEE0))
+        elif code == 0x3000:  # ideographic space
+            chars.append(" ")
+        else:
+            chars.append(_MINUS_SIGNS.get(char, char))
+    text = "".join(chars)
+    text = _VULGAR_FRACTION.sub(_vulgar_to_latex, text)
+    text = _SUPERSCRIPT_RUN.sub(lambda m: "^{" + "".join(_SUPERSCRIPTS[c] for c in m.group(0)) + "}", text)
+    text = text.replace("°", "^\\circ")
+    return _SQRT_SHORTHAND.sub(lambda m: f"\\sqrt{{{m.group(1)}}}", text)
+
+
+def _vulgar_to_latex(match: re.Match[str]) -> str:
+    numerator, _, denominator = unicodedata.normalize("NFKC", match.group(0)).partition("\u2044")
+    return f"\\frac{{{numerator}}}{{{denominator}}}"

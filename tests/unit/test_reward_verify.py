@@ -1,0 +1,201 @@
+"""verify_math / score / extract_answer: a verdict table (what math-verify really decides, after our extraction and
+unicode normalisation), reward values, the format reward, and the in-process deadline."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+
+from rlinf_pipe.errors import ConfigError
+from rlinf_pipe.workers.reward import ScoreConfig, ScoreResult, extract_answer, score, verify_math
+from rlinf_pipe.workers.reward.deadline import VerifyTimeout, deadline
+
+# (response, reference, expected verdict)
+VERDICTS = [
+    # plain integers and close-looking wrong answers
+    ("\\boxed{72}", "72", True),
+    ("So the total is \\boxed{72}.", "72", True),
+    ("\\boxed{73}", "72", False),
+    ("\\boxed{72.0}", "72", True),
+    ("\\boxed{72.01}", "72", False),
+    ("\\boxed{100000000000000000001}", "100000000000000000000", False),
+    # several boxes: the last one wins; nested boxes read the innermost
+    ("First \\boxed{3}, but on reflection \\boxed{4}", "4", True),
+    ("First \\boxed{3}, but on reflection \\boxed{4}", "3", False),
+    ("\\boxed{\\boxed{5}}", "5", True),
+    # nested braces, fractions vs decimals, LaTeX forms
+    ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}", True),
+    ("\\boxed{\\frac{1}{2}}", "0.5", True),
+    ("\\boxed{\\dfrac{3}{4}}", "0.75", True),
+    ("\\boxed{\\frac34}", "3/4", True),
+    ("\\boxed{1/2}", "0.5", True),
+    ("\\boxed{0.5}", "1/2", True),
+    ("\\boxed{0.333333}", "\\frac{1}{3}", True),  # math-verify compares floats to 6 decimals
+    ("\\boxed{0.33}", "\\frac{1}{3}", False),
+    ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{1}{2}\\sqrt{3}", True),
+    ("\\boxed{\\sqrt{8}}", "2\\sqrt{2}", True),
+    ("\\boxed{1.414}", "\\sqrt{2}", False),
+    ("\\boxed{3.14}", "\\pi", False),
+    ("\\boxed{2\\frac{1}{2}}", "2.5", True),  # a mixed number
+    # unicode: normalised before parsing (see docs/reward.md)
+    ("\\boxed{½}", "0.5", True),
+    ("\\boxed{2½}", "\\frac{5}{2}", True),
+    ("\\boxed{−3}", "-3", True),  # U+2212 minus sign
+    ("\\boxed{−3}", "3", False),
+    ("\\boxed{７２}", "72", True),  # full-width digits
+    ("\\boxed{１，２３４}", "1234", True),  # full-width digits and comma
+    ("\\boxed{√2}", "\\sqrt{2}", True),
+    ("\\boxed{π}", "\\pi", True),
+    ("\\boxed{x²+1}", "x^2+1", True),
+    ("\\boxed{90°}", "90", True),
+    # thousands separators
+    ("\\boxed{1,234}", "1234", True),
+    ("\\boxed{1,234,567}", "1234567", True),
+    ("\\boxed{1{,}234}", "1234", True),
+    ("\\boxed{1\\,234}", "1234", True),
+    ("\\boxed{1 234}", "1234", True),
+    ("\\boxed{1,234}", "1243", False),
+    ("\\boxed{\\$1,000}", "1000", True),
+    # percentages: math-verify accepts the number with or without the percent sign, or as a fraction
+    ("\\boxed{18\\%}", "18%", True),
+    ("\\boxed{18}", "18%", True),
+    ("\\boxed{0.18}", "18%", True),
+    ("\\boxed{18\\%}", "0.18", True),
+    ("\\boxed{81\\%}", "18%", False),
+    # negative numbers
+    ("\\boxed{-5}", "-5", True),
+    ("\\boxed{5}", "-5", False),
+    ("\\boxed{-\\frac{3}{4}}", "-0.75", True),
+    # LaTeX wrappers and units
+    ("\\boxed{\\text{72}}", "72", True),
+    ("\\boxed{\\textbf{72}}", "72", True),
+    ("\\boxed{72\\text{ cm}}", "72", True),
+    ("$\\boxed{72}$", "72", True),
+    ("\\boxed{$72$}", "72", True),
+    ("\\boxed{\\$72.00}", "72", True),
+    ("\\boxed{x = 5}", "5", True),
+    # garbage, empty, missing or truncated answers
+    ("", "72", False),
+    ("I do not know.", "72", False),
+    ("The answer is 72", "72", False),  # no box and no answer_pattern
+    ("\\boxed{}", "72", False),
+    ("\\boxed{72", "72", False),  # truncated: the unclosed last box is no answer
+    ("\\boxed{4} then \\boxed{72", "4", False),  # ... and an earlier box does not stand in for it
+    ("\\boxed{@@@}", "72", False),
+    ("\\boxed{hello}", "72", False),
+    ("\\boxed{\\frac{1}{0}}", "1", False),
+    # huge numbers that are cheap to compare
+    ("\\boxed{2^{100}}", "1267650600228229401496703205376", True),
+    ("\\boxed{10^{100}}", "10^{100}+1", False),
+    ("\\boxed{1e3}", "1000", True),
+    ("\\boxed{2.5E-3}", "0.0025", True),
+    # sets, tuples, intervals, expressions, references given boxed
+    ("\\boxed{3, 4}", "4, 3", True),
+    ("\\boxed{(3, 4)}", "(4, 3)", False),
+    ("\\boxed{\\infty}", "\\infty", True),
+    ("\\boxed{x+1}", "1+x", True),
+    ("\\boxed{2x+2}", "2(x+1)", True),
+    ("\\boxed{72}", "\\boxed{72}", True),
+    ("\\boxed{72}", "", False),  # an unparseable reference fails every response
+]
+
+
+@pytest.mark.parametrize("response, reference, expected", VERDICTS)
+def test_verdict_table(response: str, reference: str, expected: bool) -> None:
+    assert verify_math(response, reference) is expected
+
+
+def test_table_is_large_and_mixed() -> None:
+    verdicts = [expected for _, _, expected in VERDICTS]
+    assert len(VERDICTS) >= 50 and verdicts.count(False) >= 20
+
+
+@pytest.mark.parametrize(
+    "response, pattern, expected",
+    [
+        ("... 8 + 64 = 72\n#### 72", "#### (.*)", "72"),
+        ("#### 1,234", "#### (.*)", "1,234"),
+        ("The answer is 72.", "The answer is (.*)", "72"),
+        ("The answer is 5. Wait. The answer is 6.", "The answer is (.*?)\\.", "6"),  # last match
+        ("The answer is \\boxed{9}. #### 8", "#### (.*)", "9"),  # a box wins over the pattern
+        ("no marker at all", "#### (.*)", None),
+        ("#### 72", "####", "####"),  # no group: the whole match
+        ("\\boxed{ 3 }", None, "3"),
+        ("\\boxed{\\{1, 2\\}}", None, "\\{1, 2\\}"),  # escaped braces do not close the box
+        ("\\fbox{7}", None, "7"),
+        ("\\boxed   {8}", None, "8"),
+        ("\\boxed{   }", None, None),
+    ],
+)
+def test_extract_answer(response: str, pattern: str | None, expected: str | None) -> None:
+    assert extract_answer(response, pattern) == expected
+
+
+def test_answer_pattern_scores_responses_without_a_box() -> None:
+    assert verify_math("#### 1,234", "1234", answer_pattern="#### (.*)")
+    assert not verify_math("#### 1,234", "1234")
+    assert verify_math("The answer is $\\frac{1}{2}$.", "0.5", answer_pattern="The answer is (.*)")
+
+
+def test_reward_values_and_parse_failures_are_distinct() -> None:
+    config = ScoreConfig(correct_score=1.0, wrong_score=-1.0)
+    assert score("\\boxed{72}", "72", config) == ScoreResult(True, True, False, 1.0, "72")
+    assert score("\\boxed{71}", "72", config) == ScoreResult(False, True, False, -1.0, "71")
+    assert score("no answer", "72", config) == ScoreResult(False, False, False, -1.0, None)
+    assert score("\\boxed{@@@}", "72", config) == ScoreResult(False, False, False, -1.0, "@@@")
+
+
+def test_format_score_is_added_when_an_answer_is_stated() -> None:
+    config = ScoreConfig(correct_score=1.0, wrong_score=0.0, format_score=0.1)
+    assert score("\\boxed{72}", "72", config).reward == pytest.approx(1.1)
+    assert score("\\boxed{71}", "72", config).reward == pytest.approx(0.1)
+    assert score("\\boxed{@@@}", "72", config).reward == pytest.approx(0.1)  # boxed, though unreadable
+    assert score("72", "72", config).reward == 0.0
+    # a penalty for a missing answer is the same rule with shifted values
+    penalty = ScoreConfig(correct_score=0.0, wrong_score=-1.0, format_score=1.0)
+    assert [score(r, "72", penalty).reward for r in ("\\boxed{72}", "\\boxed{1}", "72")] == [1.0, 0.0, -1.0]
+
+
+def test_invalid_answer_pattern_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="reward.answer_pattern"):
+        ScoreConfig(answer_pattern="#### (")
+
+
+def test_deadline_times_out_a_power_tower_in_the_main_thread() -> None:
+    started = time.monotonic()
+    result = score("\\boxed{9^{9^{9^{9}}}}", "72", timeout_s=0.3)
+    assert result == ScoreResult(False, False, True, 0.0, "9^{9^{9^{9}}}")
+    assert time.monotonic() - started < 2.0
+
+
+def test_deadline_restores_an_outer_timer() -> None:
+    fired = []
+    outer_handler, outer_timer = signal.getsignal(signal.SIGALRM), signal.getitimer(signal.ITIMER_REAL)
+    signal.signal(signal.SIGALRM, lambda *_: fired.append(True))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 30.0)
+        with deadline(0.5):
+            pass
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 29.0 < left <= 30.0
+    finally:
+        signal.signal(signal.SIGALRM, outer_handler)  # pytest-timeout's alarm, if it runs one
+        signal.setitimer(signal.ITIMER_REAL, *outer_timer)
+    assert not fired
+
+
+def test_deadline_interrupts_python_code() -> None:
+    with pytest.raises(VerifyTimeout), deadline(0.05):
+        while True:
+            pass
+
+
+def test_outside_the_main_thread_scoring_works_without_a_deadline() -> None:
+    results: list[ScoreResult] = []
+    thread = threading.Thread(target=lambda: results.append(score("\\boxed{\\frac12}", "0.5", timeout_s=0.5)))
+    thread.start()
+    thread.join()
+    assert results == [ScoreResult(True, True, False, 1.0, "\\frac12")]
