@@ -1,0 +1,212 @@
+"""Tiny HF causal LMs (Qwen2 or Llama) built from a config, with the tiny tokenizer; no downloads.
+
+`create_tiny_model(out_dir, ...)` writes a folder that `AutoModelForCausalLM.from_pretrained` and
+`AutoTokenizer.from_pretrained` load: safetensors weights, config, tokenizer and `generation_config.json`.
+Weights depend only on the knobs and `seed`. `ensure_tiny_model(cache_dir, ...)` builds it once per set of
+knobs and reuses it afterwards.
+
+CLI: `python -m rlinf_pipe.models.tiny --arch qwen2 --out DIR [--hidden-size 64 ...]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from safetensors import safe_open
+from transformers import (
+    AutoModelForCausalLM,
+    GenerationConfig,
+    LlamaConfig,
+    PretrainedConfig,
+    Qwen2Config,
+)
+
+from rlinf_pipe.models.tokenizer import DEFAULT_VOCAB_SIZE, train_tiny_tokenizer
+
+Arch = Literal["qwen2", "llama"]
+ARCHS: tuple[str, ...] = ("qwen2", "llama")
+MARKER = ".tiny_model_complete"  # written last: a folder without it is incomplete
+CACHE_ENV = "RLINF_PIPE_CACHE"
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """The knobs of a tiny model; equal specs give identical folders."""
+
+    arch: str = "qwen2"
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 128
+    max_position_embeddings: int = 512
+    tie_word_embeddings: bool = True
+    rope_theta: float = 10000.0
+    vocab_size: int = DEFAULT_VOCAB_SIZE
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise ValueError(f"arch must be one of {list(ARCHS)}, got {self.arch!r}")
+        sizes = (self.hidden_size, self.num_layers, self.num_heads, self.num_kv_heads, self.intermediate_size)
+        if min(sizes) < 1 or self.max_position_embeddings < 1:
+            raise ValueError(f"model sizes must be positive, got {self}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not divisible by num_kv_heads {self.num_kv_heads}")
+        if (self.hidden_size // self.num_heads) % 2:
+            raise ValueError(f"head_dim {self.hidden_size // self.num_heads} must be even (rotary embeddings)")
+
+    def digest(self) -> str:
+        """A short stable hash of the knobs (names cache folders)."""
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def build_config(spec: TinySpec, vocab_size: int, pad_id: int, bos_id: int, eos_id: int) -> PretrainedConfig:
+    """The HF config for `spec` (Qwen2 has q/k/v biases; Llama has none)."""
+    common = {
+        "vocab_size": vocab_size,
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "tie_word_embeddings": spec.tie_word_embeddings,
+        "rope_parameters": {"rope_type": "default", "rope_theta": float(spec.rope_theta)},
+        "pad_token_id": pad_id,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        "dtype": "float32",
+    }
+    if spec.arch == "qwen2":
+        return Qwen2Config(**common, use_sliding_window=False, max_window_layers=spec.num_layers)
+    return LlamaConfig(**common, attention_bias=False, mlp_bias=False)
+
+
+def _write_model(spec: TinySpec, out: Path) -> None:
+    tokenizer = train_tiny_tokenizer(vocab_size=spec.vocab_size)
+    pad, bos, eos = tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id
+    config = build_config(spec, len(tokenizer), pad, bos, eos)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=eos, pad_token_id=pad)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+def create_tiny_model(
+    out_dir: str | os.PathLike[str],
+    arch: Arch = "qwen2",
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 128,
+    max_position_embeddings: int = 512,
+    tie_word_embeddings: bool = True,
+    seed: int = 0,
+    rope_theta: float = 10000.0,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+) -> Path:
+    """Write a tiny randomly initialised model + tokenizer to `out_dir` (created if needed); return its path."""
+    spec = TinySpec(
+        arch, hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size, max_position_embeddings,
+        tie_word_embeddings, rope_theta, vocab_size, seed,
+    )
+    out = Path(out_dir)
+    _write_model(spec, out)
+    return out
+
+
+def default_cache_dir() -> Path:
+    """`$RLINF_PIPE_CACHE/models`, else `~/.cache/rlinf_pipe/models`."""
+    root = os.environ.get(CACHE_ENV)
+    return (Path(root) if root else Path.home() / ".cache" / "rlinf_pipe") / "models"
+
+
+def ensure_tiny_model(cache_dir: str | os.PathLike[str] | None = None, arch: Arch = "qwen2", **knobs: object) -> Path:
+    """The folder of the tiny model with these knobs under `cache_dir`, created on first use.
+
+    The folder is built in a temporary sibling and renamed into place with its marker file already written,
+    so a half-written folder is never reused; a folder without the marker is deleted and rebuilt.
+    `knobs` are `create_tiny_model`'s keyword arguments.
+    """
+    spec = TinySpec(arch=arch, **knobs)  # type: ignore[arg-type]
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    final = root / f"tiny-{spec.arch}-{spec.digest()}"
+    if (final / MARKER).is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    try:
+        _write_model(spec, tmp)
+        (tmp / MARKER).write_text(json.dumps(asdict(spec), sort_keys=True) + "\n")
+        if final.exists() and not (final / MARKER).is_file():
+            shutil.rmtree(final, ignore_errors=True)  # left over from an interrupted build
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / MARKER).is_file():  # not another process finishing first: a real failure
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def count_parameters(folder: str | os.PathLike[str]) -> int:
+    """Number of parameters stored in `folder`'s safetensors files (tied embeddings counted once)."""
+    total = 0
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as handle:
+            for key in handle.keys():  # noqa: SIM118 (safe_open handles are not iterable)
+                total += math.prod(handle.get_slice(key).get_shape())
+    return total
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point: create a tiny model folder and print its path and parameter count."""
+    d = TinySpec()
+    parser = argparse.ArgumentParser(prog="python -m rlinf_pipe.models.tiny", description=__doc__.split("\n")[0])
+    parser.add_argument("--arch", choices=ARCHS, default=d.arch)
+    parser.add_argument("--out", required=True, help="output folder (created if needed)")
+    parser.add_argument("--hidden-size", type=int, default=d.hidden_size)
+    parser.add_argument("--num-layers", type=int, default=d.num_layers)
+    parser.add_argument("--num-heads", type=int, default=d.num_heads)
+    parser.add_argument("--num-kv-heads", type=int, default=d.num_kv_heads)
+    parser.add_argument("--intermediate-size", type=int, default=d.intermediate_size)
+    parser.add_argument("--max-position-embeddings", type=int, default=d.max_position_embeddings)
+    parser.add_argument("--tie-word-embeddings", action=argparse.BooleanOptionalAction, default=d.tie_word_embeddings)
+    parser.add_argument("--rope-theta", type=float, default=d.rope_theta)
+    parser.add_argument("--vocab-size", type=int, default=d.vocab_size, help="tokenizer vocabulary (< 1000)")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    args = parser.parse_args(argv)
+    try:
+        out = create_tiny_model(
+            args.out, arch=args.arch, hidden_size=args.hidden_size, num_layers=args.num_layers,
+            num_heads=args.num_heads, num_kv_heads=args.num_kv_heads, intermediate_size=args.intermediate_size,
+            max_position_embeddings=args.max_position_embeddings, tie_word_embeddings=args.tie_word_embeddings,
+            seed=args.seed, rope_theta=args.rope_theta, vocab_size=args.vocab_size,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(f"{out}\t{count_parameters(out):,} parameters")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
