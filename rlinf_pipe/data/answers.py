@@ -16,6 +16,7 @@ import re
 from typing import Literal
 
 from rlinf_pipe.data.errors import AnswerParseError
+from rlinf_pipe.utils.latex import BOX_OPEN, last_boxed
 
 AnswerFormat = Literal["auto", "gsm8k", "boxed", "plain"]
 ANSWER_FORMATS: tuple[str, ...] = ("auto", "gsm8k", "boxed", "plain")
@@ -45,32 +46,17 @@ def parse_gsm8k_answer(text: str) -> str:
 
 def parse_boxed_answer(text: str) -> str:
     """The contents of the last `\\boxed{...}` / `\\fbox{...}`, with balanced (and `\\{`-escaped) braces."""
-    start = max(text.rfind(command) for command in _BOX_COMMANDS)
-    if start < 0:
+    if not BOX_OPEN.search(text):
+        command = next((c for c in _BOX_COMMANDS if c in text), None)
+        if command:
+            raise AnswerParseError(f"{command} is not followed by `{{` in {_short(text)}")
         raise AnswerParseError(f"no \\boxed{{...}} in {_short(text)}")
-    command = next(c for c in _BOX_COMMANDS if text.startswith(c, start))
-    pos = start + len(command)
-    while pos < len(text) and text[pos].isspace():
-        pos += 1
-    if pos >= len(text) or text[pos] != "{":
-        raise AnswerParseError(f"{command} is not followed by `{{` in {_short(text)}")
-    depth, pos, begin = 1, pos + 1, pos + 1
-    while pos < len(text):
-        char = text[pos]
-        if char == "\\":
-            pos += 2  # an escaped character (`\{`, `\}`, `\\`) never opens or closes a group
-            continue
-        if char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                answer = text[begin:pos].strip()
-                if not answer:
-                    raise AnswerParseError(f"empty {command}{{}} in {_short(text)}")
-                return answer
-        pos += 1
-    raise AnswerParseError(f"unbalanced braces after {command} in {_short(text)}")
+    answer = last_boxed(text)
+    if answer is None:
+        raise AnswerParseError(f"unbalanced braces after the last \\boxed in {_short(text)}")
+    if not answer.strip():
+        raise AnswerParseError(f"empty \\boxed{{}} in {_short(text)}")
+    return answer.strip()
 
 
 def parse_plain_answer(text: str) -> str:

@@ -14,7 +14,7 @@ import re
 import unicodedata
 from functools import lru_cache
 
-_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+from rlinf_pipe.utils.latex import last_boxed
 
 _MINUS_SIGNS = {"\u2212": "-", "\ufe63": "-", "\u2796": "-"}
 _SUPERSCRIPTS = dict(zip("⁰¹²³⁴⁵⁶⁷⁸⁹⁻", "0123456789-", strict=True))
@@ -25,29 +25,6 @@ _SQRT_SHORTHAND = re.compile(r"√\s*(\d+(?:\.\d+)?|[A-Za-z])")
 _SPACED_THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?:(?:\\,|\\ |\\!|\\;|~|[ \u00a0\u2009\u202f])\d{3})+(?![\d])")
 _SEPARATOR = re.compile(r"\\,|\\ |\\!|\\;|~|[ \u00a0\u2009\u202f]")
 _SCIENTIFIC = re.compile(r"^(-?\d+(?:\.\d+)?)[eE]([+-]?\d+)$")
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` in `text`, or None (no box, or the last one is never closed)."""
-    openings = list(_BOX_OPEN.finditer(text))
-    if not openings:
-        return None
-    opening = openings[-1]
-    start = index = opening.end()
-    depth = 1
-    while index < len(text):
-        char = text[index]
-        if char == "\\":  # an escaped character (\{ \} \\) never opens or closes a group
-            index += 2
-            continue
-        if char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start:index]
-        index += 1
-    return None
 
 
 @lru_cache(maxsize=64)
