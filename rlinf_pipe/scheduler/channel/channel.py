@@ -111,49 +111,51 @@ class Channel(ConsumerAPI[T], Generic[T]):
         return [self.codec.decode(e.payload) for e in entries]
 
     # --- lifetime -------------------------------------------------------------------------------------------
+    def _mark_closed(self) -> bool:
+        """Close the handle once; False if it already was."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._closed = True
+            return True
+
+    def _draining_producer(self) -> ProducerEnd | None:
+        if self._producer is not None:
+            self._producer.begin_close()
+        return self._producer
+
+    def _stop_ends(self) -> None:
+        for end in (self._consumer_end, self._producer):
+            if end is not None:
+                end.stop()
+
     def close(self, timeout: float | None = None) -> None:
         """Producer end: end the current step if it has items, wait until every item was taken by a consumer,
         then tell consumers this producer is done. Consumer end: leave (untaken items go to other consumers).
         Any use of this handle afterwards raises ChannelClosed."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        producer, consumer = self._producer, self._consumer_end
+        if not self._mark_closed():
+            return
         try:
-            if producer is not None:
-                producer.begin_close()
+            if (producer := self._draining_producer()) is not None:
                 producer._waiter.wait(producer.try_finish_close, timeout, f"channel {self.name!r} close")
         finally:
-            if consumer is not None:
-                consumer.stop()
-            if producer is not None:
-                producer.stop()
+            self._stop_ends()
 
     async def aclose(self, timeout: float | None = None) -> None:
         """`close()` for asyncio code: the producer's drain is awaited instead of blocking the loop."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        producer, consumer = self._producer, self._consumer_end
+        if not self._mark_closed():
+            return
         try:
-            if producer is not None:
-                producer.begin_close()
+            if (producer := self._draining_producer()) is not None:
                 await producer._waiter.await_(producer.try_finish_close, timeout, f"channel {self.name!r} close")
         finally:
-            for end in (consumer, producer):
-                if end is not None:
-                    end.stop()
+            self._stop_ends()
 
     def abort(self) -> None:
         """Tear this process's ends down at once, without draining (error paths, teardown). Items this producer
         still holds are lost; a consumer's untaken items go back to their producers."""
-        with self._lock:
-            self._closed = True
-        for end in (self._consumer_end, self._producer):
-            if end is not None:
-                end.stop()
+        self._mark_closed()
+        self._stop_ends()
 
     def stats(self) -> dict[str, float]:
         """Queue sizes at this process's ends (for metrics)."""
