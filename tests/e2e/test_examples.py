@@ -11,12 +11,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def run_example(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run an example script from the repository root, as a user would."""
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
 @pytest.mark.slow
 def test_allreduce_example_on_a_local_virtual_gpu_cluster():
-    proc = subprocess.run(
-        [sys.executable, "examples/workers/allreduce.py", "cluster.ray_address=local"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )
+    proc = run_example("examples/workers/allreduce.py", "cluster.ray_address=local")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "actor rank 1: node 0" in proc.stdout and "CUDA_VISIBLE_DEVICES=3, global GPUs [3]" in proc.stdout
     assert "all-reduce of ranks: [1.0, 1.0]" in proc.stdout
@@ -24,20 +26,15 @@ def test_allreduce_example_on_a_local_virtual_gpu_cluster():
 
 
 def test_example_reports_user_errors_without_traceback():
-    proc = subprocess.run(
-        [sys.executable, "examples/workers/allreduce.py", "cluster.ray_address=local", "cluster.num_nodes=2"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )
+    proc = run_example("examples/workers/allreduce.py", "cluster.ray_address=local", "cluster.num_nodes=2",
+                       timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: cluster.num_nodes=2 but no running Ray cluster")
 
 
 @pytest.mark.slow
 def test_channel_stream_example():
-    proc = subprocess.run(
-        [sys.executable, "examples/channels/stream.py", "cluster.ray_address=local"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )
+    proc = run_example("examples/channels/stream.py", "cluster.ray_address=local")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "step 0 complete" in proc.stdout and "step 1 complete" in proc.stdout
     assert "samples per producer: [12, 12]" in proc.stdout
