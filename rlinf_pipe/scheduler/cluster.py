@@ -18,7 +18,7 @@ from typing import Any
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ClusterError
-from rlinf_pipe.scheduler.placement import NodeLayout, Placement
+from rlinf_pipe.scheduler.placement import NodeLayout
 
 NODE_RANK_LABEL = "rlinf_pipe/node-rank"
 HEAD_RESOURCE = "node:__internal_head__"
@@ -233,11 +233,6 @@ class Cluster:
         return self.nodes[self.layout.node_of(global_gpu)]
 
     # --- reservation ----------------------------------------------------------------------------------------
-    def reserve(self, placement: Placement, timeout_s: float = 60.0) -> dict[int, Any]:
-        """Reserve the GPUs of every node that hosts a placed GPU process (see `reserve_nodes`)."""
-        used = {p.node_rank for c in placement.components.values() if c.gpus for p in c.processes}
-        return self.reserve_nodes(sorted(used), timeout_s)
-
     def reserve_nodes(self, node_ranks: list[int], timeout_s: float = 60.0) -> dict[int, Any]:
         """Hold every GPU of the given nodes with one placement group pinned to each node (idempotent).
 

@@ -225,8 +225,7 @@ class WorkerGroup(Generic[W]):
 
     @property
     def dp_size(self) -> int:
-        tp, pp = self._proc_tp_pp
-        return max(1, self.size // (tp * pp))
+        return self.placement.dp
 
     def dp_rank_of(self, rank: int) -> int:
         return (rank // self._proc_tp_pp[0]) % self.dp_size

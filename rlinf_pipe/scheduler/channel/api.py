@@ -7,10 +7,17 @@ already acknowledged, or a StepEnd, or PENDING), `_on_take(entries)` (entries le
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any, Generic, Iterator, TypeVar
 
 from rlinf_pipe.errors import ChannelClosed
-from rlinf_pipe.scheduler.channel.buffer import BatchAssembler, Entry, StepBuffer, StepEnd, Waiter
+from rlinf_pipe.scheduler.channel.buffer import (
+    BatchAssembler,
+    Entry,
+    StepBuffer,
+    StepEnd,
+    Waiter,
+)
 
 T = TypeVar("T")
 
@@ -54,26 +61,31 @@ class ConsumerAPI(Generic[T]):
     def get_batch(self, target_weight: float, timeout: float | None = None) -> list[T] | StepEnd:
         """Items of the current step, greedily up to `target_weight` (always at least one): waits until the target
         is reached, the next item would not fit, or the step ends. `StepEnd` when the step had nothing left."""
-        waiter, buffer = self._consumer()
-        assembler = BatchAssembler(buffer, target_weight, self._on_take)
-        try:
+        waiter, assembler = self._assembler(target_weight)
+        with self._giving_back(waiter, assembler):
             result = waiter.wait(assembler.attempt, timeout, f"channel {self.name!r} get_batch")
-        except BaseException:
-            with waiter.lock:
-                assembler.give_back()
-            raise
         return result if isinstance(result, StepEnd) else self._deliver_batch(result)
 
     async def aget_batch(self, target_weight: float, timeout: float | None = None) -> list[T] | StepEnd:
-        waiter, buffer = self._consumer()
-        assembler = BatchAssembler(buffer, target_weight, self._on_take)
-        try:
+        waiter, assembler = self._assembler(target_weight)
+        with self._giving_back(waiter, assembler):
             result = await waiter.await_(assembler.attempt, timeout, f"channel {self.name!r} get_batch")
+        return result if isinstance(result, StepEnd) else self._deliver_batch(result)
+
+    def _assembler(self, target_weight: float) -> tuple[Waiter, BatchAssembler]:
+        waiter, buffer = self._consumer()
+        return waiter, BatchAssembler(buffer, target_weight, self._on_take)
+
+    @staticmethod
+    @contextmanager
+    def _giving_back(waiter: Waiter, assembler: BatchAssembler) -> Iterator[None]:
+        """A get_batch that fails or times out returns its partial batch to the front of the buffer."""
+        try:
+            yield
         except BaseException:
             with waiter.lock:
                 assembler.give_back()
             raise
-        return result if isinstance(result, StepEnd) else self._deliver_batch(result)
 
     def iter_step(self, timeout: float | None = None) -> Iterator[T]:
         """Yield the current step's items; stops after its StepEnd (or at the end of the stream)."""

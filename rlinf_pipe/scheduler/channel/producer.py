@@ -9,10 +9,10 @@ end is announced once every item of it has been taken out of some consumer's buf
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import tempfile
-import logging
 import threading
 import time
 import uuid
