@@ -1,0 +1,185 @@
+"""A megatron-core GPTModel built from a Hugging Face config (Llama and Qwen2 families).
+
+`gpt_config_from_hf` maps the HF config to a `TransformerConfig` (RMSNorm, SwiGLU, RoPE with the
+checkpoint's theta, GQA, Qwen2's q/k/v bias, tied or untied embeddings); `build_gpt_model` builds this
+rank's pipeline stage once `megatron.core.parallel_state` is initialised. Weights are random until
+`rlinf_pipe.models.convert` loads a checkpoint into them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+
+class UnsupportedModelError(ValueError):
+    """The HF config describes an architecture or feature the Megatron builder does not support."""
+
+
+@dataclass(frozen=True)
+class HfArch:
+    """What the Megatron builder and the weight converter need to know about an HF checkpoint."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+
+
+def _rope_theta(hf_config: Any) -> float:
+    params = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in ("default", None):
+        raise UnsupportedModelError(f"RoPE scaling {rope_type!r} is not supported (only the default RoPE)")
+    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
+    if theta is None:
+        raise UnsupportedModelError("the HF config has no rope_theta")
+    return float(theta)
+
+
+def hf_arch(hf_config: Any) -> HfArch:
+    """Read and check the architecture facts of an HF `PretrainedConfig` (Llama or Qwen2)."""
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in SUPPORTED_ARCHS:
+        raise UnsupportedModelError(
+            f"model_type {model_type!r} is not supported; supported: {sorted(SUPPORTED_ARCHS)}"
+        )
+    if getattr(hf_config, "hidden_act", "silu") != "silu":
+        raise UnsupportedModelError(f"hidden_act {hf_config.hidden_act!r} is not supported (only silu)")
+    if model_type == "qwen2" and getattr(hf_config, "use_sliding_window", False):
+        raise UnsupportedModelError("Qwen2 sliding-window attention is not supported")
+    if model_type == "llama" and getattr(hf_config, "mlp_bias", False):
+        raise UnsupportedModelError("Llama mlp_bias=True is not supported")
+    heads = hf_config.num_attention_heads
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+    qkv_bias = model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False))
+    return HfArch(
+        model_type=model_type,
+        vocab_size=hf_config.vocab_size,
+        hidden_size=hf_config.hidden_size,
+        intermediate_size=hf_config.intermediate_size,
+        num_layers=hf_config.num_hidden_layers,
+        num_heads=heads,
+        num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or heads,
+        head_dim=head_dim,
+        rms_norm_eps=float(hf_config.rms_norm_eps),
+        rope_theta=_rope_theta(hf_config),
+        max_position_embeddings=hf_config.max_position_embeddings,
+        tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        qkv_bias=qkv_bias,
+    )
+
+
+def padded_vocab_size(vocab_size: int, tp: int) -> int:
+    """Megatron's vocabulary: the HF vocabulary rounded up to a multiple of `tp` (rows past the HF
+    vocabulary are zero and their logits must be masked out before any softmax)."""
+    return -(-vocab_size // tp) * tp
+
+
+def check_parallel_sizes(arch: HfArch, tp: int, pp: int) -> None:
+    """Raise `UnsupportedModelError` naming the size that does not divide the model."""
+    problems = []
+    if arch.num_heads % tp:
+        problems.append(f"num_attention_heads {arch.num_heads}")
+    if arch.num_kv_heads % tp:
+        problems.append(f"num_key_value_heads {arch.num_kv_heads}")
+    if arch.intermediate_size % tp:
+        problems.append(f"intermediate_size {arch.intermediate_size}")
+    if problems:
+        raise UnsupportedModelError(
+            f"tensor_parallel_size {tp} must divide {', '.join(problems)}; pick a TP size that divides them"
+        )
+    if arch.num_layers % pp:
+        raise UnsupportedModelError(
+            f"pipeline_parallel_size {pp} must divide num_hidden_layers {arch.num_layers}"
+        )
+
+
+def gpt_config_from_hf(
+    hf_config: Any, *, tp: int = 1, pp: int = 1, params_dtype: torch.dtype = torch.float32
+) -> Any:
+    """The megatron `TransformerConfig` equivalent to `hf_config` for a TP x PP split."""
+    from megatron.core.transformer import TransformerConfig
+
+    arch = hf_arch(hf_config)
+    check_parallel_sizes(arch, tp, pp)
+    bf16 = params_dtype == torch.bfloat16
+    return TransformerConfig(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        ffn_hidden_size=arch.intermediate_size,
+        num_attention_heads=arch.num_heads,
+        num_query_groups=arch.num_kv_heads,
+        kv_channels=arch.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=arch.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.qkv_bias,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        attention_softmax_in_fp32=True,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        params_dtype=params_dtype,
+        pipeline_dtype=params_dtype,
+        bf16=bf16,
+        use_cpu_initialization=not torch.cuda.is_available(),
+    )
+
+
+def build_gpt_model(
+    hf_config: Any, *, params_dtype: torch.dtype = torch.float32, pre_process: bool | None = None,
+    post_process: bool | None = None,
+) -> Any:
+    """This rank's `GPTModel` stage for `hf_config`, with TP/PP sizes taken from `parallel_state`.
+
+    Call after `parallel_state.initialize_model_parallel` (and, without CUDA, `enable_cpu_compat()`).
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    arch = hf_arch(hf_config)
+    config = gpt_config_from_hf(
+        hf_config,
+        tp=ps.get_tensor_model_parallel_world_size(),
+        pp=ps.get_pipeline_model_parallel_world_size(),
+        params_dtype=params_dtype,
+    )
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        vocab_size=padded_vocab_size(arch.vocab_size, ps.get_tensor_model_parallel_world_size()),
+        max_sequence_length=arch.max_position_embeddings,
+        pre_process=ps.is_pipeline_first_stage() if pre_process is None else pre_process,
+        post_process=ps.is_pipeline_last_stage() if post_process is None else post_process,
+        share_embeddings_and_output_weights=arch.tie_word_embeddings,
+        position_embedding_type="rope",
+        rotary_base=int(arch.rope_theta) if float(arch.rope_theta).is_integer() else arch.rope_theta,
+        rotary_percent=1.0,
+        parallel_output=True,
+    )
+    if torch.cuda.is_available():
+        model = model.cuda(torch.cuda.current_device())
+    return model
