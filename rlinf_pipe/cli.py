@@ -1,4 +1,5 @@
-"""`rlinf-pipe` command line: `plan` (validate config + placement, show the GPU grid)."""
+"""`rlinf-pipe` command line: `plan` (validate config + placement, show the GPU grid) and `convert`
+(HF <-> Megatron checkpoint folders)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,64 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _convert(args: argparse.Namespace) -> int:
+    """`rlinf-pipe convert`: check the input, convert into a temporary sibling of OUT_DIR, then rename it."""
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from rlinf_pipe.models.convert import (
+        ConversionError,
+        convert_hf_to_megatron,
+        convert_megatron_to_hf,
+        read_hf_arch,
+    )
+    from rlinf_pipe.models.megatron_checkpoint import read_megatron_meta
+    from rlinf_pipe.models.megatron_gpt import UnsupportedModelError, check_parallel_sizes
+
+    src, out = Path(args.src), Path(args.out)
+    if not src.is_dir():
+        kind = "Hugging Face model" if args.to == "megatron" else "Megatron checkpoint"
+        raise ConversionError(f"SRC {src} does not exist or is not a folder; pass the {kind} folder to convert")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConversionError(f"OUT_DIR {out} already exists and is not empty; pass a new folder or remove it")
+    if args.to == "megatron":
+        if args.tp < 1 or args.pp < 1:
+            raise ConversionError(f"--tp and --pp must be >= 1, got --tp {args.tp} --pp {args.pp}")
+        try:
+            check_parallel_sizes(read_hf_arch(src), args.tp, args.pp)
+        except UnsupportedModelError as exc:
+            msg = str(exc).replace("tensor_parallel_size", "--tp").replace("pipeline_parallel_size", "--pp")
+            raise ConversionError(f"cannot split {src}: {msg}") from exc
+    else:
+        if args.tp is not None or args.pp is not None:
+            raise ConversionError("--tp/--pp only apply to --to megatron; --to hf reads them from megatron.json")
+        read_hf_arch(read_megatron_meta(src).hf_dir)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        if args.to == "megatron":
+            convert_hf_to_megatron(src, tmp, tp=args.tp, pp=args.pp)
+        else:
+            convert_megatron_to_hf(src, tmp)
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        os.rename(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"wrote {out}")
+    return 0
+
+
+def _convert_with_defaults(args: argparse.Namespace) -> int:
+    if args.to == "megatron":
+        args.tp = 1 if args.tp is None else args.tp
+        args.pp = 1 if args.pp is None else args.pp
+    return _convert(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlinf-pipe", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -50,6 +109,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(plan)
     plan.add_argument("--json", action="store_true", help="print the placement as JSON")
     plan.set_defaults(run=_plan)
+    convert = commands.add_parser(
+        "convert",
+        help="convert a checkpoint: HF folder -> Megatron folder (--to megatron --tp N --pp M) or back (--to hf)",
+        description="Convert a Llama/Qwen2 checkpoint between a Hugging Face folder and an rlinf_pipe Megatron "
+        "checkpoint folder (megatron.json + model/tpXX_ppYYY.safetensors + hf/). Pure tensor slicing: no GPU "
+        "or torch.distributed needed. Examples: `rlinf-pipe convert --to megatron --tp 2 --pp 1 HF_DIR OUT_DIR`, "
+        "`rlinf-pipe convert --to hf MEGATRON_DIR OUT_DIR`.",
+    )
+    convert.add_argument("--to", required=True, choices=["megatron", "hf"], help="output format")
+    convert.add_argument("--tp", type=int, default=None, help="tensor-parallel size (--to megatron; default 1)")
+    convert.add_argument("--pp", type=int, default=None, help="pipeline-parallel size (--to megatron; default 1)")
+    convert.add_argument("src", metavar="SRC", help="HF model folder (--to megatron) or Megatron folder (--to hf)")
+    convert.add_argument("out", metavar="OUT_DIR", help="output folder (must not exist or be empty)")
+    convert.set_defaults(run=_convert_with_defaults)
     return parser
 
 

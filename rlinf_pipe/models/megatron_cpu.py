@@ -1,8 +1,9 @@
 """CPU compatibility layer for megatron-core (development and CI machines without CUDA).
 
-megatron-core assumes CUDA in a handful of places: it seeds and forks the CUDA RNG, and it
+megatron-core assumes CUDA in a handful of places: it seeds and forks the CUDA RNG, it
 allocates a few buffers with ``device="cuda"`` / ``torch.cuda.current_device()`` or checks
-that parameters are ``torch.cuda.FloatTensor``.  Everything else (TP/PP/DP collectives,
+that parameters are ``torch.cuda.FloatTensor``, and it moves a few model tensors to CUDA
+(the RoPE ``inv_freq``, the tied embedding copy on the last pipeline stage).  Everything else (TP/PP/DP collectives,
 the Megatron optimizer, the distributed optimizer) works on gloo with CPU tensors.
 
 ``enable_cpu_compat()`` patches exactly those call sites and nothing else:
@@ -317,6 +318,31 @@ PATCHES: list[Patch] = [
         ),
         reason="accepts only torch.cuda.FloatTensor/HalfTensor/BFloat16Tensor parameters; "
         "on CPU fp32 parameters are torch.FloatTensor",
+    ),
+    # ---- 7. GPT model: RoPE table and the tied-embedding copy on the last PP stage ----
+    Patch(
+        name="rotary-get-emb",
+        target="megatron.core.models.common.embeddings.rotary_pos_embedding:RotaryEmbedding.get_emb",
+        kind="edit",
+        edits=((_CUDA_DEV, _CPU_DEV, 1),),
+        reason="moves a CPU inv_freq to torch.cuda.current_device() on the first forward "
+        "(inv_freq is built on CPU with use_cpu_initialization); on CPU it stays there",
+    ),
+    Patch(
+        name="language-module-tied-embedding",
+        target="megatron.core.models.common.language_module.language_module:"
+        "LanguageModule.setup_embeddings_and_output_layer",
+        kind="edit",
+        edits=(
+            (
+                "weight.data = weight.data.cuda()",
+                "pass  # rlinf_pipe megatron_cpu: the weight stays on CPU (gloo all-reduce)",
+                1,
+            ),
+        ),
+        reason="with tied embeddings and PP>1, moves the shared embedding/output weight to "
+        "CUDA before the first/last-stage all-reduce that copies it; on CPU the all-reduce "
+        "runs on the CPU weight (run by GPTModel.__init__)",
     ),
 ]
 

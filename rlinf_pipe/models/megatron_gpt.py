@@ -105,7 +105,8 @@ def check_parallel_sizes(arch: HfArch, tp: int, pp: int) -> None:
         )
     if arch.num_layers % pp:
         raise UnsupportedModelError(
-            f"pipeline_parallel_size {pp} must divide num_hidden_layers {arch.num_layers}"
+            f"pipeline_parallel_size {pp} must divide num_hidden_layers {arch.num_layers}; "
+            "pick a PP size that divides it"
         )
 
 
@@ -154,12 +155,17 @@ def build_gpt_model(
 ) -> Any:
     """This rank's `GPTModel` stage for `hf_config`, with TP/PP sizes taken from `parallel_state`.
 
-    Call after `parallel_state.initialize_model_parallel` (and, without CUDA, `enable_cpu_compat()`).
+    Call after `parallel_state.initialize_model_parallel`. Without CUDA the model needs megatron_cpu's patches
+    (`GPTModel.__init__` already runs one of the patched call sites), so this calls `enable_cpu_compat()` first
+    (idempotent; a no-op with CUDA).
     """
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+    from rlinf_pipe.models.megatron_cpu import enable_cpu_compat
+
+    enable_cpu_compat()
     arch = hf_arch(hf_config)
     config = gpt_config_from_hf(
         hf_config,

@@ -92,3 +92,36 @@ def test_gpt_trains_with_megatron_optimizer(gloo_world_of_one):
     assert all(torch.isfinite(torch.tensor(losses)))
     assert all(norm is not None and norm > 0 for norm in result["grad_norms"])
     assert losses[-1] < losses[0], losses
+
+
+def test_model_construction_patches_applied():
+    """The GPT-model call sites (RoPE table, tied-embedding copy with PP>1) are patched on the class, so every
+    GPTModel built after enable_cpu_compat() runs on CPU (the PP=2 tied-embedding path itself is exercised by
+    tests/integration/test_megatron_parity.py)."""
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    assert megatron_cpu.enable_cpu_compat() is True
+    names = megatron_cpu.check_patches()
+    assert {"rotary-get-emb", "language-module-tied-embedding"} <= set(names)
+    assert RotaryEmbedding.get_emb.__rlinf_cpu_patch__ == "rotary-get-emb"
+    assert LanguageModule.setup_embeddings_and_output_layer.__rlinf_cpu_patch__ == "language-module-tied-embedding"
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rotary_table_stays_on_cpu(interleaved):
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    assert megatron_cpu.enable_cpu_compat() is True
+    rope = RotaryEmbedding(
+        kv_channels=8, rotary_percent=1.0, rotary_interleaved=interleaved, rotary_base=10000,
+        use_cpu_initialization=True,
+    )
+    emb = rope(6)
+    assert emb.device.type == "cpu" and rope.inv_freq.device.type == "cpu"
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8))
+    angles = torch.outer(torch.arange(6, dtype=torch.float32), inv_freq)
+    expected = (torch.stack((angles, angles), dim=-1).reshape(6, -1) if interleaved
+                else torch.cat((angles, angles), dim=-1))
+    assert emb.shape == (6, 1, 1, 8)
+    torch.testing.assert_close(emb[:, 0, 0, :], expected)
