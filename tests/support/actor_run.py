@@ -1,0 +1,120 @@
+"""Drive `MegatronPolicy` in spawned gloo process groups (CPU) for the actor tests."""
+
+from __future__ import annotations
+
+import functools
+import os
+import traceback
+from collections.abc import Callable, Sequence
+
+import msgspec
+import torch
+import torch.multiprocessing as mp
+
+from rlinf_pipe.algorithms import policy_loss
+from rlinf_pipe.data.structs import TrainBatch
+from support.megatron_train import free_port
+
+PAD_ID = 0
+
+
+def ppo_loss(logprobs, entropy, batch: TrainBatch, **kw):
+    """`policy_loss` on a TrainBatch (the loss_fn signature MegatronPolicy expects)."""
+    return policy_loss(
+        logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages, batch.response_mask, entropy=entropy, **kw
+    )
+
+
+LOSS = functools.partial(ppo_loss, loss_agg="token-mean", clip_ratio_low=0.2, clip_ratio_high=0.2)
+
+
+def make_batch(seed: int, rows: int, vocab: int, max_prompt: int = 6, max_response: int = 8) -> TrainBatch:
+    """A right-padded batch of random prompts + responses with random advantages (old log-probs 0)."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(2, max_prompt + 1, (rows,), generator=g)
+    responses = torch.randint(1, max_response + 1, (rows,), generator=g)
+    width = int((prompts + responses).max())
+    input_ids = torch.full((rows, width), PAD_ID, dtype=torch.long)
+    attention = torch.zeros(rows, width, dtype=torch.bool)
+    response = torch.zeros(rows, width, dtype=torch.bool)
+    adv = torch.zeros(rows, width)
+    row_adv = torch.randn(rows, generator=g)
+    for r in range(rows):
+        p, n = int(prompts[r]), int(responses[r])
+        input_ids[r, : p + n] = torch.randint(1, vocab, (p + n,), generator=g)
+        attention[r, : p + n] = True
+        response[r, p : p + n] = True
+        adv[r, p : p + n] = row_adv[r]
+    return TrainBatch(
+        input_ids=input_ids, attention_mask=attention, response_mask=response,
+        old_logprobs=torch.zeros(rows, width), advantages=adv, rewards=row_adv.clone(), version=0,
+        num_sequences=rows, num_tokens=int(response.sum()),
+    )
+
+
+def select_rows(batch: TrainBatch, rows: Sequence[int]) -> TrainBatch:
+    """The micro-batch of `rows` (any order), trimmed to its longest row."""
+    idx = torch.as_tensor(list(rows), dtype=torch.long)
+    width = int(batch.attention_mask[idx].sum(1).max())
+    cut = lambda t: t[idx][:, :width].clone()  # noqa: E731
+    return msgspec.structs.replace(
+        batch, input_ids=cut(batch.input_ids), attention_mask=cut(batch.attention_mask),
+        response_mask=cut(batch.response_mask), old_logprobs=cut(batch.old_logprobs),
+        ref_logprobs=None if batch.ref_logprobs is None else cut(batch.ref_logprobs),
+        advantages=cut(batch.advantages), rewards=batch.rewards[idx].clone(), num_sequences=len(idx),
+        num_tokens=int(batch.response_mask[idx].sum()),
+    )
+
+
+def with_old_logprobs(batch: TrainBatch, logprobs: torch.Tensor) -> TrainBatch:
+    return msgspec.structs.replace(batch, old_logprobs=torch.where(batch.response_mask, logprobs, 0.0))
+
+
+def capture_grads(policy) -> dict[str, torch.Tensor]:
+    """Record the (finalised, scaled) main gradients each time the optimizer steps; returns the live dict."""
+    grads: dict[str, torch.Tensor] = {}
+    original = policy.optimizer.step
+
+    def step():
+        grads.clear()
+        for name, p in policy.model.module.named_parameters():
+            grads[name] = p.main_grad.detach().clone()
+        return original()
+
+    policy.optimizer.step = step
+    return grads
+
+
+def params_of(policy) -> dict[str, torch.Tensor]:
+    return {n: p.detach().float().clone() for n, p in policy.module.named_parameters()}
+
+
+def _worker(rank: int, world: int, port: int, parallel: dict, fn: Callable, kwargs: dict, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    from rlinf_pipe.models.megatron_cpu import enable_cpu_compat
+
+    enable_cpu_compat()
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    from megatron.core import parallel_state
+
+    try:
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=parallel.get("tp", 1), pipeline_model_parallel_size=parallel.get("pp", 1)
+        )
+        result = fn(rank=rank, **kwargs)
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    except BaseException:
+        with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as f:
+            f.write(traceback.format_exc())
+        raise
+    finally:
+        parallel_state.destroy_model_parallel()
+        torch.distributed.destroy_process_group()
+
+
+def spawn(world: int, fn: Callable, out_dir: str, parallel: dict | None = None, **kwargs) -> list[dict]:
+    """Run `fn(rank=..., **kwargs)` on `world` gloo ranks with Megatron TP/PP from `parallel`; return each rank's
+    result (`fn` must be a module-level function)."""
+    os.makedirs(out_dir, exist_ok=True)
+    mp.spawn(_worker, args=(world, free_port(), parallel or {}, fn, kwargs, out_dir), nprocs=world, join=True)
+    return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world)]
