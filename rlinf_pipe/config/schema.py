@@ -55,6 +55,11 @@ class RunnerConfig:
     max_staleness: int = opt(
         0, "0: every sample comes from the current weights (exact). 1: rollout runs one step ahead.", min=0
     )
+    weight_bucket_mb: int = opt(64, "Size of one weight-sync bucket in MiB.", min=1)
+    verify_weights: bool = opt(False, "Check a CRC32 of every weight-sync bucket on the receiving side.")
+    tensorboard: bool = opt(True, "Write tensorboard events to `<run dir>/tensorboard`.")
+    wandb_project: str | None = opt(None, "Log metrics to this wandb project (null: wandb off, no network).")
+    progress: bool = opt(True, "Show the console progress bar and the end-of-run summary.")
 
 
 @dataclass
@@ -71,6 +76,9 @@ class AlgorithmConfig:
     clip_ratio_high: float = opt(0.2, "PPO clip epsilon above 1.", min=0)
     dual_clip_c: float | None = opt(None, "Dual-clip constant c > 1 for negative advantages (null: off).")
     kl_coef: float = opt(0.0, "Weight of the KL penalty against the reference policy (0 disables it).", min=0)
+    compute_ref_logprobs: bool = opt(
+        True, "Compute reference log-probs (for the `kl` metric) even when kl_coef is 0; always on when kl_coef > 0."
+    )
     kl_estimator: Literal["k1", "k2", "mse", "k3", "low_var_kl"] = opt("k3", "KL estimator of the penalty.")
     entropy_coef: float = opt(0.0, "Weight of the entropy bonus (0 disables it).", min=0)
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = opt(

@@ -1,1 +1,5 @@
-"""Filled in by later issues (see DESIGN.md)."""
+"""The runner: one step loop for the disaggregated pipeline and the collocated mode (see docs/pipeline.md)."""
+
+from rlinf_pipe.runner.runner import Runner, run
+
+__all__ = ["Runner", "run"]

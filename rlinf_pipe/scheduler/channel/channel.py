@@ -27,6 +27,20 @@ from rlinf_pipe.scheduler.channel.registry import ChannelSpec, registry
 T = TypeVar("T")
 
 
+_HANDLES: dict[tuple[str, Any], "Channel"] = {}
+_HANDLES_LOCK = threading.Lock()
+
+
+def _process_handle(spec: ChannelSpec, item_type: Any) -> "Channel":
+    """The one handle of this process on a channel (unpickling reuses it), so a worker that receives the channel
+    in every call keeps a single producing and a single consuming end (its step count and credit live there)."""
+    with _HANDLES_LOCK:
+        handle = _HANDLES.get((spec.name, item_type))
+        if handle is None or handle.spec != spec or handle._closed:
+            handle = _HANDLES[(spec.name, item_type)] = Channel(spec, item_type)
+        return handle
+
+
 class Channel(ConsumerAPI[T], Generic[T]):
     """A handle on a named socket channel; see the module docstring."""
 
@@ -56,7 +70,7 @@ class Channel(ConsumerAPI[T], Generic[T]):
         return cls(spec, item_type)
 
     def __reduce__(self):
-        return (Channel, (self.spec, self.item_type))
+        return (_process_handle, (self.spec, self.item_type))
 
     # --- producer -------------------------------------------------------------------------------------------
     def _producer_end(self) -> ProducerEnd:

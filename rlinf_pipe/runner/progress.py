@@ -1,0 +1,51 @@
+"""Console feedback: a progress bar (step, reward, accuracy, tokens/s, ETA) and the end-of-run summary."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+
+class Progress:
+    """A tqdm bar over the run's steps; disabled (silent) when `enabled` is False."""
+
+    def __init__(self, total_steps: int, start_step: int = 0, enabled: bool = True):
+        self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", disable=not enabled,
+                        dynamic_ncols=True)
+
+    def update(self, step: int, metrics: dict[str, Any]) -> None:
+        self.bar.set_postfix(
+            reward=f"{metrics.get('reward/mean', math.nan):.3f}",
+            acc=f"{metrics.get('reward/accuracy', math.nan):.2f}",
+            tok_s=f"{metrics.get('throughput/tokens_per_s', math.nan):.0f}",
+            refresh=False,
+        )
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+    @staticmethod
+    def render_summary(summary: dict[str, Any], run_dir: Path) -> str:
+        """One screen: learning, speed, where the time went, and where the outputs are."""
+        t = summary.get("timeline", {})
+        lines = [
+            "",
+            f"run finished: {summary['steps']} steps, {summary['mean_step_s']:.2f} s/step, "
+            f"{summary['tokens_per_s']:.0f} response tokens/s",
+            f"  reward   {summary['reward_first']:.3f} (first quarter) -> {summary['reward_last']:.3f} (last quarter)",
+            f"  accuracy {summary['accuracy_first']:.3f} -> {summary['accuracy_last']:.3f}",
+        ]
+        if t:
+            busy = ", ".join(f"{k} {v:.0%}" for k, v in sorted(t["stage_busy"].items(), key=lambda kv: -kv[1])[:6])
+            lines.append(f"  stage busy: {busy}")
+            lines.append(f"  device bubble {t['bubble_fraction']:.0%}, scheduler overhead "
+                         f"{t['scheduler_overhead_fraction']:.1%}")
+        lines += [
+            f"  outputs: {run_dir}/ (metrics.jsonl, timeline.json, timeline.png, reward.png, checkpoints/)",
+            f"  inspect: rlinf-pipe timeline {run_dir}",
+        ]
+        return "\n".join(lines)

@@ -1,0 +1,80 @@
+"""A run's folder: `<output_dir>/<experiment_name>/<timestamp>/`, and finding checkpoints to resume from.
+
+Layout: `config.yaml` (the resolved config), `metrics.jsonl`, `tensorboard/`, `timeline.json`, `timeline.png`,
+`reward.png`, `summary.json`, and `checkpoints/step_NNNNNN/` (each with a `COMPLETE` marker written last, so a
+checkpoint interrupted half-way is never resumed from).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlinf_pipe.config.schema import Config
+from rlinf_pipe.errors import ConfigError
+
+COMPLETE = "COMPLETE"
+
+
+def create_run_dir(cfg: Config) -> Path:
+    """A fresh, empty run folder (a numeric suffix is added if two runs start in the same second)."""
+    root = Path(cfg.runner.output_dir) / cfg.runner.experiment_name
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for i in range(1000):
+        path = root / (stamp if i == 0 else f"{stamp}-{i}")
+        try:
+            path.mkdir(parents=True, exist_ok=False)
+            return path
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"cannot create a run folder under {root}")
+
+
+def write_config(cfg: Config, run_dir: Path) -> None:
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / "checkpoints" / f"step_{step:06d}"
+
+
+def is_complete(ckpt: Path) -> bool:
+    return (ckpt / COMPLETE).is_file()
+
+
+def mark_complete(ckpt: Path, info: dict[str, Any]) -> None:
+    tmp = ckpt / f".{COMPLETE}.tmp"
+    tmp.write_text(json.dumps(info))
+    os.replace(tmp, ckpt / COMPLETE)
+
+
+def _complete_checkpoints(folder: Path) -> list[Path]:
+    return sorted((p for p in folder.glob("checkpoints/step_*") if is_complete(p)), key=lambda p: p.name)
+
+
+def find_resume_checkpoint(cfg: Config) -> Path | None:
+    """The checkpoint `runner.resume_dir` names: `auto` (newest complete one of this experiment, or None),
+    a run folder (its newest complete one), or a checkpoint folder (which must be complete)."""
+    spec = cfg.runner.resume_dir
+    if not spec:
+        return None
+    if spec == "auto":
+        root = Path(cfg.runner.output_dir) / cfg.runner.experiment_name
+        candidates = [c for run in root.glob("*") if run.is_dir() for c in _complete_checkpoints(run)]
+        return max(candidates, key=lambda p: (p.name, p.stat().st_mtime), default=None)
+    path = Path(spec)
+    if is_complete(path):
+        return path
+    found = _complete_checkpoints(path) if path.is_dir() else []
+    if found:
+        return found[-1]
+    raise ConfigError(
+        f"runner.resume_dir: {spec!r} is not a complete checkpoint (no {COMPLETE} marker) nor a run folder with "
+        "one; give a `checkpoints/step_N` folder written by a finished save, a run folder, or `auto`"
+    )

@@ -1,0 +1,162 @@
+"""Launching a run's components from its placement: worker groups, channels, data, device locks."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlinf_pipe.config.schema import Config
+from rlinf_pipe.data.factory import build_prompt_dataset, build_sampler
+from rlinf_pipe.data.sampler import PromptSampler
+from rlinf_pipe.data.structs import PromptItem, RolloutGroup, ScoredGroup, TrainBatch
+from rlinf_pipe.models.resolve import resolve_model_path
+from rlinf_pipe.scheduler.channel import Channel
+from rlinf_pipe.scheduler.cluster import Cluster
+from rlinf_pipe.scheduler.placement import ComponentPlacement, Placement, ProcessPlacement, plan_placement
+from rlinf_pipe.scheduler.worker_group import WorkerGroup
+from rlinf_pipe.workers.rollout.engine import SamplingParams
+
+
+@dataclass
+class Components:
+    """Everything a running job holds: groups, channels, data. `shutdown()` stops the workers and Ray."""
+
+    cfg: Config
+    cluster: Cluster
+    placement: Placement
+    model_path: str
+    tokenizer: Any
+    sampler: PromptSampler
+    rollout: WorkerGroup
+    reward: WorkerGroup
+    actor: WorkerGroup
+    inference: WorkerGroup | None
+    rollouts: Channel
+    scored: Channel
+    train: Channel
+    locks: Any = None
+    adv_options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def collocated(self) -> bool:
+        return self.placement.mode == "collocated"
+
+    @property
+    def pad_token_id(self) -> int:
+        return int(self.tokenizer.pad_token_id)
+
+    @property
+    def logprob_group(self) -> WorkerGroup:
+        """Who computes old / reference log-probs: the inference workers, or the actor when collocated."""
+        return self.inference if self.inference is not None else self.actor
+
+    @property
+    def actor_dp(self) -> int:
+        return self.actor.dp_size
+
+    def actor_replica(self, dp_rank: int) -> Any:
+        """Fan-out over the ranks of one actor data-parallel replica."""
+        ranks = [r for r in range(self.actor.size) if self.actor.dp_rank_of(r) == dp_rank]
+        return self.actor.execute_on(ranks)
+
+    def next_prompts(self) -> list[PromptItem]:
+        return self.sampler.next_batch()
+
+    def rollout_call(self, step: int, prompts: list[PromptItem], out: Channel) -> Any:
+        return self.rollout.call_sharded("generate_step", prompts, step, out)
+
+    def traced_groups(self) -> list[WorkerGroup]:
+        groups = [self.rollout, self.reward, self.actor]
+        return groups + ([self.inference] if self.inference is not None else [])
+
+    def shutdown(self) -> None:
+        for group in self.traced_groups():
+            group.shutdown()
+        self.cluster.shutdown()
+
+
+def run_model_path(name: str, cfg: Config) -> str:
+    """The model folder of a run: `tiny` is the tiny model warm-started on this run's data (built once and
+    cached), anything else goes through `resolve_model_path` (built-in names or a folder)."""
+    if name == "tiny":
+        from rlinf_pipe.models.warmstart import ensure_warm_tiny_model
+
+        return str(ensure_warm_tiny_model(data=cfg.data))
+    return str(resolve_model_path(name))
+
+
+def reward_placement(placement: Placement) -> ComponentPlacement:
+    """The reward component's placement; without a `reward:` key, one CPU process on the head node."""
+    if "reward" in placement.components:
+        return placement.components["reward"]
+    return ComponentPlacement("reward", "reward", (), 1, 1, (ProcessPlacement(0, 0, (), ()),))
+
+
+def advantage_options(cfg: Config) -> dict[str, Any]:
+    return {"norm_by_std": cfg.algorithm.norm_by_std} if cfg.algorithm.adv_estimator == "grpo" else {}
+
+
+def sampling_params(cfg: Config, stop_ids: list[int]) -> SamplingParams:
+    r = cfg.rollout
+    return SamplingParams(
+        temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
+        stop_token_ids=stop_ids, n=cfg.algorithm.group_size,
+    )
+
+
+def launch_components(cfg: Config) -> Components:
+    """Start (or join) Ray, place and launch every group, create the step channels, and build the data."""
+    from transformers import AutoTokenizer
+
+    from rlinf_pipe.scheduler.locks import DeviceLocks
+    from rlinf_pipe.workers.actor.worker import ActorWorker
+    from rlinf_pipe.workers.inference.worker import InferenceWorker
+    from rlinf_pipe.workers.reward.worker import RewardWorker
+    from rlinf_pipe.workers.rollout.worker import RolloutWorker
+
+    model_path = run_model_path(cfg.actor.model_path, cfg)
+    rollout_path = model_path if cfg.rollout.model_path in (None, cfg.actor.model_path) else run_model_path(
+        cfg.rollout.model_path, cfg
+    )
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    dataset = build_prompt_dataset(cfg.data, tokenizer, cfg.runner.seed)
+    sampler = build_sampler(cfg.data, dataset, cfg.runner.seed)
+
+    cluster = Cluster(cfg)
+    placement = plan_placement(cfg, cluster.gpus_per_node)
+    collocated = placement.mode == "collocated"
+    locks = DeviceLocks.remote() if collocated else None
+    run_id = uuid.uuid4().hex[:8]
+    unbounded = {"maxsize": None} if collocated else {}
+    comps = placement.components
+    rollout_procs = len(comps["rollout"].processes)
+    reward_place = reward_placement(placement)
+
+    actor = WorkerGroup.launch(ActorWorker, "actor", comps["actor"], cluster)
+    inference = None
+    if not collocated:
+        inference = WorkerGroup.launch(InferenceWorker, "inference", comps["inference"], cluster)
+    rollout = WorkerGroup.launch(
+        RolloutWorker, "rollout", comps["rollout"], cluster, rollout_path, cfg.rollout.backend,
+        sampling_params(cfg, []), cfg.runner.seed, locks, init_distributed=False,
+    )
+    reward = WorkerGroup.launch(
+        RewardWorker, "reward", reward_place, cluster, num_workers=cfg.reward.num_workers,
+        timeout_s=cfg.reward.timeout_s, correct_score=cfg.reward.correct_score, wrong_score=cfg.reward.wrong_score,
+        format_score=cfg.reward.format_score, answer_pattern=cfg.reward.answer_pattern, init_distributed=False,
+    )
+    logprob_group = inference if inference is not None else actor
+    logprob_replicas = logprob_group.dp_size
+    rollouts = Channel.create(f"{run_id}-rollouts", RolloutGroup, num_producers=rollout_procs, **unbounded)
+    scored = Channel.create(f"{run_id}-scored", ScoredGroup, num_producers=len(reward_place.processes), **unbounded)
+    train = Channel.create(f"{run_id}-train", TrainBatch, num_producers=logprob_replicas, **unbounded)
+
+    actor.setup(model_path, cfg, "actor", locks).wait()
+    if inference is not None:
+        inference.setup(model_path, cfg, "inference", None).wait()
+    return Components(
+        cfg=cfg, cluster=cluster, placement=placement, model_path=model_path, tokenizer=tokenizer, sampler=sampler,
+        rollout=rollout, reward=reward, actor=actor, inference=inference, rollouts=rollouts, scored=scored,
+        train=train, locks=locks, adv_options=advantage_options(cfg),
+    )

@@ -1,0 +1,68 @@
+"""Where per-step metrics go: `metrics.jsonl` always, tensorboard events, and wandb when asked.
+
+`MetricsWriter(run_dir, tensorboard=True, wandb_project=None)`; `write(step, metrics)`; `close()`.
+wandb is imported only when a project is given, so a run without it needs neither the package nor a network.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN / inf
+    return value
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The objects of a `metrics.jsonl`, in order."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+class MetricsWriter:
+    """Appends one JSON object per step to `<run_dir>/metrics.jsonl` and mirrors scalars to the other sinks."""
+
+    def __init__(
+        self, run_dir: str | Path, *, tensorboard: bool = True, wandb_project: str | None = None,
+        wandb_name: str | None = None, config: dict[str, Any] | None = None,
+    ):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / "metrics.jsonl"
+        self._file = self.path.open("a")
+        self._tb = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+        self._wandb = None
+        if wandb_project:
+            try:
+                import wandb
+            except ImportError as exc:
+                raise RuntimeError(
+                    "runner.wandb_project is set but wandb is not installed: `pip install wandb`, or unset it"
+                ) from exc
+            self._wandb = wandb.init(project=wandb_project, name=wandb_name, config=config, dir=str(self.run_dir))
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
+        self._file.write(json.dumps(record, sort_keys=False) + "\n")
+        self._file.flush()
+        scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+        if self._tb is not None:
+            for k, v in scalars.items():
+                self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
