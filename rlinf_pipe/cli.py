@@ -1,5 +1,5 @@
-"""`rlinf-pipe` command line: `plan` (validate config + placement, show the GPU grid) and `convert`
-(HF <-> Megatron checkpoint folders)."""
+"""`rlinf-pipe` command line: `plan` (validate config + placement, show the GPU grid), `train` (run a config),
+`timeline` (where a run's time went) and `convert` (HF <-> Megatron checkpoint folders)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,22 @@ def _plan(args: argparse.Namespace) -> int:
     cfg = load_config(args.config_path, args.config_name, args.overrides)
     placement = plan_placement(cfg)
     print(json.dumps(placement.to_json(), indent=2) if args.json else render_plan(placement))
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from rlinf_pipe.config import load_config
+    from rlinf_pipe.runner import run
+
+    cfg = load_config(args.config_path, args.config_name, args.overrides)
+    run(cfg)
+    return 0
+
+
+def _timeline(args: argparse.Namespace) -> int:
+    from rlinf_pipe.utils.timeline import timeline_report
+
+    print(timeline_report(args.run_dir, render=not args.no_png))
     return 0
 
 
@@ -109,6 +125,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(plan)
     plan.add_argument("--json", action="store_true", help="print the placement as JSON")
     plan.set_defaults(run=_plan)
+    train = commands.add_parser("train", help="run a config (the same as examples/math/main_math.py)")
+    _add_config_args(train)
+    train.set_defaults(run=_train)
+    timeline = commands.add_parser(
+        "timeline", help="per-stage busy fractions, bubble and scheduler overhead of a run; renders timeline.png"
+    )
+    timeline.add_argument("run_dir", metavar="RUN_DIR", help="a run folder (holding timeline.json)")
+    timeline.add_argument("--no-png", action="store_true", help="do not (re)render timeline.png")
+    timeline.set_defaults(run=_timeline)
     convert = commands.add_parser(
         "convert",
         help="convert a checkpoint: HF folder -> Megatron folder (--to megatron --tp N --pp M) or back (--to hf)",

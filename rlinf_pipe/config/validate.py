@@ -21,10 +21,11 @@ def validate_config(cfg: Config, source_of: Callable[[str], str] = lambda _: "th
             f"{cfg.cluster.num_nodes} (from {source_of('cluster.num_gpus_per_node')}); give one GPU count per "
             "node, or a single number when all nodes are alike"
         )
-    if cfg.runner.max_staleness > 1:
+    if cfg.runner.max_staleness != 0:
         raise ConfigError(
-            f"runner.max_staleness: {cfg.runner.max_staleness} is not supported (from "
-            f"{source_of('runner.max_staleness')}); use 0 (exact, default) or 1 (rollout one step ahead)"
+            f"runner.max_staleness: {cfg.runner.max_staleness} is not supported yet (from "
+            f"{source_of('runner.max_staleness')}); only 0 (every sample from the current weights, exact) is "
+            "implemented -- see docs/pipeline.md#staleness"
         )
     if cfg.algorithm.clip_ratio_low >= 1:
         raise ConfigError(

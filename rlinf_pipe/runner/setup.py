@@ -9,6 +9,7 @@ from typing import Any
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.data.factory import build_prompt_dataset, build_sampler
 from rlinf_pipe.data.sampler import PromptSampler
+from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.data.structs import PromptItem, RolloutGroup, ScoredGroup, TrainBatch
 from rlinf_pipe.models.resolve import resolve_model_path
 from rlinf_pipe.scheduler.channel import Channel
@@ -83,7 +84,10 @@ def run_model_path(name: str, cfg: Config) -> str:
         from rlinf_pipe.models.warmstart import ensure_warm_tiny_model
 
         return str(ensure_warm_tiny_model(data=cfg.data))
-    return str(resolve_model_path(name))
+    try:
+        return str(resolve_model_path(name))
+    except ValueError as exc:
+        raise ConfigError(f"actor.model_path / rollout.model_path: {exc}") from None
 
 
 def reward_placement(placement: Placement) -> ComponentPlacement:

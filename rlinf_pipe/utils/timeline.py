@@ -210,3 +210,27 @@ def render_curve_png(steps: Sequence[int], series: dict[str, Sequence[float]], p
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def timeline_report(run_dir: str | Path, render: bool = True) -> str:
+    """The text `rlinf-pipe timeline RUN_DIR` prints (and, with `render`, timeline.png rewritten)."""
+    from rlinf_pipe.errors import RlinfPipeError
+
+    path = Path(run_dir) / "timeline.json"
+    if not path.is_file():
+        raise RlinfPipeError(f"{path} does not exist; give a run folder written by a finished (or stopped) run")
+    spans = read_chrome_trace(path)
+    s = summarise(analyse(spans))
+    lines = [f"{s['steps']} steps, {s['total_step_time_s']:.2f} s in steps", "", "stage busy (share of step time):"]
+    lines += [f"  {name:<16} {frac:6.1%}" for name, frac in sorted(s["stage_busy"].items(), key=lambda kv: -kv[1])]
+    lines += ["", "worker busy:"]
+    lines += [f"  {name:<16} {frac:6.1%}" for name, frac in s["track_busy"].items()]
+    lines += [
+        "",
+        f"device bubble (device time nobody used): {s['bubble_fraction']:.1%}",
+        f"scheduler overhead (no worker busy):     {s['scheduler_overhead_fraction']:.1%}",
+    ]
+    if render:
+        render_timeline_png(spans, Path(run_dir) / "timeline.png", title=Path(run_dir).name)
+        lines.append(f"picture: {Path(run_dir) / 'timeline.png'}")
+    return "\n".join(lines)

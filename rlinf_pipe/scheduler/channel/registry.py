@@ -64,7 +64,7 @@ class ChannelRegistry:
         return list(self.producers.get(name, {}).values())
 
 
-_handle: tuple[str, "ray.actor.ActorHandle"] | None = None
+_handle: tuple[str, "ray.actor.ActorHandle"] | None = None  # (job@node, handle)
 
 
 def registry() -> "ray.actor.ActorHandle":
@@ -73,7 +73,8 @@ def registry() -> "ray.actor.ActorHandle":
     global _handle
     if not ray.is_initialized():
         raise ChannelError("socket channels need Ray: call ray.init() (or start a Cluster) first")
-    job = ray.get_runtime_context().get_job_id()
+    context = ray.get_runtime_context()
+    job = f"{context.get_job_id()}@{context.get_node_id()}"  # a new cluster reuses job ids, not node ids
     if _handle is None or _handle[0] != job:
         actor = ChannelRegistry.options(name=REGISTRY_NAME, get_if_exists=True, lifetime=None).remote()
         _handle = (job, actor)

@@ -1,0 +1,67 @@
+"""Runner infrastructure on a real local Ray: device locks, and channel handles passed in every call."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import ray
+
+from rlinf_pipe.scheduler.channel import Channel, StepEnd
+from rlinf_pipe.scheduler.locks import DeviceLocks, device_lock
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+def test_device_lock_serialises_owners_and_is_fifo(local_ray):
+    locks = DeviceLocks.remote()
+    ray.get(locks.acquire.remote([0, 1], "actor/0"))
+    ray.get(locks.acquire.remote([0], "actor/0"))  # re-entrant for the same owner
+    waiting = locks.acquire.remote([1], "rollout/0")
+    later = locks.acquire.remote([5], "reward/0")  # FIFO: queued behind rollout even though device 5 is free
+    ready, _ = ray.wait([waiting, later], timeout=0.3)
+    assert ready == [] and ray.get(locks.holders.remote()) == {0: "actor/0", 1: "actor/0"}
+    ray.get(locks.release.remote([0], "actor/0"))
+    assert ray.get(locks.holders.remote()) == {0: "actor/0", 1: "actor/0"}  # still held once
+    ray.get(locks.release.remote([0, 1], "actor/0"))
+    ray.get([waiting, later])
+    assert ray.get(locks.holders.remote()) == {1: "rollout/0", 5: "reward/0"}
+
+
+def test_device_lock_context_manager_releases_on_error(local_ray):
+    locks = DeviceLocks.remote()
+
+    async def fail_inside():
+        async with device_lock(locks, [3], "actor/0"):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        asyncio.run(fail_inside())
+    assert ray.get(locks.holders.remote()) == {}
+
+
+@ray.remote
+class StepProducer:
+    def produce(self, channel: Channel, step: int, count: int) -> int:
+        for i in range(count):
+            channel.put({"step": step, "i": i})
+        channel.end_step()
+        return step
+
+
+def test_channel_passed_in_every_call_keeps_one_producer(local_ray):
+    """A worker that receives the channel anew in each call must stay ONE producer (its step count lives in its
+    producing end); otherwise the consumer would wait forever for step 1."""
+    channel = Channel.create("per-call", dict, num_producers=1)
+    producer = StepProducer.remote()
+    for step in range(3):
+        ray.get(producer.produce.remote(channel, step, 2))
+        got = []
+        while not isinstance(item := channel.get(timeout=30), StepEnd):
+            got.append(item)
+        assert [g["step"] for g in got] == [step, step] and item == StepEnd(step)
