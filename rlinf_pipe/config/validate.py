@@ -47,12 +47,17 @@ def validate_config(cfg: Config, source_of: Callable[[str], str] = lambda _: "th
                 f"reward.answer_pattern: {cfg.reward.answer_pattern!r} is not a usable regex: {exc} "
                 f"(from {source_of('reward.answer_pattern')}); write e.g. '#### (.+)'"
             ) from None
-    samples = cfg.data.rollout_batch_size * cfg.algorithm.group_size
-    if samples % cfg.algorithm.n_minibatches:
+    if cfg.data.rollout_batch_size % cfg.algorithm.n_minibatches:
         raise ConfigError(
-            f"algorithm.n_minibatches: {cfg.algorithm.n_minibatches} does not divide the {samples} samples of a "
-            f"step (data.rollout_batch_size={cfg.data.rollout_batch_size} x algorithm.group_size="
-            f"{cfg.algorithm.group_size}); choose a divisor of {samples}"
+            f"algorithm.n_minibatches: {cfg.algorithm.n_minibatches} does not divide data.rollout_batch_size="
+            f"{cfg.data.rollout_batch_size} (from {source_of('algorithm.n_minibatches')}); prompt groups stream as "
+            f"units, so each mini-batch holds whole groups: choose a divisor of {cfg.data.rollout_batch_size}"
+        )
+    if cfg.algorithm.dynamic_sampling:
+        raise ConfigError(
+            f"algorithm.dynamic_sampling: true is not supported by the runner yet (from "
+            f"{source_of('algorithm.dynamic_sampling')}); set it to false. Groups whose rewards are all equal get "
+            "zero advantage and add nothing to the gradient; `reward/uniform_group_frac` reports their share"
         )
 
     if cfg.rollout.model_path is None:

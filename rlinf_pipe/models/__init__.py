@@ -1,4 +1,5 @@
-"""Models: tiny HF models for tests and the default config (more backends arrive with the model-backend issue)."""
+"""Models: Megatron GPT from HF configs, HF <-> Megatron conversion, the CPU patches for megatron-core, and the
+tiny / warm-started / SmolLM2 model folders (see docs/models.md)."""
 
 from rlinf_pipe.models.tiny import create_tiny_model, ensure_tiny_model
 from rlinf_pipe.models.tokenizer import train_tiny_tokenizer

@@ -9,8 +9,8 @@ from typing import Any
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.data.factory import build_prompt_dataset, build_sampler
 from rlinf_pipe.data.sampler import PromptSampler
-from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.data.structs import PromptItem, RolloutGroup, ScoredGroup, TrainBatch
+from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.models.resolve import resolve_model_path
 from rlinf_pipe.scheduler.channel import Channel
 from rlinf_pipe.scheduler.cluster import Cluster
@@ -137,10 +137,11 @@ def launch_components(cfg: Config) -> Components:
     rollout_procs = len(comps["rollout"].processes)
     reward_place = reward_placement(placement)
 
-    actor = WorkerGroup.launch(ActorWorker, "actor", comps["actor"], cluster)
+    quiet = {"PYTHONWARNINGS": "ignore::UserWarning,ignore::FutureWarning"}  # apex/TE fallbacks, deprecations
+    actor = WorkerGroup.launch(ActorWorker, "actor", comps["actor"], cluster, env=quiet)
     inference = None
     if not collocated:
-        inference = WorkerGroup.launch(InferenceWorker, "inference", comps["inference"], cluster)
+        inference = WorkerGroup.launch(InferenceWorker, "inference", comps["inference"], cluster, env=quiet)
     rollout = WorkerGroup.launch(
         RolloutWorker, "rollout", comps["rollout"], cluster, rollout_path, cfg.rollout.backend,
         sampling_params(cfg, []), cfg.runner.seed, locks, init_distributed=False,

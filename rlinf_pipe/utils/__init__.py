@@ -1,1 +1,1 @@
-"""Filled in by later issues (see DESIGN.md)."""
+"""Utilities: spans and timelines (tracing, timeline), metric sinks (metrics), LaTeX answer helpers."""

@@ -1,1 +1,1 @@
-"""Filled in by later issues (see DESIGN.md)."""
+"""The Ray workers of each placement component: rollout, inference (log-probs), actor (training), reward."""

@@ -10,10 +10,10 @@ import ray
 import torch
 from ray.cluster_utils import Cluster as RayTestCluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from support.channel_items import Rich, Tagged, assert_same, rich
 
 from rlinf_pipe.errors import ChannelClosed, ChannelError, ChannelPeerError, ChannelTimeout
 from rlinf_pipe.scheduler.channel import Channel, StepEnd
-from support.channel_items import Rich, Tagged, assert_same, rich
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 FAST_FAILURE = {"heartbeat_s": 0.2, "peer_timeout_s": 1.5}

@@ -11,7 +11,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlinf_pipe.algorithms import advantages as adv_mod
 from rlinf_pipe.algorithms import (
     advantage_scope,
     compute_advantages,
@@ -20,6 +19,7 @@ from rlinf_pipe.algorithms import (
     register_advantage,
     registered_advantages,
 )
+from rlinf_pipe.algorithms import advantages as adv_mod
 
 BUILTIN = ["dr_grpo", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo"]
 

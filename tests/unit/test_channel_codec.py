@@ -8,9 +8,10 @@ import msgspec
 import numpy as np
 import pytest
 import torch
+from support.channel_items import Inner, Rich, assert_same, rich
 
 from rlinf_pipe.scheduler.channel.codec import Codec
-from support.channel_items import Inner, Rich, assert_same, rich
+
 
 def roundtrip(item, item_type):
     codec = Codec(item_type)

@@ -1,1 +1,1 @@
-"""Filled in by later issues (see DESIGN.md)."""
+"""Log-prob workers: old and reference log-probs with Megatron (`InferenceWorker`)."""

@@ -2,7 +2,7 @@
 
 Each step it turns its share of the prompts into requests (one per prompt, `group_size` samples, seeded from
 the run seed and the prompt's identity, so a prompt's samples do not depend on which worker or batch drew it)
-and puts every finished `RolloutGroup` into the channel at once, then ends the step. In collocated mode the
+and puts each `RolloutGroup` into the channel as soon as its samples finish, then ends the step. In collocated mode the
 whole wake -> generate -> sleep phase holds the device lock of its GPUs.
 """
 
