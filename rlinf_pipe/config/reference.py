@@ -41,5 +41,20 @@ def _render_section(cls: type, path: str, lines: list[str]) -> None:
         _render_section(nested_cls, nested_path, lines)
 
 
+def write_reference(path: str = "docs/configuration.md") -> None:
+    """Replace the generated block (between the START and END markers) of `path`."""
+    from pathlib import Path
+
+    doc = Path(path)
+    text = doc.read_text()
+    start, end = text.index(START) + len(START), text.index(END)
+    doc.write_text(text[:start] + "\n" + render_reference().strip() + "\n" + text[end:])
+
+
 if __name__ == "__main__":
-    print(render_reference(), end="")
+    import sys
+
+    if sys.argv[1:] == ["--write"]:
+        write_reference()
+    else:
+        print(render_reference(), end="")

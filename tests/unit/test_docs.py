@@ -13,5 +13,5 @@ def test_configuration_reference_matches_schema():
     text = (DOCS / "configuration.md").read_text()
     embedded = text.split(START, 1)[1].split(END, 1)[0].strip()
     assert embedded == render_reference().strip(), (
-        "docs/configuration.md is out of date: regenerate the block with `python -m rlinf_pipe.config.reference`"
+        "docs/configuration.md is out of date: regenerate the block with `python -m rlinf_pipe.config.reference --write`"
     )

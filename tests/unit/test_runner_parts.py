@@ -96,9 +96,15 @@ def test_micro_batcher_and_concat_keep_every_row():
     batches = [pack_train_batch(score_groups([g], [[1.0] * len(g.samples)], "grpo"), 0)
                for g in (_group("a", [2, 5]), _group("b", [1]), _group("c", [3, 3]))]
     mb = MicroBatcher(3)
-    assert mb.add(batches[0], 2) is None
-    full = mb.add(batches[1], 1)
-    assert full == batches[:2] and mb.add(batches[2], 2) is None and mb.flush() == [batches[2]]
+    assert mb.add(batches[0], 2) == []
+    assert mb.add(batches[1], 1) == [batches[:2]]
+    assert mb.add(batches[2], 2) == [] and mb.flush() == [batches[2]] and mb.flush() is None
+    # token budget: rows x longest row; an item that would break it closes the pending micro-batch first
+    budget = MicroBatcher(micro_batch_size=100, max_tokens=20)
+    assert budget.add("a", 2, width=5) == []  # 10 tokens
+    assert budget.add("b", 2, width=5) == []  # 20 tokens: at the budget
+    assert budget.add("c", 1, width=8) == [["a", "b"]]  # 5 x 8 = 40 > 20
+    assert budget.add("d", 4, width=30) == [["c"]] and budget.flush() == [["d"]][0]  # too big alone: still sent
     cat = concat_train_batches(batches, pad_token_id=0)
     assert cat.num_sequences == 5 and cat.num_tokens == sum(b.num_tokens for b in batches)
     assert cat.input_ids.shape == (5, 8) and int(cat.response_mask.sum()) == cat.num_tokens
