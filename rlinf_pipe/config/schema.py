@@ -53,7 +53,8 @@ class RunnerConfig:
     save_interval: int = opt(0, "Save a checkpoint every N steps (0: only at the end).", min=0)
     resume_dir: str | None = opt(None, "Checkpoint folder to resume from, or `auto` for the newest complete one.")
     max_staleness: int = opt(
-        0, "0: every sample comes from the current weights (exact; the only value implemented so far).", min=0
+        0, "0: every sample comes from the current weights (exact). 1: rollout of step k+1 runs while step k trains "
+        "(pipeline mode only; the loss uses the sampling log-probs, see docs/pipeline.md#staleness).", min=0
     )
     weight_bucket_mb: int = opt(64, "Size of one weight-sync bucket in MiB.", min=1)
     verify_weights: bool = opt(False, "Check a CRC32 of every weight-sync bucket on the receiving side.")

@@ -21,11 +21,10 @@ def validate_config(cfg: Config, source_of: Callable[[str], str] = lambda _: "th
             f"{cfg.cluster.num_nodes} (from {source_of('cluster.num_gpus_per_node')}); give one GPU count per "
             "node, or a single number when all nodes are alike"
         )
-    if cfg.runner.max_staleness != 0:
+    if cfg.runner.max_staleness > 1:
         raise ConfigError(
-            f"runner.max_staleness: {cfg.runner.max_staleness} is not supported yet (from "
-            f"{source_of('runner.max_staleness')}); only 0 (every sample from the current weights, exact) is "
-            "implemented -- see docs/pipeline.md#staleness"
+            f"runner.max_staleness: {cfg.runner.max_staleness} is not supported (from "
+            f"{source_of('runner.max_staleness')}); use 0 (exact, default) or 1 (rollout one step ahead)"
         )
     if cfg.algorithm.clip_ratio_low >= 1:
         raise ConfigError(
@@ -65,7 +64,13 @@ def validate_config(cfg: Config, source_of: Callable[[str], str] = lambda _: "th
 
     from rlinf_pipe.scheduler.placement import plan_placement
 
-    plan_placement(cfg)
+    placement = plan_placement(cfg)
+    if cfg.runner.max_staleness and placement.mode == "collocated":
+        raise ConfigError(
+            f"runner.max_staleness: 1 needs the disaggregated pipeline (from {source_of('runner.max_staleness')}): "
+            "in collocated mode rollout and actor take turns on the same GPUs, so rollout cannot run ahead; "
+            "use 0, or place rollout and actor on different GPUs"
+        )
 
 
 def _check_estimator(name: str, source_of: Callable[[str], str]) -> None:

@@ -53,9 +53,22 @@ class StageCalls:
     def __init__(self) -> None:
         self.tasks: dict[str, asyncio.Future] = {}
 
+        self.watched: dict[str, asyncio.Future] = {}
+
     def start(self, name: str, call: Any) -> asyncio.Future:
         task = asyncio.ensure_future(call)
         self.tasks[name] = task
+        return task
+
+    def adopt(self, name: str, task: asyncio.Future) -> asyncio.Future:
+        """Count an already running call (started in an earlier step) as one of this step's stages."""
+        self.tasks[name] = task
+        return task
+
+    def watch(self, name: str, call: Any) -> asyncio.Future:
+        """Start a call that runs into the next step: its failure fails this step, but `all()` leaves it out."""
+        task = asyncio.ensure_future(call)
+        self.watched[name] = task
         return task
 
     def all(self) -> list[asyncio.Future]:
@@ -64,11 +77,12 @@ class StageCalls:
     async def until(self, *targets: asyncio.Future) -> None:
         pending = set(targets)
         while pending:
-            watch = pending | {t for t in self.tasks.values() if not t.done()}
+            running = [*self.tasks.values(), *self.watched.values()]
+            watch = pending | {t for t in running if not t.done()}
             done, _ = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 if not task.cancelled() and task.exception() is not None:
-                    for other in self.tasks.values():
+                    for other in [*self.tasks.values(), *self.watched.values()]:
                         other.cancel()
                     raise task.exception()
             pending -= done
@@ -93,6 +107,8 @@ class Runner:
         self.spans: list[Span] = []
         self.c: Components | None = None
         self.start_step = 0
+        self.ahead: tuple[asyncio.Future, int] | None = None  # max_staleness 1: next step's rollout, its prompts
+        self.sampler_state: dict[str, Any] | None = None  # sampler state before prompts were drawn ahead
 
     # --- lifecycle ------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -142,21 +158,33 @@ class Runner:
         c = self.c
         assert c is not None
         cfg = self.cfg
+        off_policy = cfg.runner.max_staleness > 0
         with self.tracer.span(STEP_SPAN, step=step) as step_args:
-            sync = await self.sync_weights(version=step)
-            prompts = c.next_prompts()
             calls = StageCalls()
-            rollout = calls.start("rollout", c.rollout_call(step, prompts, c.rollouts))
+            if self.ahead is not None:  # max_staleness 1: this step's rollout ran during the last step
+                rollout, num_prompts = self.ahead
+                await calls.until(calls.adopt("rollout", rollout))
+            sync = await self.sync_weights(version=step)
+            if self.ahead is None:
+                prompts = c.next_prompts()
+                rollout, num_prompts = calls.start("rollout", c.rollout_call(step, prompts, c.rollouts)), len(prompts)
+            self.ahead = None
+            if off_policy and step + 1 < cfg.runner.max_steps:  # generate step k+1 with version k while k trains
+                self.sampler_state = c.sampler.state_dict()  # resume re-draws the prompts dispatched ahead
+                ahead, ahead_prompts = self.rollout_after(rollout, step + 1)
+                self.ahead = (calls.watch("rollout_ahead", ahead), ahead_prompts)
             reward = calls.start(
                 "reward", c.reward.score_step(step, c.rollouts, c.scored, cfg.algorithm.adv_estimator, c.adv_options)
             )
             if c.collocated:  # the rollout phase releases the devices before the actor phase takes them
                 await calls.until(rollout)
                 await calls.until(calls.start("onload", c.actor.begin_phase(step)))
-            logprob = calls.start("logprob", c.logprob_group.logprob_step(step, c.scored, c.train))
+            logprob = calls.start(
+                "logprob", c.logprob_group.logprob_step(step, c.scored, c.train, recompute_old=not off_policy)
+            )
             if c.collocated:  # old log-probs must come from the weights before this step's updates
                 await calls.until(logprob)
-            train = calls.start("train", self.train_from_channel(step, len(prompts) * cfg.algorithm.group_size))
+            train = calls.start("train", self.train_from_channel(step, num_prompts * cfg.algorithm.group_size))
             await calls.until(*calls.all())
             if c.collocated:
                 await calls.until(calls.start("offload", c.actor.end_phase(step)))
@@ -164,6 +192,20 @@ class Runner:
         spans = await self.collect_spans()
         metrics = self.step_metrics(step, spans, sync, reward.result(), train.result())
         return StepResult(step, metrics)
+
+    def rollout_after(self, previous: asyncio.Future, step: int) -> tuple[Any, int]:
+        """Draw step `step`'s prompts now; generate them once `previous` (the rollout of the step before) is done,
+        with the weights the engines hold then (one version behind the actor that trains on them). Returns the
+        coroutine and the number of prompts."""
+        c = self.c
+        assert c is not None
+        prompts = c.next_prompts()
+
+        async def chained() -> Any:
+            await asyncio.shield(previous)
+            return await c.rollout_call(step, prompts, c.rollouts)
+
+        return chained(), len(prompts)
 
     async def sync_weights(self, version: int) -> dict[str, float]:
         """Publish the actor's weights as `version` and load them into every engine (and log-prob worker)."""
@@ -317,7 +359,8 @@ class Runner:
         with self.tracer.span("checkpoint", step=next_step):
             ckpt.mkdir(parents=True, exist_ok=True)
             c.actor.save_checkpoint(str(ckpt / "actor")).wait()
-            (ckpt / "runner.json").write_text(json.dumps({"next_step": next_step, "sampler": c.sampler.state_dict()}))
+            sampler = self.sampler_state if self.ahead is not None else c.sampler.state_dict()
+            (ckpt / "runner.json").write_text(json.dumps({"next_step": next_step, "sampler": sampler}))
             mark_complete(ckpt, {"next_step": next_step, "time": time.time()})
         return ckpt
 

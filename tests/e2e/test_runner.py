@@ -147,3 +147,19 @@ def test_tiny_default_learns(tmp_path, tiny_model):
     acc = [r["reward/accuracy"] for r in read_metrics(out / "metrics.jsonl")]
     first, last = sum(acc[:8]) / 8, sum(acc[-8:]) / 8
     assert last > first + 0.05, (first, last, acc)
+
+
+@pytest.mark.slow
+def test_staleness_one_runs_rollout_ahead(tmp_path, tiny_model):
+    """max_staleness 1: step k+1's generation overlaps step k's training, and step k+1 trains on samples of
+    version k (one behind the actor), with the sampling log-probs as old log-probs."""
+    out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, "runner.max_staleness=1", "runner.max_steps=3")
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2] and all(r["rollout/samples"] == 16 for r in records)
+    spans = read_chrome_trace(out / "timeline.json")
+    generate = {s.args["step"]: s for s in spans if s.name == "generate"}
+    assert {k: s.args["version"] for k, s in generate.items()} == {0: 0, 1: 0, 2: 1}
+    trained = {s.args["version"] for s in spans if s.name == "train"}
+    assert trained == {0, 1}  # step 0 trains version-0 samples, steps 1 and 2 versions 0 and 1
+    last_train_of_step0 = max(s.end for s in spans if s.name == "optimizer_step" and s.args["step"] == 0)
+    assert generate[1].start < last_train_of_step0  # step 1's rollout started before step 0 finished training

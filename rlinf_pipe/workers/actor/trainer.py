@@ -400,8 +400,10 @@ class MegatronPolicy:
         summary: dict[str, Any] | None = None
         if self.is_last_stage:
             local = (merge(self._terms) if self._terms else None, self._micro_batches, self._tokens)
-            gathered: list[Any] = [None] * self.dp_size
-            dist.all_gather_object(gathered, local, group=_dp_object_group())
+            gathered: list[Any] = [local]
+            if self.dp_size > 1:  # one replica: nothing to gather (saves pickling every metric each step)
+                gathered = [None] * self.dp_size
+                dist.all_gather_object(gathered, local, group=_dp_object_group())
             terms = [g[0] for g in gathered if g[0] is not None]
             merged = merge(terms) if terms else None
             summary = {

@@ -95,30 +95,34 @@ class InferenceWorker(Worker):
         torch.distributed.broadcast_object_list(box, src=self.mp_src, group=self.mp_group)
         return box[0]
 
-    def _logprobs(self, step: int, group: ScoredGroup) -> TrainBatch | None:
-        batch = pack_train_batch([group], self.pad_token_id)
-        with self.tracer.span("logprob", step=step, version=self.version, sequences=batch.num_sequences):
-            old = self.policy.compute_logprobs(batch, self.temperature)
+    def _logprobs(self, step: int, group: ScoredGroup, recompute_old: bool) -> TrainBatch | None:
+        batch = pack_train_batch([group], self.pad_token_id)  # old log-probs: the sampling engine's
+        version = self.version if recompute_old else batch.version
+        with self.tracer.span("logprob", step=step, version=version, sequences=batch.num_sequences):
+            old = self.policy.compute_logprobs(batch, self.temperature) if recompute_old else None
             ref = self.ref.compute_logprobs(batch, self.temperature) if self.ref is not None else None
         if not self.is_output_rank:
             return None
         mask = batch.response_mask
         return msgspec.structs.replace(
             batch,
-            old_logprobs=old.masked_fill(~mask, 0.0),
+            old_logprobs=batch.old_logprobs if old is None else old.masked_fill(~mask, 0.0),
             ref_logprobs=None if ref is None else ref.masked_fill(~mask, 0.0),
-            version=self.version,
+            version=version,
         )
 
-    async def logprob_step(self, step: int, inp: Any, out: Any) -> int:
-        """Turn the step's scored groups from `inp` into log-prob'd `TrainBatch`es in `out`; returns the count."""
+    async def logprob_step(self, step: int, inp: Any, out: Any, recompute_old: bool = True) -> int:
+        """Turn the step's scored groups from `inp` into log-prob'd `TrainBatch`es in `out`; returns the count.
+
+        `recompute_old`: old log-probs from this worker's weights (the step's version: staleness 0). False keeps
+        the log-probs the engine sampled with (max_staleness 1: the samples are one version behind the actor)."""
         count = 0
         while True:
             item = (await inp.aget()) if self.is_input_rank else None
             item = await asyncio.to_thread(self._broadcast, item)
             if isinstance(item, StepEnd):
                 break
-            batch = await asyncio.to_thread(self._logprobs, step, item)
+            batch = await asyncio.to_thread(self._logprobs, step, item, recompute_old)
             if batch is not None:
                 await out.aput(batch, weight=batch.num_sequences)
                 count += 1

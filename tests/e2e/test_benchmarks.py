@@ -1,0 +1,34 @@
+"""Benchmark scripts run end to end at their smallest settings and report finite figures (no timed assertions)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_pipeline_vs_collocated_reports_finite_figures():
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/pipeline_vs_collocated.py", "--steps", "3", "--repeats", "1",
+         "--gloo-iters", "5", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("pipeline_over_collocated_step_time", "scheduler_overhead_fraction", "weight_sync_bw_ratio_vs_gloo",
+                "bubble_fraction"):
+        value = summary[key]
+        assert isinstance(value, (int, float)) and math.isfinite(value), (key, value)
+    assert summary["pipeline_over_collocated_step_time"] > 0 and summary["weight_sync_bw_ratio_vs_gloo"] > 0
+    assert 0 <= summary["bubble_fraction"] < 1 and 0 <= summary["scheduler_overhead_fraction"] < 1
+    assert summary["weight_sync_bytes"] > 0
+    assert summary["modes"]["pipeline"]["weight_sync_receivers"] == 2
+    assert summary["modes"]["collocated"]["weight_sync_receivers"] == 3
+    assert summary["settings"]["steps"] == 3 and summary["settings"]["repeats"] == 1
