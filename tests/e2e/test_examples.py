@@ -41,3 +41,20 @@ def test_channel_stream_example():
     batches = [line for line in proc.stdout.splitlines() if line.startswith("step 0:")]
     tokens = [int(line.split(", ")[1].split()[0]) for line in batches]
     assert all(t <= 24 for t in tokens) and sum(tokens) == sum(3 + (i * 5 + r) % 9 for r in (0, 1) for i in range(6))
+
+
+@pytest.mark.parametrize("script", ["run_main_math_pipeline_grpo_megatron.sh", "run_main_math_grpo_megatron.sh"])
+def test_run_scripts_report_config_errors_without_traceback(script):
+    proc = subprocess.run(
+        ["bash", f"examples/math/{script}", "runner.max_stepz=3"], cwd=ROOT, capture_output=True, text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "unknown key `runner.max_stepz`" in proc.stderr and "max_steps" in proc.stderr
+
+
+def test_main_math_rejects_an_unknown_model_name(tmp_path):
+    proc = run_example("examples/math/main_math.py", "--config-name", "tiny-grpo-megatron-pipeline",
+                       "actor.model_path=no-such-model", f"runner.output_dir={tmp_path}", timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "unknown model 'no-such-model'" in proc.stderr

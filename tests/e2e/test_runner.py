@@ -163,3 +163,21 @@ def test_staleness_one_runs_rollout_ahead(tmp_path, tiny_model):
     assert trained == {0, 1}  # step 0 trains version-0 samples, steps 1 and 2 versions 0 and 1
     last_train_of_step0 = max(s.end for s in spans if s.name == "optimizer_step" and s.args["step"] == 0)
     assert generate[1].start < last_train_of_step0  # step 1's rollout started before step 0 finished training
+
+
+@pytest.mark.slow
+def test_timeline_command_reports_busy_fractions(pipeline_run, capsys):
+    from rlinf_pipe.cli import main
+
+    (pipeline_run / "timeline.png").unlink()
+    assert main(["timeline", str(pipeline_run)]) == 0
+    out = capsys.readouterr().out
+    assert "2 steps" in out and "generate" in out and "device bubble" in out and "scheduler overhead" in out
+    assert (pipeline_run / "timeline.png").is_file()
+
+
+def test_timeline_command_on_a_folder_without_a_run(tmp_path, capsys):
+    from rlinf_pipe.cli import main
+
+    assert main(["timeline", str(tmp_path)]) == 2
+    assert "timeline.json does not exist" in capsys.readouterr().err
