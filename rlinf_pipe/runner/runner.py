@@ -34,6 +34,7 @@ from rlinf_pipe.runner.run_dir import (
 )
 from rlinf_pipe.runner.setup import Components, launch_components
 from rlinf_pipe.runner.stages import MicroBatcher, RewardTally, concat_train_batches
+from rlinf_pipe.runner.weight_sync import WeightManifest
 from rlinf_pipe.scheduler.channel import StepEnd
 from rlinf_pipe.utils.metrics import MetricsWriter, read_metrics
 from rlinf_pipe.utils.timeline import (
@@ -109,6 +110,7 @@ class Runner:
         self.start_step = 0
         self.ahead: tuple[asyncio.Future, int] | None = None  # max_staleness 1: next step's rollout, its prompts
         self.sampler_state: dict[str, Any] | None = None  # sampler state before prompts were drawn ahead
+        self.published: WeightManifest | None = None  # the next version's weights, exported at the end of a step
 
     # --- lifecycle ------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -186,6 +188,8 @@ class Runner:
                 await calls.until(logprob)
             train = calls.start("train", self.train_from_channel(step, num_prompts * cfg.algorithm.group_size))
             await calls.until(*calls.all())
+            if step + 1 < cfg.runner.max_steps:  # publish the next version while the actor holds its devices
+                self.published = await self.export_weights(step + 1)
             if c.collocated:
                 await calls.until(calls.start("offload", c.actor.end_phase(step)))
             step_args.update(version=step)
@@ -207,19 +211,29 @@ class Runner:
 
         return chained(), len(prompts)
 
+    async def export_weights(self, version: int) -> WeightManifest:
+        """Publish the actor's current weights as `version` (the actor must be on its devices)."""
+        c = self.c
+        assert c is not None
+        manifests = await c.actor.export_weights(
+            version, self.cfg.runner.weight_bucket_mb << 20, self.cfg.runner.verify_weights
+        )
+        return next(m for m in manifests if m is not None)
+
     async def sync_weights(self, version: int) -> dict[str, float]:
-        """Publish the actor's weights as `version` and load them into every engine (and log-prob worker)."""
+        """Load the actor's weights of `version` into every engine (and log-prob worker). They were published at
+        the end of the previous step, while the actor still held its devices; at the first step (and after a
+        resume) they are published here."""
         c = self.c
         assert c is not None
         with self.tracer.span("weight_sync", version=version) as args:
-            if c.collocated:
-                await c.actor.begin_phase(version)
-            manifests = await c.actor.export_weights(
-                version, self.cfg.runner.weight_bucket_mb << 20, self.cfg.runner.verify_weights
-            )
-            if c.collocated:
-                await c.actor.end_phase(version)
-            manifest = next(m for m in manifests if m is not None)
+            manifest, self.published = self.published, None
+            if manifest is None or manifest.version != version:
+                if c.collocated:
+                    await c.actor.begin_phase(version)
+                manifest = await self.export_weights(version)
+                if c.collocated:
+                    await c.actor.end_phase(version)
             receivers = [c.rollout.update_weights(manifest, self.cfg.runner.verify_weights)]
             if c.inference is not None:
                 receivers.append(c.inference.update_weights(manifest, self.cfg.runner.verify_weights))
@@ -303,6 +317,7 @@ class Runner:
             "timing/inference": stage_time("logprob"),
             "timing/train": stage_time("train"),
             "timing/weight_sync": next(s.duration for s in spans if s.name == "weight_sync" and s.track == "driver"),
+            "timing/export_weights": sum(s.duration for s in spans if s.name == "export_weights"),
             "weight_sync/bytes": sync["bytes"],
             "throughput/tokens_per_s": tally.response_tokens / analysis.duration,
             "pipeline/bubble_fraction": analysis.bubble_fraction,

@@ -72,6 +72,8 @@ class Components:
         return groups + ([self.inference] if self.inference is not None else [])
 
     def shutdown(self) -> None:
+        for channel in (self.rollouts, self.scored, self.train):
+            channel.abort()  # stop this process's channel threads before Ray goes (they would call into it)
         for group in self.traced_groups():
             group.shutdown()
         self.cluster.shutdown()

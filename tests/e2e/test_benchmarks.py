@@ -18,7 +18,7 @@ def test_pipeline_vs_collocated_reports_finite_figures():
     proc = subprocess.run(
         [sys.executable, "benchmarks/pipeline_vs_collocated.py", "--steps", "3", "--repeats", "1",
          "--gloo-iters", "5", "--json"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])

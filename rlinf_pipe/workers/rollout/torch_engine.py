@@ -181,14 +181,15 @@ class TorchEngine:
             self._version = version
 
     def sleep(self) -> None:
-        """Release device memory: off CPU, move the weights to CPU (and empty the CUDA allocator cache); on CPU,
-        keep the weights and only garbage-collect (no KV cache outlives a batch). `generate` then raises."""
+        """Release device memory: off CPU, move the weights to CPU, collect garbage and empty the CUDA allocator
+        cache; on CPU there is nothing to release (no KV cache outlives a batch), so only `generate` is refused
+        until `wake`."""
         with self._lock:
             if self.device.type != "cpu":
                 self.model.to("cpu")
-            gc.collect()
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
+                gc.collect()  # frees the device tensors the KV caches left behind (costly: only when it frees memory)
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
             self._asleep = True
 
     def wake(self) -> None:

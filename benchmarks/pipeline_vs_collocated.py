@@ -1,0 +1,334 @@
+"""Step time of the disaggregated pipeline against collocated mode on the same 3 virtual GPUs; weight-sync bandwidth
+against a raw torch.distributed gloo broadcast.
+
+    python benchmarks/pipeline_vs_collocated.py [--steps 8] [--warmup 2] [--repeats 3] [--json]
+
+Each repeat trains, in one process and one after the other (order alternating between repeats), with the same
+warm-started tiny model, data, seed and batch:
+- pipeline: examples/math/config/tiny-grpo-megatron-pipeline.yaml (rollout: 0, inference: 1, actor: 2);
+- collocated: examples/math/config/tiny-grpo-megatron.yaml with `cluster.num_gpus_per_node=3` and
+  `cluster.component_placement={"actor,rollout": all}` (actor DP=3, rollout DP=3, time-sharing the GPUs).
+The example batch (16 prompts x 8 samples = 128) does not split over the collocated actor's 3 data-parallel
+ranks, so BOTH runs use `data.rollout_batch_size=12` (96 samples; `--rollout-batch-size`).
+Each run goes through `rlinf_pipe.runner.Runner(cfg)` (`.run()`, `.shutdown()`, `ray.shutdown()`); its
+`metrics.jsonl` and `timeline.json` are read back and the first `--warmup` steps are dropped.
+
+Reported (medians over steps, then over repeats; ratios paired within a repeat, then the median):
+- step time of each mode and `pipeline_over_collocated_step_time` (< 1: the pipeline is faster);
+- per-stage busy fractions (share of step time during which some worker ran the stage), the device bubble and the
+  scheduler overhead (share of step time during which no worker ran any span) of each mode;
+- weight sync per version: time = the driver's `weight_sync` span (`timing/weight_sync`: loading into every
+  receiver: the rollout engine and the inference worker in the pipeline, the 3 rollout engines when collocated)
+  united with the actor's `export_weights` span of that version (gathering HF-named tensors into Ray objects;
+  inside the sync span, or at the end of the previous step, depending on the runner version), bytes
+  (`weight_sync/bytes`), bandwidth = bytes / time, and the same counting each receiver's copy
+  (bytes x receivers / time);
+- the baseline: two Ray actors forming a 2-rank gloo group broadcast a float32 tensor of the same number of bytes
+  (timed from the sender's start to the receiver's end on the machine-wide monotonic clock, median of
+  `--gloo-iters`), and `weight_sync_bw_ratio_vs_gloo` = pipeline sync bandwidth / gloo bandwidth.
+With --json the last printed line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import socket
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "examples" / "math" / "config"
+MODES = {
+    "pipeline": ("tiny-grpo-megatron-pipeline", []),
+    "collocated": (
+        "tiny-grpo-megatron",
+        ["cluster.num_gpus_per_node=3", 'cluster.component_placement={"actor,rollout": all}'],
+    ),
+}
+
+
+def finite_or_none(value: Any) -> Any:
+    """JSON has no NaN: a part that did not happen (no inference worker when collocated) becomes null."""
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    """Total length covered by the intervals (overlaps counted once)."""
+    total, end = 0.0, -math.inf
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def median(values: list[float]) -> float:
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.median(values) if values else float("nan")
+
+
+def load(mode: str, args: argparse.Namespace, model: str | None, out: Path) -> Any:
+    from rlinf_pipe.config import load_config
+
+    name, extra = MODES[mode]
+    overrides = [
+        f"runner.max_steps={args.steps}", "runner.progress=false", "runner.tensorboard=false",
+        f"runner.output_dir={out}", f"runner.experiment_name=bench-{mode}", "cluster.ray_address=local",
+        f"data.rollout_batch_size={args.rollout_batch_size}", *extra,
+    ]
+    if model is not None:
+        overrides.append(f"actor.model_path={model}")
+    return load_config(CONFIGS, name, overrides)
+
+
+def run_mode(mode: str, args: argparse.Namespace, model: str, out: Path) -> dict[str, Any]:
+    """Train `mode` for `args.steps` steps in this process; the measured steps' figures."""
+    from rlinf_pipe.runner import Runner
+    from rlinf_pipe.utils.metrics import read_metrics
+    from rlinf_pipe.utils.timeline import analyse, read_chrome_trace, summarise
+
+    cfg = load(mode, args, model, out)
+    start = time.perf_counter()
+    runner = Runner(cfg)
+    try:
+        run_dir = runner.run()
+        placement = runner.c.placement
+        receivers = len(placement.components["rollout"].processes) + (
+            len(placement.components["inference"].processes) if "inference" in placement.components else 0
+        )
+    finally:
+        runner.shutdown()
+        ray.shutdown()
+    wall = time.perf_counter() - start
+
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] >= args.warmup]
+    spans = read_chrome_trace(run_dir / "timeline.json")
+    analyses = [a for a in analyse(spans) if a.step >= args.warmup]
+    timeline = summarise(analyses)
+    # Sync time of version v: the driver's `weight_sync` span (loading into every receiver) united with the actor's
+    # `export_weights` span of v. The runner may export inside the sync span or at the end of the previous step
+    # (while the actor still holds its devices); the union counts export once either way.
+    sync_s = median([
+        union_length([(s.start, s.end) for s in spans if s.args.get("version") == v and (
+            (s.name == "weight_sync" and s.track == "driver") or s.name == "export_weights")]) or float("nan")
+        for v in range(args.warmup, args.steps)
+    ])
+    sync_bytes = median([r["weight_sync/bytes"] for r in records])
+
+    def span_median(name: str, track_prefix: str) -> float:  # per-step time of one part of the sync
+        return median([s.duration for s in spans if s.name == name and s.track.startswith(track_prefix)
+                       and s.args.get("version", -1) >= args.warmup])
+
+    return {
+        "run_dir": str(run_dir),
+        "wall_s": wall,
+        "step_s": median([r["timing/step"] for r in records]),
+        "steps_measured": len(records),
+        "stage_busy": timeline["stage_busy"],
+        "bubble_fraction": timeline["bubble_fraction"],
+        "scheduler_overhead_fraction": timeline["scheduler_overhead_fraction"],
+        "weight_sync_s": sync_s,
+        "weight_sync_driver_span_s": median([r["timing/weight_sync"] for r in records]),
+        "weight_sync_bytes": sync_bytes,
+        "weight_sync_receivers": receivers,
+        "weight_sync_bytes_per_s": sync_bytes / sync_s,
+        "weight_sync_bytes_per_s_all_receivers": sync_bytes * receivers / sync_s,
+        "weight_sync_parts_s": {
+            "export": span_median("export_weights", "actor"),
+            "load_rollout": span_median("weight_sync", "rollout"),
+            "load_inference": span_median("weight_sync", "inference"),
+        },
+        "tokens_per_s": median([r["throughput/tokens_per_s"] for r in records]),
+        "reward_mean": median([r["reward/mean"] for r in records]),
+    }
+
+
+@ray.remote(num_cpus=0)
+class GlooRank:
+    """One rank of a 2-rank gloo group (the raw-broadcast baseline)."""
+
+    def init(self, rank: int, address: str) -> None:
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        self.rank = rank
+        dist.init_process_group("gloo", init_method=address, rank=rank, world_size=2)
+
+    def broadcast(self, num_bytes: int, iters: int) -> list[float]:
+        """Per iteration: the sender returns its clock just before the broadcast, the receiver its clock after it."""
+        import torch.distributed as dist
+
+        tensor = torch.randn(max(1, num_bytes // 4)) if self.rank == 0 else torch.empty(max(1, num_bytes // 4))
+        dist.broadcast(tensor, src=0)  # warm-up (connections, buffers)
+        clocks = []
+        for _ in range(iters):
+            dist.barrier()
+            before = time.perf_counter()
+            dist.broadcast(tensor, src=0)
+            clocks.append(before if self.rank == 0 else time.perf_counter())
+        return clocks
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gloo_bytes_per_s(num_bytes: int, iters: int) -> float:
+    """Median bandwidth of a raw 2-rank gloo broadcast of `num_bytes` (float32) between two Ray actors."""
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        ranks = [GlooRank.remote() for _ in range(2)]
+        address = f"tcp://127.0.0.1:{free_port()}"
+        ray.get([r.init.remote(i, address) for i, r in enumerate(ranks)])
+        sent, received = ray.get([r.broadcast.remote(num_bytes, iters) for r in ranks])
+        ray.get([r.close.remote() for r in ranks])
+    finally:
+        ray.shutdown()
+    durations = [max(b - a, 1e-9) for a, b in zip(sent, received, strict=False)]
+    return (max(1, num_bytes // 4) * 4) / statistics.median(durations)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=8, help="steps per run (runner.max_steps)")
+    parser.add_argument("--warmup", type=int, default=2, help="first steps of each run left out")
+    parser.add_argument("--repeats", type=int, default=3, help="one pipeline and one collocated run per repeat")
+    parser.add_argument("--rollout-batch-size", type=int, default=12,
+                        help="prompts per step for BOTH modes (x group_size 8 must split over the actor's DP=3)")
+    parser.add_argument("--gloo-iters", type=int, default=50, help="timed broadcasts per baseline measurement")
+    parser.add_argument("--output-dir", default=None, help="keep the run folders here (default: a temp folder)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    args.warmup = min(args.warmup, args.steps - 1)
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+
+    from rlinf_pipe.models.warmstart import ensure_warm_tiny_model
+
+    # One model for both modes: the warm-started tiny model of the (shared) data config, built once and cached.
+    model = str(ensure_warm_tiny_model(data=load("pipeline", args, None, Path(tempfile.gettempdir())).data))
+    tmp = tempfile.TemporaryDirectory(prefix="rlp-pvc-") if args.output_dir is None else None
+    out = Path(args.output_dir or tmp.name)
+
+    started = time.perf_counter()
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    gloo: list[float] = []
+    for repeat in range(args.repeats):
+        order = list(MODES) if repeat % 2 == 0 else list(reversed(MODES))
+        for mode in order:
+            r = run_mode(mode, args, model, out)
+            runs[mode].append(r)
+            print(f"repeat {repeat} {mode:<10}: step {r['step_s']:.3f} s, sync {r['weight_sync_s'] * 1e3:.1f} ms "
+                  f"({r['weight_sync_bytes'] / 2**20:.2f} MiB), bubble {r['bubble_fraction']:.1%}, scheduler "
+                  f"overhead {r['scheduler_overhead_fraction']:.1%}, run {r['wall_s']:.1f} s", flush=True)
+        gloo.append(gloo_bytes_per_s(int(runs["pipeline"][-1]["weight_sync_bytes"]), args.gloo_iters))
+        print(f"repeat {repeat} gloo broadcast: {gloo[-1] / 2**20:.1f} MiB/s", flush=True)
+    if tmp is not None:
+        tmp.cleanup()
+
+    def agg(mode: str, key: str) -> float:
+        return median([r[key] for r in runs[mode]])
+
+    def agg_stages(mode: str) -> dict[str, float]:
+        names = sorted({k for r in runs[mode] for k in r["stage_busy"]})
+        return {k: round(median([r["stage_busy"].get(k, 0.0) for r in runs[mode]]), 4) for k in names}
+
+    pipe, coll = runs["pipeline"], runs["collocated"]
+    step_ratio = median([p["step_s"] / c["step_s"] for p, c in zip(pipe, coll, strict=False)])
+    bw_ratio = median([p["weight_sync_bytes_per_s"] / g for p, g in zip(pipe, gloo, strict=False)])
+    bw_ratio_all = median([p["weight_sync_bytes_per_s_all_receivers"] / g for p, g in zip(pipe, gloo, strict=False)])
+    per_mode = {
+        mode: {
+            "step_s": round(agg(mode, "step_s"), 4),
+            "tokens_per_s": round(agg(mode, "tokens_per_s"), 1),
+            "stage_busy": agg_stages(mode),
+            "bubble_fraction": round(agg(mode, "bubble_fraction"), 4),
+            "scheduler_overhead_fraction": round(agg(mode, "scheduler_overhead_fraction"), 4),
+            "weight_sync_s": round(agg(mode, "weight_sync_s"), 5),
+            "weight_sync_driver_span_s": round(agg(mode, "weight_sync_driver_span_s"), 5),
+            "weight_sync_bytes": int(agg(mode, "weight_sync_bytes")),
+            "weight_sync_receivers": runs[mode][0]["weight_sync_receivers"],
+            "weight_sync_mib_per_s": round(agg(mode, "weight_sync_bytes_per_s") / 2**20, 2),
+            "weight_sync_mib_per_s_all_receivers": round(agg(mode, "weight_sync_bytes_per_s_all_receivers") / 2**20, 2),
+            "weight_sync_parts_s": finite_or_none({
+                k: round(median([r["weight_sync_parts_s"][k] for r in runs[mode]]), 5)
+                for k in runs[mode][0]["weight_sync_parts_s"]
+            }),
+            "reward_mean": round(agg(mode, "reward_mean"), 4),
+        }
+        for mode in MODES
+    }
+    summary = {
+        "pipeline_over_collocated_step_time": round(step_ratio, 3),
+        "pipeline_step_s": per_mode["pipeline"]["step_s"],
+        "collocated_step_s": per_mode["collocated"]["step_s"],
+        "bubble_fraction": per_mode["pipeline"]["bubble_fraction"],
+        "scheduler_overhead_fraction": per_mode["pipeline"]["scheduler_overhead_fraction"],
+        "weight_sync_s": per_mode["pipeline"]["weight_sync_s"],
+        "weight_sync_bytes": per_mode["pipeline"]["weight_sync_bytes"],
+        "weight_sync_mib_per_s": per_mode["pipeline"]["weight_sync_mib_per_s"],
+        "weight_sync_mib_per_s_all_receivers": per_mode["pipeline"]["weight_sync_mib_per_s_all_receivers"],
+        "gloo_broadcast_mib_per_s": round(median(gloo) / 2**20, 2),
+        "weight_sync_bw_ratio_vs_gloo": round(bw_ratio, 4),
+        "weight_sync_bw_ratio_vs_gloo_all_receivers": round(bw_ratio_all, 4),
+        "weight_sync_note": (
+            "our sync time = export (gathering HF-named tensors into Ray objects) + loading into every receiver "
+            "(pipeline: rollout engine + inference worker), per version; gloo = one raw broadcast to one receiver"
+        ),
+        "modes": per_mode,
+        "settings": {
+            "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "gloo_iters": args.gloo_iters,
+            "rollout_batch_size": args.rollout_batch_size, "virtual_gpus": 3,
+            "collocated_overrides": MODES["collocated"][1],
+        },
+        "runtime_s": round(time.perf_counter() - started, 1),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+                   f"torch {torch.__version__}, Ray {ray.__version__}",
+    }
+
+    print()
+    print(f"{'':<28}{'pipeline':>12}{'collocated':>12}")
+    for label, key, fmt in [
+        ("step time (s)", "step_s", "{:.3f}"), ("tokens/s", "tokens_per_s", "{:.0f}"),
+        ("device bubble", "bubble_fraction", "{:.1%}"),
+        ("scheduler overhead", "scheduler_overhead_fraction", "{:.1%}"),
+        ("weight sync (ms)", "weight_sync_s", "{:.1f}"),
+        ("  driver sync span (ms)", "weight_sync_driver_span_s", "{:.1f}"), ("weight sync receivers", "weight_sync_receivers", "{}"),
+        ("weight sync MiB/s", "weight_sync_mib_per_s", "{:.1f}"),
+        ("  counting each receiver", "weight_sync_mib_per_s_all_receivers", "{:.1f}"),
+    ]:
+        vals = [per_mode[m][key] * (1e3 if key in ("weight_sync_s", "weight_sync_driver_span_s") else 1) for m in MODES]
+        print(f"{label:<28}" + "".join(f"{fmt.format(v):>12}" for v in vals))
+    for stage in sorted(set(per_mode["pipeline"]["stage_busy"]) | set(per_mode["collocated"]["stage_busy"])):
+        vals = [per_mode[m]["stage_busy"].get(stage) for m in MODES]
+        print(f"{'busy ' + stage:<28}" + "".join(f"{'-' if v is None else f'{v:.1%}':>12}" for v in vals))
+    print(f"pipeline / collocated step time: {step_ratio:.3f} (< 1: the pipeline is faster)")
+    print(f"weight sync {summary['weight_sync_mib_per_s']:.1f} MiB/s vs raw gloo broadcast "
+          f"{summary['gloo_broadcast_mib_per_s']:.1f} MiB/s of {summary['weight_sync_bytes']:,} bytes: ratio "
+          f"{bw_ratio:.3f} ({bw_ratio_all:.3f} counting each of its {per_mode['pipeline']['weight_sync_receivers']} "
+          f"receivers). {summary['weight_sync_note']}")
+    print(f"runtime {summary['runtime_s']:.0f} s")
+    if args.json:
+        print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
