@@ -216,6 +216,9 @@ def main() -> None:
                         help="prompts per step for BOTH modes (x group_size 8 must split over the actor's DP=3)")
     parser.add_argument("--gloo-iters", type=int, default=50, help="timed broadcasts per baseline measurement")
     parser.add_argument("--output-dir", default=None, help="keep the run folders here (default: a temp folder)")
+    parser.add_argument("--model", default=None,
+                        help="HF model folder (default: the warm-started tiny model); e.g. a larger "
+                        "`python -m rlinf_pipe.models.tiny` folder to see weight sync where bandwidth dominates")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     args.warmup = min(args.warmup, args.steps - 1)
@@ -224,7 +227,9 @@ def main() -> None:
     from rlinf_pipe.models.warmstart import ensure_warm_tiny_model
 
     # One model for both modes: the warm-started tiny model of the (shared) data config, built once and cached.
-    model = str(ensure_warm_tiny_model(data=load("pipeline", args, None, Path(tempfile.gettempdir())).data))
+    model = args.model or str(
+        ensure_warm_tiny_model(data=load("pipeline", args, None, Path(tempfile.gettempdir())).data)
+    )
     tmp = tempfile.TemporaryDirectory(prefix="rlp-pvc-") if args.output_dir is None else None
     out = Path(args.output_dir or tmp.name)
 
