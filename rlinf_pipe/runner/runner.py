@@ -136,10 +136,11 @@ class Runner:
                 progress.update(step, result.metrics)
                 if cfg.save_interval and (step + 1) % cfg.save_interval == 0 and step + 1 < cfg.max_steps:
                     self.save(step + 1)
+            self.save(cfg.max_steps)
+            await self.collect_spans()  # the final checkpoint's spans
 
         try:
             asyncio.run(steps())
-            self.save(cfg.max_steps)
         finally:
             writer.close()
             self.write_outputs()

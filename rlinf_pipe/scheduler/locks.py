@@ -56,6 +56,10 @@ class DeviceLocks:
     def holders(self) -> dict[int, str]:
         return dict(self._owner)
 
+    def num_waiting(self) -> int:
+        """Requests queued and not yet granted."""
+        return len(self._queue)
+
 
 @asynccontextmanager
 async def device_lock(locks: object | None, devices: Sequence[int], owner: str) -> AsyncIterator[None]:

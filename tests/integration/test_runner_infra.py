@@ -18,12 +18,19 @@ def local_ray():
     ray.shutdown()
 
 
+def queued(locks, count: int, polls: int = 10_000) -> bool:
+    """Whether `count` requests are waiting, polling the lock table (each poll is a round trip)."""
+    return any(ray.get(locks.num_waiting.remote()) >= count for _ in range(polls))
+
+
 def test_device_lock_serialises_owners_and_is_fifo(local_ray):
     locks = DeviceLocks.remote()
     ray.get(locks.acquire.remote([0, 1], "actor/0"))
     ray.get(locks.acquire.remote([0], "actor/0"))  # re-entrant for the same owner
     waiting = locks.acquire.remote([1], "rollout/0")
+    assert queued(locks, 1)  # async actor calls may start out of order: let this one queue first
     later = locks.acquire.remote([5], "reward/0")  # FIFO: queued behind rollout even though device 5 is free
+    assert queued(locks, 2)
     ready, _ = ray.wait([waiting, later], timeout=0.3)
     assert ready == [] and ray.get(locks.holders.remote()) == {0: "actor/0", 1: "actor/0"}
     ray.get(locks.release.remote([0], "actor/0"))

@@ -23,7 +23,7 @@ def test_default_trains_on_arithmetic_with_the_chat_template():
     dataset = build_prompt_dataset(data, tiny_tokenizer(), seed=1)
     assert isinstance(dataset, ArithmeticDataset) and dataset.size is None
     batch = build_sampler(data, dataset, seed=1).next_batch()
-    assert len(batch) == data.rollout_batch_size == 8
+    assert len(batch) == data.rollout_batch_size == 16
     assert all(item.prompt_ids and len(item.prompt_ids) <= data.max_prompt_length for item in batch)
     assert tiny_tokenizer().decode(batch[0].prompt_ids).startswith("<|im_start|>system\n")
 
@@ -49,4 +49,4 @@ def test_docs_example_runs():
     snippet = (Path(__file__).resolve().parents[2] / "docs" / "data.md").read_text().split("```python\n", 1)[1]
     scope = {"tokenizer": tiny_tokenizer()}
     exec(compile(snippet.split("```", 1)[0], "docs/data.md", "exec"), scope)  # noqa: S102 - our own docs
-    assert len(scope["prompts"]) == 8 and scope["state"]["position"] == 8
+    assert len(scope["prompts"]) == 16 and scope["state"]["position"] == 16
