@@ -90,6 +90,8 @@ def load(mode: str, args: argparse.Namespace, model: str | None, out: Path) -> A
     ]
     if model is not None:
         overrides.append(f"actor.model_path={model}")
+    if mode == "pipeline":  # collocated mode always syncs through the object store
+        overrides.append(f"runner.weight_sync={args.weight_sync}")
     return load_config(CONFIGS, name, overrides)
 
 
@@ -219,6 +221,8 @@ def main() -> None:
     parser.add_argument("--model", default=None,
                         help="HF model folder (default: the warm-started tiny model); e.g. a larger "
                         "`python -m rlinf_pipe.models.tiny` folder to see weight sync where bandwidth dominates")
+    parser.add_argument("--weight-sync", choices=["object_store", "broadcast"], default="broadcast",
+                        help="the pipeline's runner.weight_sync (collocated always uses the object store)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     args.warmup = min(args.warmup, args.steps - 1)

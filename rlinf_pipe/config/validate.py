@@ -65,6 +65,11 @@ def validate_config(cfg: Config, source_of: Callable[[str], str] = lambda _: "th
     from rlinf_pipe.scheduler.placement import plan_placement
 
     placement = plan_placement(cfg)
+    if cfg.runner.weight_sync == "broadcast" and placement.mode == "collocated":
+        raise ConfigError(
+            f"runner.weight_sync: broadcast needs the disaggregated pipeline (from {source_of('runner.weight_sync')}); "
+            "in collocated mode the weights stay on the node: use object_store"
+        )
     if cfg.runner.max_staleness and placement.mode == "collocated":
         raise ConfigError(
             f"runner.max_staleness: 1 needs the disaggregated pipeline (from {source_of('runner.max_staleness')}): "

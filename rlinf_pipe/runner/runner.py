@@ -189,7 +189,8 @@ class Runner:
                 await calls.until(logprob)
             train = calls.start("train", self.train_from_channel(step, num_prompts * cfg.algorithm.group_size))
             await calls.until(*calls.all())
-            if step + 1 < cfg.runner.max_steps:  # publish the next version while the actor holds its devices
+            if step + 1 < cfg.runner.max_steps and cfg.runner.weight_sync == "object_store":
+                # publish the next version while the actor holds its devices
                 self.published = await self.export_weights(step + 1)
             if c.collocated:
                 await calls.until(calls.start("offload", c.actor.end_phase(step)))
@@ -227,6 +228,8 @@ class Runner:
         resume) they are published here."""
         c = self.c
         assert c is not None
+        if self.cfg.runner.weight_sync == "broadcast":
+            return await self.broadcast_weights(version)
         with self.tracer.span("weight_sync", version=version) as args:
             manifest, self.published = self.published, None
             if manifest is None or manifest.version != version:
@@ -241,6 +244,20 @@ class Runner:
             await asyncio.gather(*receivers)
             args.update(bytes=manifest.num_bytes, tensors=manifest.num_tensors)
         return {"bytes": float(manifest.num_bytes)}
+
+    async def broadcast_weights(self, version: int) -> dict[str, float]:
+        """`runner.weight_sync: broadcast`: the actor streams `version` through the weight group to every engine
+        and log-prob worker at once."""
+        c = self.c
+        assert c is not None
+        with self.tracer.span("weight_sync", version=version) as args:
+            bucket_bytes = self.cfg.runner.weight_bucket_mb << 20
+            receivers = [c.rollout.receive_weights(version)]
+            if c.inference is not None:
+                receivers.append(c.inference.receive_weights(version))
+            sent, *_ = await asyncio.gather(c.actor.broadcast_weights(version, bucket_bytes), *receivers)
+            args["bytes"] = num_bytes = next(b for b in sent if b is not None)
+        return {"bytes": float(num_bytes)}
 
     async def train_from_channel(self, step: int, total_sequences: int) -> list[dict[str, float]]:
         """Route the step's training items to the actor replicas in micro-batches as they arrive; step the

@@ -111,6 +111,21 @@ def sampling_params(cfg: Config, stop_ids: list[int]) -> SamplingParams:
     )
 
 
+def join_weight_group(actor: WorkerGroup, receivers: list[WorkerGroup]) -> None:
+    """Form the weight-broadcast group: the actor's rank 0 (it gathers replica 0's weights) sends, every process
+    of `receivers` receives. All members must join at once (the rendezvous waits for the whole group)."""
+    addr, port = actor.execute_on([0]).free_port().wait()[0]
+    world = 1 + sum(group.size for group in receivers)
+    calls = [actor.execute_on([0]).join_weight_group(addr, port, world)]
+    rank = 1
+    for group in receivers:
+        for member in range(group.size):
+            calls.append(group.execute_on([member]).join_weight_group(addr, port, rank, world))
+            rank += 1
+    for call in calls:
+        call.wait()
+
+
 def launch_components(cfg: Config) -> Components:
     """Start (or join) Ray, place and launch every group, create the step channels, and build the data."""
     from transformers import AutoTokenizer
@@ -162,6 +177,8 @@ def launch_components(cfg: Config) -> Components:
     actor.setup(model_path, cfg, "actor", locks).wait()
     if inference is not None:
         inference.setup(model_path, cfg, "inference", None).wait()
+        if cfg.runner.weight_sync == "broadcast":
+            join_weight_group(actor, [rollout, inference])
     return Components(
         cfg=cfg, cluster=cluster, placement=placement, model_path=model_path, tokenizer=tokenizer, sampler=sampler,
         rollout=rollout, reward=reward, actor=actor, inference=inference, rollouts=rollouts, scored=scored,

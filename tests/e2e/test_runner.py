@@ -181,3 +181,21 @@ def test_timeline_command_on_a_folder_without_a_run(tmp_path, capsys):
 
     assert main(["timeline", str(tmp_path)]) == 2
     assert "timeline.json does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_broadcast_weight_sync_trains_the_same_model(tmp_path, tiny_model, pipeline_run):
+    """`runner.weight_sync: broadcast` (a direct gloo group from the actor to the engines) delivers the same
+    weights as the object-store path: same rollouts, same losses, same final parameters."""
+    out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, "runner.weight_sync=broadcast",
+              "runner.verify_weights=true")
+    ref, got = read_metrics(pipeline_run / "metrics.jsonl"), read_metrics(out / "metrics.jsonl")
+    for a, b in zip(ref, got, strict=True):
+        assert a["reward/mean"] == b["reward/mean"] and a["response_length/mean"] == b["response_length/mean"]
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and b["weight_sync/bytes"] == a["weight_sync/bytes"]
+    spans = read_chrome_trace(out / "timeline.json")
+    assert {s.args["version"] for s in spans if s.name == "broadcast_weights"} == {0, 1}
+    assert {s.args["version"] for s in spans if s.name == "weight_sync" and s.track == "rollout/0"} == {0, 1}
+    wa, wb = final_weights(pipeline_run), final_weights(out)
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], atol=1e-6, rtol=1e-5, msg=name)

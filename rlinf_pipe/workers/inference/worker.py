@@ -143,5 +143,22 @@ class InferenceWorker(Worker):
             self.version = manifest.version
         return self.version
 
+    def join_weight_group(self, addr: str, port: int, rank: int, world: int) -> None:
+        """Join the weight-broadcast group as a receiver."""
+        from rlinf_pipe.runner.weight_broadcast import WeightBroadcastGroup
+
+        self.weight_group = WeightBroadcastGroup(addr, port, rank, world)
+
+    def receive_weights(self, version: int) -> int:
+        """Receive `version` from the broadcast group and load it into this rank's shard."""
+        from rlinf_pipe.models.convert import load_hf_state_dict
+
+        check_version(self.version, version, self.owner)
+        with self.tracer.span("weight_sync", version=version):
+            state = dict(flatten(self.weight_group.receive()))
+            load_hf_state_dict(self.policy.module, state, self.policy.arch)
+            self.version = version
+        return version
+
     def drain_spans(self) -> list:
         return self.tracer.drain()

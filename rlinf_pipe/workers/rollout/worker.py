@@ -96,6 +96,19 @@ class RolloutWorker(Worker):
             self.engine.update_weights(flatten(buckets), manifest.version)
         return {"version": self.engine.version}
 
+    def join_weight_group(self, addr: str, port: int, rank: int, world: int) -> None:
+        """Join the weight-broadcast group as a receiver."""
+        from rlinf_pipe.runner.weight_broadcast import WeightBroadcastGroup
+
+        self.weight_group = WeightBroadcastGroup(addr, port, rank, world)
+
+    def receive_weights(self, version: int) -> int:
+        """Receive `version` from the broadcast group, bucket by bucket, into the engine."""
+        check_version(self.engine.version, version, self.owner)
+        with self.tracer.span("weight_sync", version=version):
+            self.engine.update_weights(flatten(self.weight_group.receive()), version)
+        return version
+
     def version(self) -> int:
         return self.engine.version
 
