@@ -13,7 +13,7 @@ import torch
 
 from rlinf_pipe.config import load_config
 from rlinf_pipe.models.megatron_checkpoint import load_model_shard
-from rlinf_pipe.runner import Runner
+from rlinf_pipe.runner import run as run_config
 from rlinf_pipe.utils.metrics import read_metrics
 from rlinf_pipe.utils.timeline import STEP_SPAN, overlaps, read_chrome_trace
 
@@ -38,14 +38,7 @@ def run(config_name: str, out: Path, model: str, *overrides: str) -> Path:
         "runner.progress=false", "data.rollout_batch_size=4", "algorithm.group_size=4", "actor.micro_batch_size=4",
         "runner.max_steps=2", *overrides,
     ])
-    runner = Runner(cfg)
-    try:
-        return runner.run()
-    finally:
-        runner.shutdown()
-        import ray
-
-        ray.shutdown()
+    return run_config(cfg)
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
