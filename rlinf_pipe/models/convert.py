@@ -282,7 +282,8 @@ def megatron_to_hf(
 # --- loading into a live model ----------------------------------------------------------------------------
 
 
-def _unwrap(model: Any) -> torch.nn.Module:
+def unwrap_model(model: Any) -> torch.nn.Module:
+    """The GPTModel inside DDP / Float16Module wrappers (one model chunk only)."""
     if isinstance(model, (list, tuple)):
         if len(model) != 1:
             raise ConversionError("virtual pipeline parallelism (several model chunks) is not supported")
@@ -316,7 +317,7 @@ def load_hf_state_dict(model: Any, hf_state: Mapping[str, Tensor], arch: HfArch)
     model tensor must be covered, with the same shape; `ConversionError` otherwise."""
     tp, pp, tp_rank, pp_rank = _parallel_ranks()
     converted = hf_to_megatron(hf_state, arch, tp=tp, pp=pp, tp_rank=tp_rank, pp_rank=pp_rank)
-    target = _model_tensors(_unwrap(model))
+    target = _model_tensors(unwrap_model(model))
     missing = sorted(set(target) - set(converted))
     unexpected = sorted(set(converted) - set(target))
     if missing or unexpected:
@@ -396,7 +397,7 @@ def iter_hf_weight_buckets(
     tp_group = ps.get_tensor_model_parallel_group() if tp > 1 else None
     pp_group = ps.get_pipeline_model_parallel_group() if pp > 1 else None
     first_rank = ps.get_pipeline_model_parallel_first_rank() if pp > 1 else None
-    local = _model_tensors(_unwrap(model))
+    local = _model_tensors(unwrap_model(model))
     dtypes = {t.dtype for t in local.values()}
     if len(dtypes) != 1:
         found = sorted(map(str, dtypes))

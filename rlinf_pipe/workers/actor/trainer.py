@@ -206,25 +206,9 @@ class MegatronPolicy:
     @property
     def module(self) -> torch.nn.Module:
         """The unwrapped GPTModel of this rank."""
-        m = self.model
-        while hasattr(m, "module"):
-            m = m.module
-        return m
+        from rlinf_pipe.models.convert import unwrap_model
 
-    @classmethod
-    def from_actor_config(cls, actor: Any, **overrides: Any) -> MegatronPolicy:
-        """Build from an `ActorConfig` (`model_path: tiny` resolves to the cached tiny model)."""
-        model_path = actor.model_path
-        if model_path == "tiny":
-            from rlinf_pipe.models.tiny import ensure_tiny_model
-
-            model_path = str(ensure_tiny_model())
-        kwargs: dict[str, Any] = dict(
-            lr=actor.lr, weight_decay=actor.weight_decay, clip_grad=actor.clip_grad,
-            lr_warmup_steps=actor.lr_warmup_steps,
-        )
-        kwargs.update(overrides)
-        return cls(model_path, **kwargs)
+        return unwrap_model(self.model)
 
     def _reset_accumulators(self) -> None:
         self._terms: list[LossTerms] = []
