@@ -17,15 +17,15 @@ Reported (medians over steps, then over repeats; ratios paired within a repeat, 
 - step time of each mode and `pipeline_over_collocated_step_time` (< 1: the pipeline is faster);
 - per-stage busy fractions (share of step time during which some worker ran the stage), the device bubble and the
   scheduler overhead (share of step time during which no worker ran any span) of each mode;
-- weight sync per version: time = the driver's `weight_sync` span (`timing/weight_sync`: loading into every
-  receiver: the rollout engine and the inference worker in the pipeline, the 3 rollout engines when collocated)
-  united with the actor's `export_weights` span of that version (gathering HF-named tensors into Ray objects;
-  inside the sync span, or at the end of the previous step, depending on the runner version), bytes
-  (`weight_sync/bytes`), bandwidth = bytes / time, and the same counting each receiver's copy
-  (bytes x receivers / time);
-- the baseline: two Ray actors forming a 2-rank gloo group broadcast a float32 tensor of the same number of bytes
-  (timed from the sender's start to the receiver's end on the machine-wide monotonic clock, median of
-  `--gloo-iters`), and `weight_sync_bw_ratio_vs_gloo` = pipeline sync bandwidth / gloo bandwidth.
+- weight sync per version: time = the driver's `weight_sync` span (`timing/weight_sync`: from the calls going out
+  until every receiver has loaded the version: the rollout engine and the inference worker in the pipeline, the
+  3 rollout engines when collocated) united with the actor's `export_weights` span of that version (the object
+  store path publishes at the end of the previous step), bytes (`weight_sync/bytes`), bandwidth = bytes / time;
+- the baseline: Ray actors forming a gloo group broadcast a float32 tensor of the same number of bytes from one
+  sender to as many receivers as the pipeline's sync has (timed from the sender's start to the last receiver's
+  end on the machine-wide monotonic clock, median of `--gloo-iters`); `weight_sync_bw_ratio_vs_gloo` = pipeline
+  sync bandwidth / that bandwidth. For reference the same against a broadcast to one receiver
+  (`weight_sync_bw_ratio_vs_gloo_one_receiver`).
 With --json the last printed line is one JSON object.
 """
 
@@ -90,6 +90,8 @@ def load(mode: str, args: argparse.Namespace, model: str | None, out: Path) -> A
     ]
     if model is not None:
         overrides.append(f"actor.model_path={model}")
+    if args.weight_bucket_mb is not None:
+        overrides.append(f"runner.weight_bucket_mb={args.weight_bucket_mb}")
     if mode == "pipeline":  # collocated mode always syncs through the object store
         overrides.append(f"runner.weight_sync={args.weight_sync}")
     return load_config(CONFIGS, name, overrides)
@@ -146,9 +148,9 @@ def run_mode(mode: str, args: argparse.Namespace, model: str, out: Path) -> dict
         "weight_sync_bytes": sync_bytes,
         "weight_sync_receivers": receivers,
         "weight_sync_bytes_per_s": sync_bytes / sync_s,
-        "weight_sync_bytes_per_s_all_receivers": sync_bytes * receivers / sync_s,
         "weight_sync_parts_s": {
             "export": span_median("export_weights", "actor"),
+            "send": span_median("broadcast_weights", "actor"),
             "load_rollout": span_median("weight_sync", "rollout"),
             "load_inference": span_median("weight_sync", "inference"),
         },
@@ -159,14 +161,14 @@ def run_mode(mode: str, args: argparse.Namespace, model: str, out: Path) -> dict
 
 @ray.remote(num_cpus=0)
 class GlooRank:
-    """One rank of a 2-rank gloo group (the raw-broadcast baseline)."""
+    """One rank of a gloo group (the raw-broadcast baseline)."""
 
-    def init(self, rank: int, address: str) -> None:
+    def init(self, rank: int, world: int, address: str) -> None:
         import torch.distributed as dist
 
         torch.set_num_threads(1)
         self.rank = rank
-        dist.init_process_group("gloo", init_method=address, rank=rank, world_size=2)
+        dist.init_process_group("gloo", init_method=address, rank=rank, world_size=world)
 
     def broadcast(self, num_bytes: int, iters: int) -> list[float]:
         """Per iteration: the sender returns its clock just before the broadcast, the receiver its clock after it."""
@@ -194,18 +196,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def gloo_bytes_per_s(num_bytes: int, iters: int) -> float:
-    """Median bandwidth of a raw 2-rank gloo broadcast of `num_bytes` (float32) between two Ray actors."""
+def gloo_bytes_per_s(num_bytes: int, iters: int, receivers: int) -> float:
+    """Median bandwidth of a raw gloo broadcast of `num_bytes` (float32) from one Ray actor to `receivers` others
+    (each broadcast timed from the sender's start to the last receiver's end)."""
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        ranks = [GlooRank.remote() for _ in range(2)]
+        ranks = [GlooRank.remote() for _ in range(1 + receivers)]
         address = f"tcp://127.0.0.1:{free_port()}"
-        ray.get([r.init.remote(i, address) for i, r in enumerate(ranks)])
-        sent, received = ray.get([r.broadcast.remote(num_bytes, iters) for r in ranks])
+        ray.get([r.init.remote(i, len(ranks), address) for i, r in enumerate(ranks)])
+        sent, *received = ray.get([r.broadcast.remote(num_bytes, iters) for r in ranks])
         ray.get([r.close.remote() for r in ranks])
     finally:
         ray.shutdown()
-    durations = [max(b - a, 1e-9) for a, b in zip(sent, received, strict=False)]
+    durations = [max(max(ends) - start, 1e-9) for start, *ends in zip(sent, *received, strict=True)]
     return (max(1, num_bytes // 4) * 4) / statistics.median(durations)
 
 
@@ -223,6 +226,8 @@ def main() -> None:
                         "`python -m rlinf_pipe.models.tiny` folder to see weight sync where bandwidth dominates")
     parser.add_argument("--weight-sync", choices=["object_store", "broadcast"], default="broadcast",
                         help="the pipeline's runner.weight_sync (collocated always uses the object store)")
+    parser.add_argument("--weight-bucket-mb", type=int, default=None,
+                        help="runner.weight_bucket_mb for both modes (default: the config's)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     args.warmup = min(args.warmup, args.steps - 1)
@@ -239,7 +244,8 @@ def main() -> None:
 
     started = time.perf_counter()
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
-    gloo: list[float] = []
+    gloo: list[float] = []  # raw broadcast to as many receivers as the pipeline's sync has
+    gloo_one: list[float] = []  # raw broadcast to one receiver
     for repeat in range(args.repeats):
         order = list(MODES) if repeat % 2 == 0 else list(reversed(MODES))
         for mode in order:
@@ -248,8 +254,11 @@ def main() -> None:
             print(f"repeat {repeat} {mode:<10}: step {r['step_s']:.3f} s, sync {r['weight_sync_s'] * 1e3:.1f} ms "
                   f"({r['weight_sync_bytes'] / 2**20:.2f} MiB), bubble {r['bubble_fraction']:.1%}, scheduler "
                   f"overhead {r['scheduler_overhead_fraction']:.1%}, run {r['wall_s']:.1f} s", flush=True)
-        gloo.append(gloo_bytes_per_s(int(runs["pipeline"][-1]["weight_sync_bytes"]), args.gloo_iters))
-        print(f"repeat {repeat} gloo broadcast: {gloo[-1] / 2**20:.1f} MiB/s", flush=True)
+        sync_bytes, receivers = int(runs["pipeline"][-1]["weight_sync_bytes"]), runs["pipeline"][-1]["weight_sync_receivers"]
+        gloo.append(gloo_bytes_per_s(sync_bytes, args.gloo_iters, receivers))
+        gloo_one.append(gloo_bytes_per_s(sync_bytes, args.gloo_iters, 1))
+        print(f"repeat {repeat} gloo broadcast: {gloo[-1] / 2**20:.1f} MiB/s to {receivers} receivers, "
+              f"{gloo_one[-1] / 2**20:.1f} MiB/s to one", flush=True)
     if tmp is not None:
         tmp.cleanup()
 
@@ -263,7 +272,7 @@ def main() -> None:
     pipe, coll = runs["pipeline"], runs["collocated"]
     step_ratio = median([p["step_s"] / c["step_s"] for p, c in zip(pipe, coll, strict=False)])
     bw_ratio = median([p["weight_sync_bytes_per_s"] / g for p, g in zip(pipe, gloo, strict=False)])
-    bw_ratio_all = median([p["weight_sync_bytes_per_s_all_receivers"] / g for p, g in zip(pipe, gloo, strict=False)])
+    bw_ratio_one = median([p["weight_sync_bytes_per_s"] / g for p, g in zip(pipe, gloo_one, strict=False)])
     per_mode = {
         mode: {
             "step_s": round(agg(mode, "step_s"), 4),
@@ -276,7 +285,6 @@ def main() -> None:
             "weight_sync_bytes": int(agg(mode, "weight_sync_bytes")),
             "weight_sync_receivers": runs[mode][0]["weight_sync_receivers"],
             "weight_sync_mib_per_s": round(agg(mode, "weight_sync_bytes_per_s") / 2**20, 2),
-            "weight_sync_mib_per_s_all_receivers": round(agg(mode, "weight_sync_bytes_per_s_all_receivers") / 2**20, 2),
             "weight_sync_parts_s": finite_or_none({
                 k: round(median([r["weight_sync_parts_s"][k] for r in runs[mode]]), 5)
                 for k in runs[mode][0]["weight_sync_parts_s"]
@@ -294,13 +302,14 @@ def main() -> None:
         "weight_sync_s": per_mode["pipeline"]["weight_sync_s"],
         "weight_sync_bytes": per_mode["pipeline"]["weight_sync_bytes"],
         "weight_sync_mib_per_s": per_mode["pipeline"]["weight_sync_mib_per_s"],
-        "weight_sync_mib_per_s_all_receivers": per_mode["pipeline"]["weight_sync_mib_per_s_all_receivers"],
         "gloo_broadcast_mib_per_s": round(median(gloo) / 2**20, 2),
+        "gloo_broadcast_one_receiver_mib_per_s": round(median(gloo_one) / 2**20, 2),
         "weight_sync_bw_ratio_vs_gloo": round(bw_ratio, 4),
-        "weight_sync_bw_ratio_vs_gloo_all_receivers": round(bw_ratio_all, 4),
+        "weight_sync_bw_ratio_vs_gloo_one_receiver": round(bw_ratio_one, 4),
         "weight_sync_note": (
-            "our sync time = export (gathering HF-named tensors into Ray objects) + loading into every receiver "
-            "(pipeline: rollout engine + inference worker), per version; gloo = one raw broadcast to one receiver"
+            "our sync time = from the actor starting to gather the version until every receiver (pipeline: rollout "
+            "engine + inference worker) has loaded it; gloo = a raw broadcast of the same bytes from one process "
+            "to as many receivers (and, for reference, to one)"
         ),
         "modes": per_mode,
         "settings": {
@@ -322,7 +331,6 @@ def main() -> None:
         ("weight sync (ms)", "weight_sync_s", "{:.1f}"),
         ("  driver sync span (ms)", "weight_sync_driver_span_s", "{:.1f}"), ("weight sync receivers", "weight_sync_receivers", "{}"),
         ("weight sync MiB/s", "weight_sync_mib_per_s", "{:.1f}"),
-        ("  counting each receiver", "weight_sync_mib_per_s_all_receivers", "{:.1f}"),
     ]:
         vals = [per_mode[m][key] * (1e3 if key in ("weight_sync_s", "weight_sync_driver_span_s") else 1) for m in MODES]
         print(f"{label:<28}" + "".join(f"{fmt.format(v):>12}" for v in vals))
@@ -332,8 +340,7 @@ def main() -> None:
     print(f"pipeline / collocated step time: {step_ratio:.3f} (< 1: the pipeline is faster)")
     print(f"weight sync {summary['weight_sync_mib_per_s']:.1f} MiB/s vs raw gloo broadcast "
           f"{summary['gloo_broadcast_mib_per_s']:.1f} MiB/s of {summary['weight_sync_bytes']:,} bytes: ratio "
-          f"{bw_ratio:.3f} ({bw_ratio_all:.3f} counting each of its {per_mode['pipeline']['weight_sync_receivers']} "
-          f"receivers). {summary['weight_sync_note']}")
+          f"{bw_ratio:.3f} ({bw_ratio_one:.3f} against a broadcast to one receiver). {summary['weight_sync_note']}")
     print(f"runtime {summary['runtime_s']:.0f} s")
     if args.json:
         print(json.dumps(summary))

@@ -57,10 +57,11 @@ class RunnerConfig:
         "(pipeline mode only; the loss uses the sampling log-probs, see docs/pipeline.md#staleness).", min=0
     )
     weight_bucket_mb: int = opt(64, "Size of one weight-sync bucket in MiB.", min=1)
-    weight_sync: Literal["object_store", "broadcast"] = opt(
-        "object_store",
-        "How weights reach the engines: `object_store` (Ray's object store; both modes) or `broadcast` (a direct "
-        "gloo process group from the actor to every rollout and log-prob worker; disaggregated mode only).",
+    weight_sync: Literal["auto", "object_store", "broadcast"] = opt(
+        "auto",
+        "How weights reach the engines: `broadcast` (a direct gloo process group from the actor to every rollout "
+        "and log-prob worker; disaggregated mode only), `object_store` (Ray's object store; both modes) or `auto` "
+        "(broadcast when disaggregated, object_store when collocated).",
     )
     verify_weights: bool = opt(False, "Check a CRC32 of every weight-sync bucket on the receiving side.")
     tensorboard: bool = opt(True, "Write tensorboard events to `<run dir>/tensorboard`.")

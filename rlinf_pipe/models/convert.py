@@ -50,12 +50,15 @@ from rlinf_pipe.models.megatron_gpt import (
 __all__ = [
     "ConversionError",
     "hf_weight_names",
+    "hf_weight_groups",
+    "hf_weight_shape",
     "hf_to_megatron",
     "megatron_to_hf",
     "load_hf_state_dict",
     "load_hf_checkpoint",
     "read_hf_arch",
     "iter_hf_weight_buckets",
+    "iter_hf_weights",
     "convert_hf_to_megatron",
     "convert_megatron_to_hf",
 ]
@@ -135,17 +138,23 @@ def hf_weight_names(arch: HfArch) -> list[str]:
     """The HF tensor names of a checkpoint, in the order `iter_hf_weight_buckets` streams them: embedding,
     then per layer input norm, q/k/v weights (and biases), o_proj, post-attention norm, gate/up/down, then the
     final norm and (untied only) `lm_head.weight`."""
-    names = [EMBED]
+    return [name for group in hf_weight_groups(arch) for name in group]
+
+
+def hf_weight_groups(arch: HfArch) -> list[tuple[str, ...]]:
+    """`hf_weight_names` grouped by the Megatron tensor they make (q/k/v, gate/up; one name otherwise), in
+    stream order: a group converts on its own (`load_hf_state_dict(..., partial=True)`)."""
+    groups: list[tuple[str, ...]] = [(EMBED,)]
     for layer in range(arch.num_layers):
-        for rule in _layer_rules(arch, layer, layer):
-            names.extend(rule.hf)
-    names.append(FINAL_NORM)
+        groups.extend(rule.hf for rule in _layer_rules(arch, layer, layer))
+    groups.append((FINAL_NORM,))
     if not arch.tie_word_embeddings:
-        names.append(LM_HEAD)
-    return names
+        groups.append((LM_HEAD,))
+    return groups
 
 
-def _hf_shape(arch: HfArch, name: str) -> tuple[int, ...]:
+def hf_weight_shape(arch: HfArch, name: str) -> tuple[int, ...]:
+    """The shape of HF tensor `name` of a model of `arch`."""
     h, hd = arch.hidden_size, arch.head_dim
     if name in (EMBED, LM_HEAD):
         return (arch.vocab_size, h)
@@ -164,36 +173,64 @@ def _qkv_group_sizes(arch: HfArch) -> list[int]:
     return [arch.num_heads // arch.num_kv_heads * arch.head_dim, arch.head_dim, arch.head_dim]
 
 
+def _shard_shape(rule: _Rule, tensors: Sequence[Tensor], arch: HfArch, tp: int) -> tuple[int, ...]:
+    """The shape of a TP rank's Megatron tensor made from the HF tensors of `rule`."""
+    first = tuple(tensors[0].shape)
+    if rule.kind == "replicated":
+        return first
+    if rule.kind == "row":
+        return (first[0], first[1] // tp, *first[2:])
+    if rule.kind == "vocab":
+        return (padded_vocab_size(arch.vocab_size, tp) // tp, *first[1:])
+    return (sum(t.shape[0] for t in tensors) // tp, *first[1:])  # column, fc1, qkv
+
+
+def _shard_into(dst: Tensor, rule: _Rule, tensors: Sequence[Tensor], arch: HfArch, tp: int, tp_rank: int) -> None:
+    """Write TP rank `tp_rank`'s Megatron tensor made from the HF tensors of `rule` into `dst` (one copy)."""
+    if rule.kind == "replicated":
+        dst.copy_(tensors[0])
+    elif rule.kind == "column":
+        dst.copy_(tensors[0].chunk(tp, dim=0)[tp_rank])
+    elif rule.kind == "row":
+        dst.copy_(tensors[0].chunk(tp, dim=1)[tp_rank])
+    elif rule.kind == "fc1":  # [gate shard; up shard]
+        for part, src in zip(dst.chunk(2, dim=0), tensors, strict=True):
+            part.copy_(src.chunk(tp, dim=0)[tp_rank])
+    elif rule.kind == "vocab":
+        full, rows = tensors[0], dst.shape[0]
+        start = tp_rank * rows
+        stop = max(start, min(start + rows, full.shape[0]))
+        dst[: stop - start].copy_(full[start:stop])
+        dst[stop - start :].zero_()
+    elif rule.kind == "qkv":  # per query group: its q heads, then its k head, then its v head
+        groups = arch.num_kv_heads
+        parts = torch.split(dst.view(groups // tp, -1, *dst.shape[1:]), _qkv_group_sizes(arch), dim=1)
+        for part, src in zip(parts, tensors, strict=True):
+            part.copy_(src.reshape(groups, -1, *src.shape[1:]).chunk(tp, dim=0)[tp_rank])
+    else:
+        raise AssertionError(f"unknown rule kind {rule.kind!r}")
+
+
 def _shard(rule: _Rule, tensors: Sequence[Tensor], arch: HfArch, tp: int, tp_rank: int) -> Tensor:
     """TP rank `tp_rank`'s Megatron tensor made from the HF tensors of `rule` (a new tensor)."""
-    if rule.kind == "replicated":
-        return tensors[0].clone()
-    if rule.kind == "column":
-        return tensors[0].chunk(tp, dim=0)[tp_rank].clone()
-    if rule.kind == "row":
-        return tensors[0].chunk(tp, dim=1)[tp_rank].clone()
-    if rule.kind == "fc1":
-        gate, up = tensors
-        return torch.cat([gate.chunk(tp, dim=0)[tp_rank], up.chunk(tp, dim=0)[tp_rank]], dim=0)
-    if rule.kind == "vocab":
-        full = tensors[0]
-        rows = padded_vocab_size(arch.vocab_size, tp) // tp
-        out = full.new_zeros((rows, *full.shape[1:]))
-        start = tp_rank * rows
-        stop = min(start + rows, full.shape[0])
-        if stop > start:
-            out[: stop - start].copy_(full[start:stop])
-        return out
-    if rule.kind == "qkv":
-        groups = arch.num_kv_heads
-        q, k, v = (t.reshape(groups, -1, *t.shape[1:]) for t in tensors)
-        fused = torch.cat([q, k, v], dim=1)  # [groups, (q heads per group + 2) * head_dim, ...]
-        return fused.chunk(tp, dim=0)[tp_rank].reshape(-1, *fused.shape[2:]).clone()
-    raise AssertionError(f"unknown rule kind {rule.kind!r}")
+    dst = tensors[0].new_empty(_shard_shape(rule, tensors, arch, tp))
+    _shard_into(dst, rule, tensors, arch, tp, tp_rank)
+    return dst
 
 
-def _unshard(rule: _Rule, shards: Sequence[Tensor], arch: HfArch) -> list[Tensor]:
-    """The HF tensors of `rule` from all TP ranks' Megatron tensors (in TP rank order)."""
+def _unshard(rule: _Rule, shards: Sequence[Tensor], arch: HfArch, copy: bool = True) -> list[Tensor]:
+    """The HF tensors of `rule` from all TP ranks' Megatron tensors (in TP rank order). `copy=False` with one
+    shard (TP 1) returns views of it where the layout allows (possibly non-contiguous)."""
+    if not copy and len(shards) == 1:
+        (shard,) = shards
+        if rule.kind == "fc1":
+            return list(shard.chunk(2, dim=0))
+        if rule.kind == "vocab":
+            return [shard[: arch.vocab_size]]
+        if rule.kind == "qkv":
+            grouped = shard.reshape(arch.num_kv_heads, -1, *shard.shape[1:])
+            return [p.flatten(0, 1) for p in torch.split(grouped, _qkv_group_sizes(arch), dim=1)]
+        return [shard]
     if rule.kind == "replicated":
         return [shards[0].clone()]
     if rule.kind == "column":
@@ -227,7 +264,7 @@ def _get_hf(hf_state: Mapping[str, Tensor], arch: HfArch, name: str) -> Tensor:
         tensor = hf_state[name]
     except KeyError:
         raise ConversionError(f"the HF checkpoint has no tensor {name!r}") from None
-    expected = _hf_shape(arch, name)
+    expected = hf_weight_shape(arch, name)
     if tuple(tensor.shape) != expected:
         raise ConversionError(f"HF tensor {name!r} has shape {tuple(tensor.shape)}, expected {expected}")
     return tensor
@@ -311,25 +348,33 @@ def _parallel_ranks() -> tuple[int, int, int, int]:
 
 
 @torch.no_grad()
-def load_hf_state_dict(model: Any, hf_state: Mapping[str, Tensor], arch: HfArch) -> None:
+def load_hf_state_dict(model: Any, hf_state: Mapping[str, Tensor], arch: HfArch, *, partial: bool = False) -> set[str]:
     """Copy an HF state dict into this rank's (possibly DDP-wrapped) GPTModel in place (`param.data.copy_`,
     so optimizer and DDP buffers stay valid). TP/PP ranks come from `megatron.core.parallel_state`. Every
-    model tensor must be covered, with the same shape; `ConversionError` otherwise."""
+    model tensor must be covered, with the same shape; `ConversionError` otherwise. `partial=True` loads only
+    the model tensors whose HF tensors are all in `hf_state` (one bucket of a stream; see `hf_weight_groups`).
+    Returns the names of the model tensors loaded."""
     tp, pp, tp_rank, pp_rank = _parallel_ranks()
-    converted = hf_to_megatron(hf_state, arch, tp=tp, pp=pp, tp_rank=tp_rank, pp_rank=pp_rank)
+    _check_sizes(arch, tp, pp)
     target = _model_tensors(unwrap_model(model))
-    missing = sorted(set(target) - set(converted))
-    unexpected = sorted(set(converted) - set(target))
-    if missing or unexpected:
+    rules = [rule for unit in _stage_units(arch, pp, pp_rank) for rule in unit]
+    if partial:
+        rules = [rule for rule in rules if all(name in hf_state for name in rule.hf)]
+    where = f"rank (tp {tp_rank}, pp {pp_rank})"
+    missing = sorted(set(target) - {rule.megatron for rule in rules})
+    unexpected = sorted({rule.megatron for rule in rules} - set(target))
+    if unexpected or (missing and not partial):
         raise ConversionError(
-            f"HF -> Megatron mismatch on rank (tp {tp_rank}, pp {pp_rank}): model tensors not in the checkpoint "
-            f"{missing}, converted tensors the model lacks {unexpected}"
+            f"HF -> Megatron mismatch on {where}: model tensors not in the checkpoint {missing}, converted "
+            f"tensors the model lacks {unexpected}"
         )
-    for name, dst in target.items():
-        src = converted[name]
-        if dst.shape != src.shape:
-            raise ConversionError(f"{name}: model shape {tuple(dst.shape)} != converted {tuple(src.shape)}")
-        dst.data.copy_(src)
+    for rule in rules:
+        tensors = [_get_hf(hf_state, arch, name) for name in rule.hf]
+        dst, shape = target[rule.megatron], _shard_shape(rule, tensors, arch, tp)
+        if tuple(dst.shape) != shape:
+            raise ConversionError(f"{rule.megatron}: model shape {tuple(dst.shape)} != converted {shape}")
+        _shard_into(dst.data, rule, tensors, arch, tp, tp_rank)
+    return {rule.megatron for rule in rules}
 
 
 def read_hf_arch(hf_dir: str | os.PathLike[str]) -> HfArch:
@@ -375,23 +420,19 @@ def _gather_tp(tensor: Tensor, group: Any, tp: int) -> list[Tensor]:
 
 
 @torch.no_grad()
-def iter_hf_weight_buckets(
-    model: Any, arch: HfArch, bucket_bytes: int = 64 << 20
-) -> Iterator[list[tuple[str, Tensor]]]:
-    """Stream this model replica's weights as HF-named CPU tensors, in `hf_weight_names(arch)` order.
+def iter_hf_weights(model: Any, arch: HfArch, *, copy: bool = True) -> Iterator[tuple[str, Tensor]]:
+    """Stream this model replica's weights as HF-named tensors, in `hf_weight_names(arch)` order, on the
+    replica's (tp 0, pp 0) rank (other ranks yield nothing).
 
     A collective over this data-parallel replica's TP and PP groups: every TP/PP rank of the replica must
     iterate it to the end (DP ranks other than 0 do not call it). Unit by unit (embedding, one layer, final
     norm + head), the owning stage all-gathers TP shards and its TP rank 0 converts them; other stages send
-    the result to the replica's (tp 0, pp 0) rank. Only that rank yields buckets: lists of (name, contiguous
-    CPU tensor) of at most `bucket_bytes` bytes unless one tensor alone is larger. Other ranks yield nothing.
-    At most one unit plus one bucket is held at a time.
+    the result to the replica's (tp 0, pp 0) rank. Tensors are on the model's device. `copy=False` (TP 1)
+    yields views of the live parameters where it can: copy each one before asking for the next unit's.
     """
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    if bucket_bytes < 1:
-        raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
     tp, pp, tp_rank, pp_rank = _parallel_ranks()
     _check_sizes(arch, tp, pp)
     tp_group = ps.get_tensor_model_parallel_group() if tp > 1 else None
@@ -401,13 +442,11 @@ def iter_hf_weight_buckets(
     dtypes = {t.dtype for t in local.values()}
     if len(dtypes) != 1:
         found = sorted(map(str, dtypes))
-        raise ConversionError(f"iter_hf_weight_buckets needs one parameter dtype, the model has {found}")
+        raise ConversionError(f"iter_hf_weights needs one parameter dtype, the model has {found}")
     dtype = dtypes.pop()
     device = next(iter(local.values())).device
     is_root = tp_rank == 0 and pp_rank == 0
 
-    bucket: list[tuple[str, Tensor]] = []
-    size = 0
     for stage in range(pp):
         for unit in _stage_units(arch, pp, stage):
             named: list[tuple[str, Tensor]] = []
@@ -422,7 +461,7 @@ def iter_hf_weight_buckets(
                     # replicated tensors (norms) are equal on every TP rank: no gather needed
                     parts = [tensor] if rule.kind == "replicated" else _gather_tp(tensor, tp_group, tp)
                     if tp_rank == 0:
-                        named.extend(zip(rule.hf, _unshard(rule, parts, arch), strict=True))
+                        named.extend(zip(rule.hf, _unshard(rule, parts, arch, copy=copy), strict=True))
                 if tp_rank == 0 and stage != 0:
                     for _, t in named:
                         dist.send(t.contiguous(), dst=first_rank, group=pp_group)
@@ -431,18 +470,30 @@ def iter_hf_weight_buckets(
                     if rule.megatron == M_OUTPUT and arch.tie_word_embeddings:
                         continue
                     for name in rule.hf:
-                        t = torch.empty(_hf_shape(arch, name), dtype=dtype, device=device)
+                        t = torch.empty(hf_weight_shape(arch, name), dtype=dtype, device=device)
                         dist.recv(t, src=_stage_rank(ps, stage), group=pp_group)
                         named.append((name, t))
-            if not is_root:
-                continue
-            for name, t in named:
-                t = t.to("cpu").contiguous()
-                if bucket and size + _nbytes(t) > bucket_bytes:
-                    yield bucket
-                    bucket, size = [], 0
-                bucket.append((name, t))
-                size += _nbytes(t)
+            if is_root:
+                yield from named
+
+
+def iter_hf_weight_buckets(
+    model: Any, arch: HfArch, bucket_bytes: int = 64 << 20
+) -> Iterator[list[tuple[str, Tensor]]]:
+    """`iter_hf_weights` in buckets: lists of (name, contiguous CPU tensor) of at most `bucket_bytes` bytes
+    unless one tensor alone is larger, yielded on the replica's (tp 0, pp 0) rank; the same collective
+    contract. At most one unit plus one bucket is held at a time."""
+    if bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
+    bucket: list[tuple[str, Tensor]] = []
+    size = 0
+    for name, t in iter_hf_weights(model, arch):
+        t = t.to("cpu").contiguous()
+        if bucket and size + _nbytes(t) > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, t))
+        size += _nbytes(t)
     if bucket:
         yield bucket
 

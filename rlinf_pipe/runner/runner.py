@@ -189,7 +189,7 @@ class Runner:
                 await calls.until(logprob)
             train = calls.start("train", self.train_from_channel(step, num_prompts * cfg.algorithm.group_size))
             await calls.until(*calls.all())
-            if step + 1 < cfg.runner.max_steps and cfg.runner.weight_sync == "object_store":
+            if step + 1 < cfg.runner.max_steps and c.weight_sync == "object_store":
                 # publish the next version while the actor holds its devices
                 self.published = await self.export_weights(step + 1)
             if c.collocated:
@@ -228,7 +228,7 @@ class Runner:
         resume) they are published here."""
         c = self.c
         assert c is not None
-        if self.cfg.runner.weight_sync == "broadcast":
+        if c.weight_sync == "broadcast":
             return await self.broadcast_weights(version)
         with self.tracer.span("weight_sync", version=version) as args:
             manifest, self.published = self.published, None
@@ -251,11 +251,11 @@ class Runner:
         c = self.c
         assert c is not None
         with self.tracer.span("weight_sync", version=version) as args:
-            bucket_bytes = self.cfg.runner.weight_bucket_mb << 20
-            receivers = [c.rollout.receive_weights(version)]
+            verify = self.cfg.runner.verify_weights
+            receivers = [c.rollout.receive_weights(version, verify)]
             if c.inference is not None:
-                receivers.append(c.inference.receive_weights(version))
-            sent, *_ = await asyncio.gather(c.actor.broadcast_weights(version, bucket_bytes), *receivers)
+                receivers.append(c.inference.receive_weights(version, verify))
+            sent, *_ = await asyncio.gather(c.actor.broadcast_weights(version, verify), *receivers)
             args["bytes"] = num_bytes = next(b for b in sent if b is not None)
         return {"bytes": float(num_bytes)}
 

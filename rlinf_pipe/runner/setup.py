@@ -44,6 +44,11 @@ class Components:
         return self.placement.mode == "collocated"
 
     @property
+    def weight_sync(self) -> str:
+        """`runner.weight_sync` resolved for this placement (see `resolve_weight_sync`)."""
+        return resolve_weight_sync(self.cfg.runner.weight_sync, self.collocated)
+
+    @property
     def pad_token_id(self) -> int:
         return int(self.tokenizer.pad_token_id)
 
@@ -111,12 +116,20 @@ def sampling_params(cfg: Config, stop_ids: list[int]) -> SamplingParams:
     )
 
 
-def join_weight_group(actor: WorkerGroup, receivers: list[WorkerGroup]) -> None:
+def resolve_weight_sync(setting: str, collocated: bool) -> str:
+    """`auto` is `broadcast` in the disaggregated pipeline and `object_store` when collocated."""
+    if setting == "auto":
+        return "object_store" if collocated else "broadcast"
+    return setting
+
+
+def join_weight_group(actor: WorkerGroup, receivers: list[WorkerGroup], bucket_bytes: int) -> None:
     """Form the weight-broadcast group: the actor's rank 0 (it gathers replica 0's weights) sends, every process
-    of `receivers` receives. All members must join at once (the rendezvous waits for the whole group)."""
+    of `receivers` receives. All members must join at once (the rendezvous waits for the whole group); the
+    receivers check the sender's weight layout against their models."""
     addr, port = actor.execute_on([0]).free_port().wait()[0]
     world = 1 + sum(group.size for group in receivers)
-    calls = [actor.execute_on([0]).join_weight_group(addr, port, world)]
+    calls = [actor.execute_on([0]).join_weight_group(addr, port, world, bucket_bytes)]
     rank = 1
     for group in receivers:
         for member in range(group.size):
@@ -177,8 +190,9 @@ def launch_components(cfg: Config) -> Components:
     actor.setup(model_path, cfg, "actor", locks).wait()
     if inference is not None:
         inference.setup(model_path, cfg, "inference", None).wait()
-        if cfg.runner.weight_sync == "broadcast":
-            join_weight_group(actor, [rollout, inference])
+    if resolve_weight_sync(cfg.runner.weight_sync, collocated) == "broadcast":
+        receivers = [rollout] if inference is None else [rollout, inference]
+        join_weight_group(actor, receivers, cfg.runner.weight_bucket_mb << 20)
     return Components(
         cfg=cfg, cluster=cluster, placement=placement, model_path=model_path, tokenizer=tokenizer, sampler=sampler,
         rollout=rollout, reward=reward, actor=actor, inference=inference, rollouts=rollouts, scored=scored,

@@ -23,7 +23,7 @@ def test_pipeline_vs_collocated_reports_finite_figures():
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     for key in ("pipeline_over_collocated_step_time", "scheduler_overhead_fraction", "weight_sync_bw_ratio_vs_gloo",
-                "bubble_fraction"):
+                "weight_sync_bw_ratio_vs_gloo_one_receiver", "bubble_fraction"):
         value = summary[key]
         assert isinstance(value, (int, float)) and math.isfinite(value), (key, value)
     assert summary["pipeline_over_collocated_step_time"] > 0 and summary["weight_sync_bw_ratio_vs_gloo"] > 0
@@ -32,3 +32,15 @@ def test_pipeline_vs_collocated_reports_finite_figures():
     assert summary["modes"]["pipeline"]["weight_sync_receivers"] == 2
     assert summary["modes"]["collocated"]["weight_sync_receivers"] == 3
     assert summary["settings"]["steps"] == 3 and summary["settings"]["repeats"] == 1
+
+
+def test_weight_broadcast_bench_reports_finite_figures():
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/weight_broadcast_bench.py", "--bucket-mb", "1", "--iters", "2", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = summary["by_bucket_mb"]["1"]
+    assert summary["receivers"] == 2 and result["bytes"] > 0 and result["buckets"] >= 1
+    assert all(math.isfinite(result[k]) and result[k] > 0 for k in ("raw_s", "protocol_s", "protocol_over_raw_bw"))

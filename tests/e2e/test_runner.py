@@ -73,7 +73,7 @@ def test_pipeline_run_outputs_and_versions(pipeline_run):
     names_by_track = {t: {s.name for s in spans if s.track == t} for t in tracks}
     assert {"generate", "weight_sync"} <= names_by_track["rollout/0"]
     assert {"logprob", "weight_sync"} <= names_by_track["inference/0"]
-    assert {"train", "optimizer_step", "export_weights"} <= names_by_track["actor/0"]
+    assert {"train", "optimizer_step", "broadcast_weights"} <= names_by_track["actor/0"]  # weight_sync: auto
     assert "reward" in names_by_track["reward/0"]
     # each stage ran on its placed GPU (rollout: 0, inference: 1, actor: 2)
     assert {s.devices for s in spans if s.track == "rollout/0"} == {(0,)}
@@ -84,6 +84,7 @@ def test_pipeline_run_outputs_and_versions(pipeline_run):
     for k, step in enumerate(steps):
         inside = [s for s in spans if step.start <= s.start and s.end <= step.end]
         assert {s.args["version"] for s in inside if s.name in ("generate", "logprob", "train")} == {k}
+        assert {s.args["version"] for s in inside if s.name in ("weight_sync", "broadcast_weights")} == {k}
     assert (pipeline_run / "timeline.png").stat().st_size > 0 and (pipeline_run / "reward.png").is_file()
     assert list((pipeline_run / "tensorboard").glob("events.out.tfevents.*"))
     ckpt = pipeline_run / "checkpoints" / "step_000002"
@@ -177,18 +178,19 @@ def test_timeline_command_on_a_folder_without_a_run(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_broadcast_weight_sync_trains_the_same_model(tmp_path, tiny_model, pipeline_run):
-    """`runner.weight_sync: broadcast` (a direct gloo group from the actor to the engines) delivers the same
-    weights as the object-store path: same rollouts, same losses, same final parameters."""
-    out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, "runner.weight_sync=broadcast",
+def test_both_weight_sync_paths_train_the_same_model(tmp_path, tiny_model, pipeline_run):
+    """The pipeline's default sync (`runner.weight_sync: auto`: the direct gloo group from the actor to the engines)
+    and `object_store` (with CRC checks) deliver the same weights: same rollouts, losses and final parameters."""
+    spans = read_chrome_trace(pipeline_run / "timeline.json")
+    assert {s.args["version"] for s in spans if s.name == "broadcast_weights"} == {0, 1}
+    assert {s.args["version"] for s in spans if s.name == "weight_sync" and s.track == "rollout/0"} == {0, 1}
+    out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, "runner.weight_sync=object_store",
               "runner.verify_weights=true")
-    ref, got = read_metrics(pipeline_run / "metrics.jsonl"), read_metrics(out / "metrics.jsonl")
+    assert not [s for s in read_chrome_trace(out / "timeline.json") if s.name == "broadcast_weights"]
+    ref, got = read_metrics(out / "metrics.jsonl"), read_metrics(pipeline_run / "metrics.jsonl")
     for a, b in zip(ref, got, strict=True):
         assert a["reward/mean"] == b["reward/mean"] and a["response_length/mean"] == b["response_length/mean"]
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and b["weight_sync/bytes"] == a["weight_sync/bytes"]
-    spans = read_chrome_trace(out / "timeline.json")
-    assert {s.args["version"] for s in spans if s.name == "broadcast_weights"} == {0, 1}
-    assert {s.args["version"] for s in spans if s.name == "weight_sync" and s.track == "rollout/0"} == {0, 1}
     wa, wb = final_weights(pipeline_run), final_weights(out)
     for name in wa:
         torch.testing.assert_close(wa[name], wb[name], atol=1e-6, rtol=1e-5, msg=name)

@@ -152,6 +152,41 @@ def _stream_check(model, arch, path: Path) -> dict:
     return result
 
 
+def _view_stream_check(model, arch, path: Path) -> dict:
+    """`iter_hf_weights(copy=False)` (views of the live parameters at TP 1): names in order, values exact."""
+    from rlinf_pipe.models.convert import hf_weight_names, iter_hf_weights
+    from rlinf_pipe.models.megatron_checkpoint import load_safetensors
+
+    original = load_safetensors(path / "model.safetensors")
+    streamed = [(name, t.clone()) for name, t in iter_hf_weights(model, arch, copy=False)]
+    return {
+        "names_in_order": [n for n, _ in streamed] == hf_weight_names(arch),
+        "unequal": [n for n, t in streamed if not torch.equal(t, original[n])],
+    }
+
+
+def _partial_reload_check(model, arch, path: Path) -> dict:
+    """Zero this rank's shard, reload it from the HF file in small broadcast-layout buckets
+    (`load_hf_state_dict(..., partial=True)`, one bucket at a time): every tensor is loaded once, exactly."""
+    from rlinf_pipe.models.convert import load_hf_state_dict
+    from rlinf_pipe.models.megatron_checkpoint import load_safetensors
+    from rlinf_pipe.runner.weight_broadcast import plan_weight_layout
+
+    original = load_safetensors(path / "model.safetensors")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.data.zero_()
+    loaded: list[str] = []
+    layout = plan_weight_layout(arch, torch.float32, 1_000)
+    for bucket in layout.buckets:
+        loaded += load_hf_state_dict(model, {s.name: original[s.name] for s in bucket.slots}, arch, partial=True)
+    return {
+        "num_buckets": len(layout.buckets),
+        "loaded_once": sorted(loaded) == sorted(set(loaded)) and len(loaded) == len(before),
+        "unequal": [n for n, p in model.named_parameters() if not torch.equal(p, before[n])],
+    }
+
+
 def _engine_logprobs(model, path: Path, vocab: int) -> dict[float, float]:
     """Max |TorchEngine log-prob - Megatron log-prob| over the engine's own samples, per temperature."""
     from rlinf_pipe.workers.rollout.engine import GenerateRequest, SamplingParams
@@ -211,8 +246,11 @@ def _worker(rank: int, world: int, port: int, paths: dict[str, str], result_dir:
                     entry["logits_max_diff"] = float((logits - _hf_logits(path, tokens)).abs().max())
                 if label == "tp1" and rank == 0:
                     entry["engine"] = _engine_logprobs(model, path, arch.vocab_size)
+                if label == "tp1" and rank == 0:
+                    entry["view_stream"] = _view_stream_check(model, arch, path)
                 if label != "tp1":
                     entry["stream"] = _stream_check(model, arch, path)
+                entry["partial_reload"] = _partial_reload_check(model, arch, path)
                 if label == "tp2" and name == "qwen2":
                     entry["ddp_reload_ok"] = _reload_through_ddp(model, path)
                 results[(label, name)] = entry
@@ -267,6 +305,21 @@ def test_weight_bucket_stream_reloads_hf_exactly(results, label, name):
     big, small = streams[BUCKET_SIZES[0]], streams[BUCKET_SIZES[1]]
     assert all(size <= BUCKET_SIZES[0] for _, size in big["sizes"]) and 1 < big["num_buckets"] < big["num_names"]
     assert small["num_buckets"] > big["num_buckets"]
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_view_stream_yields_exact_weights_in_order(results, name):
+    check = results[0][("tp1", name)]["view_stream"]
+    assert check["names_in_order"] and check["unequal"] == [], check
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("label", ["tp1", "tp2", "pp2"])
+def test_partial_reload_bucket_by_bucket_is_exact(results, label, name):
+    checks = [r[(label, name)]["partial_reload"] for r in results if (label, name) in r]
+    assert len(checks) == (1 if label == "tp1" else WORLD)
+    for check in checks:
+        assert check["num_buckets"] > 3 and check["loaded_once"] and check["unequal"] == [], check
 
 
 def test_load_hf_checkpoint_through_ddp_wrapper_in_place(results):

@@ -99,6 +99,7 @@ def test_type_errors_name_key_and_expected_type(override, expected):
         ("algorithm.clip_ratio_low=1.5", "must be below 1"),
         ("algorithm.n_minibatches=3", "does not divide data.rollout_batch_size=16"),
         ("cluster.num_gpus_per_node=[3,3]", "the list has 2 entries but cluster.num_nodes is 1"),
+        ("runner.weight_sync=bogus", "expected one of 'auto', 'object_store', 'broadcast'"),
     ],
 )
 def test_bad_values(override, expected):
@@ -195,3 +196,18 @@ def test_schema_defaults_match_the_data_module():
 def test_bad_answer_pattern(pattern, problem):
     with pytest.raises(ConfigError, match=problem):
         load_config(overrides=[f"reward.answer_pattern='{pattern}'"])
+
+
+def test_broadcast_weight_sync_needs_the_disaggregated_pipeline():
+    collocated = ["cluster.num_gpus_per_node=1", 'cluster.component_placement={"actor,rollout": all}']
+    with pytest.raises(ConfigError, match="runner.weight_sync: broadcast needs the disaggregated pipeline"):
+        load_config(overrides=[*collocated, "runner.weight_sync=broadcast"])
+    assert load_config(overrides=collocated).runner.weight_sync == "auto"
+
+
+def test_auto_weight_sync_resolves_by_mode():
+    from rlinf_pipe.runner.setup import resolve_weight_sync
+
+    assert resolve_weight_sync("auto", collocated=False) == "broadcast"
+    assert resolve_weight_sync("auto", collocated=True) == "object_store"
+    assert resolve_weight_sync("object_store", collocated=False) == "object_store"

@@ -435,6 +435,13 @@ class MegatronPolicy:
 
     # ------------------------------------------------------------------ weights out
 
+    def hf_weights(self, copy: bool = True) -> Iterator[tuple[str, Tensor]]:
+        """HF-named weights of this replica, unbucketed, on its device (collective over its TP/PP ranks; yielded
+        on tp0/pp0); see `rlinf_pipe.models.convert.iter_hf_weights`."""
+        from rlinf_pipe.models.convert import iter_hf_weights
+
+        return iter_hf_weights(self.model, self.arch, copy=copy)
+
     def weight_buckets(self, bucket_bytes: int = 64 << 20) -> Iterator[list[tuple[str, Tensor]]]:
         """HF-named CPU weight buckets of this replica (collective over its TP/PP ranks; yielded on tp0/pp0);
         see `rlinf_pipe.models.convert.iter_hf_weight_buckets`."""

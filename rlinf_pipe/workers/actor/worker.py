@@ -117,24 +117,25 @@ class ActorWorker(InferenceWorker):
             args["bytes"] = manifest.num_bytes
         return manifest if manifest.refs else None
 
-    def join_weight_group(self, addr: str, port: int, world: int) -> None:
-        """Gathering rank only: become rank 0 (the sender) of the weight-broadcast group."""
-        from rlinf_pipe.runner.weight_broadcast import WeightBroadcastGroup
+    def join_weight_group(self, addr: str, port: int, world: int, bucket_bytes: int) -> None:
+        """Gathering rank only: become rank 0 (the sender) of the weight-broadcast group and publish the layout."""
+        from rlinf_pipe.runner.weight_broadcast import join_as_sender
 
-        self.weight_group = WeightBroadcastGroup(addr, port, 0, world)
+        self.weight_group = join_as_sender(addr, port, world, self.policy.arch, self.policy.params_dtype,
+                                           bucket_bytes)
 
-    def broadcast_weights(self, version: int, bucket_bytes: int) -> int | None:
+    def broadcast_weights(self, version: int, checksum: bool = False) -> int | None:
         """Stream this version's weights through the broadcast group (replica 0's ranks gather; rank 0 sends)."""
         if self.policy.dp_rank != 0:
             return None
         with self.tracer.span("broadcast_weights", version=version) as args:
-            buckets = self.policy.weight_buckets(bucket_bytes)
+            tensors = self.policy.hf_weights(copy=False)
             group = getattr(self, "weight_group", None)
             if group is None:  # a TP/PP peer of the sender: only takes part in the gathering
-                for _ in buckets:
+                for _ in tensors:
                     pass
                 return None
-            args["bytes"] = sent = group.send(buckets)
+            args["bytes"] = sent = group.send(version, tensors, checksum)
         return sent
 
     def save_checkpoint(self, path: str) -> str:

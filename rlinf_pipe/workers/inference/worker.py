@@ -144,19 +144,19 @@ class InferenceWorker(Worker):
         return self.version
 
     def join_weight_group(self, addr: str, port: int, rank: int, world: int) -> None:
-        """Join the weight-broadcast group as a receiver."""
-        from rlinf_pipe.runner.weight_broadcast import WeightBroadcastGroup
+        """Join the weight-broadcast group as a receiver (checks the sender's layout against this model)."""
+        from rlinf_pipe.runner.weight_broadcast import join_as_receiver
 
-        self.weight_group = WeightBroadcastGroup(addr, port, rank, world)
+        self.weight_group = join_as_receiver(addr, port, rank, world, self.policy.arch, self.owner)
 
-    def receive_weights(self, version: int) -> int:
-        """Receive `version` from the broadcast group and load it into this rank's shard."""
+    def receive_weights(self, version: int, verify: bool = False) -> int:
+        """Receive `version` from the broadcast group and load it into this rank's shard, bucket by bucket."""
         from rlinf_pipe.models.convert import load_hf_state_dict
 
         check_version(self.version, version, self.owner)
         with self.tracer.span("weight_sync", version=version):
-            state = dict(flatten(self.weight_group.receive()))
-            load_hf_state_dict(self.policy.module, state, self.policy.arch)
+            for bucket in self.weight_group.receive(version, verify):
+                load_hf_state_dict(self.policy.module, dict(bucket), self.policy.arch, partial=True)
             self.version = version
         return version
 

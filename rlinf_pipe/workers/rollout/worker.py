@@ -49,6 +49,7 @@ class RolloutWorker(Worker):
     def __init__(self, model_path: str, backend: str, sampling: SamplingParams, run_seed: int, locks: Any = None,
                  max_batch_size: int = 64):
         self.engine = build_engine(backend, model_path, seed=run_seed, max_batch_size=max_batch_size)
+        self.model_path = model_path
         self.sampling, self.run_seed, self.locks = sampling, run_seed, locks
         info = self.info
         self.devices = info.global_gpus
@@ -97,16 +98,17 @@ class RolloutWorker(Worker):
         return {"version": self.engine.version}
 
     def join_weight_group(self, addr: str, port: int, rank: int, world: int) -> None:
-        """Join the weight-broadcast group as a receiver."""
-        from rlinf_pipe.runner.weight_broadcast import WeightBroadcastGroup
+        """Join the weight-broadcast group as a receiver (checks the sender's layout against this model)."""
+        from rlinf_pipe.models.convert import read_hf_arch
+        from rlinf_pipe.runner.weight_broadcast import join_as_receiver
 
-        self.weight_group = WeightBroadcastGroup(addr, port, rank, world)
+        self.weight_group = join_as_receiver(addr, port, rank, world, read_hf_arch(self.model_path), self.owner)
 
-    def receive_weights(self, version: int) -> int:
+    def receive_weights(self, version: int, verify: bool = False) -> int:
         """Receive `version` from the broadcast group, bucket by bucket, into the engine."""
         check_version(self.engine.version, version, self.owner)
         with self.tracer.span("weight_sync", version=version):
-            self.engine.update_weights(flatten(self.weight_group.receive()), version)
+            self.engine.update_weights(flatten(self.weight_group.receive(version, verify)), version)
         return version
 
     def version(self) -> int:
