@@ -12,7 +12,7 @@ from rlinf_pipe.algorithms.advantages import (
     register_advantage,
     registered_advantages,
 )
-from rlinf_pipe.algorithms.filters import DynamicSampler, drop_uniform_groups
+from rlinf_pipe.algorithms.filters import DynamicSampler, adaptive_oversample, drop_uniform_groups
 from rlinf_pipe.algorithms.groups import GroupStats, group_stats, reward_metrics
 from rlinf_pipe.algorithms.losses import (
     KL_ESTIMATORS,
@@ -46,6 +46,7 @@ __all__ = [
     "LossTerms",
     "PPOTokenLoss",
     "Stat",
+    "adaptive_oversample",
     "advantage_scope",
     "aggregate",
     "all_reduce_terms",

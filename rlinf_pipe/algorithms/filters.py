@@ -22,6 +22,14 @@ def drop_uniform_groups(rewards: Tensor, group_ids: Tensor) -> Tensor:
     return ~s.uniform[s.index]
 
 
+def adaptive_oversample(seen: int, varied: int, cap: float = 4.0) -> float:
+    """Prompts to draw per missing group in an extra round: the inverse of the share of groups so far whose
+    rewards varied, within [1, `cap`] (`cap` when none varied)."""
+    if varied < 0 or varied > seen or cap < 1:
+        raise ValueError(f"need 0 <= varied <= seen and cap >= 1, got seen={seen}, varied={varied}, cap={cap}")
+    return min(cap, max(1.0, seen / varied)) if varied else cap
+
+
 @dataclass
 class DynamicSampler:
     """Counts of one step of dynamic sampling: request groups round by round until `target_groups` non-uniform

@@ -91,7 +91,10 @@ class AlgorithmConfig:
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = opt(
         "token-mean", "How token losses are aggregated."
     )
-    dynamic_sampling: bool = opt(False, "Drop groups whose rewards are all equal and sample more to refill.")
+    dynamic_sampling: bool = opt(
+        False, "Drop groups whose rewards are all equal and sample more prompts to refill the batch (DAPO; group-"
+        "scoped estimators, max_staleness 0)."
+    )
     max_extra_rounds: int = opt(2, "Dynamic sampling: extra sampling rounds per step at most.", min=0)
 
 

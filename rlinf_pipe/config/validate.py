@@ -53,11 +53,21 @@ def validate_config(cfg: Config, source_of: Callable[[str], str] = lambda _: "th
             f"units, so each mini-batch holds whole groups: choose a divisor of {cfg.data.rollout_batch_size}"
         )
     if cfg.algorithm.dynamic_sampling:
-        raise ConfigError(
-            f"algorithm.dynamic_sampling: true is not supported by the runner yet (from "
-            f"{source_of('algorithm.dynamic_sampling')}); set it to false. Groups whose rewards are all equal get "
-            "zero advantage and add nothing to the gradient; `reward/uniform_group_frac` reports their share"
-        )
+        from rlinf_pipe.algorithms.advantages import advantage_scope
+
+        where = f"from {source_of('algorithm.dynamic_sampling')}"
+        if cfg.runner.max_staleness:
+            raise ConfigError(
+                f"algorithm.dynamic_sampling: true cannot run with runner.max_staleness: 1 ({where}): a step's "
+                "extra sampling rounds depend on its own rewards, so its rollout cannot run a step ahead; set one of "
+                "them off"
+            )
+        if advantage_scope(cfg.algorithm.adv_estimator) == "batch":
+            raise ConfigError(
+                f"algorithm.dynamic_sampling: true needs a group-scoped advantage estimator ({where}); "
+                f"{cfg.algorithm.adv_estimator!r} normalises over the whole batch, which dynamic sampling assembles "
+                "round by round: use grpo, dr_grpo or rloo"
+            )
 
     if cfg.rollout.model_path is None:
         cfg.rollout.model_path = cfg.actor.model_path

@@ -3,6 +3,9 @@
     sync weights (actor -> engines [+ log-prob workers]), version = step
     prompts -> rollout -> [rollouts] -> reward + advantages -> [scored] -> log-probs -> [train] -> actor
 
+With `algorithm.dynamic_sampling` the driver sits between reward and log-probs: it keeps the scored groups whose
+rewards are not all equal (into [kept]) and draws more prompts, round by round, until the batch is full.
+
 Disaggregated pipeline: every stage runs at once on its own GPUs and the channels stream between them, so
 generation, scoring, log-probs and training overlap inside the step. Collocated (`actor,rollout: all`): the
 same calls, but the rollout phase finishes before the actor phase starts, each holding the device lock of its
@@ -21,9 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import ray
+import torch
 
+from rlinf_pipe.algorithms.filters import DynamicSampler, adaptive_oversample
 from rlinf_pipe.config.schema import Config
-from rlinf_pipe.data.structs import TrainBatch
+from rlinf_pipe.data.structs import PromptItem, TrainBatch
 from rlinf_pipe.runner.progress import Progress
 from rlinf_pipe.runner.run_dir import (
     checkpoint_dir,
@@ -45,6 +50,8 @@ from rlinf_pipe.utils.timeline import (
     write_chrome_trace,
 )
 from rlinf_pipe.utils.tracing import Span, Tracer
+
+MAX_OVERSAMPLE = 4.0  # dynamic sampling: an extra round draws at most this many prompts per missing group
 
 
 class StageCalls:
@@ -111,6 +118,7 @@ class Runner:
         self.ahead: tuple[asyncio.Future, int] | None = None  # max_staleness 1: next step's rollout, its prompts
         self.sampler_state: dict[str, Any] | None = None  # sampler state before prompts were drawn ahead
         self.published: WeightManifest | None = None  # the next version's weights, exported at the end of a step
+        self.sampling_metrics: dict[str, float] = {}  # dynamic sampling: the current step's counts
 
     # --- lifecycle ------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -170,20 +178,20 @@ class Runner:
             sync = await self.sync_weights(version=step)
             if self.ahead is None:
                 prompts = c.next_prompts()
-                rollout, num_prompts = calls.start("rollout", c.rollout_call(step, prompts, c.rollouts)), len(prompts)
+                rollout, num_prompts = calls.start("rollout", self.generate(step, prompts)), len(prompts)
             self.ahead = None
             if off_policy and step + 1 < cfg.runner.max_steps:  # generate step k+1 with version k while k trains
                 self.sampler_state = c.sampler.state_dict()  # resume re-draws the prompts dispatched ahead
                 ahead, ahead_prompts = self.rollout_after(rollout, step + 1)
                 self.ahead = (calls.watch("rollout_ahead", ahead), ahead_prompts)
-            reward = calls.start(
+            reward = rollout if cfg.algorithm.dynamic_sampling else calls.start(  # sampling rounds score their groups
                 "reward", c.reward.score_step(step, c.rollouts, c.scored, cfg.algorithm.adv_estimator, c.adv_options)
             )
             if c.collocated:  # the rollout phase releases the devices before the actor phase takes them
                 await calls.until(rollout)
                 await calls.until(calls.start("onload", c.actor.begin_phase(step)))
             logprob = calls.start(
-                "logprob", c.logprob_group.logprob_step(step, c.scored, c.train, recompute_old=not off_policy)
+                "logprob", c.logprob_group.logprob_step(step, c.logprob_input, c.train, recompute_old=not off_policy)
             )
             if c.collocated:  # old log-probs must come from the weights before this step's updates
                 await calls.until(logprob)
@@ -198,6 +206,46 @@ class Runner:
         spans = await self.collect_spans()
         metrics = self.step_metrics(step, spans, sync, reward.result(), train.result())
         return StepResult(step, metrics)
+
+    def generate(self, step: int, prompts: list[PromptItem]) -> Any:
+        """The step's rollout into `rollouts`: one call, or with dynamic sampling the rounds of
+        `sample_dynamically`."""
+        c = self.c
+        assert c is not None
+        if self.cfg.algorithm.dynamic_sampling:
+            return self.sample_dynamically(step, prompts)
+        return c.rollout_call(step, prompts, c.rollouts)
+
+    async def sample_dynamically(self, step: int, prompts: list[PromptItem]) -> list[RewardTally]:
+        """Generate and score round by round, keeping (into `kept`) the first groups whose rewards are not all
+        equal, until the step holds `len(prompts)` of them or `algorithm.max_extra_rounds` extra rounds are
+        spent. An extra round draws the missing count scaled by the share of groups kept so far (at most
+        `MAX_OVERSAMPLE` times). Returns every round's reward tallies (all generated groups count in the reward
+        metrics); the counts go to `dynamic_sampling/*`."""
+        c, algo = self.c, self.cfg.algorithm
+        assert c is not None and c.kept is not None
+        sampler = DynamicSampler(len(prompts), algo.max_extra_rounds)
+        tallies: list[RewardTally] = []
+
+        async def keep_varied_groups() -> None:
+            while not isinstance(group := await c.scored.aget(), StepEnd):
+                if sampler.offer(torch.from_numpy(group.rewards)):
+                    await c.kept.aput(group, weight=group.num_sequences)
+
+        while not sampler.done:
+            if sampler.rounds:  # an extra round
+                oversample = adaptive_oversample(sampler.seen, sampler.seen - sampler.uniform, MAX_OVERSAMPLE)
+                prompts = c.next_prompts(sampler.start_round(oversample))
+            else:
+                sampler.start_round()
+            *_, round_tallies = await asyncio.gather(
+                c.rollout_call(step, prompts, c.rollouts), keep_varied_groups(),
+                c.reward.score_step(step, c.rollouts, c.scored, algo.adv_estimator, c.adv_options),
+            )
+            tallies += round_tallies
+        c.kept.end_step()
+        self.sampling_metrics = sampler.metrics()
+        return tallies
 
     def rollout_after(self, previous: asyncio.Future, step: int) -> tuple[Any, int]:
         """Draw step `step`'s prompts now; generate them once `previous` (the rollout of the step before) is done,
@@ -261,7 +309,8 @@ class Runner:
 
     async def train_from_channel(self, step: int, total_sequences: int) -> list[dict[str, float]]:
         """Route the step's training items to the actor replicas in micro-batches as they arrive; step the
-        optimizer after each of the `n_minibatches` mini-batches. Returns the optimizer steps' metrics."""
+        optimizer after each of the `n_minibatches` mini-batches of `total_sequences / n_minibatches` sequences
+        (a last, partial one steps too). Returns the optimizer steps' metrics."""
         c = self.c
         assert c is not None
         per_minibatch = -(-total_sequences // self.cfg.algorithm.n_minibatches)
@@ -294,9 +343,9 @@ class Runner:
             if seen >= boundary:
                 await optimizer_step()
                 boundary += per_minibatch
-        if batcher.pending or pending or not results:
+        if batcher.pending or pending:
             await optimizer_step()
-        return results
+        return results  # empty when nothing arrived (dynamic sampling kept no group): the step trains nothing
 
     # --- outputs ---------------------------------------------------------------------------------------------
     async def collect_spans(self) -> list[Span]:
@@ -322,9 +371,10 @@ class Runner:
         def stage_time(name: str) -> float:  # wall time during which some worker ran this stage
             return analysis.stage_busy.get(name, 0.0) * analysis.duration
 
-        last = train[-1]
+        last = train[-1] if train else {}
         metrics: dict[str, float] = {
             **tally.metrics(),
+            **self.sampling_metrics,
             "loss": last.get("loss", float("nan")),
             "grad_norm": last.get("grad_norm", float("nan")),
             "lr": last.get("lr", float("nan")),

@@ -38,6 +38,7 @@ class Components:
     train: Channel
     locks: Any = None
     adv_options: dict[str, Any] = field(default_factory=dict)
+    kept: Channel | None = None  # algorithm.dynamic_sampling: the scored groups the driver keeps
 
     @property
     def collocated(self) -> bool:
@@ -53,6 +54,11 @@ class Components:
         return int(self.tokenizer.pad_token_id)
 
     @property
+    def logprob_input(self) -> Channel:
+        """What the log-prob stage reads: the scored groups, or with dynamic sampling the ones kept."""
+        return self.kept if self.kept is not None else self.scored
+
+    @property
     def logprob_group(self) -> WorkerGroup:
         """Who computes old / reference log-probs: the inference workers, or the actor when collocated."""
         return self.inference if self.inference is not None else self.actor
@@ -66,8 +72,8 @@ class Components:
         ranks = [r for r in range(self.actor.size) if self.actor.dp_rank_of(r) == dp_rank]
         return self.actor.execute_on(ranks)
 
-    def next_prompts(self) -> list[PromptItem]:
-        return self.sampler.next_batch()
+    def next_prompts(self, count: int | None = None) -> list[PromptItem]:
+        return self.sampler.next_batch(count)
 
     def rollout_call(self, step: int, prompts: list[PromptItem], out: Channel) -> Any:
         return self.rollout.call_sharded("generate_step", prompts, step, out)
@@ -77,7 +83,7 @@ class Components:
         return groups + ([self.inference] if self.inference is not None else [])
 
     def shutdown(self) -> None:
-        for channel in (self.rollouts, self.scored, self.train):
+        for channel in (self.rollouts, self.scored, self.train, *([self.kept] if self.kept else [])):
             channel.abort()  # stop this process's channel threads before Ray goes (they would call into it)
         for group in self.traced_groups():
             group.shutdown()
@@ -186,6 +192,8 @@ def launch_components(cfg: Config) -> Components:
     rollouts = Channel.create(f"{run_id}-rollouts", RolloutGroup, num_producers=rollout_procs, **unbounded)
     scored = Channel.create(f"{run_id}-scored", ScoredGroup, num_producers=len(reward_place.processes), **unbounded)
     train = Channel.create(f"{run_id}-train", TrainBatch, num_producers=logprob_replicas, **unbounded)
+    kept = Channel.create(f"{run_id}-kept", ScoredGroup, num_producers=1, **unbounded) if (
+        cfg.algorithm.dynamic_sampling) else None
 
     actor.setup(model_path, cfg, "actor", locks).wait()
     if inference is not None:
@@ -195,6 +203,6 @@ def launch_components(cfg: Config) -> Components:
         join_weight_group(actor, receivers, cfg.runner.weight_bucket_mb << 20)
     return Components(
         cfg=cfg, cluster=cluster, placement=placement, model_path=model_path, tokenizer=tokenizer, sampler=sampler,
-        rollout=rollout, reward=reward, actor=actor, inference=inference, rollouts=rollouts, scored=scored,
+        rollout=rollout, reward=reward, actor=actor, inference=inference, rollouts=rollouts, scored=scored, kept=kept,
         train=train, locks=locks, adv_options=advantage_options(cfg),
     )

@@ -160,6 +160,41 @@ def test_staleness_one_runs_rollout_ahead(tmp_path, tiny_model):
 
 
 @pytest.mark.slow
+def test_dynamic_sampling_trains_only_varied_groups(tmp_path, tiny_model):
+    """algorithm.dynamic_sampling: groups whose rewards are all equal never reach the log-prob stage or the actor;
+    extra rounds draw more prompts; every generated group counts in the reward metrics."""
+    out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, "algorithm.dynamic_sampling=true",
+              "algorithm.max_extra_rounds=2")
+    records = read_metrics(out / "metrics.jsonl")
+    spans = read_chrome_trace(out / "timeline.json")
+    for r in records:
+        kept, seen, rounds = (int(r[f"dynamic_sampling/{k}"]) for k in ("groups_kept", "groups_seen", "rounds"))
+        assert 1 <= rounds <= 3 and kept <= 4 and r["dynamic_sampling/filled"] == float(kept == 4)
+        assert r["rollout/samples"] == seen * 4  # every round's groups are scored and counted
+        assert seen >= 4 and (rounds == 1) == (seen == 4)
+        step = int(r["step"])
+        assert len([s for s in spans if s.name == "generate" and s.args["step"] == step]) == rounds
+        logprob = [s for s in spans if s.name == "logprob" and s.args["step"] == step]
+        trained = [s for s in spans if s.name == "train" and s.args["version"] == step]
+        assert sum(s.args["sequences"] for s in logprob) == sum(s.args["sequences"] for s in trained) == kept * 4
+        assert r["optimizer_steps"] == float(kept > 0)
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_with_only_uniform_groups_spends_its_rounds_and_skips_training(tmp_path, tiny_model):
+    """Greedy decoding makes both samples of every group identical: no group is ever kept, every extra round is
+    spent, and the step trains nothing (no optimizer step) instead of failing."""
+    out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, "algorithm.dynamic_sampling=true",
+              "algorithm.max_extra_rounds=1", "algorithm.group_size=2", "rollout.temperature=0", "runner.max_steps=1")
+    (r,) = read_metrics(out / "metrics.jsonl")
+    assert r["dynamic_sampling/rounds"] == 2 and r["dynamic_sampling/groups_kept"] == 0
+    assert r["dynamic_sampling/uniform_group_frac"] == 1.0 and r["dynamic_sampling/filled"] == 0
+    assert r["dynamic_sampling/groups_seen"] == 4 + 16  # round 2 draws 4 missing groups x 4 (nothing varied)
+    assert r["optimizer_steps"] == 0
+    assert not [s for s in read_chrome_trace(out / "timeline.json") if s.name in ("logprob", "train")]
+
+
+@pytest.mark.slow
 def test_timeline_command_reports_busy_fractions(pipeline_run, capsys):
     from rlinf_pipe.cli import main
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlinf_pipe.algorithms import DynamicSampler, drop_uniform_groups
+from rlinf_pipe.algorithms import DynamicSampler, adaptive_oversample, drop_uniform_groups
 
 
 def test_drop_uniform_groups() -> None:
@@ -77,3 +77,16 @@ def test_sampler_surplus_in_batch_and_validation() -> None:
         s.offer(torch.zeros(0))
     with pytest.raises(ValueError):
         DynamicSampler(target_groups=1).start_round(oversample=0.5)
+
+
+@pytest.mark.parametrize(
+    "seen, varied, expected",
+    [(16, 8, 2.0), (16, 16, 1.0), (16, 2, 4.0), (16, 0, 4.0), (3, 2, 1.5)],
+)
+def test_adaptive_oversample_is_the_inverse_varied_share_within_bounds(seen, varied, expected):
+    assert adaptive_oversample(seen, varied) == expected
+
+
+def test_adaptive_oversample_rejects_impossible_counts():
+    with pytest.raises(ValueError, match="varied"):
+        adaptive_oversample(2, 3)

@@ -211,3 +211,17 @@ def test_auto_weight_sync_resolves_by_mode():
     assert resolve_weight_sync("auto", collocated=False) == "broadcast"
     assert resolve_weight_sync("auto", collocated=True) == "object_store"
     assert resolve_weight_sync("object_store", collocated=False) == "object_store"
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["runner.max_staleness=1"], "cannot run with runner.max_staleness: 1"),
+        (["algorithm.adv_estimator=reinforce_plus_plus"], "needs a group-scoped advantage estimator"),
+    ],
+)
+def test_dynamic_sampling_rejects_what_it_cannot_do(overrides, expected):
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=["algorithm.dynamic_sampling=true", *overrides])
+    assert expected in str(info.value)
+    assert load_config(overrides=["algorithm.dynamic_sampling=true"]).algorithm.dynamic_sampling
