@@ -124,7 +124,10 @@ class InferenceConfig:
 class ActorConfig:
     """Megatron training of the policy."""
 
-    model_path: str = opt("tiny", "HF model folder of the policy (`tiny`: the tiny model created on first use).")
+    model_path: str = opt(
+        "tiny", "HF model folder of the policy, or a built-in name: `tiny` (the tiny model, warm-started on the "
+        "run's data on first use) or `smollm2-135m`."
+    )
     tensor_parallel_size: int = opt(1, "Megatron tensor-parallel size.", min=1)
     pipeline_parallel_size: int = opt(1, "Megatron pipeline-parallel size.", min=1)
     micro_batch_size: int = opt(16, "Sequences per micro-batch (the cap when micro_batch_tokens is set too).", min=1)

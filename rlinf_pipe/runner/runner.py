@@ -328,9 +328,10 @@ class Runner:
 
         async def optimizer_step() -> None:
             dispatch(batcher.flush())
-            outs = await c.actor.optimizer_step(step)
+            # Ray does not keep submission order on async actors: a micro-batch must have trained before the step
             await asyncio.gather(*pending)
             pending.clear()
+            outs = await c.actor.optimizer_step(step)
             results.append(next(o for o in outs if o is not None))
 
         while True:

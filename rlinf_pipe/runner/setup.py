@@ -91,14 +91,10 @@ class Components:
 
 
 def run_model_path(name: str, cfg: Config) -> str:
-    """The model folder of a run: `tiny` is the tiny model warm-started on this run's data (built once and
-    cached), anything else goes through `resolve_model_path` (built-in names or a folder)."""
-    if name == "tiny":
-        from rlinf_pipe.models.warmstart import ensure_warm_tiny_model
-
-        return str(ensure_warm_tiny_model(data=cfg.data))
+    """The model folder of a run (`resolve_model_path` with the run's data: `tiny` is the tiny model warm-started
+    on it, built once and cached); an unusable name is a `ConfigError`."""
     try:
-        return str(resolve_model_path(name))
+        return str(resolve_model_path(name, data=cfg.data))
     except ValueError as exc:
         raise ConfigError(f"actor.model_path / rollout.model_path: {exc}") from None
 

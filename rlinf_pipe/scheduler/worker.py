@@ -91,6 +91,12 @@ class Worker:
     def ping(self) -> int:
         return os.getpid()
 
+    def drain_spans(self) -> list:
+        """The spans this worker's `tracer` recorded since the last call (the driver collects them each step);
+        none for a worker without one."""
+        tracer = getattr(self, "tracer", None)
+        return tracer.drain() if tracer is not None else []
+
     def free_port(self) -> tuple[str, int]:
         """An address and a free TCP port on this node (the rendezvous point when this is rank 0)."""
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

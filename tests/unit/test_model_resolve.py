@@ -85,3 +85,13 @@ def test_complete_cache_folder_is_reused_without_the_package(tmp_path: Path) -> 
     folder.mkdir()
     (folder / smollm2.MARKER).write_text("{}\n")
     assert smollm2.ensure_smollm2(tmp_path, package=MISSING) == folder
+
+
+def test_tiny_with_a_data_config_is_the_warm_started_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlinf_pipe.config.schema import DataConfig
+    from rlinf_pipe.models import warmstart
+
+    calls: list[object] = []
+    monkeypatch.setattr(warmstart, "ensure_warm_tiny_model", lambda cache_dir, data: calls.append(data) or tmp_path)
+    data = DataConfig()
+    assert resolve_model_path("tiny", data=data) == tmp_path and calls == [data]

@@ -160,5 +160,3 @@ class InferenceWorker(Worker):
             self.version = version
         return version
 
-    def drain_spans(self) -> list:
-        return self.tracer.drain()

@@ -67,8 +67,6 @@ class RewardWorker(Worker):
         out.end_step()
         return tally
 
-    def drain_spans(self) -> list:
-        return self.tracer.drain()
 
     def score_batch(self, pairs: Sequence[tuple[str, str]]) -> list[ScoreResult]:
         """One `ScoreResult` per (response, reference) pair, in order."""

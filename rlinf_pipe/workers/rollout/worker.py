@@ -114,8 +114,6 @@ class RolloutWorker(Worker):
     def version(self) -> int:
         return self.engine.version
 
-    def drain_spans(self) -> list:
-        return self.tracer.drain()
 
     def close_channel(self, channel: Any) -> None:
         channel.close()
