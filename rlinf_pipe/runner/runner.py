@@ -318,12 +318,14 @@ class Runner:
         results: list[dict[str, float]] = []
         pending: list[Any] = []
         seen, boundary, replica = 0, per_minibatch, 0
+        sent = [0] * c.actor_dp  # micro-batches per replica since the last optimizer step (the actor checks)
 
         def dispatch(items: list[TrainBatch] | None) -> None:
             nonlocal replica
             if items:
                 batch = concat_train_batches(items, c.pad_token_id)
                 pending.append(c.actor_replica(replica).train_micro_batch(batch))
+                sent[replica] += 1
                 replica = (replica + 1) % c.actor_dp
 
         async def optimizer_step() -> None:
@@ -331,7 +333,8 @@ class Runner:
             # Ray does not keep submission order on async actors: a micro-batch must have trained before the step
             await asyncio.gather(*pending)
             pending.clear()
-            outs = await c.actor.optimizer_step(step)
+            outs = await c.actor.optimizer_step(step, list(sent))
+            sent[:] = [0] * c.actor_dp
             results.append(next(o for o in outs if o is not None))
 
         while True:

@@ -127,13 +127,15 @@ def _single_process(rank: int, model_path: str) -> dict:
     out["dp1_metrics"] = _train(d, glob, DP1_SPLIT)
     out["dp1_params"] = params_of(d)
     out["dp1_hf"] = {n: t for bucket in d.weight_buckets() for n, t in bucket}
-    # 6. clear errors: a micro-batch without response tokens; a step with nothing accumulated
+    # 6. clear errors: a micro-batch without response tokens; a step with nothing accumulated; a step whose
+    # caller sent more micro-batches than the rank trained (one still queued behind it)
     empty = msgspec.structs.replace(glob, response_mask=torch.zeros_like(glob.response_mask))
     out["errors"] = []
-    for call in (lambda: d.train_micro_batch(empty, LOSS), d.optimizer_step):
+    for call in (lambda: d.train_micro_batch(empty, LOSS), d.optimizer_step,
+                 lambda: (d.train_micro_batch(glob, LOSS), d.optimizer_step(expected_micro_batches=2))):
         try:
             call()
-        except ValueError as exc:
+        except (ValueError, RuntimeError) as exc:
             out["errors"].append(str(exc))
     return out
 
@@ -226,9 +228,10 @@ def test_streaming_order_and_split_invariance(single):
 
 
 def test_clear_errors(single):
-    no_response, empty_step = single["errors"]
+    no_response, empty_step, overtaken = single["errors"]
     assert "no response tokens" in no_response
     assert "denominator" in empty_step
+    assert "trained 1 micro-batches since the last step but was sent 2" in overtaken
 
 
 def test_one_step_reduces_loss(single):

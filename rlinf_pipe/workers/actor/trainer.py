@@ -367,15 +367,23 @@ class MegatronPolicy:
         self._micro_batches += 1
         self._tokens += int(batch.response_mask.sum())
 
-    def optimizer_step(self) -> dict[str, float]:
+    def optimizer_step(self, expected_micro_batches: int | None = None) -> dict[str, float]:
         """Finish the step: sum gradients over DP, scale them by 1 / (global loss denominator), clip, step, zero.
 
         Collective over all ranks. Returns (on every rank) `loss` (the normalised loss of all micro-batches since
         the last step, before the update), `loss_fn`'s merged metrics, `grad_norm` (before clipping), `lr`,
         `micro_batches` and `tokens` (response tokens) summed over DP. Raises `ValueError` (after dropping the
         gradients) when the global denominator is 0, e.g. no micro-batch had a response token.
+        `expected_micro_batches`: how many micro-batches the caller sent this rank since the last step; another
+        count (a call that overtook one of them) raises `RuntimeError` before anything changes.
         """
         self._require_train()
+        if expected_micro_batches is not None and expected_micro_batches != self._micro_batches:
+            raise RuntimeError(
+                f"optimizer_step: this rank trained {self._micro_batches} micro-batches since the last step but "
+                f"was sent {expected_micro_batches}: a call ran out of order (await every train_micro_batch before "
+                "calling optimizer_step)"
+            )
         import torch.distributed as dist
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import finalize_model_grads

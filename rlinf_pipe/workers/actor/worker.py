@@ -100,10 +100,12 @@ class ActorWorker(InferenceWorker):
                               tokens=batch.num_tokens):
             self.policy.train_micro_batch(batch, self.loss_fn)
 
-    def optimizer_step(self, step: int) -> dict[str, float] | None:
-        """Collective: one optimizer step; metrics on the replica-0 output rank, None elsewhere."""
+    def optimizer_step(self, step: int, micro_batches: list[int] | None = None) -> dict[str, float] | None:
+        """Collective: one optimizer step; metrics on the replica-0 output rank, None elsewhere. `micro_batches`:
+        per data-parallel replica, how many micro-batches the driver sent since the last step (checked)."""
+        expected = None if micro_batches is None else micro_batches[self.policy.dp_rank]
         with self.tracer.span("optimizer_step", step=step):
-            metrics = self.policy.optimizer_step()
+            metrics = self.policy.optimizer_step(expected)
         self.version = step + 1
         return metrics if (self.is_output_rank and self.policy.dp_rank == 0) else None
 
