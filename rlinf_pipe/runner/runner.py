@@ -219,8 +219,9 @@ class Runner:
     async def sample_dynamically(self, step: int, prompts: list[PromptItem]) -> list[RewardTally]:
         """Generate and score round by round, keeping (into `kept`) the first groups whose rewards are not all
         equal, until the step holds `len(prompts)` of them or `algorithm.max_extra_rounds` extra rounds are
-        spent. An extra round draws the missing count scaled by the share of groups kept so far (at most
-        `MAX_OVERSAMPLE` times). Returns every round's reward tallies (all generated groups count in the reward
+        spent. An extra round draws the missing count times the inverse share of groups whose rewards varied so
+        far (`adaptive_oversample`, 1 to `MAX_OVERSAMPLE`). Kept groups stream on to the log-prob stage while
+        later rounds generate. Returns every round's reward tallies (all generated groups count in the reward
         metrics); the counts go to `dynamic_sampling/*`."""
         c, algo = self.c, self.cfg.algorithm
         assert c is not None and c.kept is not None
