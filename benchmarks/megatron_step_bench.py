@@ -26,7 +26,6 @@ import functools
 import json
 import os
 import platform
-import socket
 import statistics
 import tempfile
 import time
@@ -37,6 +36,7 @@ import torch
 from rlinf_pipe.algorithms.losses import policy_loss
 from rlinf_pipe.algorithms.terms import LossTerms, finalize
 from rlinf_pipe.data.structs import TrainBatch
+from rlinf_pipe.utils.net import free_port
 
 LR = 1e-5
 CLIP = 1.0
@@ -65,12 +65,6 @@ def make_loss_fn() -> Callable[[torch.Tensor, torch.Tensor | None, TrainBatch], 
                     entropy=entropy)
 
     return loss_fn
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def init_megatron() -> None:

@@ -36,7 +36,6 @@ import json
 import math
 import os
 import platform
-import socket
 import statistics
 import tempfile
 import time
@@ -45,6 +44,8 @@ from typing import Any
 
 import ray
 import torch
+
+from rlinf_pipe.utils.net import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "examples" / "math" / "config"
@@ -188,12 +189,6 @@ class GlooRank:
         import torch.distributed as dist
 
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def gloo_bytes_per_s(num_bytes: int, iters: int, receivers: int) -> float:

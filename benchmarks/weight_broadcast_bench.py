@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -24,6 +23,8 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
+
+from rlinf_pipe.utils.net import free_port
 
 
 def _member(rank: int, world: int, port: int, model: str, bucket_mb: int, iters: int, out: str) -> None:
@@ -63,16 +64,10 @@ def _member(rank: int, world: int, port: int, model: str, bucket_mb: int, iters:
         }))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def measure(model: str, receivers: int, bucket_mb: int, iters: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
-        mp.spawn(_member, args=(1 + receivers, _free_port(), model, bucket_mb, iters, out), nprocs=1 + receivers,
+        mp.spawn(_member, args=(1 + receivers, free_port(), model, bucket_mb, iters, out), nprocs=1 + receivers,
                  join=True)
         result = json.loads(Path(out).read_text())
     result["protocol_over_raw_bw"] = result["raw_s"] / result["protocol_s"]

@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 import ray
 
+from rlinf_pipe.utils.net import free_port
+
 ENV_PREFIX = "RLINF_PIPE_"
 CONTROL_GROUP = "control"  # liveness/metadata calls run in their own thread, answered while a long method runs
 
@@ -99,9 +101,7 @@ class Worker:
 
     def free_port(self) -> tuple[str, int]:
         """An address and a free TCP port on this node (the rendezvous point when this is rank 0)."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("", 0))
-            return ray.util.get_node_ip_address(), sock.getsockname()[1]
+        return ray.util.get_node_ip_address(), free_port("")
 
     def init_distributed(self, master_addr: str, master_port: int, timeout_s: float = 300.0) -> str:
         """Join the group's torch.distributed process group: nccl with CUDA, gloo otherwise. Returns the backend."""

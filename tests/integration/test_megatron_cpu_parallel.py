@@ -12,7 +12,9 @@ import os
 import pytest
 import torch
 import torch.multiprocessing as mp
-from support.megatron_train import free_port, train_tiny_gpt
+from support.megatron_train import train_tiny_gpt
+
+from rlinf_pipe.utils.net import free_port
 
 pytestmark = pytest.mark.slow
 

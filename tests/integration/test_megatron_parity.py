@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from support.megatron_train import free_port
 
 from rlinf_pipe.models.tiny import ensure_tiny_model
+from rlinf_pipe.utils.net import free_port
 
 pytestmark = pytest.mark.slow  # one 2-process spawn: about 20-30 s on 2 busy cores
 

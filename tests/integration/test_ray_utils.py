@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,15 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from rlinf_pipe.utils.net import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 START = REPO / "ray_utils" / "start_ray.sh"
 CHECK = REPO / "ray_utils" / "check_ray.sh"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def _script_env(tmp: Path, **extra: str) -> dict[str, str]:
@@ -117,7 +112,7 @@ def cluster(request, tmp_path_factory):
     # Ray's unix socket paths (temp dir + session name + socket name) must stay under 108 bytes: keep it short.
     ray_tmp = Path(tempfile.mkdtemp(prefix="rlp-ray-"))
     sessions = Sessions(tmp, marker=str(ray_tmp))
-    port = _free_port()
+    port = free_port("")
     common = dict(RAY_PORT=str(port), RAY_NUM_CPUS="1", RAY_AUTH_MODE=auth_mode, RAY_JOIN_TIMEOUT="90")
     head_env = _script_env(tmp, RANK="0", RAY_NUM_GPUS="2", RAY_TEMP_DIR=str(ray_tmp / "h"),
                            RAY_EXTRA_ARGS="--include-dashboard=false", **common)

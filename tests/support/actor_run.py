@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 
 from rlinf_pipe.algorithms import policy_loss
 from rlinf_pipe.data.structs import TrainBatch
-from support.megatron_train import free_port
+from rlinf_pipe.utils.net import free_port
 
 PAD_ID = 0
 

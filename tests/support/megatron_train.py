@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import socket
 import time
 
 import torch
 
 SEQ, VOCAB, MBS, SEED = 16, 128, 2, 1234
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def micro_batch(rank_offset: int, micro: int) -> dict[str, torch.Tensor]:

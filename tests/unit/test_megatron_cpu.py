@@ -10,9 +10,10 @@ import warnings
 
 import pytest
 import torch
-from support.megatron_train import free_port, train_tiny_gpt
+from support.megatron_train import train_tiny_gpt
 
 from rlinf_pipe.models import megatron_cpu
+from rlinf_pipe.utils.net import free_port
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only compatibility layer")
 

@@ -7,7 +7,6 @@ through the two-buffer rings, version and checksum errors that leave the group u
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +25,7 @@ from rlinf_pipe.runner.weight_broadcast import (
     plan_weight_layout,
 )
 from rlinf_pipe.runner.weight_sync import WeightSyncError
+from rlinf_pipe.utils.net import free_port
 
 
 def make_arch(num_layers: int = 3, tied: bool = True) -> Any:
@@ -38,12 +38,6 @@ def make_arch(num_layers: int = 3, tied: bool = True) -> Any:
 def random_weights(arch: Any, seed: int) -> list[tuple[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
     return [(n, torch.randn(hf_weight_shape(arch, n), generator=g)) for n in hf_weight_names(arch)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_members(*members: Callable[[], Any]) -> list[Any]:
