@@ -22,7 +22,10 @@ def drop_uniform_groups(rewards: Tensor, group_ids: Tensor) -> Tensor:
     return ~s.uniform[s.index]
 
 
-def adaptive_oversample(seen: int, varied: int, cap: float = 4.0) -> float:
+MAX_OVERSAMPLE = 4.0  # an extra round of dynamic sampling draws at most this many prompts per missing group
+
+
+def adaptive_oversample(seen: int, varied: int, cap: float = MAX_OVERSAMPLE) -> float:
     """Prompts to draw per missing group in an extra round: the inverse of the share of groups so far whose
     rewards varied, within [1, `cap`] (`cap` when none varied)."""
     if varied < 0 or varied > seen or cap < 1:

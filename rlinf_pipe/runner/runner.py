@@ -51,8 +51,6 @@ from rlinf_pipe.utils.timeline import (
 )
 from rlinf_pipe.utils.tracing import Span, Tracer
 
-MAX_OVERSAMPLE = 4.0  # dynamic sampling: an extra round draws at most this many prompts per missing group
-
 
 class StageCalls:
     """The step's running stage calls; waiting on some of them fails fast when ANY of them fails (a failed stage
@@ -220,7 +218,7 @@ class Runner:
         """Generate and score round by round, keeping (into `kept`) the first groups whose rewards are not all
         equal, until the step holds `len(prompts)` of them or `algorithm.max_extra_rounds` extra rounds are
         spent. An extra round draws the missing count times the inverse share of groups whose rewards varied so
-        far (`adaptive_oversample`, 1 to `MAX_OVERSAMPLE`). Kept groups stream on to the log-prob stage while
+        far (`adaptive_oversample`: 1 to 4 times). Kept groups stream on to the log-prob stage while
         later rounds generate. Returns every round's reward tallies (all generated groups count in the reward
         metrics); the counts go to `dynamic_sampling/*`."""
         c, algo = self.c, self.cfg.algorithm
@@ -235,7 +233,7 @@ class Runner:
 
         while not sampler.done:
             if sampler.rounds:  # an extra round
-                oversample = adaptive_oversample(sampler.seen, sampler.seen - sampler.uniform, MAX_OVERSAMPLE)
+                oversample = adaptive_oversample(sampler.seen, sampler.seen - sampler.uniform)
                 prompts = c.next_prompts(sampler.start_round(oversample))
             else:
                 sampler.start_round()

@@ -90,12 +90,11 @@ def plan_weight_layout(arch: Any, dtype: torch.dtype, bucket_bytes: int) -> Weig
     offset = 0
     for group in hf_weight_groups(arch):
         shapes = [hf_weight_shape(arch, name) for name in group]
-        sizes = [_align(torch.Size(shape).numel() * element) for shape in shapes]
-        if slots and offset + sum(sizes) > bucket_bytes:
+        sizes = [torch.Size(shape).numel() * element for shape in shapes]
+        if slots and offset + sum(map(_align, sizes)) > bucket_bytes:
             buckets.append(BucketLayout(tuple(slots), offset))
             slots, offset = [], 0
-        for name, shape in zip(group, shapes, strict=True):
-            nbytes = torch.Size(shape).numel() * element
+        for name, shape, nbytes in zip(group, shapes, sizes, strict=True):
             slots.append(TensorSlot(name, shape, offset, nbytes))
             offset += _align(nbytes)
     if slots:
