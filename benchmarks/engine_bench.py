@@ -21,8 +21,8 @@ import time
 import torch
 from transformers import AutoModelForCausalLM
 
+from rlinf_pipe.engines.rollout import GenerateRequest, SamplingParams, TorchEngine
 from rlinf_pipe.models import ensure_tiny_model
-from rlinf_pipe.workers.rollout import GenerateRequest, SamplingParams, TorchEngine
 
 
 def prompts(batch: int, vocab: int) -> list[list[int]]:

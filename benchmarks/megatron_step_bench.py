@@ -69,22 +69,19 @@ def make_loss_fn() -> Callable[[torch.Tensor, torch.Tensor | None, TrainBatch], 
 
 def init_megatron() -> None:
     import torch.distributed as dist
-    from megatron.core import parallel_state as ps
 
-    from rlinf_pipe.models.megatron_cpu import enable_cpu_compat
+    from rlinf_pipe.models.megatron_gpt import init_model_parallel
 
-    enable_cpu_compat()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))
     if not dist.is_initialized():
         dist.init_process_group("gloo", rank=0, world_size=1)
-    if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    init_model_parallel(1, 1)
 
 
 class MegatronStep:
     def __init__(self, folder: str, batch: TrainBatch) -> None:
-        from rlinf_pipe.workers.actor.trainer import MegatronPolicy
+        from rlinf_pipe.engines.policy.policy import MegatronPolicy
 
         self.policy = MegatronPolicy(folder, lr=LR, clip_grad=CLIP, params_dtype="float32")
         self.batch, self.loss_fn = batch, make_loss_fn()
@@ -102,7 +99,7 @@ class MegatronStep:
 
     def forward(self) -> float:
         """Forward alone (model + token log-probs + loss, autograd recording, no backward)."""
-        from rlinf_pipe.workers.actor.logprobs import token_logprobs
+        from rlinf_pipe.engines.policy.logprobs import token_logprobs
 
         p = self.policy
         t0 = time.perf_counter()

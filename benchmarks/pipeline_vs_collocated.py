@@ -10,16 +10,19 @@ warm-started tiny model, data, seed and batch:
   `cluster.component_placement={"actor,rollout": all}` (actor DP=3, rollout DP=3, time-sharing the GPUs).
 The example batch (16 prompts x 8 samples = 128) does not split over the collocated actor's 3 data-parallel
 ranks, so BOTH runs use `data.rollout_batch_size=12` (96 samples; `--rollout-batch-size`).
-Each run goes through `rlinf_pipe.runner.Runner(cfg)` (`.run()`, `.shutdown()`, `ray.shutdown()`); its
+Each run goes through `rlinf_pipe.runner.Runner.start(cfg)` (`.run()`, `.shutdown()`, `ray.shutdown()`); its
 `metrics.jsonl` and `timeline.json` are read back and the first `--warmup` steps are dropped.
 
 Reported (medians over steps, then over repeats; ratios paired within a repeat, then the median):
 - step time of each mode and `pipeline_over_collocated_step_time` (< 1: the pipeline is faster);
 - per-stage busy fractions (share of step time during which some worker ran the stage), the device bubble and the
   scheduler overhead (share of step time during which no worker ran any span) of each mode;
+- bytes of data (tensors, arrays) through the driver per step (`driver_data_bytes_per_step`: the arguments of its
+  worker-group calls and its channel ends; the training data streams from worker to worker, so this is 0), beside
+  the bytes of training batches the actor replicas read from their train channels (`train_data_bytes_per_step`);
 - weight sync per version: time = the driver's `weight_sync` span (`timing/weight_sync`: from the calls going out
   until every receiver has loaded the version: the rollout engine and the inference worker in the pipeline, the
-  3 rollout engines when collocated) united with the actor's `export_weights` span of that version (the object
+  3 rollout engines when collocated) united with the actor's `publish_weights` span of that version (the object
   store path publishes at the end of the previous step), bytes (`weight_sync/bytes`), bandwidth = bytes / time;
 - the baseline: Ray actors forming a gloo group broadcast a float32 tensor of the same number of bytes from one
   sender to as many receivers as the pipeline's sync has (timed from the sender's start to the last receiver's
@@ -106,10 +109,10 @@ def run_mode(mode: str, args: argparse.Namespace, model: str, out: Path) -> dict
 
     cfg = load(mode, args, model, out)
     start = time.perf_counter()
-    runner = Runner(cfg)
+    runner = Runner.start(cfg)
     try:
         run_dir = runner.run()
-        placement = runner.c.placement
+        placement = runner.c.plan.placement
         receivers = len(placement.components["rollout"].processes) + (
             len(placement.components["inference"].processes) if "inference" in placement.components else 0
         )
@@ -123,11 +126,11 @@ def run_mode(mode: str, args: argparse.Namespace, model: str, out: Path) -> dict
     analyses = [a for a in analyse(spans) if a.step >= args.warmup]
     timeline = summarise(analyses)
     # Sync time of version v: the driver's `weight_sync` span (loading into every receiver) united with the actor's
-    # `export_weights` span of v. The runner may export inside the sync span or at the end of the previous step
-    # (while the actor still holds its devices); the union counts export once either way.
+    # `publish_weights` span of v. The runner may publish inside the sync span or at the end of the previous step
+    # (while the actor still holds its devices); the union counts publishing once either way.
     sync_s = median([
         union_length([(s.start, s.end) for s in spans if s.args.get("version") == v and (
-            (s.name == "weight_sync" and s.track == "driver") or s.name == "export_weights")]) or float("nan")
+            (s.name == "weight_sync" and s.track == "driver") or s.name == "publish_weights")]) or float("nan")
         for v in range(args.warmup, args.steps)
     ])
     sync_bytes = median([r["weight_sync/bytes"] for r in records])
@@ -150,13 +153,14 @@ def run_mode(mode: str, args: argparse.Namespace, model: str, out: Path) -> dict
         "weight_sync_receivers": receivers,
         "weight_sync_bytes_per_s": sync_bytes / sync_s,
         "weight_sync_parts_s": {
-            "export": span_median("export_weights", "actor"),
-            "send": span_median("broadcast_weights", "actor"),
+            "publish": span_median("publish_weights", "actor"),
             "load_rollout": span_median("weight_sync", "rollout"),
             "load_inference": span_median("weight_sync", "inference"),
         },
         "tokens_per_s": median([r["throughput/tokens_per_s"] for r in records]),
         "reward_mean": median([r["reward/mean"] for r in records]),
+        "driver_data_bytes_per_step": median([r["driver/data_bytes"] for r in records]),
+        "train_data_bytes_per_step": median([r["actor/train_data_bytes"] for r in records]),
     }
 
 
@@ -285,6 +289,8 @@ def main() -> None:
                 for k in runs[mode][0]["weight_sync_parts_s"]
             }),
             "reward_mean": round(agg(mode, "reward_mean"), 4),
+            "driver_data_bytes_per_step": int(agg(mode, "driver_data_bytes_per_step")),
+            "train_data_bytes_per_step": int(agg(mode, "train_data_bytes_per_step")),
         }
         for mode in MODES
     }
@@ -294,6 +300,8 @@ def main() -> None:
         "collocated_step_s": per_mode["collocated"]["step_s"],
         "bubble_fraction": per_mode["pipeline"]["bubble_fraction"],
         "scheduler_overhead_fraction": per_mode["pipeline"]["scheduler_overhead_fraction"],
+        "driver_data_bytes_per_step": per_mode["pipeline"]["driver_data_bytes_per_step"],
+        "train_data_bytes_per_step": per_mode["pipeline"]["train_data_bytes_per_step"],
         "weight_sync_s": per_mode["pipeline"]["weight_sync_s"],
         "weight_sync_bytes": per_mode["pipeline"]["weight_sync_bytes"],
         "weight_sync_mib_per_s": per_mode["pipeline"]["weight_sync_mib_per_s"],
@@ -326,6 +334,8 @@ def main() -> None:
         ("weight sync (ms)", "weight_sync_s", "{:.1f}"),
         ("  driver sync span (ms)", "weight_sync_driver_span_s", "{:.1f}"), ("weight sync receivers", "weight_sync_receivers", "{}"),
         ("weight sync MiB/s", "weight_sync_mib_per_s", "{:.1f}"),
+        ("driver data bytes/step", "driver_data_bytes_per_step", "{:,}"),
+        ("train data bytes/step", "train_data_bytes_per_step", "{:,}"),
     ]:
         vals = [per_mode[m][key] * (1e3 if key in ("weight_sync_s", "weight_sync_driver_span_s") else 1) for m in MODES]
         print(f"{label:<28}" + "".join(f"{fmt.format(v):>12}" for v in vals))

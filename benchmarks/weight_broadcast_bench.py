@@ -1,12 +1,12 @@
-"""The broadcast weight-sync protocol alone (no Ray, no runner) against a raw gloo broadcast of the same bytes.
+"""The process-group weight transport alone (no Ray, no runner) against a raw gloo broadcast of the same bytes.
 
     python benchmarks/weight_broadcast_bench.py [--model DIR] [--receivers 2] [--bucket-mb 64 16 4] [--json]
 
-Spawns 1 + `--receivers` processes (torch.multiprocessing) that form a `WeightBroadcastGroup` exactly as the
-actor and the engines do (layout planned from the model's config, agreed once). Per iteration, in the same group
-and on the same bytes: a raw `ProcessGroupGloo.broadcast` of one flat buffer, then one version through
-`send` / `receive` of random weights in the layout, with each receiver copying every tensor out into its own
-preallocated tensor (what an engine's load does). Both are timed between barriers; medians of `--iters` after
+Spawns 1 + `--receivers` processes (torch.multiprocessing) that open the `broadcast` transport's ends exactly as
+the actor and the engines do (`rlinf_pipe.weights.transports`, layout planned from the model's config). Per
+iteration, in the same group and on the same bytes: a raw broadcast of one flat buffer over the transport's process
+group, then one version through `publish` / `receive` of random weights in the layout, with each receiver copying
+every tensor out into its own preallocated tensor (what an engine's load does). Both are timed between barriers; medians of `--iters` after
 2 warm-up iterations. `protocol_over_raw_bw` = raw time / protocol time (1.0 = no overhead).
 With --json the last printed line is one JSON object.
 """
@@ -29,37 +29,45 @@ from rlinf_pipe.utils.net import free_port
 
 def _member(rank: int, world: int, port: int, model: str, bucket_mb: int, iters: int, out: str) -> None:
     from rlinf_pipe.models.convert import hf_weight_names, hf_weight_shape, read_hf_arch
-    from rlinf_pipe.runner.weight_broadcast import join_as_receiver, join_as_sender
+    from rlinf_pipe.weights import WeightVersion, plan_weight_layout
+    from rlinf_pipe.weights.process_group import Rendezvous
+    from rlinf_pipe.weights.transports import open_receiver, open_sender
 
     torch.set_num_threads(1)
     arch = read_hf_arch(model)
+    layout = plan_weight_layout(arch, torch.float32, bucket_mb << 20)
+    rendezvous = Rendezvous("127.0.0.1", port, world)
     if rank == 0:
-        group = join_as_sender("127.0.0.1", port, world, arch, torch.float32, bucket_mb << 20)
+        end = open_sender("broadcast", layout, rendezvous)
     else:
-        group = join_as_receiver("127.0.0.1", port, rank, world, arch, f"receiver {rank}")
+        end = open_receiver("broadcast", layout, arch, f"receiver {rank}", rendezvous, rank)
+    group = end.ring.group
     weights = [(n, torch.randn(hf_weight_shape(arch, n))) for n in hf_weight_names(arch)]
     loaded = {n: torch.empty_like(t) for n, t in weights}
-    flat = torch.empty(group.layout.num_bytes, dtype=torch.uint8)
+
+    def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
+        for name, tensor in bucket:
+            loaded[name].copy_(tensor)
+
+    flat = torch.empty(layout.num_bytes, dtype=torch.uint8)
     raw, protocol = [], []
     for version in range(iters + 2):
-        group.pg.barrier().wait()
+        group.barrier().wait()
         start = time.perf_counter()
-        group.pg.broadcast(flat, 0).wait()
-        group.pg.barrier().wait()
+        group.broadcast(flat, 0).wait()
+        group.barrier().wait()
         raw.append(time.perf_counter() - start)
-        group.pg.barrier().wait()
+        group.barrier().wait()
         start = time.perf_counter()
         if rank == 0:
-            group.send(version, weights)
+            end.publish(version, weights)
         else:
-            for bucket in group.receive(version):
-                for name, tensor in bucket:
-                    loaded[name].copy_(tensor)
-        group.pg.barrier().wait()
+            end.receive(WeightVersion(version), load)
+        group.barrier().wait()
         protocol.append(time.perf_counter() - start)
     if rank == 0:
         Path(out).write_text(json.dumps({
-            "bytes": group.layout.num_bytes, "buckets": len(group.layout.buckets),
+            "bytes": layout.num_bytes, "buckets": len(layout.buckets),
             "raw_s": statistics.median(raw[2:]), "protocol_s": statistics.median(protocol[2:]),
         }))
 

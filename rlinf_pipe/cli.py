@@ -33,11 +33,11 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
 
 def _plan(args: argparse.Namespace) -> int:
     from rlinf_pipe.config import load_config
-    from rlinf_pipe.scheduler.placement import plan_placement
+    from rlinf_pipe.runner.plan import plan_run
     from rlinf_pipe.scheduler.plan_report import render_plan
 
     cfg = load_config(args.config_path, args.config_name, args.overrides)
-    placement = plan_placement(cfg)
+    placement = plan_run(cfg).placement
     print(json.dumps(placement.to_json(), indent=2) if args.json else render_plan(placement))
     return 0
 

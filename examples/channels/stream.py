@@ -3,7 +3,7 @@
     python examples/channels/stream.py [cluster.ray_address=local]
 
 Two producer workers (placed like rollout engines) put variable-length samples, weighted by their token count,
-and end each step; the driver takes each step in token-budget batches and sees `StepEnd` when the step is in.
+and end each step; the driver takes each step's samples as they arrive and sees `StepEnd` when the step is in.
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ from rlinf_pipe.scheduler.placement import plan_placement  # noqa: E402
 from rlinf_pipe.scheduler.worker import Worker  # noqa: E402
 from rlinf_pipe.scheduler.worker_group import WorkerGroup  # noqa: E402
 
-STEPS, PER_STEP, TOKEN_BUDGET = 2, 6, 24
+STEPS, PER_STEP = 2, 6
 
 
 class SampleProducer(Worker):
+    """Puts `per_step` samples a step into the channel (a channel handle travels to workers by name)."""
+
     def produce(self, channel: Channel, steps: int, per_step: int) -> int:
         for _ in range(steps):
             for index in range(per_step):
@@ -48,14 +50,15 @@ def main(overrides: list[str]) -> None:
     try:
         samples = Channel.create("samples", Sample, maxsize=64, num_producers=2)
         rollout = plan_placement(cfg, cluster.gpus_per_node).components["rollout"]
-        producers = WorkerGroup.launch(SampleProducer, "rollout", rollout, cluster, init_distributed=False)
-        done = producers.produce(samples, STEPS, PER_STEP)
+        producers = WorkerGroup.launch(SampleProducer, "rollout", rollout, cluster, distributed=False)
+        done = producers.all.produce(samples, STEPS, PER_STEP)
         for step in range(STEPS):
-            while not isinstance(batch := samples.get_batch(TOKEN_BUDGET, timeout=60), StepEnd):
-                tokens = sum(len(s.tokens) for s in batch)
-                print(f"step {step}: {len(batch)} samples, {tokens} tokens "
-                      f"(producers {sorted({s.producer for s in batch})})")
-            print(f"step {batch.step} complete")
+            got = []
+            while not isinstance(item := samples.get(timeout=60), StepEnd):
+                got.append(item)
+            tokens = sum(len(s.tokens) for s in got)
+            print(f"step {step}: {len(got)} samples, {tokens} tokens (producers {sorted({s.producer for s in got})})")
+            print(f"step {item.step} complete")
         print("samples per producer:", done.wait())
         samples.close()
     finally:

@@ -6,7 +6,6 @@ Errors are `ConfigError`s that name the key, where it came from (file or overrid
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import types
 import typing
 from pathlib import Path
@@ -17,6 +16,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
+from rlinf_pipe.utils.text import closest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,15 +32,6 @@ class _Sources:
             if key == path or path.startswith(key + ".") or key.startswith(path + "."):
                 return f"override `{override}`"
         return f"file {self.file}" if self.file else "the defaults"
-
-
-def closest(name: str, valid: typing.Iterable[str]) -> str:
-    """A hint naming the closest valid names, or all of them when none is close."""
-    valid = sorted(valid)
-    near = difflib.get_close_matches(name, valid, n=3, cutoff=0.6)
-    if near:
-        return "did you mean " + " or ".join(f"`{v}`" for v in near) + "?"
-    return "valid names: " + ", ".join(f"`{v}`" for v in valid)
 
 
 def find_config_file(config_path: str | Path, config_name: str) -> Path:

@@ -1,4 +1,5 @@
-"""The one validation pass over a typed `Config`: bounds, cross-field rules, derived values, placement."""
+"""The validation pass over a typed `Config`: bounds, cross-field rules, derived values. What depends on the
+placement (which the scheduler plans) is checked by `rlinf_pipe.runner.plan.plan_run`."""
 
 from __future__ import annotations
 
@@ -36,7 +37,6 @@ def validate_config(cfg: Config, source_of: Callable[[str], str] = lambda _: "th
             f"algorithm.dual_clip_c: {cfg.algorithm.dual_clip_c} must be > 1, or null to disable the dual clip "
             f"(from {source_of('algorithm.dual_clip_c')})"
         )
-    _check_estimator(cfg.algorithm.adv_estimator, source_of)
     if cfg.reward.answer_pattern is not None:
         try:
             if re.compile(cfg.reward.answer_pattern).groups < 1:
@@ -52,52 +52,14 @@ def validate_config(cfg: Config, source_of: Callable[[str], str] = lambda _: "th
             f"{cfg.data.rollout_batch_size} (from {source_of('algorithm.n_minibatches')}); prompt groups stream as "
             f"units, so each mini-batch holds whole groups: choose a divisor of {cfg.data.rollout_batch_size}"
         )
-    if cfg.algorithm.dynamic_sampling:
-        from rlinf_pipe.algorithms.advantages import advantage_scope
-
-        where = f"from {source_of('algorithm.dynamic_sampling')}"
-        if cfg.runner.max_staleness:
-            raise ConfigError(
-                f"algorithm.dynamic_sampling: true cannot run with runner.max_staleness: 1 ({where}): a step's "
-                "extra sampling rounds depend on its own rewards, so its rollout cannot run a step ahead; set one of "
-                "them off"
-            )
-        if advantage_scope(cfg.algorithm.adv_estimator) == "batch":
-            raise ConfigError(
-                f"algorithm.dynamic_sampling: true needs a group-scoped advantage estimator ({where}); "
-                f"{cfg.algorithm.adv_estimator!r} normalises over the whole batch, which dynamic sampling assembles "
-                "round by round: use grpo, dr_grpo or rloo"
-            )
-
+    if cfg.algorithm.dynamic_sampling and cfg.runner.max_staleness:
+        raise ConfigError(
+            f"algorithm.dynamic_sampling: true cannot run with runner.max_staleness: 1 (from "
+            f"{source_of('algorithm.dynamic_sampling')}): a step's extra sampling rounds depend on its own rewards, "
+            "so its rollout cannot run a step ahead; set one of them off"
+        )
     if cfg.rollout.model_path is None:
         cfg.rollout.model_path = cfg.actor.model_path
-
-    from rlinf_pipe.scheduler.placement import plan_placement
-
-    placement = plan_placement(cfg)
-    if cfg.runner.weight_sync == "broadcast" and placement.mode == "collocated":
-        raise ConfigError(
-            f"runner.weight_sync: broadcast needs the disaggregated pipeline (from {source_of('runner.weight_sync')}); "
-            "in collocated mode the weights stay on the node: use object_store"
-        )
-    if cfg.runner.max_staleness and placement.mode == "collocated":
-        raise ConfigError(
-            f"runner.max_staleness: 1 needs the disaggregated pipeline (from {source_of('runner.max_staleness')}): "
-            "in collocated mode rollout and actor take turns on the same GPUs, so rollout cannot run ahead; "
-            "use 0, or place rollout and actor on different GPUs"
-        )
-
-
-def _check_estimator(name: str, source_of: Callable[[str], str]) -> None:
-    from rlinf_pipe.algorithms.advantages import registered_advantages
-    from rlinf_pipe.config.loader import closest
-
-    known = registered_advantages()
-    if name not in known:
-        raise ConfigError(
-            f"algorithm.adv_estimator: no estimator named {name!r} (from {source_of('algorithm.adv_estimator')}); "
-            f"{closest(name, known)}. Register your own with rlinf_pipe.algorithms.register_advantage"
-        )
 
 
 def _check_bounds(section: object, source_of: Callable[[str], str], prefix: str = "") -> None:

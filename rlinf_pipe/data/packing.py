@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import msgspec
 import numpy as np
@@ -16,8 +17,8 @@ def pack_train_batch(groups: Sequence[ScoredGroup], pad_token_id: int) -> TrainB
 
     Each row is `prompt_ids + response_ids`, padded with `pad_token_id` to the longest row. The response mask
     covers the response tokens only; old log-probs are the samples' rollout log-probs; advantages are each
-    sample's advantage on its response tokens; `ref_logprobs` is None. Samples are packed as they are
-    (filtering aborted or truncated ones is the caller's choice).
+    sample's advantage on its response tokens; `ref_logprobs` is None; `slot` is the group's (one group) or -1.
+    Samples are packed as they are (filtering aborted or truncated ones is the caller's choice).
     """
     rows = [(scored, index) for scored in groups for index in range(len(scored.group.samples))]
     if not rows:
@@ -51,6 +52,7 @@ def pack_train_batch(groups: Sequence[ScoredGroup], pad_token_id: int) -> TrainB
         version=min(min(scored.version, scored.group.version) for scored in groups),
         num_sequences=len(rows),
         num_tokens=int(response_mask.sum()),
+        slot=groups[0].slot if len(groups) == 1 else -1,
     )
 
 
@@ -80,3 +82,66 @@ def split_train_batch(batch: TrainBatch, micro_batch_size: int) -> list[TrainBat
             )
         )
     return out
+
+
+@dataclass
+class MicroBatcher:
+    """Collects arriving `TrainBatch`es into micro-batches: at most `micro_batch_size` sequences and, when
+    `max_tokens` is set, at most that many padded tokens (rows x longest row). A batch is never split."""
+
+    micro_batch_size: int
+    max_tokens: int | None = None
+    pending: list[TrainBatch] = field(default_factory=list)
+    pending_sequences: int = 0
+    pending_width: int = 0
+
+    def add(self, batch: TrainBatch) -> list[list[TrainBatch]]:
+        """Add a batch; returns the micro-batches (lists of batches) now complete."""
+        ready = []
+        width = int(batch.input_ids.shape[1])
+        if self.pending and self.max_tokens is not None:
+            if (self.pending_sequences + batch.num_sequences) * max(self.pending_width, width) > self.max_tokens:
+                ready.append(self.flush())  # the new batch would break the token budget: send what is pending
+        self.pending.append(batch)
+        self.pending_sequences += batch.num_sequences
+        self.pending_width = max(self.pending_width, width)
+        if self.pending_sequences >= self.micro_batch_size:
+            ready.append(self.flush())
+        return ready
+
+    def flush(self) -> list[TrainBatch]:
+        """The pending batches (possibly none) as one micro-batch."""
+        out, self.pending, self.pending_sequences, self.pending_width = self.pending, [], 0, 0
+        return out
+
+
+def concat_train_batches(batches: Sequence[TrainBatch], pad_token_id: int) -> TrainBatch:
+    """One `TrainBatch` of the rows of `batches`, right-padded to the widest (per-token fields padded with 0)."""
+    if len(batches) == 1:
+        return batches[0]
+    width = max(b.input_ids.shape[1] for b in batches)
+
+    def cat(field_name: str, fill: float | int | bool) -> torch.Tensor:
+        parts = []
+        for b in batches:
+            t = getattr(b, field_name)
+            pad = width - t.shape[1]
+            parts.append(torch.nn.functional.pad(t, (0, pad), value=fill) if pad else t)
+        return torch.cat(parts)
+
+    has_ref = all(b.ref_logprobs is not None for b in batches)
+    first: TrainBatch = batches[0]
+    return msgspec.structs.replace(
+        first,
+        input_ids=cat("input_ids", pad_token_id),
+        attention_mask=cat("attention_mask", False),
+        response_mask=cat("response_mask", False),
+        old_logprobs=cat("old_logprobs", 0.0),
+        ref_logprobs=cat("ref_logprobs", 0.0) if has_ref else None,
+        advantages=cat("advantages", 0.0),
+        rewards=torch.cat([b.rewards for b in batches]),
+        version=min(b.version for b in batches),
+        num_sequences=sum(b.num_sequences for b in batches),
+        num_tokens=sum(b.num_tokens for b in batches),
+        slot=-1,
+    )

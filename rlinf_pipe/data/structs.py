@@ -27,7 +27,7 @@ class PromptItem(msgspec.Struct, frozen=True, kw_only=True):
     dataset the sampler draws from and `epoch` the pass over that dataset that drew it, so (index, epoch)
     identifies a draw for resumption. `prompt` is the raw question; `prompt_ids` the tokens of the rendered
     prompt (template applied; empty until rendered). `version` is the weight version the prompt was dispatched
-    under (-1 until dispatched).
+    under (-1 until dispatched) and `slot` its position in that step's batch (see `rlinf_pipe.data.routing`).
     """
 
     id: str
@@ -37,6 +37,7 @@ class PromptItem(msgspec.Struct, frozen=True, kw_only=True):
     epoch: int = 0
     prompt_ids: list[int] = []
     version: int = -1
+    slot: int = -1
 
 
 class RolloutSample(msgspec.Struct, kw_only=True, eq=False):
@@ -95,12 +96,14 @@ class RolloutGroup(msgspec.Struct, kw_only=True, eq=False):
 
 class ScoredGroup(msgspec.Struct, kw_only=True, eq=False):
     """A RolloutGroup with one reward and one advantage per sample (float32 [group_size]; lists converted).
-    The advantage applies to every response token of its sample."""
+    The advantage applies to every response token of its sample. `slot`: where it trains (see
+    `rlinf_pipe.data.routing`)."""
 
     group: RolloutGroup
     rewards: np.ndarray
     advantages: np.ndarray
     version: int
+    slot: int = -1
 
     def __post_init__(self) -> None:
         self.rewards = np.asarray(self.rewards, dtype=np.float32)
@@ -138,6 +141,8 @@ class TrainBatch(msgspec.Struct, kw_only=True, eq=False):
     - rewards (float32 [B]): each sample's reward (for metrics)
     - version: the oldest weight version among the rows
     - num_sequences / num_tokens: rows and response tokens, the batch's weights for loss normalisation
+    - slot: the step slot of the group the rows come from (-1 for rows of several groups), which routes it to
+      an actor replica and a mini-batch (`rlinf_pipe.data.routing`)
     """
 
     input_ids: torch.Tensor
@@ -150,3 +155,4 @@ class TrainBatch(msgspec.Struct, kw_only=True, eq=False):
     num_sequences: int
     num_tokens: int
     ref_logprobs: torch.Tensor | None = None
+    slot: int = -1

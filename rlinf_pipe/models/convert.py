@@ -14,7 +14,7 @@ Layouts (checked against megatron-core 0.16's source, `transformer/attention.py`
 * Pipeline stage p holds global layers `p * L/pp ... (p+1) * L/pp - 1` as local layers `0 ... L/pp - 1`.
 
 Everything here is pure tensor slicing (bit-exact), except `load_hf_state_dict` / `load_hf_checkpoint` (which
-read TP/PP ranks from `megatron.core.parallel_state`) and `iter_hf_weight_buckets` (a collective).
+read TP/PP ranks from `megatron.core.parallel_state`) and `iter_hf_weights` (a collective).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from rlinf_pipe.models.megatron_gpt import (
     hf_arch,
     padded_vocab_size,
 )
+from rlinf_pipe.utils.folders import mark_complete
 
 __all__ = [
     "ConversionError",
@@ -57,7 +58,6 @@ __all__ = [
     "load_hf_state_dict",
     "load_hf_checkpoint",
     "read_hf_arch",
-    "iter_hf_weight_buckets",
     "iter_hf_weights",
     "convert_hf_to_megatron",
     "convert_megatron_to_hf",
@@ -135,7 +135,7 @@ def _stage_units(arch: HfArch, pp: int, pp_rank: int) -> list[list[_Rule]]:
 
 
 def hf_weight_names(arch: HfArch) -> list[str]:
-    """The HF tensor names of a checkpoint, in the order `iter_hf_weight_buckets` streams them: embedding,
+    """The HF tensor names of a checkpoint, in the order `iter_hf_weights` streams them: embedding,
     then per layer input norm, q/k/v weights (and biases), o_proj, post-attention norm, gate/up/down, then the
     final norm and (untied only) `lm_head.weight`."""
     return [name for group in hf_weight_groups(arch) for name in group]
@@ -477,27 +477,6 @@ def iter_hf_weights(model: Any, arch: HfArch, *, copy: bool = True) -> Iterator[
                 yield from named
 
 
-def iter_hf_weight_buckets(
-    model: Any, arch: HfArch, bucket_bytes: int = 64 << 20
-) -> Iterator[list[tuple[str, Tensor]]]:
-    """`iter_hf_weights` in buckets: lists of (name, contiguous CPU tensor) of at most `bucket_bytes` bytes
-    unless one tensor alone is larger, yielded on the replica's (tp 0, pp 0) rank; the same collective
-    contract. At most one unit plus one bucket is held at a time."""
-    if bucket_bytes < 1:
-        raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
-    bucket: list[tuple[str, Tensor]] = []
-    size = 0
-    for name, t in iter_hf_weights(model, arch):
-        t = t.to("cpu").contiguous()
-        if bucket and size + _nbytes(t) > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, t))
-        size += _nbytes(t)
-    if bucket:
-        yield bucket
-
-
 def _stage_rank(ps: Any, stage: int) -> int:
     """The global rank of pipeline stage `stage` in this rank's pipeline group."""
     import torch.distributed as dist
@@ -522,6 +501,7 @@ def convert_hf_to_megatron(
             if log:
                 log(f"wrote {path}")
     write_megatron_meta(out_dir, tp, pp, hf_dir)
+    mark_complete(out_dir, {"tp": tp, "pp": pp, "source": str(hf_dir)})
     return Path(out_dir)
 
 

@@ -3,7 +3,8 @@
 A Megatron checkpoint folder (written by `rlinf-pipe convert --to megatron` and by the actor)::
 
     megatron.json                    {"format": "rlinf_pipe.megatron", "version": 1, "tp": T, "pp": P,
-                                      "model_type": "qwen2"}; written LAST: a folder without it is incomplete
+                                      "model_type": "qwen2"}
+    COMPLETE                         written last (`rlinf_pipe.utils.folders`): a folder without it is incomplete
     model/tp{t:02d}_pp{p:03d}.safetensors   one file per (TP rank, PP rank): that rank's GPTModel state dict
     hf/                              the source HF folder's config.json, generation_config.json and tokenizer
                                      files (everything but weights), so the folder converts back to HF alone
@@ -28,6 +29,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from rlinf_pipe.errors import RlinfPipeError
+from rlinf_pipe.utils.folders import COMPLETE, is_complete
 
 MEGATRON_FORMAT = "rlinf_pipe.megatron"
 MEGATRON_FORMAT_VERSION = 1
@@ -242,7 +244,8 @@ def load_model_shard(ckpt_dir: PathLike, tp_rank: int, pp_rank: int) -> dict[str
 
 def write_megatron_meta(out_dir: PathLike, tp: int, pp: int, hf_dir: PathLike) -> Path:
     """Copy `hf_dir`'s config / generation config / tokenizer files into `out_dir/hf/`, then write
-    `out_dir/megatron.json` (last, so its presence marks a complete folder). Returns the json's path."""
+    `out_dir/megatron.json`. Returns the json's path. The writer marks the folder complete once every shard is in
+    (`rlinf_pipe.utils.folders.mark_complete`)."""
     out_dir = Path(out_dir)
     config = read_hf_config_dict(hf_dir)
     copy_hf_side_files(hf_dir, out_dir / HF_SUBDIR)
@@ -257,8 +260,9 @@ def write_megatron_meta(out_dir: PathLike, tp: int, pp: int, hf_dir: PathLike) -
 
 
 def is_megatron_checkpoint(path: PathLike) -> bool:
-    """Whether `path` holds a `megatron.json` (it may still fail `read_megatron_meta`'s checks)."""
-    return (Path(path) / META_FILE).is_file()
+    """Whether `path` is a complete folder holding a `megatron.json` (it may still fail `read_megatron_meta`'s
+    checks)."""
+    return is_complete(path) and (Path(path) / META_FILE).is_file()
 
 
 def read_megatron_meta(ckpt_dir: PathLike) -> MegatronMeta:
@@ -281,6 +285,12 @@ def read_megatron_meta(ckpt_dir: PathLike) -> MegatronMeta:
         tp, pp = int(meta["tp"]), int(meta["pp"])
         if tp < 1 or pp < 1:
             raise ValueError(f"tp and pp must be >= 1, got tp={tp} pp={pp}")
-        return MegatronMeta(tp=tp, pp=pp, model_type=str(meta["model_type"]), path=ckpt_dir)
+        result = MegatronMeta(tp=tp, pp=pp, model_type=str(meta["model_type"]), path=ckpt_dir)
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{path} is not a valid rlinf_pipe Megatron checkpoint file: {exc}") from exc
+    if not is_complete(ckpt_dir):
+        raise CheckpointError(
+            f"{ckpt_dir} is an incomplete Megatron checkpoint (no {COMPLETE} marker: its writer was interrupted); "
+            "write it again"
+        )
+    return result

@@ -149,23 +149,34 @@ def gpt_config_from_hf(
     )
 
 
+def init_model_parallel(tp: int, pp: int) -> None:
+    """Megatron's parallel state over this process's torch.distributed world (tensor-parallel fastest, then data-
+    parallel, then pipeline), once. Every Megatron process calls it first: without CUDA it also enables the
+    megatron-core CPU patches (`megatron_cpu.enable_cpu_compat`; a no-op with CUDA)."""
+    from megatron.core import parallel_state as ps
+
+    from rlinf_pipe.models.megatron_cpu import enable_cpu_compat
+
+    enable_cpu_compat()
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+
+
 def build_gpt_model(
     hf_config: Any, *, params_dtype: torch.dtype = torch.float32, pre_process: bool | None = None,
     post_process: bool | None = None,
 ) -> Any:
     """This rank's `GPTModel` stage for `hf_config`, with TP/PP sizes taken from `parallel_state`.
 
-    Call after `parallel_state.initialize_model_parallel`. Without CUDA the model needs megatron_cpu's patches
-    (`GPTModel.__init__` already runs one of the patched call sites), so this calls `enable_cpu_compat()` first
-    (idempotent; a no-op with CUDA).
+    Call after `init_model_parallel` (which also enables the CPU patches that `GPTModel.__init__` needs without
+    CUDA).
     """
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    from rlinf_pipe.models.megatron_cpu import enable_cpu_compat
-
-    enable_cpu_compat()
+    if not ps.model_parallel_is_initialized():
+        raise RuntimeError("build_gpt_model: call rlinf_pipe.models.megatron_gpt.init_model_parallel(tp, pp) first")
     arch = hf_arch(hf_config)
     config = gpt_config_from_hf(
         hf_config,

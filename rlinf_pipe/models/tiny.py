@@ -30,12 +30,11 @@ from transformers import (
     Qwen2Config,
 )
 
-from rlinf_pipe.models.cache import build_folder_once
 from rlinf_pipe.models.tokenizer import DEFAULT_VOCAB_SIZE, train_tiny_tokenizer
+from rlinf_pipe.utils.folders import build_folder_once
 
 Arch = Literal["qwen2", "llama"]
 ARCHS: tuple[str, ...] = ("qwen2", "llama")
-MARKER = ".tiny_model_complete"  # written last: a folder without it is incomplete
 CACHE_ENV = "RLINF_PIPE_CACHE"
 
 
@@ -152,7 +151,7 @@ def ensure_tiny_model(cache_dir: str | os.PathLike[str] | None = None, arch: Arc
         _write_model(spec, tmp)
         return asdict(spec)
 
-    return build_folder_once(root / f"tiny-{spec.arch}-{spec.digest()}", MARKER, build)
+    return build_folder_once(root / f"tiny-{spec.arch}-{spec.digest()}", build)
 
 
 def count_parameters(folder: str | os.PathLike[str]) -> int:

@@ -3,32 +3,14 @@ policy that is sometimes right (RL from a random initialisation never sees a rew
 
 `warm_start(model_dir, out_dir, data, ...)` fine-tunes a model folder with plain torch (AdamW, loss on the
 response tokens only) on rendered arithmetic prompts with targets `a + b = c. \\boxed{c}<|im_end|>`, and stops
-early on purpose: the policy must leave RL room to climb. `ensure_warm_tiny_model(cache_dir, data)` builds the
-tiny base model (`ensure_tiny_model`) warm-started once per (tiny spec, warm-start knobs, data knobs), in a
-sibling cache folder built atomically with a marker file. `measure_accuracy` samples with `TorchEngine` and
-scores with the real reward (`score`).
-
-Half of the SFT targets (`boxed_fraction`) put the answer in `\\boxed{}`, the other half stop after `= c.`,
-which the reward cannot read: the warm policy boxes about half of its answers, and RL has a habit to
-learn quickly (box every answer) besides the arithmetic itself.
-
-Measured on a 2-core CPU with the defaults (`TINY_KNOBS`: qwen2, hidden 128, 2 layers, 4 heads / 2 KV heads,
-MLP 256, vocab 512; `WarmStartSpec()`: 250 steps x 32 problems, AdamW lr 5e-3; accuracy on 256 prompts,
-seed 1234, 32 new tokens):
-
-    data                       before SFT (greedy / T=1)   after SFT (greedy / T=1)   build
-    operands 1..10, + -        0.00 / 0.00                  0.50 / 0.18                13 s wall (26 s CPU)
-    operands 1..20, + -        0.00 / 0.00                  0.10 / 0.04                13 s wall
-
-A plain-torch GRPO loop from the 1..10 warm start (8 prompts x 8 samples, T=1, Adam lr 2e-4, token-mean
-policy gradient, 3 seeds) climbs from a mean reward of 0.19-0.24 over the first 5 steps to 0.35-0.40 over
-steps 35-39 (boxed answers 0.5 -> 0.95); 1e-4 climbs more slowly (0.23 -> 0.31), 3e-4 is erratic and
->= 6e-4 collapses. With operands up to 20 this model stays below 0.11 greedy even after 600 SFT steps.
+early on purpose: the policy must leave RL room to climb. Half of the targets (`boxed_fraction`) stop after
+`= c.` instead, which the reward cannot read, so RL also has a habit to learn (box every answer).
+`ensure_warm_tiny_model(cache_dir, data)` builds the warm-started folder once per (tiny spec, warm-start knobs,
+data knobs). What the defaults measure (accuracy before and after, learning curves) is in docs/models.md.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
@@ -46,15 +28,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlinf_pipe.config.schema import DataConfig
 from rlinf_pipe.data.arithmetic import ArithmeticDataset, parse_operators
 from rlinf_pipe.data.factory import ARITHMETIC, build_prompt_dataset
-from rlinf_pipe.models.cache import build_folder_once
 from rlinf_pipe.models.tiny import TinySpec, default_cache_dir, ensure_tiny_model
-from rlinf_pipe.workers.reward.verify import score
-from rlinf_pipe.workers.rollout.engine import GenerateRequest, SamplingParams
-from rlinf_pipe.workers.rollout.torch_engine import TorchEngine
+from rlinf_pipe.utils.folders import build_folder_once, is_complete
 
 logger = logging.getLogger(__name__)
 
-WARM_MARKER = ".warm_start_complete"  # written last: a folder without it is incomplete
 
 # Tiny model knobs of the warm-started default policy (`ensure_tiny_model` keyword arguments).
 TINY_KNOBS: dict[str, Any] = {
@@ -92,7 +70,7 @@ def target_text(expression: str, answer: int | str, boxed: bool = True) -> str:
     return f"{expression} = {answer}." + (f" \\boxed{{{answer}}}" if boxed else "")
 
 
-def _arithmetic_dataset(data: DataConfig, tokenizer: Any, seed: int) -> ArithmeticDataset:
+def arithmetic_dataset(data: DataConfig, tokenizer: Any, seed: int) -> ArithmeticDataset:
     if data.dataset != ARITHMETIC:
         raise ValueError(f"the warm start needs data.dataset: {ARITHMETIC}, got {data.dataset!r}")
     dataset = build_prompt_dataset(data, tokenizer, seed)
@@ -150,7 +128,7 @@ def warm_start(
     data = data or DataConfig()
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    dataset = _arithmetic_dataset(data, tokenizer, seed=10_007 + seed)
+    dataset = arithmetic_dataset(data, tokenizer, seed=10_007 + seed)
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -186,48 +164,6 @@ def warm_start(
     }
 
 
-def measure_accuracy(
-    model_dir: str | os.PathLike[str],
-    data: DataConfig | None = None,
-    n_prompts: int = 256,
-    temperature: float = 1.0,
-    seed: int = 1234,
-    max_new_tokens: int = 32,
-    samples_per_prompt: int = 1,
-) -> float:
-    """Fraction of samples that the math reward scores correct on `n_prompts` arithmetic prompts.
-
-    Prompts are items 0..n_prompts-1 of the generator seeded `seed`; sampling uses `TorchEngine` with
-    `temperature` (0: greedy) and request seeds derived from `seed`, so the result is deterministic.
-    """
-    data = data or DataConfig()
-    engine = TorchEngine(model_dir, max_batch_size=64, seed=seed)
-    dataset = _arithmetic_dataset(data, engine.tokenizer, seed=seed)
-    items = dataset.take(n_prompts)
-    answers = {str(i): item.answer for i, item in enumerate(items)}
-    requests = [
-        GenerateRequest(
-            request_id=str(i), prompt_ids=list(item.prompt_ids or ()),
-            sampling=SamplingParams(
-                temperature=temperature, max_new_tokens=max_new_tokens, n=samples_per_prompt, seed=seed * 100_003 + i
-            ),
-        )
-        for i, item in enumerate(items)
-    ]
-
-    async def run() -> tuple[int, int]:
-        correct = total = 0
-        async for result in engine.generate(requests):
-            for sample in result.samples:
-                text = engine.tokenizer.decode(sample.response_ids, skip_special_tokens=True)
-                correct += score(text, str(answers[result.request_id])).correct
-                total += 1
-        return correct, total
-
-    correct, total = asyncio.run(run())
-    return correct / max(1, total)
-
-
 def _data_knobs(data: DataConfig) -> dict[str, Any]:
     arithmetic = asdict(data.arithmetic)
     arithmetic["operators"] = list(parse_operators(arithmetic["operators"]))
@@ -258,7 +194,7 @@ def ensure_warm_tiny_model(
     tiny = TinySpec(**knobs)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     final = root / f"tiny-{tiny.arch}-warm-{warm_digest(tiny, spec, data)}"
-    if (final / WARM_MARKER).is_file():
+    if is_complete(final):
         return final
     base = ensure_tiny_model(root, **knobs)
 
@@ -267,15 +203,14 @@ def ensure_warm_tiny_model(
         logger.info("warm start of %s: %s", final.name, stats)
         return {"tiny": asdict(tiny), "warm": asdict(spec), "data": _data_knobs(data), "stats": stats}
 
-    return build_folder_once(final, WARM_MARKER, build)
+    return build_folder_once(final, build)
 
 
 __all__ = [
     "TINY_KNOBS",
-    "WARM_MARKER",
     "WarmStartSpec",
+    "arithmetic_dataset",
     "ensure_warm_tiny_model",
-    "measure_accuracy",
     "target_text",
     "warm_digest",
     "warm_start",

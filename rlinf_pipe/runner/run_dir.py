@@ -8,18 +8,14 @@ checkpoint interrupted half-way is never resumed from).
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import time
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
-
-COMPLETE = "COMPLETE"
+from rlinf_pipe.utils.folders import COMPLETE, is_complete
 
 
 def create_run_dir(cfg: Config) -> Path:
@@ -42,16 +38,6 @@ def write_config(cfg: Config, run_dir: Path) -> None:
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"step_{step:06d}"
-
-
-def is_complete(ckpt: Path) -> bool:
-    return (ckpt / COMPLETE).is_file()
-
-
-def mark_complete(ckpt: Path, info: dict[str, Any]) -> None:
-    tmp = ckpt / f".{COMPLETE}.tmp"
-    tmp.write_text(json.dumps(info))
-    os.replace(tmp, ckpt / COMPLETE)
 
 
 def _complete_checkpoints(folder: Path) -> list[Path]:

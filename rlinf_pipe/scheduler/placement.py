@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Literal, Sequence
 
-from rlinf_pipe.config.loader import closest
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import PlacementError
+from rlinf_pipe.utils.text import closest
 
 COMPONENTS = ("rollout", "inference", "actor", "reward")
 CPU_ONLY = "cpu"  # `reward: cpu` runs the reward pool without GPUs

@@ -1,7 +1,9 @@
 """`Worker`: the base class of every rlinf_pipe process (a Ray actor placed on an exact node and GPUs).
 
-A subclass adds methods; `WorkerGroup.launch` starts one actor per placed process. The placement reaches the
-process through environment variables set at launch, so it is known inside `__init__` already (`self.info`).
+A subclass adds methods and calls `super().__init__()` first in its constructor: that reads the placement (set in
+the environment at launch, `self.info`) and, for a group launched with `distributed=True`, joins the group's
+torch.distributed world, so the rest of the constructor can build models on it. `WorkerGroup.launch` starts one
+actor per placed process.
 """
 
 from __future__ import annotations
@@ -9,14 +11,18 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Callable
 
 import ray
 
 from rlinf_pipe.utils.net import free_port
+from rlinf_pipe.utils.tracing import Span, Tracer
 
 ENV_PREFIX = "RLINF_PIPE_"
 CONTROL_GROUP = "control"  # liveness/metadata calls run in their own thread, answered while a long method runs
+MASTER_ADDR_ENV = f"{ENV_PREFIX}MASTER_ADDR"
+MASTER_PORT_ENV = f"{ENV_PREFIX}MASTER_PORT"
 
 
 @dataclass(frozen=True)
@@ -53,37 +59,75 @@ def placement_env(group: str, rank: int, world_size: int, node_rank: int, local_
     return env
 
 
+def rendezvous_env(addr: str, port: int) -> dict[str, str]:
+    """Environment variables that make the workers' constructors join one torch.distributed world."""
+    return {MASTER_ADDR_ENV: addr, MASTER_PORT_ENV: str(port)}
+
+
 def _ids(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x)
 
 
-class Worker:
-    """Base class of rlinf_pipe workers. Subclass it and add methods; launch it with `WorkerGroup.launch`."""
+def read_worker_info() -> WorkerInfo:
+    """This process's placement, from its environment (defaults for a process started outside a group)."""
+    env = os.environ
+    return WorkerInfo(
+        group=env.get(f"{ENV_PREFIX}GROUP", "standalone"),
+        rank=int(env.get(f"{ENV_PREFIX}RANK", 0)),
+        world_size=int(env.get(f"{ENV_PREFIX}WORLD_SIZE", 1)),
+        node_rank=int(env.get(f"{ENV_PREFIX}NODE_RANK", 0)),
+        local_gpus=_ids(env.get(f"{ENV_PREFIX}LOCAL_GPUS", "")),
+        global_gpus=_ids(env.get(f"{ENV_PREFIX}GLOBAL_GPUS", "")),
+        hostname=socket.gethostname(),
+        ip=ray.util.get_node_ip_address(),
+        pid=os.getpid(),
+        node_id=ray.get_runtime_context().get_node_id(),
+        cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
+    )
 
-    @property
-    def info(self) -> WorkerInfo:
-        env = os.environ
-        return WorkerInfo(
-            group=env.get(f"{ENV_PREFIX}GROUP", "standalone"),
-            rank=int(env.get(f"{ENV_PREFIX}RANK", 0)),
-            world_size=int(env.get(f"{ENV_PREFIX}WORLD_SIZE", 1)),
-            node_rank=int(env.get(f"{ENV_PREFIX}NODE_RANK", 0)),
-            local_gpus=_ids(env.get(f"{ENV_PREFIX}LOCAL_GPUS", "")),
-            global_gpus=_ids(env.get(f"{ENV_PREFIX}GLOBAL_GPUS", "")),
-            hostname=socket.gethostname(),
-            ip=ray.util.get_node_ip_address(),
-            pid=os.getpid(),
-            node_id=ray.get_runtime_context().get_node_id(),
-            cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
-        )
+
+def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, timeout_s: float = 300.0) -> str:
+    """Join a torch.distributed world: nccl with CUDA, gloo otherwise. Returns the backend."""
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(
+        MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank), WORLD_SIZE=str(world_size),
+        LOCAL_RANK="0",
+    )
+    if torch.cuda.is_available():
+        torch.cuda.set_device(0)  # CUDA_VISIBLE_DEVICES holds exactly this process's GPUs
+        backend = "nccl"
+    else:
+        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", 1))))
+        backend = "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
+    return backend
+
+
+class Worker:
+    """Base class of rlinf_pipe workers: subclass it, call `super().__init__()` first, add methods; launch it with
+    `WorkerGroup.launch`. `self.info` is the placement; `self.backend` the torch.distributed backend of the
+    group's world (None for a group launched with `distributed=False`); `self.tracer` records its spans for the
+    timeline under `self.owner` (`<group>/<rank>`)."""
+
+    def __init__(self) -> None:
+        self.info = read_worker_info()
+        self.owner = f"{self.info.group}/{self.info.rank}"  # this worker's name in locks and on the timeline
+        self.tracer = Tracer(self.owner, self.info.global_gpus)
+        self.backend: str | None = None
+        addr = os.environ.get(MASTER_ADDR_ENV)
+        if addr:
+            self.backend = init_distributed(self.info.rank, self.info.world_size, addr,
+                                            int(os.environ[MASTER_PORT_ENV]))
 
     @property
     def rank(self) -> int:
-        return int(os.environ.get(f"{ENV_PREFIX}RANK", 0))
+        return self.info.rank
 
     @property
     def world_size(self) -> int:
-        return int(os.environ.get(f"{ENV_PREFIX}WORLD_SIZE", 1))
+        return self.info.world_size
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     def worker_info(self) -> WorkerInfo:
@@ -93,40 +137,13 @@ class Worker:
     def ping(self) -> int:
         return os.getpid()
 
-    def drain_spans(self) -> list:
-        """The spans this worker's `tracer` recorded since the last call (the driver collects them each step);
-        none for a worker without one."""
-        tracer = getattr(self, "tracer", None)
-        return tracer.drain() if tracer is not None else []
+    def drain_spans(self) -> list[Span]:
+        """The spans this worker's `tracer` recorded since the last call (the driver collects them each step)."""
+        return self.tracer.drain()
 
     def free_port(self) -> tuple[str, int]:
-        """An address and a free TCP port on this node (the rendezvous point when this is rank 0)."""
+        """An address and a free TCP port on this node (a rendezvous point this worker will listen on)."""
         return ray.util.get_node_ip_address(), free_port("")
-
-    def init_distributed(self, master_addr: str, master_port: int, timeout_s: float = 300.0) -> str:
-        """Join the group's torch.distributed process group: nccl with CUDA, gloo otherwise. Returns the backend."""
-        from datetime import timedelta
-
-        import torch
-        import torch.distributed as dist
-
-        os.environ.update(
-            MASTER_ADDR=master_addr,
-            MASTER_PORT=str(master_port),
-            RANK=str(self.rank),
-            WORLD_SIZE=str(self.world_size),
-            LOCAL_RANK="0",
-        )
-        if torch.cuda.is_available():
-            torch.cuda.set_device(0)  # CUDA_VISIBLE_DEVICES holds exactly this process's GPUs
-            backend = "nccl"
-        else:
-            torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", 1))))
-            backend = "gloo"
-        dist.init_process_group(
-            backend, rank=self.rank, world_size=self.world_size, timeout=timedelta(seconds=timeout_s)
-        )
-        return backend
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run `fn(self, *args, **kwargs)` in this worker (for tools and tests)."""

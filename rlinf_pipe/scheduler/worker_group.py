@@ -1,9 +1,15 @@
-"""`WorkerGroup`: one Ray actor per placed process of a component, and calls that fan out to them.
+"""`WorkerGroup`: one Ray actor per placed process of a component, called through explicit verbs.
 
     group = WorkerGroup.launch(MyWorker, "actor", placement.components["actor"], cluster)
-    group.train(batch).wait()                   # every rank
-    group.execute_on([0]).save(path).wait()     # some ranks
-    group.call_sharded("logprobs", samples).wait()  # split along data-parallel ranks, one result per replica
+    await group.all.train(step)               # every rank; a list of results in rank order
+    await group.replicas.metrics()            # every rank; one result per data-parallel replica (its output rank)
+    await group.rank(0).free_port()           # one rank; its result
+    await group.leader(0).publish(version)    # every rank (a collective); rank 0's result
+    await group.sharded.generate(prompts, 3)  # `prompts` split into one contiguous shard per replica
+
+Every verb returns a `GroupCall`: `await` it in asyncio code or `.wait()` elsewhere; the first failing rank raises
+a `WorkerError` at once. An argument other than a number, a string or None that goes to several ranks is put into
+Ray's object store once and shared by reference.
 """
 
 from __future__ import annotations
@@ -11,20 +17,24 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Sequence, TypeVar
+from typing import Any, Generic, TypeVar
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from rlinf_pipe.errors import ClusterError, WorkerError
+from rlinf_pipe.scheduler import traffic
 from rlinf_pipe.scheduler.cluster import Cluster
 from rlinf_pipe.scheduler.placement import ComponentPlacement, ProcessPlacement, format_ids
-from rlinf_pipe.scheduler.worker import CONTROL_GROUP, Worker, WorkerInfo, placement_env
+from rlinf_pipe.scheduler.worker import CONTROL_GROUP, Worker, WorkerInfo, placement_env, rendezvous_env
+from rlinf_pipe.utils.net import free_port
 
 W = TypeVar("W", bound=Worker)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_INLINE = (int, float, bool, str, bytes, type(None))
 
 
 @dataclass(frozen=True)
@@ -40,12 +50,14 @@ class _Member:
 
 
 class GroupCall:
-    """Handle of a call running on several ranks. `wait()` returns their results in rank order."""
+    """A call running on some ranks of a group. `await call` or `call.wait(timeout_s)` gives its result: what the
+    verb makes of the ranks' results (see the module docstring)."""
 
-    def __init__(self, group: "WorkerGroup", method: str, members: Sequence[_Member], refs: Sequence[Any]):
-        self.group, self.method, self.members, self.refs = group, method, list(members), list(refs)
+    def __init__(self, group: WorkerGroup, method: str, members: Sequence[_Member], refs: Sequence[Any],
+                 pick: Callable[[list[Any]], Any]):
+        self.group, self.method, self.members, self.refs, self.pick = group, method, list(members), list(refs), pick
 
-    def wait(self, timeout_s: float | None = None) -> list[Any]:
+    def wait(self, timeout_s: float | None = None) -> Any:
         """Block until every rank finished; the first failure raises a `WorkerError` at once."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         pending = list(self.refs)
@@ -62,7 +74,7 @@ class GroupCall:
             except WorkerError:
                 self._drain_finished(pending)
                 raise
-        return [self._result(ref) for ref in self.refs]
+        return self.pick([self._result(ref) for ref in self.refs])
 
     @staticmethod
     def _drain_finished(pending: list[Any]) -> None:
@@ -74,17 +86,16 @@ class GroupCall:
             except (RayTaskError, RayActorError):
                 pass
 
-    async def async_wait(self) -> list[Any]:
-        """`wait()` for asyncio code: awaits every rank, raising on the first failure."""
+    async def _gather(self) -> Any:
         tasks = [asyncio.ensure_future(self._await_one(ref)) for ref in self.refs]
         try:
-            return list(await asyncio.gather(*tasks))
+            return self.pick(list(await asyncio.gather(*tasks)))
         finally:
             for task in tasks:
                 task.cancel()
 
     def __await__(self):
-        return self.async_wait().__await__()
+        return self._gather().__await__()
 
     async def _await_one(self, ref: Any) -> Any:
         try:
@@ -101,8 +112,8 @@ class GroupCall:
     def _error(self, ref: Any, exc: Exception) -> WorkerError:
         member = self.members[self.refs.index(ref)]
         head = f"{self.group.name} rank {member.rank} ({member.where()}) in {self.method}()"
+        remote = _ANSI.sub("", str(exc))
         if isinstance(exc, RayActorError):
-            remote = _ANSI.sub("", str(exc))
             if exc.actor_init_failed:
                 last_line = remote.strip().splitlines()[-1]
                 return WorkerError(
@@ -110,27 +121,55 @@ class GroupCall:
                     f"\n--- remote traceback ---\n{remote}"
                 )
             return WorkerError(f"worker {member.name} died: {head}\n{remote}")
-        remote = _ANSI.sub("", str(exc))
         return WorkerError(f"{head} raised {type(exc.cause).__name__}: {exc.cause}\n--- remote traceback ---\n{remote}")
 
 
-class _MethodFanOut:
-    def __init__(self, group: "WorkerGroup", members: Sequence[_Member]):
-        self._group, self._members = group, members
+def _shared(value: Any) -> Any:
+    """`value` as an argument for several ranks: put into the object store once unless it is a plain scalar."""
+    return value if isinstance(value, _INLINE) else ray.put(value)
 
-    def __getattr__(self, method: str):
+
+class _Verb:
+    """Calls methods of the worker class on `members`; `pick` turns their results into the call's result.
+    `sharded`: the first argument is split into one contiguous shard per data-parallel replica."""
+
+    def __init__(self, group: WorkerGroup, members: Sequence[_Member], pick: Callable[[list[Any]], Any],
+                 sharded: bool = False):
+        self._group, self._members, self._pick, self._sharded = group, list(members), pick, sharded
+
+    def __getattr__(self, method: str) -> Callable[..., GroupCall]:
         if method.startswith("_"):
             raise AttributeError(method)
 
         def call(*args: Any, **kwargs: Any) -> GroupCall:
-            refs = [getattr(m.actor, method).remote(*args, **kwargs) for m in self._members]
-            return GroupCall(self._group, method, self._members, refs)
+            members, group = self._members, self._group
+            traffic.record(traffic.payload_bytes((args, kwargs)))
+            shards: list[Any] = []
+            if self._sharded:
+                batch, *rest = args
+                args = tuple(rest)
+                shards = group._shards(batch)
+                if len(members) > group.dp_size:  # several ranks per replica: one copy of each shard
+                    shards = [_shared(shard) for shard in shards]
+            if len(members) > 1:
+                args = tuple(_shared(a) for a in args)
+                kwargs = {k: _shared(v) for k, v in kwargs.items()}
+            refs = [
+                getattr(m.actor, method).remote(*([shards[group.dp_rank_of(m.rank)]] if self._sharded else []),
+                                                *args, **kwargs)
+                for m in members
+            ]
+            return GroupCall(group, method, members, refs, self._pick)
 
         return call
 
 
+def _free_port_on_node() -> tuple[str, int]:
+    return ray.util.get_node_ip_address(), free_port("")
+
+
 class WorkerGroup(Generic[W]):
-    """The Ray actors of one component: every public method of the worker class fans out to all ranks."""
+    """The Ray actors of one component and the verbs that call them (see the module docstring)."""
 
     def __init__(self, name: str, placement: ComponentPlacement, members: list[_Member]):
         self.name, self.placement, self._members = name, placement, members
@@ -143,24 +182,31 @@ class WorkerGroup(Generic[W]):
         placement: ComponentPlacement,
         cluster: Cluster,
         *args: Any,
-        init_distributed: bool = True,
+        distributed: bool = True,
         env: dict[str, str] | None = None,
         **kwargs: Any,
-    ) -> "WorkerGroup[W]":
-        """Start one actor per placed process on its exact node with its GPUs, then (optionally) rendezvous them
-        into a torch.distributed group. `args`/`kwargs` go to the worker's constructor."""
+    ) -> WorkerGroup[W]:
+        """Start one actor per placed process on its exact node with its GPUs; with `distributed`, their
+        constructors join one torch.distributed world (rank 0's node hosts the rendezvous). `args` / `kwargs` go
+        to the worker's constructor. Any rank failing in its constructor raises a `WorkerError` naming it, and the
+        group's other actors are stopped."""
         if not issubclass(worker_cls, Worker):
             raise TypeError(f"{worker_cls.__name__} must subclass rlinf_pipe.scheduler.worker.Worker")
         remote_cls = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(worker_cls)
         reservations = cluster.reserve_nodes(sorted({p.node_rank for p in placement.processes if p.global_gpus}))
         world = len(placement.processes)
+        shared_env = dict(env or {})
+        if distributed and world > 0:
+            first = cluster.nodes[placement.processes[0].node_rank]
+            probe = ray.remote(num_cpus=0)(_free_port_on_node).options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(first.node_id, soft=False))
+            shared_env.update(rendezvous_env(*ray.get(probe.remote())))
         members = []
         for proc in placement.processes:
-            node = cluster.nodes[proc.node_rank]
             strategy = (
                 PlacementGroupSchedulingStrategy(reservations[proc.node_rank], placement_group_bundle_index=0)
                 if proc.global_gpus
-                else NodeAffinitySchedulingStrategy(node.node_id, soft=False)
+                else NodeAffinitySchedulingStrategy(cluster.nodes[proc.node_rank].node_id, soft=False)
             )
             actor_name = f"rlinf_pipe:{name}:{proc.rank}"
             process_env = placement_env(name, proc.rank, world, proc.node_rank, proc.local_gpus, proc.global_gpus)
@@ -170,7 +216,7 @@ class WorkerGroup(Generic[W]):
                     num_cpus=0,
                     num_gpus=0,  # the node's GPUs are held by the reservation; devices come from the placement
                     scheduling_strategy=strategy,
-                    runtime_env={"env_vars": {**(env or {}), **process_env}},
+                    runtime_env={"env_vars": {**shared_env, **process_env}},
                 ).remote(*args, **kwargs)
             except ValueError as exc:
                 raise ClusterError(
@@ -178,37 +224,52 @@ class WorkerGroup(Generic[W]):
                 ) from None
             members.append(_Member(proc.rank, proc, actor, actor_name))
         group = cls(name, placement, members)
-        group.worker_info().wait()  # surfaces constructor failures with group/rank/traceback
-        if init_distributed and world > 0:
-            addr, port = group.execute_on([0]).free_port().wait()[0]
-            group.init_distributed(addr, port).wait()
+        try:
+            group.all.worker_info().wait()  # surfaces constructor failures with group/rank/traceback
+        except WorkerError:
+            group.shutdown()
+            raise
         return group
 
-    # --- calls --------------------------------------------------------------------------------------------
-    def __getattr__(self, method: str):
-        if method.startswith("_"):
-            raise AttributeError(method)
-        return getattr(_MethodFanOut(self, self._members), method)
+    # --- verbs ------------------------------------------------------------------------------------------------
+    @property
+    def all(self) -> Any:
+        """Every rank; the call's result is the list of the ranks' results, in rank order."""
+        return _Verb(self, self._members, list)
 
-    def execute_on(self, ranks: Sequence[int]) -> _MethodFanOut:
-        """Call methods on the given ranks only."""
-        unknown = [r for r in ranks if not 0 <= r < len(self._members)]
-        if unknown:
-            raise ValueError(f"{self.name} has ranks 0-{len(self._members) - 1}; no rank {unknown}")
-        return _MethodFanOut(self, [self._members[r] for r in ranks])
+    @property
+    def replicas(self) -> Any:
+        """Every rank (a collective over the group); the result is one value per data-parallel replica, from the
+        replica's output rank (tensor rank 0 of its last pipeline stage), in replica order."""
+        return _Verb(self, self._members, self._pick_outputs)
 
-    def call_sharded(self, method: str, batch: Sequence[Any], *args: Any, **kwargs: Any) -> GroupCall:
-        """Split `batch` into contiguous shards, one per data-parallel replica; every rank of a replica gets its
-        replica's shard. `wait()` returns one result per replica (from its output rank), in DP order."""
+    @property
+    def sharded(self) -> Any:
+        """Like `replicas`, with the first argument split into one contiguous shard per replica (every rank of a
+        replica gets its replica's shard)."""
+        return _Verb(self, self._members, self._pick_outputs, sharded=True)
+
+    def leader(self, rank: int = 0) -> Any:
+        """Every rank (a collective led by `rank`); the result is the leader's result."""
+        self._check_rank(rank)
+        return _Verb(self, self._members, lambda results: results[rank])
+
+    def rank(self, rank: int) -> Any:
+        """One rank; the result is its result."""
+        self._check_rank(rank)
+        return _Verb(self, [self._members[rank]], lambda results: results[0])
+
+    def _check_rank(self, rank: int) -> None:
+        if not 0 <= rank < len(self._members):
+            raise ValueError(f"{self.name} has ranks 0-{len(self._members) - 1}; no rank {rank}")
+
+    def _pick_outputs(self, results: list[Any]) -> list[Any]:
+        return [results[i] for i, m in enumerate(self._members) if self.is_output_rank(m.rank)]
+
+    def _shards(self, batch: Sequence[Any]) -> list[list[Any]]:
         dp = self.dp_size
         bounds = [len(batch) * d // dp for d in range(dp + 1)]
-        shards = [list(batch[bounds[d] : bounds[d + 1]]) for d in range(dp)]
-        refs = [
-            getattr(m.actor, method).remote(shards[self.dp_rank_of(m.rank)], *args, **kwargs) for m in self._members
-        ]
-        outputs = [i for i, m in enumerate(self._members) if self.is_output_rank(m.rank)]
-        call = GroupCall(self, method, self._members, refs)
-        return _ReplicaCall(call, outputs)
+        return [list(batch[bounds[d] : bounds[d + 1]]) for d in range(dp)]
 
     # --- topology --------------------------------------------------------------------------------------------
     # Ranks follow Megatron's default order: tensor-parallel fastest, then data-parallel, then pipeline. A process
@@ -237,7 +298,7 @@ class WorkerGroup(Generic[W]):
 
     # --- health ---------------------------------------------------------------------------------------------
     def infos(self) -> list[WorkerInfo]:
-        return self.worker_info().wait()
+        return self.all.worker_info().wait()
 
     def alive(self, timeout_s: float = 10.0) -> list[bool]:
         """Whether each rank answers a ping (answered even while the rank runs a long method)."""
@@ -255,19 +316,3 @@ class WorkerGroup(Generic[W]):
         for member in self._members:
             ray.kill(member.actor, no_restart=True)
         self._members = []
-
-
-class _ReplicaCall(GroupCall):
-    """A sharded call: waits on every rank (so failures surface) and returns the output ranks' results."""
-
-    def __init__(self, call: GroupCall, outputs: list[int]):
-        super().__init__(call.group, call.method, call.members, call.refs)
-        self.outputs = outputs
-
-    def wait(self, timeout_s: float | None = None) -> list[Any]:
-        results = super().wait(timeout_s)
-        return [results[i] for i in self.outputs]
-
-    async def async_wait(self) -> list[Any]:
-        results = await super().async_wait()
-        return [results[i] for i in self.outputs]

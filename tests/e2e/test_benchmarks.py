@@ -32,6 +32,9 @@ def test_pipeline_vs_collocated_reports_finite_figures():
     assert summary["modes"]["pipeline"]["weight_sync_receivers"] == 2
     assert summary["modes"]["collocated"]["weight_sync_receivers"] == 3
     assert summary["settings"]["steps"] == 3 and summary["settings"]["repeats"] == 1
+    for mode in ("pipeline", "collocated"):  # training data streams worker to worker, never through the driver
+        figures = summary["modes"][mode]
+        assert figures["driver_data_bytes_per_step"] == 0 and figures["train_data_bytes_per_step"] > 0, figures
 
 
 def test_weight_broadcast_bench_reports_finite_figures():

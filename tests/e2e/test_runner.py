@@ -73,7 +73,7 @@ def test_pipeline_run_outputs_and_versions(pipeline_run):
     names_by_track = {t: {s.name for s in spans if s.track == t} for t in tracks}
     assert {"generate", "weight_sync"} <= names_by_track["rollout/0"]
     assert {"logprob", "weight_sync"} <= names_by_track["inference/0"]
-    assert {"train", "optimizer_step", "broadcast_weights"} <= names_by_track["actor/0"]  # weight_sync: auto
+    assert {"train", "optimizer_step", "publish_weights"} <= names_by_track["actor/0"]
     assert "reward" in names_by_track["reward/0"]
     # each stage ran on its placed GPU (rollout: 0, inference: 1, actor: 2)
     assert {s.devices for s in spans if s.track == "rollout/0"} == {(0,)}
@@ -84,11 +84,16 @@ def test_pipeline_run_outputs_and_versions(pipeline_run):
     for k, step in enumerate(steps):
         inside = [s for s in spans if step.start <= s.start and s.end <= step.end]
         assert {s.args["version"] for s in inside if s.name in ("generate", "logprob", "train")} == {k}
-        assert {s.args["version"] for s in inside if s.name in ("weight_sync", "broadcast_weights")} == {k}
+        assert {s.args["version"] for s in inside if s.name in ("weight_sync", "publish_weights")} == {k}
     assert (pipeline_run / "timeline.png").stat().st_size > 0 and (pipeline_run / "reward.png").is_file()
     assert list((pipeline_run / "tensorboard").glob("events.out.tfevents.*"))
     ckpt = pipeline_run / "checkpoints" / "step_000002"
     assert (ckpt / "COMPLETE").is_file() and json.loads((ckpt / "runner.json").read_text())["next_step"] == 2
+    # one marker name for every folder written; the actor's part has no doubled names
+    assert {p.name for p in (ckpt / "actor").iterdir()} == {"COMPLETE", "megatron.json", "model", "hf", "trainer"}
+    assert json.loads((ckpt / "actor" / "trainer" / "state.json").read_text())["step"] == 2
+    for r in records:  # the driver sends control only: no training data passes through it
+        assert r["driver/data_bytes"] == 0 and r["actor/train_data_bytes"] > 0
 
 
 @pytest.mark.slow
@@ -216,12 +221,12 @@ def test_timeline_command_on_a_folder_without_a_run(tmp_path, capsys):
 def test_both_weight_sync_paths_train_the_same_model(tmp_path, tiny_model, pipeline_run):
     """The pipeline's default sync (`runner.weight_sync: auto`: the direct gloo group from the actor to the engines)
     and `object_store` (with CRC checks) deliver the same weights: same rollouts, losses and final parameters."""
-    spans = read_chrome_trace(pipeline_run / "timeline.json")
-    assert {s.args["version"] for s in spans if s.name == "broadcast_weights"} == {0, 1}
-    assert {s.args["version"] for s in spans if s.name == "weight_sync" and s.track == "rollout/0"} == {0, 1}
     out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, "runner.weight_sync=object_store",
               "runner.verify_weights=true")
-    assert not [s for s in read_chrome_trace(out / "timeline.json") if s.name == "broadcast_weights"]
+    for run_dir in (pipeline_run, out):
+        spans = read_chrome_trace(run_dir / "timeline.json")
+        assert {s.args["version"] for s in spans if s.name == "publish_weights"} == {0, 1}
+        assert {s.args["version"] for s in spans if s.name == "weight_sync" and s.track == "rollout/0"} == {0, 1}
     ref, got = read_metrics(out / "metrics.jsonl"), read_metrics(pipeline_run / "metrics.jsonl")
     for a, b in zip(ref, got, strict=True):
         assert a["reward/mean"] == b["reward/mean"] and a["response_length/mean"] == b["response_length/mean"]
@@ -229,3 +234,23 @@ def test_both_weight_sync_paths_train_the_same_model(tmp_path, tiny_model, pipel
     wa, wb = final_weights(pipeline_run), final_weights(out)
     for name in wa:
         torch.testing.assert_close(wa[name], wb[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+@pytest.mark.slow
+def test_two_actor_replicas_read_their_own_channels_and_train_like_one(tmp_path, tiny_model):
+    """Actor DP=2 in the pipeline (each replica reads the groups routed to it by slot from its own train channel)
+    with two mini-batches per step trains the same model as DP=1: the same groups form each mini-batch whatever
+    the replica count or the arrival order."""
+    four_gpus = ["cluster.num_gpus_per_node=4", "cluster.component_placement={rollout: 0, inference: 1, actor: 2-3}",
+                 "algorithm.n_minibatches=2", "actor.micro_batch_size=2"]
+    dp2 = run("tiny-grpo-megatron-pipeline", tmp_path / "dp2", tiny_model, *four_gpus)
+    dp1 = run("tiny-grpo-megatron-pipeline", tmp_path / "dp1", tiny_model, *four_gpus,
+              "cluster.component_placement={rollout: 0, inference: 1, actor: 2}")
+    spans = read_chrome_trace(dp2 / "timeline.json")
+    assert {s.track for s in spans if s.name == "train"} == {"actor/0", "actor/1"}  # both replicas trained
+    for a, b in zip(read_metrics(dp1 / "metrics.jsonl"), read_metrics(dp2 / "metrics.jsonl"), strict=True):
+        assert a["reward/mean"] == b["reward/mean"] and a["optimizer_steps"] == b["optimizer_steps"] == 2
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5) and b["driver/data_bytes"] == 0
+    w1, w2 = final_weights(dp1), final_weights(dp2)
+    for name in w1:
+        torch.testing.assert_close(w1[name], w2[name], atol=1e-5, rtol=1e-4, msg=name)

@@ -47,11 +47,6 @@ class Producer:
             self.channel.put(rich(step))
         self.channel.close()
 
-    def put_weighted(self, weights: list[int]) -> None:
-        for i, weight in enumerate(weights):
-            self.channel.put(Tagged(self.producer, i), weight=weight)
-        self.channel.end_step()
-
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
@@ -177,32 +172,6 @@ def test_step_end_waits_for_every_producer(nodes):
     assert ch.get(timeout=30) == Tagged(1, 0, 0)
     assert ch.get(timeout=30) == StepEnd(0)
     assert [ch.get(timeout=30).step for _ in range(3)] == [1, 1, 1]
-
-
-def test_get_batch_weights_across_processes(nodes):
-    ch = channel(maxsize=100, prefetch=8)
-    producer = on_node(Producer, nodes[1]).remote(ch)
-    ray.get(producer.put_weighted.remote([3, 4, 2, 5]))
-    assert [t.seq for t in ch.get_batch(7, timeout=30)] == [0, 1]
-    assert [t.seq for t in ch.get_batch(6, timeout=30)] == [2]
-    assert [t.seq for t in ch.get_batch(1, timeout=30)] == [3]
-    assert ch.get_batch(10, timeout=30) == StepEnd(0)
-
-
-def test_get_batch_returns_a_partial_batch_when_the_step_ends(nodes):
-    ch = channel(maxsize=100, num_producers=2)
-    producers = [on_node(Producer, nodes[i]).remote(ch, i) for i in range(2)]
-    ray.get([p.put_weighted.remote([2, 3]) for p in producers])
-    batch = ch.get_batch(100, timeout=30)  # 10 < 100: returned when the step ends, not after the timeout
-    assert sorted((t.producer, t.seq) for t in batch) == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    assert ch.get_batch(100, timeout=30) == StepEnd(0)
-
-
-def test_get_batch_larger_than_the_prefetch_window(nodes):
-    ch = channel(maxsize=64, prefetch=2)
-    producer = on_node(Producer, nodes[1]).remote(ch)
-    ray.get(producer.put_weighted.remote([1] * 10))
-    assert len(ch.get_batch(10, timeout=30)) == 10  # credit flows while the batch is assembled
 
 
 def test_close_semantics(nodes):

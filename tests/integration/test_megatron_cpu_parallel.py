@@ -23,9 +23,6 @@ STEPS = 4
 
 def _worker(rank: int, world: int, port: int, case: dict, result_dir: str) -> None:
     torch.set_num_threads(1)
-    from rlinf_pipe.models.megatron_cpu import enable_cpu_compat
-
-    enable_cpu_compat()
     torch.distributed.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )

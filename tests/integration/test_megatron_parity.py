@@ -26,7 +26,6 @@ WORLD = 2
 TOL = 1e-4
 SEED = 1234
 MODELS = {"qwen2": dict(arch="qwen2", tie_word_embeddings=True), "llama": dict(arch="llama", tie_word_embeddings=False)}
-BUCKET_SIZES = (120_000, 1_000)  # every tensor fits the first; most tensors exceed the second
 
 
 def _tokens(vocab: int) -> torch.Tensor:
@@ -121,35 +120,30 @@ def _megatron_logits_pp(model, tokens: torch.Tensor, vocab: int) -> torch.Tensor
     return _full_logits(torch.cat([o["logits"] for o in out]), vocab)
 
 
-def _stream_check(model, arch, path: Path) -> dict:
-    """Run iter_hf_weight_buckets with each bucket size; on the yielding rank, check names, sizes and reload."""
+def _stream_check(model, arch, path: Path) -> dict | None:
+    """`iter_hf_weights` (gathered from every TP / PP rank onto tp 0 / pp 0): names in order, copies rather than
+    views of the live parameters, and an HF model loads them exactly. None on the ranks that yield nothing."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rlinf_pipe.models.convert import hf_weight_names, iter_hf_weight_buckets
+    from rlinf_pipe.models.convert import hf_weight_names, iter_hf_weights
     from rlinf_pipe.models.megatron_checkpoint import load_safetensors
 
-    result: dict = {}
-    for bucket_bytes in BUCKET_SIZES:
-        buckets = list(iter_hf_weight_buckets(model, arch, bucket_bytes=bucket_bytes))
-        if not buckets:
-            result[bucket_bytes] = None
-            continue
-        names = [n for b in buckets for n, _ in b]
-        sizes = [(len(b), sum(t.numel() * t.element_size() for _, t in b)) for b in buckets]
-        state = dict(t for b in buckets for t in b)
-        cpu_contiguous = all(t.device.type == "cpu" and t.is_contiguous() for t in state.values())
-        if arch.tie_word_embeddings:
-            state["lm_head.weight"] = state["model.embed_tokens.weight"]
-        hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32)
-        hf.load_state_dict(state, strict=True)
-        original = load_safetensors(path / "model.safetensors")
-        reloaded = hf.state_dict()
-        unequal = [n for n, t in original.items() if not torch.equal(reloaded[n], t)]
-        result[bucket_bytes] = {
-            "names_in_order": names == hf_weight_names(arch), "num_names": len(names), "sizes": sizes,
-            "cpu_contiguous": cpu_contiguous, "unequal": unequal, "num_buckets": len(buckets),
-        }
-    return result
+    streamed = list(iter_hf_weights(model, arch))
+    if not streamed:
+        return None
+    live = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    state = dict(streamed)
+    if arch.tie_word_embeddings:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32)
+    hf.load_state_dict(state, strict=True)
+    original = load_safetensors(path / "model.safetensors")
+    reloaded = hf.state_dict()
+    return {
+        "names_in_order": [n for n, _ in streamed] == hf_weight_names(arch),
+        "copies": all(t.untyped_storage().data_ptr() not in live for _, t in streamed),
+        "unequal": [n for n, t in original.items() if not torch.equal(reloaded[n], t)],
+    }
 
 
 def _view_stream_check(model, arch, path: Path) -> dict:
@@ -170,7 +164,7 @@ def _partial_reload_check(model, arch, path: Path) -> dict:
     (`load_hf_state_dict(..., partial=True)`, one bucket at a time): every tensor is loaded once, exactly."""
     from rlinf_pipe.models.convert import load_hf_state_dict
     from rlinf_pipe.models.megatron_checkpoint import load_safetensors
-    from rlinf_pipe.runner.weight_broadcast import plan_weight_layout
+    from rlinf_pipe.weights import plan_weight_layout
 
     original = load_safetensors(path / "model.safetensors")
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -189,8 +183,8 @@ def _partial_reload_check(model, arch, path: Path) -> dict:
 
 def _engine_logprobs(model, path: Path, vocab: int) -> dict[float, float]:
     """Max |TorchEngine log-prob - Megatron log-prob| over the engine's own samples, per temperature."""
-    from rlinf_pipe.workers.rollout.engine import GenerateRequest, SamplingParams
-    from rlinf_pipe.workers.rollout.torch_engine import TorchEngine
+    from rlinf_pipe.engines.rollout.engine import GenerateRequest, SamplingParams
+    from rlinf_pipe.engines.rollout.torch_engine import TorchEngine
 
     engine = TorchEngine(path, max_batch_size=4)
     prompts = [engine.tokenizer.encode(text) for text in ("What is 7 + 5?", "What is 12 * (3 - 1)?")]
@@ -219,16 +213,15 @@ def _engine_logprobs(model, path: Path, vocab: int) -> dict[float, float]:
 
 def _worker(rank: int, world: int, port: int, paths: dict[str, str], result_dir: str) -> None:
     torch.set_num_threads(1)
-    from rlinf_pipe.models.megatron_cpu import enable_cpu_compat
-
-    enable_cpu_compat()
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     from megatron.core import parallel_state as ps
+
+    from rlinf_pipe.models.megatron_gpt import init_model_parallel
 
     results: dict = {}
     try:
         for label, tp, pp in (("tp1", 1, 1), ("tp2", 2, 1), ("pp2", 1, 2)):
-            ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+            init_model_parallel(tp, pp)
             for name, path_str in paths.items():
                 if label == "tp1" and rank != 0:
                     continue  # TP=1 (DP=2): rank 0 alone does the checks
@@ -293,18 +286,11 @@ def test_torch_engine_logprobs_match_megatron(results, name):
 
 @pytest.mark.parametrize("name", list(MODELS))
 @pytest.mark.parametrize("label", ["tp2", "pp2"])
-def test_weight_bucket_stream_reloads_hf_exactly(results, label, name):
-    yielding = [r[(label, name)] for r in results if r[(label, name)]["stream"][BUCKET_SIZES[0]] is not None]
+def test_gathered_weight_stream_reloads_hf_exactly(results, label, name):
+    yielding = [r[(label, name)] for r in results if r[(label, name)]["stream"] is not None]
     assert len(yielding) == 1 and (yielding[0]["tp_rank"], yielding[0]["pp_rank"]) == (0, 0)
-    streams = yielding[0]["stream"]
-    for bucket_bytes, s in streams.items():
-        assert s["names_in_order"] and s["cpu_contiguous"], s
-        assert s["unequal"] == [], s
-        for count, size in s["sizes"]:
-            assert size <= bucket_bytes or count == 1, (bucket_bytes, s["sizes"])
-    big, small = streams[BUCKET_SIZES[0]], streams[BUCKET_SIZES[1]]
-    assert all(size <= BUCKET_SIZES[0] for _, size in big["sizes"]) and 1 < big["num_buckets"] < big["num_names"]
-    assert small["num_buckets"] > big["num_buckets"]
+    check = yielding[0]["stream"]
+    assert check["names_in_order"] and check["copies"] and check["unequal"] == [], check
 
 
 @pytest.mark.parametrize("name", list(MODELS))

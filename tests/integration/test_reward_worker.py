@@ -1,66 +1,96 @@
-"""RewardWorker as a Ray actor (threaded, as WorkerGroup launches it): scores a batch through its process pool, times
-out a real sympy hang without blocking the actor's control calls, and reports metrics."""
+"""RewardWorker as a Ray actor (threaded, as WorkerGroup launches it), between real channels: it scores a step's
+groups through its process pool, times out a real sympy hang without blocking the actor's control calls, reports
+metrics, and with dynamic sampling passes on only the groups `SamplingRounds` keeps, each in its own slot."""
 
 from __future__ import annotations
 
-import time
-
+import numpy as np
 import pytest
 import ray
 
+from rlinf_pipe.config import load_config
+from rlinf_pipe.data.structs import PromptItem, RolloutGroup, RolloutSample, ScoredGroup
+from rlinf_pipe.scheduler.channel import Channel, StepEnd
 from rlinf_pipe.scheduler.worker import CONTROL_GROUP
-from rlinf_pipe.workers.reward import RewardWorker, ScoreResult
+from rlinf_pipe.workers.dynamic_sampling import SamplingRounds
+from rlinf_pipe.workers.reward import RewardWorker
 
 TIMEOUT_S = 1.0
+CFG = load_config(overrides=["reward.num_workers=2", f"reward.timeout_s={TIMEOUT_S}", "reward.wrong_score=-1.0",
+                             "reward.answer_pattern='#### (.*)'"])
 
 
 @pytest.fixture(scope="module")
-def reward_actor():
+def local_ray():
     assert not ray.is_initialized(), "another test left Ray running"
     ray.init(address="local", num_cpus=2, include_dashboard=False)
-    try:
-        # The same actor options as WorkerGroup.launch: a control concurrency group makes the actor threaded, so
-        # score_batch runs outside the main thread (where math-verify's own signal timeouts cannot work).
-        remote_cls = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(RewardWorker)
-        actor = remote_cls.options(num_cpus=0).remote(
-            num_workers=2,
-            timeout_s=TIMEOUT_S,
-            correct_score=1.0,
-            wrong_score=-1.0,
-            format_score=0.0,
-            answer_pattern="#### (.*)",
-        )
-        ray.get(actor.ping.remote())
-        yield actor
-        ray.get(actor.close.remote())
-    finally:
-        ray.shutdown()
+    yield
+    ray.shutdown()
 
 
-def test_reward_worker_scores_a_batch_and_survives_a_hang(reward_actor) -> None:
-    pairs = [
-        ("so \\boxed{72}", "72"),
-        ("\\boxed{\\frac{1}{2}}", "0.5"),
-        ("\\boxed{9^{9^{9^{9}}}}", "72"),  # hangs sympy: killed after TIMEOUT_S
-        ("#### 1,234", "1234"),
-        ("no answer", "3"),
-        ("\\boxed{-3}", "3"),
+def launch(name: str, rounds=None):
+    """A RewardWorker with the actor options WorkerGroup.launch uses (a control concurrency group makes the actor
+    threaded, so scoring runs off the main thread, where math-verify's own signal timeouts cannot work)."""
+    rollouts = Channel.create(f"{name}-rollouts", RolloutGroup, maxsize=None, num_producers=1)
+    scored = Channel.create(f"{name}-scored", ScoredGroup, maxsize=None, num_producers=1)
+    remote_cls = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(RewardWorker)
+    worker = remote_cls.options(num_cpus=0).remote(CFG, rollouts, scored, rounds)
+    ray.get(worker.ping.remote())
+    return worker, rollouts, scored
+
+
+def group(slot: int, answer: str, responses: list[str]) -> RolloutGroup:
+    prompt = PromptItem(id=f"p{slot}", prompt="?", answer=answer, index=slot, prompt_ids=[1, 2], slot=slot)
+    samples = [RolloutSample(response_ids=np.array([3]), logprobs=np.array([0.0]), finish_reason="stop", version=0,
+                             text=text) for text in responses]
+    return RolloutGroup.of(prompt, samples)
+
+
+def take_step(channel: Channel) -> list[ScoredGroup]:
+    out = []
+    while not isinstance(item := channel.get(timeout=60), StepEnd):
+        out.append(item)
+    return out
+
+
+def test_reward_worker_scores_a_step_and_survives_a_hang(local_ray) -> None:
+    worker, rollouts, scored = launch("plain")
+    groups = [
+        group(0, "72", ["so \\boxed{72}", "\\boxed{9^{9^{9^{9}}}}"]),  # the second hangs sympy: killed at TIMEOUT_S
+        group(1, "0.5", ["\\boxed{\\frac{1}{2}}", "no answer"]),
+        group(2, "1234", ["#### 1,234", "\\boxed{-3}"]),
     ]
-    call = reward_actor.score_batch.remote(pairs)
-    assert ray.get(reward_actor.ping.remote(), timeout=TIMEOUT_S) > 0  # control calls answer while it scores
-    started = time.monotonic()
-    results = ray.get(call, timeout=30)
-    assert time.monotonic() - started < TIMEOUT_S + 1.0
-    assert [r.reward for r in results] == [1.0, 1.0, -1.0, 1.0, -1.0, -1.0]
-    assert results[2] == ScoreResult(correct=False, parsed=False, timed_out=True, reward=-1.0)
-    assert [r.parsed for r in results] == [True, True, False, True, False, True]
-
-    assert ray.get(reward_actor.rewards.remote([("\\boxed{5}", "5")])) == [1.0]
-    metrics = ray.get(reward_actor.metrics.remote())
+    for g in groups:
+        rollouts.put(g, weight=g.num_sequences)
+    rollouts.end_step()
+    call = worker.score_step.remote(0)
+    assert ray.get(worker.ping.remote(), timeout=TIMEOUT_S) > 0  # control calls answer while it scores
+    tally = ray.get(call, timeout=60)
+    out = {s.slot: s for s in take_step(scored)}
+    assert sorted(out) == [0, 1, 2]
+    assert {slot: s.rewards.tolist() for slot, s in out.items()} == {0: [1.0, -1.0], 1: [1.0, -1.0], 2: [1.0, -1.0]}
+    assert all(s.advantages[0] > 0 > s.advantages[1] for s in out.values())  # GRPO: above / below the group mean
+    assert (tally.samples, tally.correct, tally.parsed) == (6, 3, 4)
+    metrics = ray.get(worker.metrics.remote())
     assert {k: metrics[k] for k in ("items", "correct", "parse_failures", "timeouts", "restarts")} == {
-        "items": 7.0,
-        "correct": 4.0,
-        "parse_failures": 1.0,
-        "timeouts": 1.0,
-        "restarts": 1.0,
+        "items": 6.0, "correct": 3.0, "parse_failures": 1.0, "timeouts": 1.0, "restarts": 1.0,
     }
+
+
+def test_dynamic_sampling_keeps_varied_groups_in_slots_up_to_the_target(local_ray) -> None:
+    rounds = SamplingRounds.remote()
+    worker, rollouts, scored = launch("dynamic", rounds)
+    ray.get(rounds.reset.remote(2, 1))
+    assert ray.get(rounds.start_round.remote()) == 2
+    varied, uniform = ["\\boxed{5}", "\\boxed{4}"], ["\\boxed{4}", "\\boxed{4}"]
+    for g in (group(0, "5", uniform), group(1, "5", varied), group(2, "5", varied), group(3, "5", varied)):
+        rollouts.put(g, weight=g.num_sequences)
+    rollouts.end_step()
+    tally = ray.get(worker.score_step.remote(0, end_step=False), timeout=60)
+    ray.get(worker.end_step.remote())
+    kept = take_step(scored)
+    assert [(s.group.prompt.id, s.slot) for s in kept] == [("p1", 0), ("p2", 1)]  # p3 is surplus, p0 uniform
+    assert tally.groups == 4 and tally.uniform_groups == 1  # every generated group counts in the rewards
+    metrics = ray.get(rounds.metrics.remote())
+    assert metrics["dynamic_sampling/groups_kept"] == 2 and metrics["dynamic_sampling/groups_surplus"] == 1
+    assert ray.get(rounds.done.remote())

@@ -7,10 +7,12 @@ import sys
 
 import pytest
 import ray
+import torch
 from ray.cluster_utils import Cluster as RayTestCluster
 
 from rlinf_pipe.config import Config
 from rlinf_pipe.errors import ClusterError, WorkerError
+from rlinf_pipe.scheduler import worker_group
 from rlinf_pipe.scheduler.cluster import NODE_RANK_LABEL, Cluster
 from rlinf_pipe.scheduler.placement import plan_placement
 from rlinf_pipe.scheduler.worker import Worker
@@ -22,6 +24,7 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 class Probe(Worker):
     def __init__(self, tag: str = ""):
+        super().__init__()
         self.tag = tag
 
     def tagged(self) -> tuple[str, int]:
@@ -43,13 +46,26 @@ class Probe(Worker):
     def shard_sum(self, shard: list[int], offset: int = 0) -> tuple[int, list[int]]:
         return self.rank, [x + offset for x in shard]
 
+    def total(self, values: torch.Tensor) -> float:
+        return float(values.sum())
+
     def crash(self) -> None:
         os._exit(3)
 
 
 class BrokenInit(Worker):
     def __init__(self):
+        super().__init__()
         raise RuntimeError("constructor failed on purpose")
+
+
+class BrokenOnRankOne(Worker):
+    """Rank 1 fails before joining the group's world; rank 0 is left waiting in the rendezvous."""
+
+    def __init__(self):
+        if os.environ["RLINF_PIPE_RANK"] == "1":
+            raise RuntimeError("rank 1 fails before the rendezvous")
+        super().__init__()
 
 
 def make_config(placement: dict, **parallel: int) -> Config:
@@ -95,7 +111,7 @@ def test_nodes_follow_head_then_rank_label(cluster):
 def test_workers_land_on_their_nodes_with_their_gpus(cluster):
     cfg = make_config({"rollout": "0-3,12-15,16-19,28-31", "actor": "4-11"}, rollout_tp=4)
     placement = plan_placement(cfg).components["rollout"]
-    group = WorkerGroup.launch(Probe, "rollout", placement, cluster, init_distributed=False)
+    group = WorkerGroup.launch(Probe, "rollout", placement, cluster, distributed=False)
     try:
         infos = group.infos()
         assert [i.rank for i in infos] == [0, 1, 2, 3]
@@ -112,53 +128,65 @@ def test_workers_land_on_their_nodes_with_their_gpus(cluster):
 
 
 def test_gloo_all_reduce_across_nodes(actor_group):
-    assert actor_group.all_reduce_rank().wait() == [(6.0, "gloo")] * 4
+    assert actor_group.all.all_reduce_rank().wait() == [(6.0, "gloo")] * 4
     infos = actor_group.infos()
     assert [i.node_rank for i in infos] == [0, 0, 1, 1]
     assert [i.cuda_visible_devices for i in infos] == ["6", "7", "0", "1"]
 
 
 def test_constructor_args_reach_every_rank(actor_group):
-    assert actor_group.tagged().wait() == [("shared", r) for r in range(4)]
+    assert actor_group.all.tagged().wait() == [("shared", r) for r in range(4)]
 
 
 def test_remote_exception_names_group_rank_node_gpus_and_traceback(actor_group):
     with pytest.raises(WorkerError) as info:
-        actor_group.fail_on(2).wait()
+        actor_group.all.fail_on(2).wait()
     message = str(info.value)
     assert message.startswith("actor rank 2 (node 1, GPUs 8) in fail_on() raised ValueError: rank 2 refuses")
     assert "--- remote traceback ---" in message and "\x1b[" not in message
     assert 'test_workers.py", line' in message and "in fail_on" in message
-    assert actor_group.fail_on(-1).wait() == [0, 1, 2, 3]  # the group keeps working
+    assert actor_group.all.fail_on(-1).wait() == [0, 1, 2, 3]  # the group keeps working
 
 
-async def test_async_wait(actor_group):
-    assert await actor_group.tagged() == [("shared", r) for r in range(4)]
+async def test_await_a_group_call(actor_group):
+    assert await actor_group.all.tagged() == [("shared", r) for r in range(4)]
     with pytest.raises(WorkerError, match="rank 1"):
-        await actor_group.fail_on(1).async_wait()
+        await actor_group.all.fail_on(1)
 
 
-def test_execute_on_some_ranks(actor_group):
-    assert actor_group.execute_on([3, 1]).tagged().wait() == [("shared", 3), ("shared", 1)]
-    with pytest.raises(ValueError, match="no rank"):
-        actor_group.execute_on([4])
+def test_verbs_pick_their_results(actor_group):
+    assert actor_group.rank(3).tagged().wait() == ("shared", 3)  # one rank
+    assert actor_group.leader(2).all_reduce_rank().wait() == (6.0, "gloo")  # a collective, rank 2's result
+    assert actor_group.replicas.tagged().wait() == [("shared", 0), ("shared", 2)]  # TP 2: ranks 0 and 2 answer
+    with pytest.raises(ValueError, match="no rank 4"):
+        actor_group.rank(4)
 
 
 def test_sharded_call_splits_along_data_parallel_ranks(actor_group):
     assert actor_group.dp_size == 2
     assert [actor_group.dp_rank_of(r) for r in range(4)] == [0, 0, 1, 1]
-    results = actor_group.call_sharded("shard_sum", list(range(7)), offset=100).wait()
+    results = actor_group.sharded.shard_sum(list(range(7)), offset=100).wait()
     assert results == [(0, [100, 101, 102]), (2, [103, 104, 105, 106])]
+
+
+def test_a_large_argument_goes_into_the_object_store_once(actor_group, monkeypatch):
+    puts = []
+    real_put = worker_group.ray.put
+    monkeypatch.setattr(worker_group.ray, "put", lambda value: puts.append(value) or real_put(value))
+    values = torch.arange(1000.0)
+    assert actor_group.all.total(values).wait() == [float(values.sum())] * 4
+    assert len(puts) == 1 and puts[0] is values  # shared by the 4 ranks
+    assert actor_group.rank(0).total(values).wait() == float(values.sum()) and len(puts) == 1  # one rank: inline
 
 
 def test_wait_timeout_names_running_ranks(cluster):
     cfg = make_config({"rollout": "0-1", "actor": "2-3"})
     group = WorkerGroup.launch(Probe, "slow", plan_placement(cfg).components["actor"], cluster,
-                               init_distributed=False)
+                               distributed=False)
     try:
-        blocker = group.execute_on([1]).run(lambda w: __import__("time").sleep(30))
+        blocker = group.rank(1).run(lambda w: __import__("time").sleep(30))
         with pytest.raises(WorkerError, match=r"ranks \[1\] still running after 0.5 s"):
-            group.run(lambda w: w.rank).wait(timeout_s=0.5)
+            group.all.run(lambda w: w.rank).wait(timeout_s=0.5)
         assert group.alive() == [True, True]  # pings are answered while rank 1 is busy
         del blocker
     finally:
@@ -168,10 +196,10 @@ def test_wait_timeout_names_running_ranks(cluster):
 def test_dead_worker_is_reported_by_name(cluster):
     cfg = make_config({"rollout": "0-1", "actor": "2-3"})
     group = WorkerGroup.launch(Probe, "fragile", plan_placement(cfg).components["actor"], cluster,
-                               init_distributed=False)
+                               distributed=False)
     try:
         with pytest.raises(WorkerError) as info:
-            group.execute_on([1]).crash().wait()
+            group.rank(1).crash().wait()
         assert "worker rlinf_pipe:fragile:1 died" in str(info.value) and "node 0, GPUs 3" in str(info.value)
         assert group.alive() == [True, False]
     finally:
@@ -185,11 +213,18 @@ def test_constructor_failure_surfaces_with_rank(cluster):
         WorkerGroup.launch(BrokenInit, "broken", plan_placement(cfg).components["actor"], cluster)
 
 
+def test_a_failing_rank_does_not_leave_the_others_waiting_in_the_rendezvous(cluster):
+    cfg = make_config({"rollout": "0-1", "actor": "2-3"})
+    with pytest.raises(WorkerError, match=r"halfbroken rank 1 .* failed in its constructor"):
+        WorkerGroup.launch(BrokenOnRankOne, "halfbroken", plan_placement(cfg).components["actor"], cluster)
+    assert not [a for a in ray.util.list_named_actors() if a.startswith("rlinf_pipe:halfbroken")]
+
+
 def test_collocated_components_share_gpus(cluster):
     placement = plan_placement(make_config({"actor,rollout": "24-25"}))
-    actor = WorkerGroup.launch(Probe, "colo-actor", placement.components["actor"], cluster, init_distributed=False)
+    actor = WorkerGroup.launch(Probe, "colo-actor", placement.components["actor"], cluster, distributed=False)
     rollout = WorkerGroup.launch(Probe, "colo-rollout", placement.components["rollout"], cluster,
-                                 init_distributed=False)
+                                 distributed=False)
     try:
         a, r = actor.infos(), rollout.infos()
         assert [i.cuda_visible_devices for i in a] == [i.cuda_visible_devices for i in r] == ["0", "1"]

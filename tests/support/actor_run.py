@@ -73,7 +73,8 @@ def with_old_logprobs(batch: TrainBatch, logprobs: torch.Tensor) -> TrainBatch:
 def capture_grads(policy) -> dict[str, torch.Tensor]:
     """Record the (finalised, scaled) main gradients each time the optimizer steps; returns the live dict."""
     grads: dict[str, torch.Tensor] = {}
-    original = policy.optimizer.step
+    megatron_optimizer = policy.optimizer.optimizer
+    original = megatron_optimizer.step
 
     def step():
         grads.clear()
@@ -81,7 +82,7 @@ def capture_grads(policy) -> dict[str, torch.Tensor]:
             grads[name] = p.main_grad.detach().clone()
         return original()
 
-    policy.optimizer.step = step
+    megatron_optimizer.step = step
     return grads
 
 
@@ -91,16 +92,13 @@ def params_of(policy) -> dict[str, torch.Tensor]:
 
 def _worker(rank: int, world: int, port: int, parallel: dict, fn: Callable, kwargs: dict, out_dir: str) -> None:
     torch.set_num_threads(1)
-    from rlinf_pipe.models.megatron_cpu import enable_cpu_compat
-
-    enable_cpu_compat()
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     from megatron.core import parallel_state
 
+    from rlinf_pipe.models.megatron_gpt import init_model_parallel
+
     try:
-        parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=parallel.get("tp", 1), pipeline_model_parallel_size=parallel.get("pp", 1)
-        )
+        init_model_parallel(parallel.get("tp", 1), parallel.get("pp", 1))
         result = fn(rank=rank, **kwargs)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     except BaseException:

@@ -35,9 +35,9 @@ def train_tiny_gpt(tp: int, pp: int, dist_opt: bool, num_micro: int, steps: int)
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.transformer import TransformerConfig
 
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp
-    )
+    from rlinf_pipe.models.megatron_gpt import init_model_parallel
+
+    init_model_parallel(tp, pp)
     torch.manual_seed(SEED)
     tensor_parallel.model_parallel_cuda_manual_seed(SEED)
     config = TransformerConfig(

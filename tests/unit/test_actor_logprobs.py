@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from rlinf_pipe.engines.policy.logprobs import token_entropy, token_logprobs, token_logprobs_and_entropy
 from rlinf_pipe.utils.net import free_port
-from rlinf_pipe.workers.actor.logprobs import token_entropy, token_logprobs, token_logprobs_and_entropy
 
 VOCAB, PADDED, B, L, TEMP = 11, 12, 3, 7, 0.7
 

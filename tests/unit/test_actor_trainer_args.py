@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlinf_pipe.workers.actor import MegatronPolicy, warmup_lr
+from rlinf_pipe.engines.policy import MegatronPolicy, warmup_lr
 
 
 def test_warmup_lr_is_linear_then_constant():

@@ -8,14 +8,14 @@ import pytest
 
 from rlinf_pipe.models import resolve, smollm2
 from rlinf_pipe.models.resolve import resolve_model_path
-from rlinf_pipe.models.tiny import MARKER as TINY_MARKER
+from rlinf_pipe.utils.folders import COMPLETE
 
 MISSING = "rlinf_pipe_no_such_package_xyz"
 
 
 def test_tiny_builds_the_tiny_model_in_the_cache(tmp_path: Path) -> None:
     folder = resolve_model_path("tiny", cache_dir=tmp_path)
-    assert folder.parent == tmp_path and (folder / TINY_MARKER).is_file() and (folder / "config.json").is_file()
+    assert folder.parent == tmp_path and (folder / COMPLETE).is_file() and (folder / "config.json").is_file()
     assert resolve_model_path("tiny", cache_dir=tmp_path) == folder
 
 
@@ -83,7 +83,7 @@ def test_cli_reports_a_missing_package_without_traceback(
 def test_complete_cache_folder_is_reused_without_the_package(tmp_path: Path) -> None:
     folder = tmp_path / smollm2.FOLDER_NAME
     folder.mkdir()
-    (folder / smollm2.MARKER).write_text("{}\n")
+    (folder / COMPLETE).write_text("{}\n")
     assert smollm2.ensure_smollm2(tmp_path, package=MISSING) == folder
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rlinf_pipe.workers.reward import RewardPool, RewardPoolError, ScoreConfig, ScoreResult, score
+from rlinf_pipe.engines.reward import RewardPool, RewardPoolError, ScoreConfig, ScoreResult, score
 
 # math-verify evaluates the tower exactly (sympy Integer power) and never returns; with its own signal timeout
 # switched off, as in the pool, only killing the process stops it.

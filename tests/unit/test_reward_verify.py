@@ -9,9 +9,9 @@ import time
 
 import pytest
 
+from rlinf_pipe.engines.reward import ScoreConfig, ScoreResult, extract_answer, score, verify_math
+from rlinf_pipe.engines.reward.deadline import VerifyTimeout, deadline
 from rlinf_pipe.errors import ConfigError
-from rlinf_pipe.workers.reward import ScoreConfig, ScoreResult, extract_answer, score, verify_math
-from rlinf_pipe.workers.reward.deadline import VerifyTimeout, deadline
 
 # (response, reference, expected verdict)
 VERDICTS = [

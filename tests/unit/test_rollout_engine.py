@@ -9,8 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlinf_pipe.models.tiny import ensure_tiny_model
-from rlinf_pipe.workers.rollout import (
+from rlinf_pipe.engines.rollout import (
     EngineAsleepError,
     GenerateRequest,
     GenerateResult,
@@ -19,6 +18,7 @@ from rlinf_pipe.workers.rollout import (
     TorchEngine,
     to_rollout_samples,
 )
+from rlinf_pipe.models.tiny import ensure_tiny_model
 
 PROMPTS = [[5, 17, 33], [40, 41, 42, 43, 44, 45, 46], [99, 7, 250, 13, 8]]
 

@@ -8,7 +8,8 @@ import pytest
 
 from rlinf_pipe.config import load_config
 from rlinf_pipe.errors import ConfigError
-from rlinf_pipe.runner.run_dir import checkpoint_dir, create_run_dir, find_resume_checkpoint, mark_complete
+from rlinf_pipe.runner.run_dir import checkpoint_dir, create_run_dir, find_resume_checkpoint
+from rlinf_pipe.utils.folders import mark_complete
 
 
 def cfg_with(tmp_path, resume: str | None):

@@ -1,4 +1,5 @@
-"""Pure parts of the runner: timeline analysis, stage helpers, weight-sync checks."""
+"""Pure parts of the step: timeline analysis, scoring, micro-batching, routing slots to actor replicas, the
+actor's train feed, version checks."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from rlinf_pipe.data.packing import pack_train_batch
-from rlinf_pipe.data.structs import PromptItem, RolloutGroup, RolloutSample, ScoredGroup
-from rlinf_pipe.runner.stages import MicroBatcher, RewardTally, concat_train_batches, score_groups
-from rlinf_pipe.runner.weight_sync import WeightSyncError, check_version, tensor_crc32
+from rlinf_pipe.algorithms.scoring import RewardTally, score_groups
+from rlinf_pipe.data.packing import MicroBatcher, concat_train_batches, pack_train_batch
+from rlinf_pipe.data.routing import TrainRouting
+from rlinf_pipe.data.structs import PromptItem, RolloutGroup, RolloutSample, ScoredGroup, TrainBatch
+from rlinf_pipe.scheduler.channel import StepEnd
+from rlinf_pipe.scheduler.traffic import payload_bytes
 from rlinf_pipe.utils.timeline import (
     STEP_SPAN,
     analyse,
@@ -20,6 +23,8 @@ from rlinf_pipe.utils.timeline import (
     write_chrome_trace,
 )
 from rlinf_pipe.utils.tracing import Span, Tracer
+from rlinf_pipe.weights import WeightSyncError, check_version
+from rlinf_pipe.workers.train_feed import OptimizerStep, TrainFeedError, TrainMicroBatch, train_ops
 
 
 def span(name, track, start, end, devices=(), **args):
@@ -92,29 +97,104 @@ def test_reward_tally_merges_exactly():
     assert m["reward/uniform_group_frac"] == 0.5 and m["response_length/mean"] == 3.0
 
 
+def _batch(rows: int, width: int, slot: int = -1) -> TrainBatch:
+    """A TrainBatch of `rows` rows padded to `width`, one response token per row."""
+    mask = torch.zeros(rows, width, dtype=torch.bool)
+    mask[:, width - 1] = True
+    return TrainBatch(input_ids=torch.ones(rows, width, dtype=torch.long), attention_mask=torch.ones_like(mask),
+                      response_mask=mask, old_logprobs=torch.zeros(rows, width), advantages=torch.zeros(rows, width),
+                      rewards=torch.zeros(rows), version=0, num_sequences=rows, num_tokens=rows, slot=slot)
+
+
 def test_micro_batcher_and_concat_keep_every_row():
     batches = [pack_train_batch(score_groups([g], [[1.0] * len(g.samples)], "grpo"), 0)
                for g in (_group("a", [2, 5]), _group("b", [1]), _group("c", [3, 3]))]
     mb = MicroBatcher(3)
-    assert mb.add(batches[0], 2) == []
-    assert mb.add(batches[1], 1) == [batches[:2]]
-    assert mb.add(batches[2], 2) == [] and mb.flush() == [batches[2]] and mb.flush() is None
-    # token budget: rows x longest row; an item that would break it closes the pending micro-batch first
+    assert mb.add(batches[0]) == []
+    assert mb.add(batches[1]) == [batches[:2]]
+    assert mb.add(batches[2]) == [] and mb.flush() == [batches[2]] and mb.flush() == []
+    # token budget: rows x longest row; a batch that would break it closes the pending micro-batch first
+    a, b, c, d = _batch(2, 5), _batch(2, 5), _batch(1, 8), _batch(4, 30)
     budget = MicroBatcher(micro_batch_size=100, max_tokens=20)
-    assert budget.add("a", 2, width=5) == []  # 10 tokens
-    assert budget.add("b", 2, width=5) == []  # 20 tokens: at the budget
-    assert budget.add("c", 1, width=8) == [["a", "b"]]  # 5 x 8 = 40 > 20
-    assert budget.add("d", 4, width=30) == [["c"]] and budget.flush() == [["d"]][0]  # too big alone: still sent
+    assert budget.add(a) == []  # 10 tokens
+    assert budget.add(b) == []  # 20 tokens: at the budget
+    assert budget.add(c) == [[a, b]]  # 5 x 8 = 40 > 20
+    assert budget.add(d) == [[c]] and budget.flush() == [d]  # too big alone: still sent
     cat = concat_train_batches(batches, pad_token_id=0)
     assert cat.num_sequences == 5 and cat.num_tokens == sum(b.num_tokens for b in batches)
     assert cat.input_ids.shape == (5, 8) and int(cat.response_mask.sum()) == cat.num_tokens
     torch.testing.assert_close(cat.input_ids[2, :4], batches[1].input_ids[0, :4])
+    assert cat.slot == -1 and pack_train_batch([ScoredGroup(group=_group("e", [1]), rewards=[1.0],
+                                                            advantages=[0.0], version=0, slot=7)], 0).slot == 7
 
 
-def test_weight_sync_checks():
-    t = [("w", torch.arange(4.0)), ("b", torch.ones(2, dtype=torch.bfloat16))]
-    assert tensor_crc32(t) == tensor_crc32([(n, x.clone()) for n, x in t])
-    assert tensor_crc32(t) != tensor_crc32([("w", torch.arange(4.0) + 1), t[1]])
+def test_routing_gives_every_slot_one_minibatch_and_replica():
+    routing = TrainRouting(groups=12, n_minibatches=2, dp=4)
+    cells = [(routing.minibatch_of(s), routing.replica_of(s)) for s in range(12)]
+    assert [m for m, _ in cells] == [0] * 6 + [1] * 6
+    for m in range(2):
+        for r in range(4):
+            assert cells.count((m, r)) == routing.expected(m, r)
+    assert [routing.expected(0, r) for r in range(4)] == [2, 2, 1, 1]
+    with pytest.raises(ValueError, match="slot 12 is outside"):
+        routing.replica_of(12)
+    with pytest.raises(ValueError, match="dividing"):
+        TrainRouting(groups=10, n_minibatches=3, dp=1)
+
+
+class ListChannel:
+    """The consumer side of a channel over a list (`aget` returns the items, then StepEnd): what train_ops reads."""
+
+    def __init__(self, items: list) -> None:
+        self.items = list(items)
+
+    async def aget(self):
+        return self.items.pop(0) if self.items else StepEnd(0)
+
+
+async def _ops(items: list, routing: TrainRouting, replica: int, micro_batch_size: int = 1) -> list:
+    channel = ListChannel([*items, StepEnd(0)])
+    ops = [op async for op in train_ops(channel, routing, replica, MicroBatcher(micro_batch_size), pad_token_id=0)]
+    assert channel.items == []  # the whole step, StepEnd included, was read
+    return ops
+
+
+def _slots(ops: list) -> list:
+    return [op.batch.slot if isinstance(op, TrainMicroBatch) else ("step", op.minibatch) for op in ops]
+
+
+async def test_train_feed_steps_each_minibatch_whatever_the_arrival_order():
+    routing = TrainRouting(groups=8, n_minibatches=2, dp=2)  # replica 1 trains slots 1, 3 (mini-batch 0), 5, 7
+    arrivals = [_batch(2, 4, slot) for slot in (7, 5, 3, 1)]  # mini-batch 1 arrives first: it waits
+    ops = await _ops(arrivals, routing, replica=1)
+    assert _slots(ops) == [3, 1, ("step", 0), 7, 5, ("step", 1)]
+    read = sum(op.data_bytes for op in ops if isinstance(op, OptimizerStep))
+    assert read == sum(payload_bytes(b) for b in arrivals) > 0  # every byte the replica read, counted once
+
+
+async def test_train_feed_micro_batches_within_a_minibatch_only():
+    routing = TrainRouting(groups=4, n_minibatches=2, dp=1)
+    ops = await _ops([_batch(2, 4, s) for s in (0, 2, 1, 3)], routing, replica=0, micro_batch_size=4)
+    sizes = [op.batch.num_sequences if isinstance(op, TrainMicroBatch) else "step" for op in ops]
+    assert sizes == [4, "step", 4, "step"]  # slots 0+1 together, 2+3 together, although 2 arrived before 1
+
+
+async def test_train_feed_with_fewer_groups_steps_every_minibatch():
+    """Dynamic sampling kept 3 of 8 groups: the step ends early, every mini-batch still gets its optimizer step."""
+    routing = TrainRouting(groups=8, n_minibatches=2, dp=1)
+    ops = await _ops([_batch(1, 4, s) for s in (0, 2, 1)], routing, replica=0)
+    assert _slots(ops) == [0, 2, 1, ("step", 0), ("step", 1)]
+
+
+async def test_train_feed_rejects_what_the_routing_does_not_allow():
+    routing = TrainRouting(groups=4, n_minibatches=1, dp=2)
+    with pytest.raises(TrainFeedError, match="slot 1, which replica 1 trains"):
+        await _ops([_batch(1, 4, 1)], routing, replica=0)
+    with pytest.raises(TrainFeedError, match="beyond the step's 4"):
+        await _ops([_batch(1, 4, 0), _batch(1, 4, 2), _batch(1, 4, 0)], routing, replica=0)
+
+
+def test_version_checks():
     check_version(3, 3, "x")
     with pytest.raises(WeightSyncError, match="version 2 after version 3"):
         check_version(3, 2, "rollout/0")

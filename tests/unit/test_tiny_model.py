@@ -13,12 +13,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlinf_pipe.models.tiny import (
-    MARKER,
     count_parameters,
     create_tiny_model,
     ensure_tiny_model,
 )
 from rlinf_pipe.models.tokenizer import BOS, EOS, PAD, train_tiny_tokenizer
+from rlinf_pipe.utils.folders import COMPLETE
 
 ARCHS = ("qwen2", "llama")
 
@@ -117,16 +117,16 @@ def test_knobs_reach_the_config(tmp_path: Path) -> None:
 
 def test_ensure_reuses_the_folder_and_rebuilds_one_without_marker(tmp_path: Path) -> None:
     first = ensure_tiny_model(tmp_path, arch="llama", num_layers=1)
-    assert (first / MARKER).is_file()
+    assert (first / COMPLETE).is_file()
     mtime = (first / "model.safetensors").stat().st_mtime_ns
     assert ensure_tiny_model(tmp_path, arch="llama", num_layers=1) == first
     assert (first / "model.safetensors").stat().st_mtime_ns == mtime
     assert ensure_tiny_model(tmp_path, arch="llama", num_layers=2) != first  # other knobs, other folder
 
-    (first / MARKER).unlink()  # as if a build had been interrupted
+    (first / COMPLETE).unlink()  # as if a build had been interrupted
     (first / "model.safetensors").write_bytes(b"truncated")
     assert ensure_tiny_model(tmp_path, arch="llama", num_layers=1) == first
-    assert (first / MARKER).is_file()
+    assert (first / COMPLETE).is_file()
     AutoModelForCausalLM.from_pretrained(first)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folders left
 

@@ -8,15 +8,15 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlinf_pipe.config.schema import ArithmeticConfig, DataConfig
+from rlinf_pipe.engines.rollout.evaluate import measure_accuracy
 from rlinf_pipe.models.tiny import ensure_tiny_model
 from rlinf_pipe.models.warmstart import (
-    WARM_MARKER,
     WarmStartSpec,
     ensure_warm_tiny_model,
-    measure_accuracy,
     target_text,
     warm_start,
 )
+from rlinf_pipe.utils.folders import COMPLETE
 
 SMALL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
 DATA = DataConfig(arithmetic=ArithmeticConfig(min_value=1, max_value=5))
@@ -47,7 +47,7 @@ def test_warm_start_rejects_other_datasets(tmp_path: Path) -> None:
 
 def test_ensure_warm_tiny_model_caches(tmp_path: Path) -> None:
     first = ensure_warm_tiny_model(tmp_path, DATA, spec=SPEC, tiny_knobs=SMALL)
-    assert (first / WARM_MARKER).is_file()
+    assert (first / COMPLETE).is_file()
     mtime = (first / "model.safetensors").stat().st_mtime_ns
     again = ensure_warm_tiny_model(tmp_path, DATA, spec=SPEC, tiny_knobs=SMALL)
     assert again == first and (again / "model.safetensors").stat().st_mtime_ns == mtime  # not rebuilt

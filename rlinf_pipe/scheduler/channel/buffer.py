@@ -11,7 +11,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, TypeVar
 
 import msgspec
 
@@ -23,7 +23,7 @@ RECHECK_S = 0.25  # waiters re-check at least this often (time-based failures su
 
 
 class StepEnd(msgspec.Struct, frozen=True):
-    """Returned by `get()` / `get_batch()` once every item of `step` has been delivered."""
+    """Returned by `get()` once every item of `step` has been delivered."""
 
     step: int
 
@@ -86,12 +86,6 @@ class StepBuffer:
         self.count -= 1
         self.weight -= entry.weight
         return entry
-
-    def push_front(self, entries: list[Entry]) -> None:
-        for entry in reversed(entries):
-            self.by_step.setdefault(entry.step, deque()).appendleft(entry)
-            self.count += 1
-            self.weight += entry.weight
 
     def _all_producers_known(self) -> bool:
         if self.expected_producers is None:
@@ -180,41 +174,3 @@ class Waiter:
 def _resolve(future: asyncio.Future) -> None:
     if not future.done():
         future.set_result(None)
-
-
-class BatchAssembler(Generic[T]):
-    """Greedy `get_batch` over a StepBuffer: items of the current step, total weight <= target (at least one)."""
-
-    def __init__(self, buffer: StepBuffer, target: float, on_take: Callable[[list[Entry]], None]):
-        self.buffer, self.target, self.on_take = buffer, target, on_take
-        self.taken: list[Entry] = []
-        self.total = 0.0
-
-    def attempt(self) -> Any:
-        moved = []
-        while (entry := self.buffer.peek()) is not None:
-            if self.taken and self.total + entry.weight > self.target:
-                return self._finish(moved)  # the next item would overflow the target
-            moved.append(self.buffer.pop())
-            self.taken.append(entry)
-            self.total += entry.weight
-            if self.total >= self.target:
-                return self._finish(moved)
-        if moved:
-            self.on_take(moved)
-        if self.buffer.step_complete():
-            return self.taken if self.taken else self.buffer.next_marker()
-        if not self.taken and self.buffer.stream_ended():
-            raise ChannelClosed(f"channel {self.buffer.channel!r}: every producer closed and all items were delivered")
-        self.buffer.check_peers()
-        return PENDING
-
-    def _finish(self, moved: list[Entry]) -> list[Entry]:
-        if moved:
-            self.on_take(moved)
-        return self.taken
-
-    def give_back(self) -> None:
-        """A timed-out or failed call returns its partial batch to the front of the buffer."""
-        self.buffer.push_front(self.taken)
-        self.taken, self.total = [], 0.0

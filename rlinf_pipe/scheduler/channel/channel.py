@@ -3,7 +3,7 @@
     rollouts = Channel.create("rollouts", RolloutGroup, maxsize=16, num_producers=4)   # once, e.g. the driver
     rollouts = Channel.open("rollouts", RolloutGroup)                                # anywhere else
     rollouts.put(group, weight=len(group.samples)); rollouts.end_step(); rollouts.close()   # producers
-    for group in rollouts.iter_step(): ...; batch = rollouts.get_batch(4096)        # consumers
+    for group in rollouts.iter_step(): ...; item = await rollouts.aget()            # consumers
 
 A process gets its producing end on its first put and its consuming end on its first get. Handles pickle by name,
 so a Channel can be passed to Ray workers.
@@ -12,13 +12,13 @@ so a Channel can be passed to Ray workers.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
 import ray
 
 from rlinf_pipe.errors import ChannelClosed, ChannelError
-from rlinf_pipe.scheduler.channel.api import ConsumerAPI
-from rlinf_pipe.scheduler.channel.buffer import Entry, StepBuffer, Waiter
+from rlinf_pipe.scheduler.channel.buffer import StepBuffer, StepEnd, Waiter
 from rlinf_pipe.scheduler.channel.codec import Codec
 from rlinf_pipe.scheduler.channel.consumer import ConsumerEnd
 from rlinf_pipe.scheduler.channel.producer import ProducerEnd
@@ -41,7 +41,7 @@ def _process_handle(spec: ChannelSpec, item_type: Any) -> "Channel":
         return handle
 
 
-class Channel(ConsumerAPI[T], Generic[T]):
+class Channel(Generic[T]):
     """A handle on a named socket channel; see the module docstring."""
 
     def __init__(self, spec: ChannelSpec, item_type: Any = Any):
@@ -115,14 +115,35 @@ class Channel(ConsumerAPI[T], Generic[T]):
             return entry
         return end.buffer.next_marker()
 
-    def _on_take(self, entries: list[Entry]) -> None:
-        self._consumer_end.credit(entries)
+    def get(self, timeout: float | None = None) -> T | StepEnd:
+        """The next item of the current step, or `StepEnd(step)` once all of the step's items are delivered.
+        Raises ChannelClosed after every producer closed and everything was delivered."""
+        waiter, _ = self._consumer()
+        result = waiter.wait(self._try_take, timeout, f"channel {self.name!r} get")
+        return result if isinstance(result, StepEnd) else self.codec.decode(result.payload)
 
-    def _ack(self, entries: list[Entry]) -> None:
-        self._consumer_end.ack(entries)
+    async def aget(self, timeout: float | None = None) -> T | StepEnd:
+        """`get()` for asyncio code."""
+        waiter, _ = self._consumer()
+        result = await waiter.await_(self._try_take, timeout, f"channel {self.name!r} get")
+        return result if isinstance(result, StepEnd) else self.codec.decode(result.payload)
 
-    def _decode(self, entries: list[Entry]) -> list[T]:
-        return [self.codec.decode(e.payload) for e in entries]
+    def iter_step(self, timeout: float | None = None) -> Iterator[T]:
+        """Yield the current step's items; stops after its StepEnd (or at the end of the stream)."""
+        while True:
+            try:
+                item = self.get(timeout)
+            except ChannelClosed:
+                return
+            if isinstance(item, StepEnd):
+                return
+            yield item
+
+    def qsize(self) -> int:
+        """Items buffered at this consumer and not yet taken."""
+        waiter, buffer = self._consumer()
+        with waiter.lock:
+            return buffer.count
 
     # --- lifetime -------------------------------------------------------------------------------------------
     def _mark_closed(self) -> bool:

@@ -16,6 +16,8 @@ import msgspec
 import numpy as np
 import torch
 
+from rlinf_pipe.scheduler import traffic
+
 EXT_TENSOR = 1
 EXT_NDARRAY = 2
 
@@ -40,6 +42,7 @@ class Codec:
             header = self._encoder.encode(item)
         finally:
             self._local.buffers = None
+        traffic.record(sum(memoryview(b).nbytes for b in buffers))
         return [header, *buffers]
 
     def decode(self, frames: Sequence[Any]) -> Any:
@@ -71,6 +74,7 @@ class Codec:
     def _ext_hook(self, code: int, data: memoryview) -> Any:
         dtype, shape, index = msgspec.msgpack.decode(data)
         buffer = _buffer_of(self._local.frames[index + 1])  # frame 0 is the header
+        traffic.record(memoryview(buffer).nbytes)
         if code == EXT_TENSOR:
             torch_dtype = getattr(torch, dtype)
             if not len(buffer):

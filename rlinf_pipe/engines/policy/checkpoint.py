@@ -1,0 +1,166 @@
+"""A policy's training checkpoint: model shards, optimizer state, step and every rank's RNG states.
+
+    <folder>/megatron.json, model/tp{t:02d}_pp{p:03d}.safetensors, hf/   the model (readable by `rlinf-pipe convert`)
+    <folder>/trainer/state.json                                          step, schedule and parallel layout
+    <folder>/trainer/optim_tpXX_ppYYY_dpZZZ.pt                           optimizer state (per DP rank if sharded)
+    <folder>/trainer/rng_rankNNNNN.pt                                    RNG states of each rank
+    <folder>/COMPLETE                                                    written last
+
+Written to a temporary sibling and renamed into place by rank 0 after a barrier, so a folder is whole or absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from rlinf_pipe.engines.policy.optimizer import PolicyOptimizer
+from rlinf_pipe.utils.folders import COMPLETE, is_complete, mark_complete
+
+TRAINER_SUBDIR = "trainer"
+STATE_FILE = "state.json"
+
+
+class MegatronPolicy(Protocol):
+    """What a checkpoint reads from and writes into a policy (`rlinf_pipe.engines.policy.MegatronPolicy`)."""
+
+    model_path: Path
+    params_dtype: torch.dtype
+    tp_size: int
+    pp_size: int
+    dp_size: int
+    tp_rank: int
+    pp_rank: int
+    dp_rank: int
+    use_distributed_optimizer: bool
+
+    @property
+    def module(self) -> torch.nn.Module: ...
+
+    def require_optimizer(self) -> PolicyOptimizer: ...
+
+
+def _optim_file(policy: MegatronPolicy) -> str:
+    dp = policy.dp_rank if policy.use_distributed_optimizer else 0
+    return f"optim_tp{policy.tp_rank:02d}_pp{policy.pp_rank:03d}_dp{dp:03d}.pt"
+
+
+def _rng_file(rank: int) -> str:
+    return f"rng_rank{rank:05d}.pt"
+
+
+def _layout(policy: MegatronPolicy) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    return {"tp": policy.tp_size, "pp": policy.pp_size, "dp": policy.dp_size, "world_size": dist.get_world_size(),
+            "use_distributed_optimizer": policy.use_distributed_optimizer}
+
+
+def save_checkpoint(policy: MegatronPolicy, folder: str | os.PathLike[str], record: dict[str, Any] | None = None) -> Path:
+    """Save `policy` to `folder` (collective over all ranks; on a file system all ranks share). An existing folder
+    is replaced. `record` goes into the completion marker."""
+    import torch.distributed as dist
+
+    from rlinf_pipe.models.megatron_checkpoint import save_model_shard, write_megatron_meta
+
+    optimizer = policy.require_optimizer()
+    final = Path(folder).resolve()
+    tmp = final.with_name(f".{final.name}.tmp")
+    rank = dist.get_rank()
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / TRAINER_SUBDIR).mkdir(parents=True)
+    dist.barrier()
+    if policy.dp_rank == 0:
+        save_model_shard(tmp, policy.tp_rank, policy.pp_rank, policy.module.state_dict())
+    if policy.use_distributed_optimizer or policy.dp_rank == 0:
+        torch.save(optimizer.state_dict(), tmp / TRAINER_SUBDIR / _optim_file(policy))
+    torch.save(_rng_state(), tmp / TRAINER_SUBDIR / _rng_file(rank))
+    dist.barrier()
+    if rank == 0:
+        write_megatron_meta(tmp, policy.tp_size, policy.pp_size, policy.model_path)
+        state = {"step": optimizer.steps_taken, "peak_lr": optimizer.peak_lr,
+                 "lr_warmup_steps": optimizer.lr_warmup_steps, "params_dtype": str(policy.params_dtype),
+                 **_layout(policy)}
+        (tmp / TRAINER_SUBDIR / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+        mark_complete(tmp, {**(record or {}), "step": optimizer.steps_taken})
+        old = final.with_name(f".{final.name}.old")
+        if final.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+    return final
+
+
+def read_trainer_state(folder: str | os.PathLike[str]) -> dict[str, Any]:
+    """The `trainer/state.json` of a complete checkpoint folder (`FileNotFoundError` naming what is missing)."""
+    path = Path(folder)
+    if not is_complete(path):
+        raise FileNotFoundError(f"{path} is not a complete actor checkpoint (no {COMPLETE!r} marker)")
+    return json.loads((path / TRAINER_SUBDIR / STATE_FILE).read_text())
+
+
+def load_checkpoint(policy: MegatronPolicy, folder: str | os.PathLike[str]) -> None:
+    """Restore a folder written by `save_checkpoint` with the same TP / PP / DP layout: weights, optimizer state,
+    step and this rank's RNG states. Collective over all ranks."""
+    import torch.distributed as dist
+
+    from rlinf_pipe.models.megatron_checkpoint import load_model_shard
+
+    optimizer = policy.require_optimizer()
+    path = Path(folder)
+    state = read_trainer_state(path)
+    layout = _layout(policy)
+    saved = {k: state[k] for k in layout}
+    if saved != layout:
+        raise ValueError(f"checkpoint {path} was saved with {saved}, this job runs {layout}; resume with the same "
+                         "parallel layout")
+    shard = load_model_shard(path, policy.tp_rank, policy.pp_rank)
+    targets = {k: v for k, v in policy.module.state_dict(keep_vars=True).items()
+               if isinstance(v, torch.Tensor) and not k.endswith("._extra_state")}
+    if set(shard) != set(targets):
+        raise ValueError(f"checkpoint shard tensors differ from the model's: missing {sorted(set(targets) - set(shard))}, "
+                         f"unexpected {sorted(set(shard) - set(targets))}")
+    with torch.no_grad():
+        for name, dst in targets.items():
+            dst.data.copy_(shard[name])
+    optim = torch.load(path / TRAINER_SUBDIR / _optim_file(policy), map_location="cpu", weights_only=False)
+    optimizer.load_state_dict(optim)
+    _set_rng_state(torch.load(path / TRAINER_SUBDIR / _rng_file(dist.get_rank()), weights_only=False))
+    optimizer.steps_taken = int(state["step"])
+    optimizer.zero_grads()
+    dist.barrier()
+
+
+def _rng_state() -> dict[str, Any]:
+    from megatron.core import tensor_parallel
+
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "megatron_tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    from megatron.core import tensor_parallel
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    tensor_parallel.get_cuda_rng_tracker().set_states(state["megatron_tracker"])
+    if torch.cuda.is_available() and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"])

@@ -1,0 +1,277 @@
+"""The trainable side of a policy: Megatron's optimizer with exact loss normalisation, the learning-rate schedule,
+and moving the training state off and back onto the device.
+
+`PolicyOptimizer` keeps the loss terms of the micro-batches since the last step. `step()` reduces the gradients
+over data-parallel ranks (`finalize_model_grads`: a plain SUM, because DDP runs with `calculate_per_token_loss`),
+sums the denominators of all micro-batches of all DP ranks, scales the gradients by 1/denominator, then clips and
+steps: the update is the gradient of `sum(numerators) / sum(denominators)` however the batch was split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlinf_pipe.algorithms.terms import LossTerms, Stat, finalize, finalize_metrics, merge
+
+
+def warmup_lr(step: int, peak_lr: float, warmup_steps: int) -> float:
+    """Learning rate of optimizer step `step` (0-based): linear warmup `peak * (step + 1) / warmup_steps` over the
+    first `warmup_steps` steps, then constant `peak`."""
+    if warmup_steps <= 0 or step >= warmup_steps:
+        return peak_lr
+    return peak_lr * (step + 1) / warmup_steps
+
+
+def _dp_object_group() -> Any:
+    """The DP group for pickled-object collectives: its gloo twin when Megatron made one (no device copies)."""
+    from megatron.core import parallel_state as ps
+
+    try:
+        group = ps.get_data_parallel_group_gloo()
+    except (AssertionError, RuntimeError):
+        group = None
+    return group if group is not None else ps.get_data_parallel_group()
+
+
+def _cpu_terms(t: LossTerms) -> LossTerms:
+    metrics = {k: Stat(s.value.detach().cpu(), s.count.detach().cpu(), s.reduce) for k, s in t.metrics.items()}
+    return replace(t, numerator=t.numerator.detach().double().cpu(), denominator=t.denominator.detach().cpu(),
+                   metrics=metrics)
+
+
+class PolicyOptimizer:
+    """Megatron's Adam over one DDP-wrapped model, its schedule, and the loss terms since the last step.
+
+    Args:
+        model: the `DistributedDataParallel` model (its config has `calculate_per_token_loss=True`).
+        params_dtype: the parameters' dtype (bf16 keeps fp32 master weights in the optimizer).
+        lr, weight_decay, adam_betas, adam_eps, clip_grad, lr_warmup_steps: see `MegatronPolicy`.
+        use_distributed_optimizer: shard the optimizer state over data-parallel ranks.
+    """
+
+    def __init__(
+        self, model: Any, *, params_dtype: torch.dtype, lr: float, weight_decay: float,
+        adam_betas: tuple[float, float], adam_eps: float, clip_grad: float, lr_warmup_steps: int,
+        use_distributed_optimizer: bool,
+    ) -> None:
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        self.model = model
+        self.peak_lr = float(lr)
+        self.lr_warmup_steps = int(lr_warmup_steps)
+        self.use_distributed_optimizer = use_distributed_optimizer
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(
+                optimizer="adam", lr=self.peak_lr, min_lr=0.0, weight_decay=weight_decay,
+                adam_beta1=adam_betas[0], adam_beta2=adam_betas[1], adam_eps=adam_eps, clip_grad=float(clip_grad),
+                bf16=params_dtype == torch.bfloat16, params_dtype=params_dtype,
+                use_distributed_optimizer=use_distributed_optimizer,
+            ),
+            [model],
+        )
+        self.steps_taken = 0
+        self.terms: list[LossTerms] = []
+        self.micro_batches = 0
+        self.tokens = 0
+
+    def accumulate(self, terms: list[LossTerms], tokens: int) -> None:
+        """Keep one micro-batch's detached loss terms (its numerator was backpropagated)."""
+        self.terms.extend(_cpu_terms(t) for t in terms)
+        self.micro_batches += 1
+        self.tokens += tokens
+
+    def _reset(self) -> None:
+        self.terms, self.micro_batches, self.tokens = [], 0, 0
+
+    def zero_grads(self) -> None:
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        self._reset()
+
+    def inner_optimizers(self) -> list[torch.optim.Optimizer]:
+        """The torch optimizers inside Megatron's wrapper(s)."""
+        chained = getattr(self.optimizer, "chained_optimizers", None)
+        wrappers = list(chained) if chained is not None else [self.optimizer]
+        return [w.optimizer for w in wrappers if getattr(w, "optimizer", None) is not None]
+
+    def _summary(self, dp_size: int, is_last_stage: bool, pp_size: int) -> dict[str, Any]:
+        """Loss, metrics, denominator and counts summed over DP ranks, on every rank."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        summary: dict[str, Any] | None = None
+        if is_last_stage:
+            local = (merge(self.terms) if self.terms else None, self.micro_batches, self.tokens)
+            gathered: list[Any] = [local]
+            if dp_size > 1:  # one replica: nothing to gather (saves pickling every metric each step)
+                gathered = [None] * dp_size
+                dist.all_gather_object(gathered, local, group=_dp_object_group())
+            terms = [g[0] for g in gathered if g[0] is not None]
+            merged = merge(terms) if terms else None
+            summary = {
+                "denominator": float(merged.denominator) if merged else 0.0,
+                "loss": float(finalize(merged)) if merged else float("nan"),
+                "metrics": finalize_metrics(merged) if merged else {},
+                "micro_batches": float(sum(g[1] for g in gathered)),
+                "tokens": float(sum(g[2] for g in gathered)),
+            }
+        if pp_size > 1:
+            box = [summary]
+            dist.broadcast_object_list(
+                box, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group()
+            )
+            summary = box[0]
+        if summary is None:
+            raise RuntimeError("optimizer step: no loss summary reached this rank")
+        return summary
+
+    def step(self, dp_size: int, is_last_stage: bool, pp_size: int, expected_micro_batches: int | None = None,
+             allow_empty: bool = False) -> dict[str, float] | None:
+        """Collective over all ranks: reduce, normalise, clip and apply the gradients of the micro-batches since the
+        last step. Returns the step's metrics on every rank. When no rank trained a response token since the last
+        step, the gradients are dropped and the result is None with `allow_empty`, a `ValueError` otherwise.
+        `expected_micro_batches`: how many micro-batches this rank should have trained (a `RuntimeError` before
+        anything changes when it trained another number)."""
+        from megatron.core.distributed import finalize_model_grads
+
+        if expected_micro_batches is not None and expected_micro_batches != self.micro_batches:
+            raise RuntimeError(
+                f"optimizer_step: this rank trained {self.micro_batches} micro-batches since the last step but was "
+                f"sent {expected_micro_batches}: a call ran out of order (await every train_micro_batch before "
+                "calling optimizer_step)"
+            )
+        finalize_model_grads([self.model], num_tokens=None)  # DP sum; embedding / layer-norm grads across stages
+        summary = self._summary(dp_size, is_last_stage, pp_size)
+        denominator = summary["denominator"]
+        if not denominator > 0:
+            self.zero_grads()
+            if allow_empty:
+                return None
+            raise ValueError(
+                "optimizer_step: the loss denominator summed over all micro-batches and DP ranks is 0 "
+                "(no response tokens / sequences since the last step); gradients were dropped"
+            )
+        self.model.scale_gradients(1.0 / denominator)
+        lr = warmup_lr(self.steps_taken, self.peak_lr, self.lr_warmup_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_mult", 1.0)
+        ok, grad_norm, _ = self.optimizer.step()
+        self.zero_grads()
+        if not ok:
+            raise RuntimeError("optimizer step failed (non-finite gradients)")
+        self.steps_taken += 1
+        out = dict(summary["metrics"])
+        out.update(
+            loss=summary["loss"], lr=lr, micro_batches=summary["micro_batches"], tokens=summary["tokens"],
+            grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
+        )
+        return out
+
+    def state_tensors(self) -> list[Tensor]:
+        """The optimizer's tensors: fp32 master / shard parameters and Adam moments."""
+        tensors: list[Tensor] = []
+        for inner in self.inner_optimizers():
+            for group in inner.param_groups:
+                tensors += [p.data for p in group["params"]]
+            for state in inner.state.values():
+                tensors += [v for v in state.values() if isinstance(v, Tensor)]
+        return tensors
+
+    def state_dict(self) -> list[dict[str, Any]]:
+        """Per inner torch optimizer: its state dict and its (fp32 master / shard) parameters, on CPU."""
+        out = []
+        for inner in self.inner_optimizers():
+            params = [p.detach().cpu().clone() for g in inner.param_groups for p in g["params"]]
+            sd = inner.state_dict()
+            sd = {"state": {k: {n: (v.cpu().clone() if isinstance(v, Tensor) else v) for n, v in s.items()}
+                            for k, s in sd["state"].items()},
+                  "param_groups": sd["param_groups"]}
+            out.append({"optimizer": sd, "params": params})
+        return out
+
+    def load_state_dict(self, saved: list[dict[str, Any]]) -> None:
+        inners = self.inner_optimizers()
+        if len(inners) != len(saved):
+            raise ValueError(f"checkpoint holds {len(saved)} optimizer states, this optimizer has {len(inners)}")
+        with torch.no_grad():
+            for inner, entry in zip(inners, saved, strict=True):
+                params = [p for g in inner.param_groups for p in g["params"]]
+                if len(params) != len(entry["params"]):
+                    raise ValueError("checkpoint optimizer parameters do not match this optimizer's")
+                for p, src in zip(params, entry["params"], strict=True):
+                    if p.shape != src.shape:
+                        raise ValueError(f"optimizer parameter shape {tuple(p.shape)} != saved {tuple(src.shape)}")
+                    p.data.copy_(src)
+                inner.load_state_dict(entry["optimizer"])
+
+
+class DeviceState:
+    """Moves a set of tensors' storages off the device and back (collocated mode's offload / onload).
+
+    Each distinct storage is copied out to (pinned) host memory and resized to 0; views (DDP buffers, main grads)
+    stay valid because `onload` resizes and refills the same storage. On CPU there is nowhere to move to: nothing
+    happens and the bytes that would move are reported (`force=True` runs the cycle on CPU storage, for tests).
+    """
+
+    def __init__(self, tensors: Any, device: torch.device):
+        self.tensors = tensors  # a callable returning the current tensors (optimizer state appears after a step)
+        self.device = device
+        self.offloaded: list[tuple[Any, Any]] | None = None  # (device storage, host backup) while offloaded
+
+    def _storages(self, include_cpu: bool) -> list[Any]:
+        seen: dict[tuple[str, int], Any] = {}
+        for t in self.tensors():
+            if t.device.type == "cpu" and not include_cpu:
+                continue
+            storage = t.untyped_storage()
+            if storage.nbytes() == 0:
+                continue
+            seen.setdefault((str(t.device), storage.data_ptr()), storage)
+        return list(seen.values())
+
+    def nbytes(self) -> int:
+        """Bytes of distinct storage behind the tensors."""
+        seen: dict[tuple[str, int], int] = {}
+        for t in self.tensors():
+            s = t.untyped_storage()
+            seen[(str(t.device), s.data_ptr())] = s.nbytes()
+        return sum(seen.values())
+
+    def offload(self, force: bool = False) -> int:
+        """Copy the storages to host memory and free them on the device; returns the bytes moved."""
+        if self.offloaded is not None:
+            return 0
+        if self.device.type == "cpu" and not force:
+            self.offloaded = []
+            return self.nbytes()
+        moved = []
+        for storage in self._storages(include_cpu=force):
+            backup = torch.UntypedStorage(storage.nbytes(), device="cpu")
+            if self.device.type == "cuda":
+                backup = backup.pin_memory()
+            backup.copy_(storage)
+            moved.append((storage, backup))
+        for storage, _ in moved:
+            storage.resize_(0)
+        self.offloaded = moved
+        return sum(b.nbytes() for _, b in moved)
+
+    def onload(self) -> int:
+        """Undo `offload`; returns the bytes moved back (on CPU without `force`: the bytes that would move)."""
+        moved, self.offloaded = self.offloaded, None
+        if moved is None:
+            return 0
+        if not moved:
+            return self.nbytes()
+        total = 0
+        for storage, backup in moved:
+            storage.resize_(backup.nbytes())
+            storage.copy_(backup)
+            total += backup.nbytes()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return total

@@ -1,0 +1,46 @@
+"""A rank's place in its model replica: which rank reads the replica's inputs, which writes its outputs, and how
+the input rank shares what it read with the others."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ReplicaRanks:
+    """This rank in its data-parallel replica (TP x PP ranks). The input rank (tensor rank 0 of the first pipeline
+    stage) reads a stage's channel; the output rank (tensor rank 0 of the last stage) writes results."""
+
+    dp_rank: int
+    dp_size: int
+    mp_size: int
+    is_input: bool
+    is_output: bool
+    mp_group: Any
+    input_rank: int  # global rank of the replica's input rank
+
+    @classmethod
+    def current(cls) -> ReplicaRanks:
+        """From Megatron's parallel state (initialised by `models.megatron_gpt.init_model_parallel`)."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        mp_size = ps.get_tensor_model_parallel_world_size() * ps.get_pipeline_model_parallel_world_size()
+        group = ps.get_model_parallel_group()
+        tp0 = ps.get_tensor_model_parallel_rank() == 0
+        return cls(
+            dp_rank=ps.get_data_parallel_rank(), dp_size=ps.get_data_parallel_world_size(), mp_size=mp_size,
+            is_input=tp0 and ps.is_pipeline_first_stage(), is_output=tp0 and ps.is_pipeline_last_stage(),
+            mp_group=group, input_rank=dist.get_global_rank(group, 0) if mp_size > 1 else dist.get_rank(),
+        )
+
+    def share(self, item: Any) -> Any:
+        """The input rank's `item`, on every rank of the replica (collective over the replica; others pass None)."""
+        if self.mp_size == 1:
+            return item
+        import torch.distributed as dist
+
+        box = [item]
+        dist.broadcast_object_list(box, src=self.input_rank, group=self.mp_group)
+        return box[0]

@@ -1,0 +1,389 @@
+"""Megatron policy: log-probs and streamed training of one rank of a TP x PP x DP Megatron model.
+
+`MegatronPolicy` is built on every rank once `torch.distributed` and Megatron's parallel state are initialised
+(`rlinf_pipe.models.megatron_gpt.init_model_parallel`). It knows nothing about the RL algorithm: training takes
+a `loss_fn(logprobs, entropy, batch) -> LossTerms` per micro-batch. Its parts: this module (forward, backward,
+log-probs, HF weights in and out), `optimizer` (the optimizer step with exact normalisation, offload),
+`checkpoint` (saving and restoring everything).
+
+Collective contract: every rank of a model replica (all its TP and PP ranks) calls each method with the same
+arguments (the same micro-batch, in the same order); DP ranks are independent except in `optimizer_step`,
+`save_checkpoint` and `load_checkpoint`, which every rank of the job calls together.
+
+Exact loss normalisation: `train_micro_batch` backpropagates the loss NUMERATOR (a sum) and keeps the denominator;
+`optimizer_step` divides the summed gradients by the denominator summed over all micro-batches and DP ranks (see
+`rlinf_pipe.engines.policy.optimizer`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import torch
+from torch import Tensor
+
+from rlinf_pipe.algorithms.terms import LossTerms
+from rlinf_pipe.data.structs import TrainBatch
+from rlinf_pipe.engines.policy import checkpoint
+from rlinf_pipe.engines.policy.logprobs import token_logprobs, token_logprobs_and_entropy
+from rlinf_pipe.engines.policy.optimizer import DeviceState, PolicyOptimizer
+
+__all__ = ["LossFn", "MegatronPolicy", "resolve_dtype"]
+
+LossFn = Callable[[Tensor, "Tensor | None", TrainBatch], LossTerms]
+"""`loss_fn(logprobs [B, L], entropy [B, L] or None, batch) -> LossTerms` (values aligned like `TrainBatch`)."""
+
+
+def resolve_dtype(name: str | torch.dtype | None) -> torch.dtype:
+    """The parameters' dtype: `float32` / `bfloat16` (or aliases); None: bf16 on CUDA, fp32 on CPU."""
+    if isinstance(name, torch.dtype):
+        return name
+    if name is None:
+        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+    if name not in table:
+        raise ValueError(f"params_dtype must be one of {sorted(table)} (or None for the default), got {name!r}")
+    return table[name]
+
+
+class MegatronPolicy:
+    """This rank's share of a Megatron GPT policy built from an HF folder (see the module docstring).
+
+    Args:
+        model_path: HF model folder (config.json + safetensors weights).
+        train: wrap in Megatron DDP and build the optimizer (False: log-prob inference only).
+        lr, weight_decay, adam_betas, adam_eps: AdamW (decoupled weight decay; none on biases and norms).
+        clip_grad: global gradient-norm clipping threshold (0 disables clipping).
+        lr_warmup_steps: linear warmup steps (see `optimizer.warmup_lr`), constant afterwards.
+        use_distributed_optimizer: shard optimizer state over DP; default: when DP > 1.
+        params_dtype: "float32" / "bfloat16"; default bf16 on CUDA, fp32 on CPU (fp32 master weights and fp32
+            gradient reduction either way).
+        temperature: default temperature of the training log-probs (the sampling temperature).
+        train_entropy: compute per-token entropy for `loss_fn` by default.
+        logprob_max_tokens: token budget (rows x padded length) of a forward-only micro-batch.
+        seed: torch / Megatron model-parallel RNG seed.
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        train: bool = True,
+        lr: float = 1e-5,
+        weight_decay: float = 0.0,
+        adam_betas: tuple[float, float] = (0.9, 0.999),
+        adam_eps: float = 1e-8,
+        clip_grad: float = 1.0,
+        lr_warmup_steps: int = 0,
+        use_distributed_optimizer: bool | None = None,
+        params_dtype: str | torch.dtype | None = None,
+        temperature: float = 1.0,
+        train_entropy: bool = False,
+        logprob_max_tokens: int = 8192,
+        seed: int = 1234,
+    ) -> None:
+        if logprob_max_tokens < 1:
+            raise ValueError(f"logprob_max_tokens must be >= 1, got {logprob_max_tokens}")
+        if lr < 0 or clip_grad < 0 or lr_warmup_steps < 0:
+            raise ValueError(f"need lr >= 0, clip_grad >= 0, lr_warmup_steps >= 0; got {lr}, {clip_grad}, "
+                             f"{lr_warmup_steps}")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        path = Path(model_path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"model folder {path} does not exist or has no config.json; pass a Hugging Face model folder"
+            )
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+        from megatron.core import tensor_parallel
+        from transformers import AutoConfig
+
+        from rlinf_pipe.models.convert import load_hf_checkpoint
+        from rlinf_pipe.models.megatron_gpt import build_gpt_model
+
+        if not dist.is_initialized() or not ps.model_parallel_is_initialized():
+            raise RuntimeError(
+                "MegatronPolicy needs torch.distributed and Megatron's parallel state initialised first "
+                "(dist.init_process_group, then rlinf_pipe.models.megatron_gpt.init_model_parallel)"
+            )
+        self.model_path = path
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else (
+            torch.device("cpu"))
+        self.params_dtype = resolve_dtype(params_dtype)
+        self.temperature = float(temperature)
+        self.train_entropy = train_entropy
+        self.logprob_max_tokens = logprob_max_tokens
+        self.tp_size = ps.get_tensor_model_parallel_world_size()
+        self.pp_size = ps.get_pipeline_model_parallel_world_size()
+        self.dp_size = ps.get_data_parallel_world_size()
+        self.tp_rank = ps.get_tensor_model_parallel_rank()
+        self.pp_rank = ps.get_pipeline_model_parallel_rank()
+        self.dp_rank = ps.get_data_parallel_rank()
+        self.is_last_stage = ps.is_pipeline_last_stage()
+        self.tp_group = ps.get_tensor_model_parallel_group() if self.tp_size > 1 else None
+
+        torch.manual_seed(seed)
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+        module = build_gpt_model(AutoConfig.from_pretrained(str(path)), params_dtype=self.params_dtype)
+        self.arch = load_hf_checkpoint(module, path)
+        self.vocab_size = self.arch.vocab_size
+        self.config = module.config
+        self.config.finalize_model_grads_func = None  # gradients are finalised once, in optimizer_step
+        self.use_distributed_optimizer = (self.dp_size > 1) if use_distributed_optimizer is None else (
+            use_distributed_optimizer)
+        self.model: Any = module
+        self.optimizer: PolicyOptimizer | None = None  # train=False: forward only
+        if train:
+            from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+            # SUM (not mean) over DP: the 1/denominator scaling happens in optimizer_step.
+            self.config.calculate_per_token_loss = True
+            ddp_config = DistributedDataParallelConfig(
+                grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                use_distributed_optimizer=self.use_distributed_optimizer,
+            )
+            self.model = DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=module)
+            self.optimizer = PolicyOptimizer(
+                self.model, params_dtype=self.params_dtype, lr=lr, weight_decay=weight_decay, adam_betas=adam_betas,
+                adam_eps=adam_eps, clip_grad=clip_grad, lr_warmup_steps=lr_warmup_steps,
+                use_distributed_optimizer=self.use_distributed_optimizer,
+            )
+        self.device_state = DeviceState(self._state_tensors, self.device)
+
+    # ------------------------------------------------------------------ helpers
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The unwrapped GPTModel of this rank."""
+        from rlinf_pipe.models.convert import unwrap_model
+
+        return unwrap_model(self.model)
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken."""
+        return self.require_optimizer().steps_taken
+
+    def require_optimizer(self) -> PolicyOptimizer:
+        if self.optimizer is None:
+            raise RuntimeError("this MegatronPolicy was built with train=False (inference only)")
+        return self.optimizer
+
+    def _to_device(self, batch: TrainBatch) -> TrainBatch:
+        def move(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.to(self.device, non_blocking=True)
+
+        return msgspec.structs.replace(
+            batch,
+            input_ids=move(batch.input_ids),
+            attention_mask=move(batch.attention_mask),
+            response_mask=move(batch.response_mask),
+            old_logprobs=move(batch.old_logprobs),
+            ref_logprobs=move(batch.ref_logprobs),
+            advantages=move(batch.advantages),
+        )
+
+    def _model_inputs(self, input_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Token ids, position ids and the causal mask (True = masked) of a right-padded [B, L] batch: with right
+        padding a causal mask alone gives every real token exactly its real prefix."""
+        b, length = input_ids.shape
+        ids = input_ids.to(self.device, dtype=torch.long)
+        pos = torch.arange(length, device=self.device).unsqueeze(0).expand(b, length)
+        mask = torch.triu(torch.ones(1, 1, length, length, dtype=torch.bool, device=self.device), diagonal=1)
+        return ids, pos, mask
+
+    def _run_schedule(
+        self, micro_batches: list[Tensor], forward_only: bool, loss_func_factory: Callable[[int], Callable]
+    ) -> list[Any]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        shapes = {tuple(m.shape) for m in micro_batches}
+        if len(shapes) != 1:
+            raise ValueError(f"micro-batches of one schedule call must share their shape, got {sorted(shapes)}")
+        b, length = micro_batches[0].shape
+        counter = iter(range(len(micro_batches)))
+
+        def forward_step(data_iterator: Iterator[Tensor], model: Any) -> tuple[Tensor, Callable]:
+            ids = next(data_iterator)
+            index = next(counter)
+            ids, pos, mask = self._model_inputs(ids)
+            return model(ids, pos, mask), loss_func_factory(index)
+
+        return get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(micro_batches),
+            model=[self.model],
+            num_microbatches=len(micro_batches),
+            seq_length=length,
+            micro_batch_size=b,
+            forward_only=forward_only,
+        )
+
+    # ------------------------------------------------------------------ log-probs
+
+    @torch.no_grad()
+    def compute_logprobs(
+        self, batch: TrainBatch, temperature: float = 1.0, with_entropy: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor] | None:
+        """Per-token log-probs `[B, L]` (float32, CPU; aligned like `TrainBatch`; 0 at position 0 and on padding)
+        of `batch` under the current weights, forward only, in micro-batches of at most `logprob_max_tokens`
+        tokens. With `with_entropy`, returns `(logprobs, entropy)`. The result exists on the last pipeline stage;
+        other stages return None. Every TP/PP rank of the replica must call it with the same batch."""
+        input_ids = batch.input_ids
+        if input_ids.dim() != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
+            raise ValueError(f"input_ids must be a non-empty [batch, seq] tensor, got {tuple(input_ids.shape)}")
+        b, length = input_ids.shape
+        rows = max(1, min(b, self.logprob_max_tokens // length))
+        chunks = [input_ids[i : i + rows] for i in range(0, b, rows)]
+        if chunks[-1].shape[0] < rows:  # equal shapes for the pipeline: pad with copies of the last row
+            last = chunks[-1]
+            chunks[-1] = torch.cat([last, last[-1:].expand(rows - last.shape[0], length)])
+
+        def factory(index: int) -> Callable:
+            ids = chunks[index].to(self.device)
+
+            def loss_func(logits: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+                if with_entropy:
+                    lp, ent = token_logprobs_and_entropy(logits, ids, temperature, self.vocab_size, self.tp_group)
+                else:
+                    lp, ent = token_logprobs(logits, ids, temperature, self.vocab_size, self.tp_group), None
+                out = {"logprobs": lp.float().cpu()}
+                if ent is not None:
+                    out["entropy"] = ent.float().cpu()
+                return torch.zeros((), device=logits.device), torch.tensor(0, dtype=torch.int), out
+
+            return loss_func
+
+        outputs = self._run_schedule(chunks, forward_only=True, loss_func_factory=factory)
+        if not self.is_last_stage:
+            return None
+        valid = batch.attention_mask.bool().cpu()
+        lp = torch.cat([o["logprobs"] for o in outputs])[:b].masked_fill(~valid, 0.0)
+        if not with_entropy:
+            return lp
+        ent = torch.cat([o["entropy"] for o in outputs])[:b].masked_fill(~valid, 0.0)
+        return lp, ent
+
+    # ------------------------------------------------------------------ training
+
+    def train_micro_batch(
+        self, batch: TrainBatch, loss_fn: LossFn, *, temperature: float | None = None,
+        with_entropy: bool | None = None,
+    ) -> None:
+        """Forward + backward of one micro-batch; gradients accumulate until `optimizer_step`.
+
+        `loss_fn(logprobs, entropy, batch)` runs on the last pipeline stage with device tensors; its NUMERATOR is
+        backpropagated unscaled, its denominator and detached terms are kept for `optimizer_step`. May be called
+        any number of times per step (a different number on each DP rank, zero included); all TP/PP ranks of the
+        replica must pass the same micro-batches in the same order.
+        """
+        optimizer = self.require_optimizer()
+        if batch.input_ids.dim() != 2 or batch.input_ids.numel() == 0:
+            raise ValueError(f"input_ids must be a non-empty [batch, seq] tensor, got {tuple(batch.input_ids.shape)}")
+        if batch.response_mask.shape != batch.input_ids.shape:
+            raise ValueError(f"response_mask {tuple(batch.response_mask.shape)} must match input_ids "
+                             f"{tuple(batch.input_ids.shape)}")
+        if not bool(batch.response_mask.any()):
+            raise ValueError(
+                "train_micro_batch: the micro-batch has no response tokens (response_mask is all False); "
+                "drop such rows before training"
+            )
+        temperature = self.temperature if temperature is None else temperature
+        entropy_on = self.train_entropy if with_entropy is None else with_entropy
+        dev_batch = self._to_device(batch)
+        kept: list[LossTerms] = []
+
+        def factory(index: int) -> Callable:
+            ids = dev_batch.input_ids
+
+            def loss_func(logits: Tensor) -> tuple[Tensor, Tensor, dict[str, Any]]:
+                if entropy_on:
+                    lp, ent = token_logprobs_and_entropy(logits, ids, temperature, self.vocab_size, self.tp_group)
+                else:
+                    lp, ent = token_logprobs(logits, ids, temperature, self.vocab_size, self.tp_group), None
+                terms = loss_fn(lp, ent, dev_batch)
+                if not isinstance(terms, LossTerms):
+                    raise TypeError(f"loss_fn must return LossTerms, got {type(terms).__name__}")
+                if terms.numerator.dim() != 0:
+                    raise ValueError(f"loss numerator must be a scalar, got shape {tuple(terms.numerator.shape)}")
+                kept.append(terms.detach())
+                # calculate_per_token_loss=True: the schedule backpropagates this numerator as it is.
+                return terms.numerator, torch.tensor(0, dtype=torch.int), {}
+
+            return loss_func
+
+        self._run_schedule([batch.input_ids], forward_only=False, loss_func_factory=factory)
+        optimizer.accumulate(kept, int(batch.response_mask.sum()))
+
+    def optimizer_step(self, expected_micro_batches: int | None = None, allow_empty: bool = False
+                       ) -> dict[str, float] | None:
+        """Finish the step: sum gradients over DP, scale them by 1 / (global loss denominator), clip, step, zero.
+
+        Collective over all ranks. Returns (on every rank) `loss` (the normalised loss of all micro-batches since
+        the last step, before the update), `loss_fn`'s merged metrics, `grad_norm` (before clipping), `lr`,
+        `micro_batches` and `tokens` (response tokens) summed over DP. When no micro-batch of any DP rank had a
+        response token, the gradients are dropped and the result is None with `allow_empty`, a `ValueError`
+        otherwise. `expected_micro_batches`: how many micro-batches this rank should have trained since the last
+        step; another count raises `RuntimeError` before anything changes.
+        """
+        return self.require_optimizer().step(
+            self.dp_size, self.is_last_stage, self.pp_size, expected_micro_batches, allow_empty
+        )
+
+    # ------------------------------------------------------------------ weights in and out
+
+    def hf_weights(self, copy: bool = True) -> Iterator[tuple[str, Tensor]]:
+        """HF-named weights of this replica, unbucketed, on its device (collective over its TP/PP ranks; yielded
+        on tp0/pp0); see `rlinf_pipe.models.convert.iter_hf_weights`."""
+        from rlinf_pipe.models.convert import iter_hf_weights
+
+        return iter_hf_weights(self.model, self.arch, copy=copy)
+
+    def load_hf_weights(self, named_tensors: list[tuple[str, Tensor]]) -> None:
+        """Load HF-named tensors (whole conversion groups, e.g. one weight-sync bucket) into this rank's shard."""
+        from rlinf_pipe.models.convert import load_hf_state_dict
+
+        load_hf_state_dict(self.module, dict(named_tensors), self.arch, partial=True)
+
+    # ------------------------------------------------------------------ offload
+
+    def _state_tensors(self) -> list[Tensor]:
+        """Every tensor of weights, gradient buffers, optimizer state and fp32 master weights."""
+        tensors: list[Tensor] = [p.data for p in self.model.parameters()]
+        tensors += [p.main_grad for p in self.model.parameters() if getattr(p, "main_grad", None) is not None]
+        for attr in ("buffers", "expert_parallel_buffers"):  # DDP's param/grad buffers (nn.Module.buffers is a method)
+            value = getattr(self.model, attr, None)
+            for buffer in value if isinstance(value, (list, tuple)) else []:
+                tensors += [t for t in (getattr(buffer, "param_data", None), getattr(buffer, "grad_data", None))
+                            if isinstance(t, Tensor)]
+        if self.optimizer is not None:
+            tensors += self.optimizer.state_tensors()
+        return tensors
+
+    def state_nbytes(self) -> int:
+        """Bytes of distinct storage behind weights, gradient buffers and optimizer state on this rank."""
+        return self.device_state.nbytes()
+
+    def offload(self, *, force: bool = False) -> int:
+        """Move weights, gradient buffers and optimizer state to host memory and free their device storage; returns
+        the bytes moved (see `optimizer.DeviceState`)."""
+        return self.device_state.offload(force)
+
+    def onload(self) -> int:
+        """Undo `offload`; returns the bytes moved back."""
+        return self.device_state.onload()
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, folder: str | os.PathLike[str], record: dict[str, Any] | None = None) -> Path:
+        """Save model, optimizer state, step and RNG states (collective; see `checkpoint.save_checkpoint`)."""
+        return checkpoint.save_checkpoint(self, folder, record)
+
+    def load_checkpoint(self, folder: str | os.PathLike[str]) -> None:
+        """Restore a folder written by `save_checkpoint` (collective; see `checkpoint.load_checkpoint`)."""
+        checkpoint.load_checkpoint(self, folder)

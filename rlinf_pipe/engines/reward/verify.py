@@ -1,0 +1,149 @@
+"""Verifiable math reward: is the final answer of a response mathematically equal to the reference?
+
+    verify_math("... so the total is \\boxed{\\frac{1}{2}}", "0.5")      # True
+    score(response, "72", ScoreConfig(correct_score=1, wrong_score=-1))  # ScoreResult(correct=..., reward=...)
+
+The answer is extracted by `extract.extract_answer`; math-verify parses it and the reference into sympy and
+compares them (numeric tolerance, equivalent forms, sets, intervals, equations like `x = 5`). Its own signal-based
+timeouts are switched off (they fail outside the main thread); time limits come from `deadline` here and, hard,
+from `RewardPool`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+from sympy import Basic, MatrixBase
+
+from rlinf_pipe.engines.reward.deadline import VerifyTimeout, deadline
+from rlinf_pipe.engines.reward.extract import compile_pattern, extract_answer, last_boxed, normalize_answer
+from rlinf_pipe.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+_EXTRACTION = (LatexExtractionConfig(), ExprExtractionConfig())
+
+
+class _DropDisabledTimeoutWarning(logging.Filter):
+    """math-verify warns when its timeout is off; ours is on (deadline / pool), so that warning is noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_DropDisabledTimeoutWarning())
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreResult:
+    """Verdict on one response.
+
+    correct: the answer equals the reference. parsed: an answer was found and read as math (False for a missing,
+    empty, truncated or unreadable answer, and for a timeout). timed_out: verification ran out of time (scored as
+    wrong). reward: the scalar reward. answer: the extracted answer text, if any.
+    """
+
+    correct: bool
+    parsed: bool
+    timed_out: bool
+    reward: float
+    answer: str | None = None
+
+
+@dataclass(frozen=True)
+class ScoreConfig:
+    """Reward values and answer extraction (config keys `reward.*`, see docs/reward.md).
+
+    reward = (correct_score if correct else wrong_score) + (format_score if the response states an answer).
+    A timed-out verification gets wrong_score only.
+    """
+
+    correct_score: float = 1.0
+    wrong_score: float = 0.0
+    format_score: float = 0.0
+    answer_pattern: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.answer_pattern is not None:
+            try:
+                compile_pattern(self.answer_pattern)
+            except Exception as exc:  # re.error, or a non-string value
+                raise ConfigError(
+                    f"reward.answer_pattern: {self.answer_pattern!r} is not a valid regular expression ({exc}); "
+                    "write e.g. '#### (.*)' with one group around the answer"
+                ) from None
+
+    def timeout_result(self) -> ScoreResult:
+        """The result of a verification that ran out of time."""
+        return ScoreResult(correct=False, parsed=False, timed_out=True, reward=float(self.wrong_score))
+
+
+DEFAULT_CONFIG = ScoreConfig()
+
+
+def score(
+    response: str, reference: str, config: ScoreConfig | None = None, *, timeout_s: float | None = None
+) -> ScoreResult:
+    """Score one response against its reference answer.
+
+    `timeout_s` bounds the work in this process when called from the main thread (see `deadline`); elsewhere it is
+    ignored. Never raises for bad input: a missing or unreadable answer scores as wrong with parsed=False.
+    """
+    cfg = config or DEFAULT_CONFIG
+    answer = None
+    try:
+        with deadline(timeout_s):
+            answer = extract_answer(response or "", cfg.answer_pattern)
+            if answer is None:
+                return ScoreResult(correct=False, parsed=False, timed_out=False, reward=float(cfg.wrong_score))
+            predicted = _math_objects(parse_answer(answer))
+            correct = bool(predicted) and _equal(parse_reference(str(reference)), predicted)
+    except VerifyTimeout:
+        return ScoreResult(correct=False, parsed=False, timed_out=True, reward=float(cfg.wrong_score), answer=answer)
+    base = cfg.correct_score if correct else cfg.wrong_score
+    return ScoreResult(
+        correct=correct, parsed=bool(predicted), timed_out=False, reward=float(base + cfg.format_score), answer=answer
+    )
+
+
+def verify_math(
+    response: str, reference: str, *, answer_pattern: str | None = None, timeout_s: float | None = None
+) -> bool:
+    """Whether the final answer of `response` (last `\\boxed{}`, else `answer_pattern`) equals `reference`."""
+    config = DEFAULT_CONFIG if answer_pattern is None else ScoreConfig(answer_pattern=answer_pattern)
+    return score(response, reference, config, timeout_s=timeout_s).correct
+
+
+def parse_answer(answer: str) -> list[Any]:
+    """math-verify's reading of an answer text (sympy objects, then its literal-string fallback)."""
+    return parse("\\boxed{" + answer + "}", _EXTRACTION, parsing_timeout=None)
+
+
+@lru_cache(maxsize=4096)
+def parse_reference(reference: str) -> tuple[Any, ...]:
+    """The sympy objects of a reference answer (a plain answer, or text whose last `\\boxed{}` holds it); cached,
+    as each reference is scored once per sample of its prompt group."""
+    text = last_boxed(reference)
+    objects = _math_objects(parse_answer(normalize_answer(reference if text is None else text)))
+    if not objects:
+        logger.warning("reward: reference answer %r cannot be parsed; every response to it scores as wrong", reference)
+    return tuple(objects)
+
+
+def warm_up() -> None:
+    """Load the LaTeX grammar and sympy's lazy parts once, so the first real item is not slow."""
+    score("\\boxed{\\frac{1}{2}}", "0.5")
+
+
+def _math_objects(parsed: list[Any]) -> list[Any]:
+    # A bare string is math-verify's fallback for text it could not read; we never accept one as an answer.
+    return [item for item in parsed if isinstance(item, (Basic, MatrixBase))]
+
+
+def _equal(gold: tuple[Any, ...], predicted: list[Any]) -> bool:
+    return bool(gold) and verify(list(gold), predicted, timeout_seconds=None)

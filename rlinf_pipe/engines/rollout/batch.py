@@ -1,0 +1,114 @@
+"""One static decode batch for `TorchEngine`: left-padded prefill, then one KV-cached token per step.
+
+Rows that finish are dropped from the batch (and from the KV cache), so they stop costing compute. Positions
+come from the attention mask, so a row sees the same positions as when run alone. All methods block; the
+engine calls them off the event loop, under its model lock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from rlinf_pipe.engines.rollout.engine import FinishReason
+from rlinf_pipe.engines.rollout.sampling import select_tokens
+
+
+@dataclass
+class SampleState:
+    """One sample being generated: where its result goes, how to sample it, and what it produced so far."""
+
+    request_index: int
+    sample_index: int
+    prompt_ids: list[int]
+    generator: torch.Generator
+    temperature: float
+    top_k: int
+    top_p: float
+    max_new_tokens: int
+    stop_ids: frozenset[int]
+    version: int
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+
+
+class DecodeBatch:
+    """Runs `rows` together on `model` until each hits a stop token or its token limit."""
+
+    def __init__(self, model: torch.nn.Module, rows: list[SampleState], pad_id: int, device: torch.device):
+        self.model, self.rows, self.device = model, list(rows), device
+        width = max(len(r.prompt_ids) for r in rows)
+        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids, dtype=torch.long)
+            mask[i, width - len(r.prompt_ids):] = 1
+        self._ids, self.mask = ids.to(device), mask.to(device)
+        self.temperature = torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=device)
+        self.top_k = torch.tensor([r.top_k for r in rows], dtype=torch.long, device=device)
+        self.top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=device)
+        self.cache: object | None = None
+        self.logits: torch.Tensor | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether any row is still generating."""
+        return bool(self.rows)
+
+    @torch.no_grad()
+    def prefill(self) -> None:
+        """Run the prompts through the model, filling the KV cache and the first next-token logits."""
+        positions = (self.mask.cumsum(-1) - 1).clamp_(min=0)
+        self._forward(self._ids, positions, logits_to_keep=1)
+
+    @torch.no_grad()
+    def step(self) -> list[SampleState]:
+        """Sample one token for every row; return the rows that finished (removed from the batch)."""
+        assert self.logits is not None, "prefill() first"
+        tokens, logps = select_tokens(
+            self.logits, self.temperature, self.top_k, self.top_p, [r.generator for r in self.rows]
+        )
+        finished: list[SampleState] = []
+        keep: list[int] = []
+        for i, (row, tok, lp) in enumerate(zip(self.rows, tokens.tolist(), logps.tolist(), strict=True)):
+            row.tokens.append(tok)
+            row.logprobs.append(lp)
+            if tok in row.stop_ids:
+                row.finish_reason = "stop"
+            elif len(row.tokens) >= row.max_new_tokens:
+                row.finish_reason = "length"
+            if row.finish_reason:
+                finished.append(row)
+            else:
+                keep.append(i)
+        if not keep:
+            self.rows, self.cache, self.logits = [], None, None
+            return finished
+        if finished:
+            index = torch.tensor(keep, dtype=torch.long, device=self.device)
+            self.rows = [self.rows[i] for i in keep]
+            self.mask, tokens = self.mask[index], tokens[index]
+            self.temperature, self.top_k, self.top_p = self.temperature[index], self.top_k[index], self.top_p[index]
+            self.cache.batch_select_indices(index)  # type: ignore[union-attr]
+        self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=-1)
+        positions = self.mask.sum(-1, keepdim=True) - 1
+        self._forward(tokens.unsqueeze(-1), positions)
+        return finished
+
+    def abort_all(self) -> list[SampleState]:
+        """End every remaining row with finish reason `abort`; return them."""
+        rows = self.rows
+        for row in rows:
+            row.finish_reason = "abort"
+        self.rows, self.cache, self.logits = [], None, None
+        return rows
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, logits_to_keep: int = 0) -> None:
+        kwargs = {"logits_to_keep": logits_to_keep} if logits_to_keep else {}
+        out = self.model(
+            input_ids=ids, attention_mask=self.mask, position_ids=positions,
+            past_key_values=self.cache, use_cache=True, **kwargs,
+        )
+        self.cache, self.logits = out.past_key_values, out.logits[:, -1, :]

@@ -1,0 +1,208 @@
+"""`TorchEngine`: a `RolloutEngine` over a plain HF causal LM, on any torch device.
+
+Samples (n per request) are queued in request order and run in static batches of up to `max_batch_size`
+rows (`DecodeBatch`): one prefill, then one KV-cached token per step, rows leaving as they finish. Each
+forward pass runs in a worker thread (`asyncio.to_thread`) under a lock, so the event loop stays free, and a
+request's result is yielded as soon as its last sample finishes. There is no continuous batching: a batch's
+freed slots are refilled only when the whole batch is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import gc
+import os
+import random
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TypeVar
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+from rlinf_pipe.engines.rollout.batch import DecodeBatch, SampleState
+from rlinf_pipe.engines.rollout.engine import GenerateRequest, GenerateResult, SampleOutput, sample_seed
+
+T = TypeVar("T")
+
+
+class EngineAsleepError(RuntimeError):
+    """`generate` was called between `sleep()` and `wake()`."""
+
+
+def _as_id_set(value: int | list[int] | None) -> set[int]:
+    if value is None:
+        return set()
+    return {value} if isinstance(value, int) else set(value)
+
+
+class TorchEngine:
+    """Generates with an HF `AutoModelForCausalLM` loaded from the local folder `model_path`.
+
+    `dtype` is a torch dtype or its name ("float32", "bfloat16", ...). `version` is the weight version of the
+    folder's weights. `seed` seeds the source of request seeds for requests that give none.
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | str = torch.float32,
+        max_batch_size: int = 64,
+        version: int = 0,
+        seed: int = 0,
+    ):
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.device = torch.device(device)
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype).to(self.device).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        self.max_batch_size = max_batch_size
+        self.eos_ids = frozenset(self._find_eos_ids(str(model_path)))
+        pad = self.tokenizer.pad_token_id
+        self.pad_id: int = pad if pad is not None else min(self.eos_ids, default=0)
+        self._version = version
+        self._lock = threading.Lock()
+        self._abort_epoch = 0
+        self._asleep = False
+        self._seeds = random.Random(seed)
+
+    def _find_eos_ids(self, model_path: str) -> set[int]:
+        ids = _as_id_set(self.tokenizer.eos_token_id) | _as_id_set(self.model.config.eos_token_id)
+        try:
+            ids |= _as_id_set(GenerationConfig.from_pretrained(model_path).eos_token_id)
+        except OSError:  # no generation_config.json
+            pass
+        return ids
+
+    @property
+    def version(self) -> int:
+        """The weight version currently loaded."""
+        return self._version
+
+    # --- generation -------------------------------------------------------------------------------------
+
+    async def generate(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[GenerateResult]:
+        """Yield one `GenerateResult` per request, in the order requests finish."""
+        requests = list(requests)
+        epoch = self._abort_epoch
+        seeds = [r.sampling.seed if r.sampling.seed is not None else self._seeds.getrandbits(63) for r in requests]
+        done: list[list[SampleOutput | None]] = [[None] * r.sampling.n for r in requests]
+        left = [r.sampling.n for r in requests]
+        queue = deque((i, k) for i, r in enumerate(requests) for k in range(r.sampling.n))
+
+        def finish(row: SampleState) -> GenerateResult | None:
+            i = row.request_index
+            assert row.finish_reason is not None
+            done[i][row.sample_index] = SampleOutput(
+                response_ids=row.tokens, logprobs=row.logprobs, finish_reason=row.finish_reason, version=row.version
+            )
+            left[i] -= 1
+            if left[i]:
+                return None
+            return GenerateResult(
+                request_id=requests[i].request_id, prompt_ids=list(requests[i].prompt_ids),
+                samples=[s for s in done[i] if s is not None],
+            )
+
+        while queue:
+            if self._abort_epoch != epoch:
+                rows = [self._new_row(requests[i], i, k, seeds[i]) for i, k in queue]
+                queue.clear()
+                for row in rows:
+                    row.finish_reason = "abort"
+                    if (result := finish(row)) is not None:
+                        yield result
+                break
+            chunk = [queue.popleft() for _ in range(min(self.max_batch_size, len(queue)))]
+            batch = DecodeBatch(
+                self.model, [self._new_row(requests[i], i, k, seeds[i]) for i, k in chunk], self.pad_id, self.device
+            )
+            await self._run(batch.prefill)
+            while batch.active:
+                finished = batch.abort_all() if self._abort_epoch != epoch else await self._run(batch.step)
+                for row in finished:
+                    if (result := finish(row)) is not None:
+                        yield result
+
+    def _new_row(self, request: GenerateRequest, index: int, sample: int, seed: int) -> SampleState:
+        sp = request.sampling
+        generator = torch.Generator(device="cpu")
+        generator.manual_seed(sample_seed(seed, sample))
+        stop = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(self.eos_ids))
+        return SampleState(
+            request_index=index, sample_index=sample, prompt_ids=list(request.prompt_ids), generator=generator,
+            temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, max_new_tokens=sp.max_new_tokens,
+            stop_ids=frozenset(stop), version=self._version,
+        )
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        """Run `fn` in a worker thread holding the model lock; refuse while asleep."""
+
+        def locked() -> T:
+            with self._lock:
+                if self._asleep:
+                    raise EngineAsleepError("TorchEngine is asleep: call wake() before generating")
+                return fn()
+
+        return await asyncio.to_thread(locked)
+
+    def abort(self) -> None:
+        """End all requests of the `generate` calls now in flight with `abort` (tokens so far are kept)."""
+        self._abort_epoch += 1
+
+    # --- weights and memory -----------------------------------------------------------------------------
+
+    @contextmanager
+    def weight_update(self, version: int) -> Iterator[Callable[[list[tuple[str, torch.Tensor]]], None]]:
+        """A weight-update session (see `RolloutEngine.weight_update`): `load(bucket)` copies HF-named tensors into
+        the model (cast to its dtype/device); an unknown name or a shape mismatch raises `ValueError` naming it."""
+        state = self.model.state_dict(keep_vars=True)
+
+        @torch.no_grad()
+        def load(named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+            with self._lock:
+                for name, tensor in named_tensors:
+                    target = state.get(name)
+                    if target is None:
+                        close = difflib.get_close_matches(name, state.keys(), n=3)
+                        hint = f"; did you mean {close}?" if close else ""
+                        raise ValueError(f"update_weights: unknown parameter name {name!r}{hint}")
+                    if tuple(target.shape) != tuple(tensor.shape):
+                        raise ValueError(
+                            f"update_weights: shape mismatch for {name!r}: got {tuple(tensor.shape)}, "
+                            f"model has {tuple(target.shape)}"
+                        )
+                    target.data.copy_(tensor)
+
+        yield load
+        self._version = version
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load HF-named tensors (any subset of the state dict) and set `version`; tensors before a bad one are
+        already loaded and the version is left unchanged."""
+        with self.weight_update(version) as load:
+            load(list(named_tensors))
+
+    def sleep(self) -> None:
+        """Release device memory: off CPU, move the weights to CPU, collect garbage and empty the CUDA allocator
+        cache; on CPU there is nothing to release (no KV cache outlives a batch), so only `generate` is refused
+        until `wake`."""
+        with self._lock:
+            if self.device.type != "cpu":
+                self.model.to("cpu")
+                gc.collect()  # frees the device tensors the KV caches left behind (costly: only when it frees memory)
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+            self._asleep = True
+
+    def wake(self) -> None:
+        """Undo `sleep`: move the weights back to the device (CUDA) and accept `generate` again."""
+        with self._lock:
+            if self.device.type != "cpu":
+                self.model.to(self.device)
+            self._asleep = False

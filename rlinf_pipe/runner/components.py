@@ -1,0 +1,159 @@
+"""A running job's parts, launched from its `RunPlan`: the worker groups, the channels between them, the prompt
+sampler, the device locks. `Components.shutdown()` stops the workers and releases the cluster."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from rlinf_pipe.config.schema import Config
+from rlinf_pipe.data.factory import build_prompt_dataset, build_sampler
+from rlinf_pipe.data.sampler import PromptSampler
+from rlinf_pipe.data.structs import RolloutGroup, ScoredGroup, TrainBatch
+from rlinf_pipe.engines.rollout.engine import SamplingParams
+from rlinf_pipe.errors import ConfigError
+from rlinf_pipe.models.resolve import resolve_model_path
+from rlinf_pipe.runner.plan import RunPlan, plan_run
+from rlinf_pipe.scheduler.channel import Channel
+from rlinf_pipe.scheduler.cluster import Cluster
+from rlinf_pipe.scheduler.placement import ComponentPlacement, Placement, ProcessPlacement
+from rlinf_pipe.scheduler.worker_group import WorkerGroup
+
+WORKER_ENV = {"PYTHONWARNINGS": "ignore::UserWarning,ignore::FutureWarning"}  # apex/TE fallbacks, deprecations
+
+
+@dataclass
+class Channels:
+    """The step's streams: rollouts (engines -> reward), scored (reward -> log-probs) and one train channel per
+    actor replica (log-probs -> that replica)."""
+
+    rollouts: Channel
+    scored: Channel
+    train: list[Channel]
+
+    def abort(self) -> None:
+        """Stop this process's channel threads (before Ray goes: they would call into it)."""
+        for channel in (self.rollouts, self.scored, *self.train):
+            channel.abort()
+
+
+@dataclass
+class Components:
+    """Everything a running job holds (see the module docstring). `inference` is None when collocated: the actor
+    computes the log-probs there."""
+
+    plan: RunPlan
+    cluster: Cluster
+    sampler: PromptSampler
+    rollout: WorkerGroup
+    reward: WorkerGroup
+    actor: WorkerGroup
+    inference: WorkerGroup | None
+    channels: Channels
+    locks: Any
+    sampling_rounds: Any
+
+    @property
+    def logprob_group(self) -> WorkerGroup:
+        """Who computes old / reference log-probs: the inference workers, or the actor when collocated."""
+        return self.inference if self.inference is not None else self.actor
+
+    @property
+    def weight_receivers(self) -> list[WorkerGroup]:
+        return [self.rollout] if self.inference is None else [self.rollout, self.inference]
+
+    def groups(self) -> list[WorkerGroup]:
+        return [self.rollout, self.reward, self.actor, *([self.inference] if self.inference is not None else [])]
+
+    def shutdown(self) -> None:
+        self.channels.abort()
+        for group in self.groups():
+            group.shutdown()
+        self.cluster.shutdown()
+
+
+def run_model_path(name: str, cfg: Config) -> str:
+    """The model folder of a run (`resolve_model_path` with the run's data: `tiny` is the tiny model warm-started
+    on it, built once and cached); an unusable name is a `ConfigError`."""
+    try:
+        return str(resolve_model_path(name, data=cfg.data))
+    except ValueError as exc:
+        raise ConfigError(f"actor.model_path / rollout.model_path: {exc}") from None
+
+
+def reward_placement(placement: Placement) -> ComponentPlacement:
+    """The reward component's placement; without a `reward:` key, one CPU process on the head node."""
+    if "reward" in placement.components:
+        return placement.components["reward"]
+    return ComponentPlacement("reward", "reward", (), 1, 1, (ProcessPlacement(0, 0, (), ()),))
+
+
+def sampling_params(cfg: Config) -> SamplingParams:
+    r = cfg.rollout
+    return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
+                          n=cfg.algorithm.group_size)
+
+
+def create_channels(plan: RunPlan, reward_processes: int) -> Channels:
+    """The step's channels. Collocated, a stage finishes before the next one takes the devices, and with
+    `max_staleness` 1 a whole step's rollouts wait for the next step's log-probs: both buffer a step unbounded."""
+    run_id = uuid.uuid4().hex[:8]
+    bound = {"maxsize": None} if plan.collocated or plan.staleness else {}
+    comps = plan.placement.components
+    logprob = comps["actor"] if plan.collocated else comps["inference"]
+    return Channels(
+        rollouts=Channel.create(f"{run_id}-rollouts", RolloutGroup, num_producers=len(comps["rollout"].processes),
+                                **bound),
+        scored=Channel.create(f"{run_id}-scored", ScoredGroup, num_producers=reward_processes, **bound),
+        train=[Channel.create(f"{run_id}-train-{replica}", TrainBatch, num_producers=logprob.dp, **bound)
+               for replica in range(plan.actor_dp)],
+    )
+
+
+def launch(cfg: Config) -> Components:
+    """Start (or join) Ray, place and launch every group with its channels, open the weight transport's ends."""
+    from rlinf_pipe.scheduler.locks import DeviceLocks
+    from rlinf_pipe.workers.actor import ActorWorker, CollocatedActorWorker
+    from rlinf_pipe.workers.dynamic_sampling import SamplingRounds
+    from rlinf_pipe.workers.inference import InferenceWorker
+    from rlinf_pipe.workers.reward import RewardWorker
+    from rlinf_pipe.workers.rollout import RolloutWorker
+
+    model_path = run_model_path(cfg.actor.model_path, cfg)
+    rollout_path = model_path if cfg.rollout.model_path in (None, cfg.actor.model_path) else run_model_path(
+        cfg.rollout.model_path, cfg
+    )
+    from transformers import AutoTokenizer
+
+    dataset = build_prompt_dataset(cfg.data, AutoTokenizer.from_pretrained(model_path), cfg.runner.seed)
+    sampler = build_sampler(cfg.data, dataset, cfg.runner.seed)
+
+    cluster = Cluster(cfg)
+    try:
+        plan = plan_run(cfg, cluster.gpus_per_node)
+        comps = plan.placement.components
+        reward_place = reward_placement(plan.placement)
+        channels = create_channels(plan, len(reward_place.processes))
+        locks = DeviceLocks.remote() if plan.collocated else None
+        rounds = SamplingRounds.remote() if plan.dynamic_sampling else None
+        if plan.collocated:
+            actor = WorkerGroup.launch(CollocatedActorWorker, "actor", comps["actor"], cluster, cfg, model_path,
+                                       channels.train, channels.scored, locks, env=WORKER_ENV)
+            inference = None
+        else:
+            actor = WorkerGroup.launch(ActorWorker, "actor", comps["actor"], cluster, cfg, model_path, channels.train,
+                                       env=WORKER_ENV)
+            inference = WorkerGroup.launch(InferenceWorker, "inference", comps["inference"], cluster, cfg,
+                                           model_path, channels.scored, channels.train, plan.actor_dp, env=WORKER_ENV)
+        rollout = WorkerGroup.launch(
+            RolloutWorker, "rollout", comps["rollout"], cluster, rollout_path, cfg.rollout.backend,
+            sampling_params(cfg), cfg.runner.seed, channels.rollouts, locks, distributed=False,
+        )
+        reward = WorkerGroup.launch(RewardWorker, "reward", reward_place, cluster, cfg, channels.rollouts,
+                                    channels.scored, rounds, distributed=False)
+    except BaseException:
+        cluster.shutdown()
+        raise
+    return Components(plan=plan, cluster=cluster, sampler=sampler, rollout=rollout, reward=reward, actor=actor,
+                      inference=inference, channels=channels, locks=locks, sampling_rounds=rounds)

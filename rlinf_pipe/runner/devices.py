@@ -1,0 +1,30 @@
+"""The actor's device phases. Collocated, a phase takes the device locks of the actor's GPUs and brings its state
+onto them, and gives both back after: the rollout engines take the same GPUs in between. Disaggregated, the actor
+has its GPUs to itself and a phase does nothing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+from rlinf_pipe.scheduler.worker_group import WorkerGroup
+
+ActorPhase = Callable[[int], AbstractAsyncContextManager[None]]
+
+
+def actor_phases(actor: WorkerGroup, collocated: bool) -> ActorPhase:
+    """`async with phase(step):` holds the actor's devices for the block (see the module docstring)."""
+
+    @asynccontextmanager
+    async def holding_devices(step: int) -> AsyncIterator[None]:
+        await actor.all.begin_phase(step)
+        try:
+            yield
+        finally:
+            await actor.all.end_phase(step)
+
+    @asynccontextmanager
+    async def own_devices(step: int) -> AsyncIterator[None]:
+        yield
+
+    return holding_devices if collocated else own_devices

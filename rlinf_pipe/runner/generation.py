@@ -1,0 +1,140 @@
+"""A step's generation: prompts -> rollout engines -> reward workers, as the driver starts it.
+
+`PlainGeneration` runs one rollout call and one scoring call per step; `DynamicSampling` runs rounds of both
+until the step holds enough groups whose rewards vary (`algorithm.dynamic_sampling`). `RolloutSchedule` decides
+when a step's generation starts: in the step (`runner.max_staleness: 0`), or one step ahead, while the previous
+step trains, with the weights one version behind (`max_staleness: 1`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgspec
+
+from rlinf_pipe.algorithms.scoring import RewardTally
+from rlinf_pipe.data.sampler import PromptSampler
+from rlinf_pipe.data.structs import PromptItem
+from rlinf_pipe.runner.stage_calls import StageCalls
+from rlinf_pipe.scheduler.worker_group import WorkerGroup
+
+
+def draw_prompts(sampler: PromptSampler, count: int | None = None) -> list[PromptItem]:
+    """The next prompts, each with its slot (its position in the batch; see `rlinf_pipe.data.routing`)."""
+    return [msgspec.structs.replace(p, slot=i) for i, p in enumerate(sampler.next_batch(count))]
+
+
+@dataclass
+class GenerationResult:
+    """What a step's generation reports: the reward tallies of every group generated, and dynamic sampling's
+    counts."""
+
+    tallies: list[RewardTally] = field(default_factory=list)
+    sampling: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class GenerationCalls:
+    """A step's running generation: `rollout` is done when the engines are idle again, `result` when every group is
+    scored (a `GenerationResult`)."""
+
+    rollout: asyncio.Future
+    result: asyncio.Future
+
+
+async def _after(previous: asyncio.Future | None, call: Callable[[], Awaitable[Any]]) -> Any:
+    """`call()`, made once `previous` (a call of the step before) is done: a group call goes out when it is made."""
+    if previous is not None:
+        await asyncio.shield(previous)
+    return await call()
+
+
+class Generation(Protocol):
+    def start(self, step: int, prompts: list[PromptItem], calls: StageCalls, after: GenerationCalls | None = None,
+              ahead: bool = False) -> GenerationCalls: ...
+
+
+class PlainGeneration:
+    """One rollout call (prompts sharded over the engines) and one scoring call (every reward process) a step."""
+
+    def __init__(self, rollout: WorkerGroup, reward: WorkerGroup):
+        self.rollout, self.reward = rollout, reward
+
+    def start(self, step: int, prompts: list[PromptItem], calls: StageCalls, after: GenerationCalls | None = None,
+              ahead: bool = False) -> GenerationCalls:
+        """Start the step's calls; each follows its counterpart of `after` (the step before, when started ahead)."""
+        launch = calls.watch if ahead else calls.start
+        suffix = "_ahead" if ahead else ""
+        rollout = launch("rollout" + suffix, _after(after and after.rollout,
+                                                    lambda: self.rollout.sharded.generate_step(prompts, step)))
+        scoring = launch("reward" + suffix, _after(after and after.result, lambda: self.reward.all.score_step(step)))
+
+        async def result() -> GenerationResult:
+            return GenerationResult(await scoring)
+
+        return GenerationCalls(rollout, asyncio.ensure_future(result()))
+
+
+class DynamicSampling:
+    """Rounds of rollout and scoring until the step keeps `len(prompts)` groups whose rewards vary, or
+    `algorithm.max_extra_rounds` extra rounds are spent (see `rlinf_pipe.workers.dynamic_sampling`). Kept groups
+    stream on to the log-prob stage while later rounds generate; every generated group counts in the rewards."""
+
+    def __init__(self, rollout: WorkerGroup, reward: WorkerGroup, rounds: Any, sampler: PromptSampler,
+                 max_extra_rounds: int):
+        self.rollout, self.reward, self.rounds = rollout, reward, rounds
+        self.sampler, self.max_extra_rounds = sampler, max_extra_rounds
+
+    async def _run(self, step: int, prompts: list[PromptItem]) -> GenerationResult:
+        await self.rounds.reset.remote(len(prompts), self.max_extra_rounds)
+        result = GenerationResult()
+        while not await self.rounds.done.remote():
+            wanted = await self.rounds.start_round.remote()
+            round_prompts = prompts if not result.tallies else draw_prompts(self.sampler, wanted)
+            _, tallies = await asyncio.gather(self.rollout.sharded.generate_step(round_prompts, step),
+                                              self.reward.all.score_step(step, end_step=False))
+            result.tallies += tallies
+        await self.reward.all.end_step()
+        result.sampling = await self.rounds.metrics.remote()
+        return result
+
+    def start(self, step: int, prompts: list[PromptItem], calls: StageCalls, after: GenerationCalls | None = None,
+              ahead: bool = False) -> GenerationCalls:
+        """Start the rounds; the engines are idle again only when the last round is scored (`rollout` and
+        `result` finish together)."""
+        if after is not None or ahead:
+            raise ValueError("dynamic sampling cannot run a step ahead (runner.max_staleness must be 0)")
+        rounds = calls.start("generate", self._run(step, prompts))
+        return GenerationCalls(rounds, rounds)
+
+
+class RolloutSchedule:
+    """Where each step's generation comes from (see the module docstring). `sampler_state()` is the sampler's state
+    before the prompts that were drawn ahead, which a checkpoint saves so a resume draws them again."""
+
+    def __init__(self, generation: Generation, sampler: PromptSampler, staleness: int, max_steps: int):
+        self.generation, self.sampler, self.staleness, self.max_steps = generation, sampler, staleness, max_steps
+        self.ahead: GenerationCalls | None = None
+        self.state_before_ahead: dict[str, Any] | None = None
+
+    async def finish_ahead(self, calls: StageCalls) -> None:
+        """Before a weight sync: wait until the engines finished the generation started ahead (staleness 1)."""
+        if self.ahead is not None:
+            calls.adopt("rollout", self.ahead.rollout)
+            calls.adopt("reward", self.ahead.result)
+            await calls.until(self.ahead.rollout)
+
+    def start(self, step: int, calls: StageCalls) -> GenerationCalls:
+        """This step's generation (started now, or the one started ahead), and the next step's started ahead."""
+        current = self.ahead or self.generation.start(step, draw_prompts(self.sampler), calls)
+        self.ahead = None
+        if self.staleness and step + 1 < self.max_steps:
+            self.state_before_ahead = self.sampler.state_dict()
+            self.ahead = self.generation.start(step + 1, draw_prompts(self.sampler), calls, after=current, ahead=True)
+        return current
+
+    def sampler_state(self) -> dict[str, Any]:
+        return self.state_before_ahead if self.ahead is not None else self.sampler.state_dict()

@@ -1,0 +1,102 @@
+"""What a run reports: one step's metrics (from its outcome and its spans), the timeline and curve pictures, and
+the end-of-run summary."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from rlinf_pipe.algorithms.scoring import RewardTally
+from rlinf_pipe.runner.steps import StepOutcome
+from rlinf_pipe.utils.metrics import read_metrics
+from rlinf_pipe.utils.timeline import (
+    STEP_SPAN,
+    analyse,
+    analyse_step,
+    render_curve_png,
+    render_timeline_png,
+    summarise,
+    write_chrome_trace,
+)
+from rlinf_pipe.utils.tracing import Span
+
+
+def step_metrics(outcome: StepOutcome, spans: list[Span], driver_data_bytes: int) -> dict[str, float]:
+    """metrics.jsonl's object of one step: rewards, loss, timings from the spans, throughput, pipeline shape."""
+    step_span = next(s for s in spans if s.name == STEP_SPAN)
+    analysis = analyse_step(spans, step_span)
+    tally = RewardTally()
+    for t in outcome.generation.tallies:
+        tally = tally.merge(t)
+
+    def stage_time(name: str) -> float:  # wall time during which some worker ran this stage
+        return analysis.stage_busy.get(name, 0.0) * analysis.duration
+
+    replica0 = outcome.train[0] if outcome.train else None
+    steps = [m for m in (replica0.optimizer_steps if replica0 else []) if m is not None]
+    last = steps[-1] if steps else {}
+    metrics: dict[str, float] = {
+        **tally.metrics(),
+        **outcome.generation.sampling,
+        "loss": last.get("loss", math.nan),
+        "grad_norm": last.get("grad_norm", math.nan),
+        "lr": last.get("lr", math.nan),
+        "kl": last.get("loss/kl", 0.0),
+        "timing/step": analysis.duration,
+        "timing/rollout": stage_time("generate"),
+        "timing/reward": stage_time("reward"),
+        "timing/inference": stage_time("logprob"),
+        "timing/train": stage_time("train"),
+        "timing/weight_sync": next(s.duration for s in spans if s.name == "weight_sync" and s.track == "driver"),
+        "timing/publish_weights": sum(s.duration for s in spans if s.name == "publish_weights"),
+        "weight_sync/bytes": outcome.sync["bytes"],
+        "throughput/tokens_per_s": tally.response_tokens / analysis.duration,
+        "pipeline/bubble_fraction": analysis.bubble_fraction,
+        "pipeline/scheduler_overhead_fraction": analysis.scheduler_overhead_fraction,
+        "optimizer_steps": float(len(steps)),
+        "driver/data_bytes": float(driver_data_bytes),
+        "actor/train_data_bytes": float(sum(r.data_bytes for r in outcome.train)),
+    }
+    for key, value in last.items():
+        if key not in ("loss", "grad_norm", "lr") and isinstance(value, (int, float)):
+            metrics.setdefault(f"actor/{key}", float(value))
+    for name, frac in analysis.stage_busy.items():
+        metrics[f"busy/{name}"] = frac
+    return metrics
+
+
+def write_pictures(spans: list[Span], run_dir: Path, title: str) -> None:
+    """timeline.json and timeline.png from the run's spans; reward.png from metrics.jsonl."""
+    if not spans:
+        return
+    write_chrome_trace(spans, run_dir / "timeline.json")
+    render_timeline_png(spans, run_dir / "timeline.png", title=title)
+    path = run_dir / "metrics.jsonl"
+    records = read_metrics(path) if path.exists() else []
+    if records:
+        steps = [r["step"] for r in records]
+        series = {k: [r.get(k) or 0.0 for r in records] for k in ("reward/mean", "reward/accuracy")}
+        render_curve_png(steps, series, run_dir / "reward.png", title="reward")
+
+
+def run_summary(run_dir: Path, spans: list[Span]) -> dict[str, Any]:
+    """summary.json: learning (first vs last quarter of the steps), speed, and where the time went."""
+    records = read_metrics(run_dir / "metrics.jsonl")
+    head, tail = records[: max(1, len(records) // 4)], records[-max(1, len(records) // 4):]
+
+    def mean(rows: list[dict[str, Any]], key: str) -> float:
+        vals = [r[key] for r in rows if r.get(key) is not None]
+        return sum(vals) / len(vals) if vals else math.nan
+
+    return {
+        "run_dir": str(run_dir),
+        "steps": len(records),
+        "reward_first": mean(head, "reward/mean"),
+        "reward_last": mean(tail, "reward/mean"),
+        "accuracy_first": mean(head, "reward/accuracy"),
+        "accuracy_last": mean(tail, "reward/accuracy"),
+        "mean_step_s": mean(records, "timing/step"),
+        "tokens_per_s": mean(records, "throughput/tokens_per_s"),
+        "timeline": summarise(analyse(spans)) if spans else {},
+    }

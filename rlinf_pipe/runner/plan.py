@@ -1,0 +1,82 @@
+"""`RunPlan`: how a run works, decided once from its config and placement, before Ray starts.
+
+Everything that differs between modes is data here (collocated or not, the weight transport, rollout staleness,
+dynamic sampling); the runner picks its parts from it at start-up and never tests a mode flag inside the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rlinf_pipe.algorithms.advantages import advantage_scope, registered_advantages
+from rlinf_pipe.config.schema import Config
+from rlinf_pipe.errors import ConfigError
+from rlinf_pipe.scheduler.placement import Placement, plan_placement
+from rlinf_pipe.utils.text import closest
+from rlinf_pipe.weights.transports import Transport
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """The decided shape of a run (see the module docstring)."""
+
+    placement: Placement
+    collocated: bool
+    weight_transport: Transport
+    staleness: int
+    dynamic_sampling: bool
+
+    @property
+    def actor_dp(self) -> int:
+        return self.placement.components["actor"].dp
+
+
+def resolve_weight_transport(setting: str, collocated: bool) -> Transport:
+    """`runner.weight_sync`: `auto` is `broadcast` in the disaggregated pipeline and `object_store` when
+    collocated."""
+    if setting == "auto":
+        return "object_store" if collocated else "broadcast"
+    if setting in ("object_store", "broadcast"):
+        return setting  # type: ignore[return-value]
+    raise ConfigError(f"runner.weight_sync: {setting!r} is not one of auto, object_store, broadcast")
+
+
+def check_algorithm(cfg: Config) -> None:
+    """The advantage estimator is registered, and group-scoped when dynamic sampling assembles the batch."""
+    name = cfg.algorithm.adv_estimator
+    known = registered_advantages()
+    if name not in known:
+        raise ConfigError(
+            f"algorithm.adv_estimator: no estimator named {name!r}; {closest(name, known)}. Register your own with "
+            "rlinf_pipe.algorithms.register_advantage"
+        )
+    if cfg.algorithm.dynamic_sampling and advantage_scope(name) == "batch":
+        raise ConfigError(
+            f"algorithm.dynamic_sampling: true needs a group-scoped advantage estimator; {name!r} normalises over "
+            "the whole batch, which dynamic sampling assembles round by round: use grpo, dr_grpo or rloo"
+        )
+
+
+def plan_run(cfg: Config, gpus_per_node: Sequence[int] | None = None) -> RunPlan:
+    """Check the algorithm, plan the placement (on `gpus_per_node`, default the config's) and check the settings
+    that depend on the mode; every refusal is a `ConfigError` or `PlacementError` naming the key and the fix."""
+    check_algorithm(cfg)
+    placement = plan_placement(cfg, gpus_per_node)
+    collocated = placement.mode == "collocated"
+    if cfg.runner.weight_sync == "broadcast" and collocated:
+        raise ConfigError(
+            "runner.weight_sync: broadcast needs the disaggregated pipeline; in collocated mode the weights stay on "
+            "the node: use object_store (or auto)"
+        )
+    if cfg.runner.max_staleness and collocated:
+        raise ConfigError(
+            f"runner.max_staleness: {cfg.runner.max_staleness} needs the disaggregated pipeline: in collocated mode "
+            "rollout and actor take turns on the same GPUs, so rollout cannot run ahead; use 0, or place rollout "
+            "and actor on different GPUs"
+        )
+    return RunPlan(
+        placement=placement, collocated=collocated,
+        weight_transport=resolve_weight_transport(cfg.runner.weight_sync, collocated),
+        staleness=cfg.runner.max_staleness, dynamic_sampling=cfg.algorithm.dynamic_sampling,
+    )

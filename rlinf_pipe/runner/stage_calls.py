@@ -1,0 +1,55 @@
+"""`StageCalls`: the stage calls a step runs at once, failing together.
+
+Waiting on some of them fails fast when ANY of them fails, and cancels the others: a failed stage would otherwise
+leave the rest blocked on their channels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import Any
+
+
+class StageCalls:
+    """The step's running stage calls (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, asyncio.Future] = {}
+        self.watched: dict[str, asyncio.Future] = {}  # calls that run on into the next step
+
+    def start(self, name: str, call: Awaitable[Any]) -> asyncio.Future:
+        """Start a call of this step."""
+        task = asyncio.ensure_future(call)
+        self.tasks[name] = task
+        return task
+
+    def watch(self, name: str, call: Awaitable[Any]) -> asyncio.Future:
+        """Start a call that runs on into the next step: its failure fails this step, but `until_all` leaves it
+        out (the next step adopts it)."""
+        task = asyncio.ensure_future(call)
+        self.watched[name] = task
+        return task
+
+    def adopt(self, name: str, task: asyncio.Future) -> asyncio.Future:
+        """Count a call started in an earlier step (`watch`) as one of this step's."""
+        self.tasks[name] = task
+        return task
+
+    async def until(self, *targets: asyncio.Future) -> None:
+        """Wait for `targets`; the first failure of any call of the step cancels the others and raises."""
+        pending = set(targets)
+        while pending:
+            running = [*self.tasks.values(), *self.watched.values()]
+            watch = pending | {t for t in running if not t.done()}
+            done, _ = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    for other in running:
+                        other.cancel()
+                    raise task.exception()
+            pending -= done
+
+    async def until_all(self) -> None:
+        """Wait for every call of this step (not the watched ones)."""
+        await self.until(*self.tasks.values())

@@ -1,0 +1,76 @@
+"""One training step of each mode, as the driver runs it. Only control passes through the driver: step numbers
+and counts go out, metrics come back; the data streams through the channels.
+
+    sync weights (version = step) -> prompts -> rollout -> [rollouts] -> reward -> [scored] -> log-probs
+        -> [train/r] -> actor replica r (micro-batches; an optimizer step after each mini-batch)
+
+Disaggregated (`PipelineStep`): every stage runs at once on its own GPUs and the channels stream between them.
+Collocated (`CollocatedStep`): the rollout phase finishes before the actor phase takes the same GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlinf_pipe.runner.devices import ActorPhase
+from rlinf_pipe.runner.generation import GenerationResult, RolloutSchedule
+from rlinf_pipe.runner.stage_calls import StageCalls
+from rlinf_pipe.runner.weight_sync import WeightSync
+from rlinf_pipe.scheduler.worker_group import WorkerGroup
+from rlinf_pipe.workers.actor import TrainResult
+
+
+@dataclass
+class StepOutcome:
+    """What the driver learned in a step: weight-sync bytes, the generation's counts, each replica's training."""
+
+    sync: dict[str, float]
+    generation: GenerationResult
+    train: list[TrainResult]
+
+
+@dataclass
+class PipelineStep:
+    """The disaggregated pipeline's step: every stage at once."""
+
+    weights: WeightSync
+    schedule: RolloutSchedule
+    logprob: WorkerGroup
+    actor: WorkerGroup
+    max_steps: int
+
+    async def run(self, step: int) -> StepOutcome:
+        calls = StageCalls()
+        await self.schedule.finish_ahead(calls)  # max_staleness 1: the engines finish the rollout started ahead
+        sync = await self.weights.sync(version=step)
+        generation = self.schedule.start(step, calls)
+        calls.start("logprob", self.logprob.all.logprob_step(step))
+        train = calls.start("train", self.actor.replicas.train_step(step))
+        await calls.until_all()
+        if step + 1 < self.max_steps:
+            await self.weights.publish(step + 1)
+        return StepOutcome(sync, await generation.result, train.result())
+
+
+@dataclass
+class CollocatedStep:
+    """Collocated mode's step: the rollout phase, then the actor phase on the same GPUs."""
+
+    weights: WeightSync
+    schedule: RolloutSchedule
+    actor: WorkerGroup
+    actor_phase: ActorPhase
+    max_steps: int
+
+    async def run(self, step: int) -> StepOutcome:
+        calls = StageCalls()
+        sync = await self.weights.sync(version=step)
+        generation = self.schedule.start(step, calls)
+        await calls.until(generation.rollout)  # the engines give the devices back
+        async with self.actor_phase(step):
+            await calls.until(calls.start("logprob", self.actor.all.logprob_step(step)))  # before any update
+            train = calls.start("train", self.actor.replicas.train_step(step))
+            await calls.until_all()
+            if step + 1 < self.max_steps:
+                await self.weights.publish(step + 1)  # while the actor holds its devices
+        return StepOutcome(sync, await generation.result, train.result())

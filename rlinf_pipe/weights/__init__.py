@@ -1,0 +1,30 @@
+"""Weight sync: the HF layout plan, bucketing, versions and checksums, and the transports behind one interface.
+
+    layout = plan_weight_layout(arch, dtype, bucket_bytes)                    # both ends agree on it at start-up
+    sender = open_sender("broadcast", layout, rendezvous)                     # the actor's gathering rank
+    receiver = open_receiver("broadcast", layout, my_arch, "rollout/0", rendezvous, rank=1)
+    published = sender.publish(version, policy.hf_weights(), checksum=True)   # -> WeightVersion
+    loaded = receiver.receive(published, engine_load_bucket, verify=True)     # -> LoadedWeights
+
+Transports: `object_store` (Ray's object store; `weights.object_store`) and `broadcast` (a process group,
+`weights.process_group`). This module and `layout`, `checks`, `api` import neither Ray nor the transports, so
+engines may use the layout without them.
+"""
+
+from rlinf_pipe.weights.api import LoadBucket, LoadedWeights, WeightReceiver, WeightSender, WeightVersion
+from rlinf_pipe.weights.checks import WeightSyncError, check_version
+from rlinf_pipe.weights.layout import NamedTensors, WeightLayout, check_layout, plan_weight_layout
+
+__all__ = [
+    "LoadBucket",
+    "LoadedWeights",
+    "NamedTensors",
+    "WeightLayout",
+    "WeightReceiver",
+    "WeightSender",
+    "WeightSyncError",
+    "WeightVersion",
+    "check_layout",
+    "check_version",
+    "plan_weight_layout",
+]

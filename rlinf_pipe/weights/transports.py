@@ -1,0 +1,54 @@
+"""Opening the two ends of a weight transport by name (`runner.weight_sync`, resolved for the mode)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from rlinf_pipe.weights.api import WeightReceiver, WeightSender
+from rlinf_pipe.weights.layout import WeightLayout, check_layout
+from rlinf_pipe.weights.process_group import Rendezvous
+
+Transport = Literal["object_store", "broadcast"]
+TRANSPORTS: tuple[Transport, ...] = ("object_store", "broadcast")
+
+
+def needs_rendezvous(transport: Transport) -> bool:
+    """Whether the transport's members must meet in a process group (all of them joining at once)."""
+    return transport == "broadcast"
+
+
+def open_sender(transport: Transport, layout: WeightLayout, rendezvous: Rendezvous | None = None) -> WeightSender:
+    """The sending end (the actor's gathering rank; rank 0 of a process group)."""
+    if transport == "object_store":
+        from rlinf_pipe.weights.object_store import ObjectStoreSender
+
+        return ObjectStoreSender(layout)
+    if transport == "broadcast":
+        from rlinf_pipe.weights.process_group import ProcessGroupSender
+
+        return ProcessGroupSender(_required(rendezvous, transport), layout)
+    raise ValueError(f"unknown weight transport {transport!r}; expected one of {TRANSPORTS}")
+
+
+def open_receiver(
+    transport: Transport, layout: WeightLayout, arch: Any, who: str, rendezvous: Rendezvous | None = None,
+    rank: int = 1,
+) -> WeightReceiver:
+    """A receiving end for the sender's `layout`, checked first against this worker's model `arch` (a mismatched
+    model fails here, at start-up, naming the first tensor that differs)."""
+    check_layout(layout, arch, who)
+    if transport == "object_store":
+        from rlinf_pipe.weights.object_store import ObjectStoreReceiver
+
+        return ObjectStoreReceiver(layout)
+    if transport == "broadcast":
+        from rlinf_pipe.weights.process_group import ProcessGroupReceiver
+
+        return ProcessGroupReceiver(_required(rendezvous, transport), rank, layout)
+    raise ValueError(f"unknown weight transport {transport!r}; expected one of {TRANSPORTS}")
+
+
+def _required(rendezvous: Rendezvous | None, transport: str) -> Rendezvous:
+    if rendezvous is None:
+        raise ValueError(f"the {transport!r} weight transport needs a rendezvous (address, port, members)")
+    return rendezvous

@@ -1,0 +1,199 @@
+"""`ActorWorker`: the `actor:` placement's Megatron trainer.
+
+Each step every replica reads the training batches routed to it from its own train channel and trains them in
+micro-batches, stepping the optimizer after each mini-batch (`train_feed`); the driver only says which step it is.
+The loss is `rlinf_pipe.algorithms.policy_loss` configured from `algorithm.*` (the policy knows nothing about it).
+`publish_weights` sends a version through the weight transport. `CollocatedActorWorker` (`actor,rollout: all`)
+also computes the log-probs and holds its devices' lock for each phase: `begin_phase` (lock + onload) ...
+`end_phase` (offload + unlock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlinf_pipe.algorithms.losses import policy_loss
+from rlinf_pipe.algorithms.terms import LossTerms
+from rlinf_pipe.config.schema import Config
+from rlinf_pipe.data.packing import MicroBatcher
+from rlinf_pipe.data.structs import TrainBatch
+from rlinf_pipe.engines.policy import MegatronPolicy, ReplicaRanks
+from rlinf_pipe.models.megatron_gpt import init_model_parallel
+from rlinf_pipe.scheduler.channel import Channel
+from rlinf_pipe.scheduler.worker import Worker
+from rlinf_pipe.weights import WeightLayout, WeightSender, WeightVersion, plan_weight_layout
+from rlinf_pipe.weights.process_group import Rendezvous
+from rlinf_pipe.weights.transports import Transport, open_sender
+from rlinf_pipe.workers.logprob_stage import (
+    LogprobStage,
+    needs_ref,
+    pad_token_id,
+    policy_options,
+    train_routing,
+)
+from rlinf_pipe.workers.train_feed import OptimizerStep, TrainMicroBatch, TrainOp, train_ops
+
+
+def make_loss_fn(cfg: Config) -> Any:
+    """`loss_fn(logprobs, entropy, batch) -> LossTerms` for the policy, from `algorithm.*`."""
+    a = cfg.algorithm
+    loss = functools.partial(
+        policy_loss, clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high, dual_clip_c=a.dual_clip_c,
+        kl_coef=a.kl_coef, kl_estimator=a.kl_estimator, entropy_coef=a.entropy_coef, loss_agg=a.loss_agg,
+    )
+
+    def loss_fn(logprobs: Any, entropy: Any, batch: TrainBatch) -> LossTerms:
+        return loss(logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages, batch.response_mask,
+                    entropy=entropy)
+
+    return loss_fn
+
+
+@dataclass
+class TrainResult:
+    """One step of one replica: the metrics of each optimizer step (None: the mini-batch was empty everywhere)
+    and the bytes of training data the replica read from its channel."""
+
+    optimizer_steps: list[dict[str, float] | None] = field(default_factory=list)
+    data_bytes: int = 0
+
+
+class ActorWorker(Worker):
+    """Trains the policy (see the module docstring). `train`: one train channel per actor replica."""
+
+    def __init__(self, cfg: Config, model_path: str, train: Sequence[Channel]):
+        super().__init__()
+        a = cfg.actor
+        init_model_parallel(a.tensor_parallel_size, a.pipeline_parallel_size)
+        self.policy = MegatronPolicy(
+            model_path, train=True, lr=a.lr, weight_decay=a.weight_decay, clip_grad=a.clip_grad,
+            lr_warmup_steps=a.lr_warmup_steps, train_entropy=cfg.algorithm.entropy_coef != 0, **policy_options(cfg),
+        )
+        self.ranks = ReplicaRanks.current()
+        self.loss_fn = make_loss_fn(cfg)
+        self.train_channels = list(train)
+        self.routing = train_routing(cfg, self.ranks.dp_size)
+        self.micro_batch_size, self.micro_batch_tokens = a.micro_batch_size, a.micro_batch_tokens
+        self.pad_token_id = pad_token_id(model_path)
+        self.bucket_bytes = cfg.runner.weight_bucket_mb << 20
+        self.sender: WeightSender | None = None  # the weight transport's sending end, on rank 0 once opened
+
+    # --- training ----------------------------------------------------------------------------------------------
+    async def _next_op(self, ops: Any) -> TrainOp | None:
+        """The replica's next op: read on the input rank, shared with the replica's other ranks (None: the end)."""
+        op = await anext(ops, None) if ops is not None else None
+        return await asyncio.to_thread(self.ranks.share, op)
+
+    def _train(self, batch: TrainBatch) -> None:
+        with self.tracer.span("train", version=batch.version, sequences=batch.num_sequences,
+                              tokens=batch.num_tokens):
+            self.policy.train_micro_batch(batch, self.loss_fn)
+
+    def _optimizer_step(self, step: int, minibatch: int) -> dict[str, float] | None:
+        with self.tracer.span("optimizer_step", step=step, minibatch=minibatch):
+            return self.policy.optimizer_step(allow_empty=True)
+
+    async def train_step(self, step: int) -> TrainResult:
+        """Train the step's batches routed to this replica (collective over every rank of the actor)."""
+        ops = None
+        if self.ranks.is_input:
+            batcher = MicroBatcher(self.micro_batch_size, self.micro_batch_tokens)
+            channel = self.train_channels[self.ranks.dp_rank]
+            ops = train_ops(channel, self.routing, self.ranks.dp_rank, batcher, self.pad_token_id)
+        result = TrainResult()
+        while (op := await self._next_op(ops)) is not None:
+            if isinstance(op, TrainMicroBatch):
+                await asyncio.to_thread(self._train, op.batch)
+            elif isinstance(op, OptimizerStep):
+                result.optimizer_steps.append(await asyncio.to_thread(self._optimizer_step, step, op.minibatch))
+                result.data_bytes += op.data_bytes
+        return result
+
+    # --- weights -----------------------------------------------------------------------------------------------
+    def weight_layout(self) -> WeightLayout:
+        """The layout of this policy's weight versions (`runner.weight_bucket_mb` buckets of its dtype)."""
+        return plan_weight_layout(self.policy.arch, self.policy.params_dtype, self.bucket_bytes)
+
+    def open_weights(self, transport: Transport, rendezvous: Rendezvous | None) -> None:
+        """Rank 0 (it gathers replica 0's weights) opens the transport's sending end; the other ranks only help
+        gather."""
+        if self.rank == 0:
+            self.sender = open_sender(transport, self.weight_layout(), rendezvous)
+
+    async def publish_weights(self, version: int, checksum: bool = False) -> WeightVersion | None:
+        """Send the current weights as `version` (collective over replica 0's ranks; rank 0 sends and returns what
+        it published, the others return None)."""
+        if self.ranks.dp_rank != 0:
+            return None
+
+        def publish() -> WeightVersion | None:
+            with self.tracer.span("publish_weights", version=version) as args:
+                tensors = self.policy.hf_weights(copy=False)
+                if self.sender is None:  # a TP/PP peer of the sender: only takes part in the gathering
+                    for _ in tensors:
+                        pass
+                    return None
+                published = self.sender.publish(version, tensors, checksum)
+                args["bytes"] = published.num_bytes
+                return published
+
+        return await asyncio.to_thread(publish)
+
+    # --- checkpoints -------------------------------------------------------------------------------------------
+    def save_checkpoint(self, folder: str, record: dict[str, Any] | None = None) -> str:
+        with self.tracer.span("save_checkpoint"):
+            return str(self.policy.save_checkpoint(folder, record))
+
+    def load_checkpoint(self, folder: str, version: int) -> None:
+        """Restore model, optimizer, schedule and RNG; the restored weights are weight version `version` (the step
+        the run resumes at)."""
+        self.policy.load_checkpoint(folder)
+
+
+class CollocatedActorWorker(ActorWorker):
+    """The actor of collocated mode: it also computes the log-probs (`LogprobStage`), and each of its phases holds
+    the device lock of its GPUs, its state offloaded in between."""
+
+    def __init__(self, cfg: Config, model_path: str, train: Sequence[Channel], scored: Channel, locks: Any):
+        super().__init__(cfg, model_path, train)
+        self.ref = MegatronPolicy(model_path, train=False, **policy_options(cfg)) if needs_ref(cfg) else None
+        self.locks = locks
+        self.stage = LogprobStage(self.policy, self.ref, scored, train, self.routing, self.pad_token_id,
+                                  recompute_old=True, tracer=self.tracer)
+        self._move("offload")
+
+    def _move(self, direction: str) -> int:
+        return sum(getattr(policy, direction)() for policy in (self.policy, self.ref) if policy is not None)
+
+    async def begin_phase(self, step: int) -> int:
+        """Take this rank's devices and bring the state back onto them; returns the bytes moved."""
+        await self.locks.acquire.remote(list(self.info.global_gpus), self.owner)
+        with self.tracer.span("onload", step=step) as args:
+            args["bytes"] = moved = self._move("onload")
+        return moved
+
+    async def end_phase(self, step: int) -> int:
+        """Move the state off the devices and give them back; returns the bytes moved."""
+        try:
+            with self.tracer.span("offload", step=step) as args:
+                args["bytes"] = moved = self._move("offload")
+        finally:
+            await self.locks.release.remote(list(self.info.global_gpus), self.owner)
+        return moved
+
+    async def logprob_step(self, step: int) -> int:
+        """The step's old (and reference) log-probs, computed with the weights before the step's updates."""
+        return await self.stage.run(step)
+
+    async def train_step(self, step: int) -> TrainResult:
+        result = await super().train_step(step)
+        self.stage.version = step + 1  # the log-probs of the next step come from the weights trained now
+        return result
+
+    def load_checkpoint(self, folder: str, version: int) -> None:
+        super().load_checkpoint(folder, version)
+        self.stage.version = version

@@ -1,0 +1,54 @@
+"""`InferenceWorker`: the `inference:` placement's Megatron log-prob worker (old and reference log-probs).
+
+Each step it streams the scored groups into log-prob'd training batches (`LogprobStage`): old log-probs with the
+weights of the step's version, reference log-probs with the initial weights (a second, forward-only model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rlinf_pipe.config.schema import Config
+from rlinf_pipe.engines.policy import MegatronPolicy
+from rlinf_pipe.models.megatron_gpt import init_model_parallel
+from rlinf_pipe.scheduler.channel import Channel
+from rlinf_pipe.scheduler.worker import Worker
+from rlinf_pipe.weights import LoadedWeights, WeightLayout, WeightVersion
+from rlinf_pipe.weights.process_group import Rendezvous
+from rlinf_pipe.weights.transports import Transport
+from rlinf_pipe.workers.logprob_stage import (
+    LogprobStage,
+    needs_ref,
+    pad_token_id,
+    policy_options,
+    train_routing,
+)
+from rlinf_pipe.workers.weight_inbox import WeightInbox
+
+
+class InferenceWorker(Worker):
+    """Old / reference log-probs of scored groups, streamed channel to channel."""
+
+    def __init__(self, cfg: Config, model_path: str, scored: Channel, train: Sequence[Channel], actor_dp: int):
+        super().__init__()
+        init_model_parallel(cfg.inference.tensor_parallel_size, cfg.inference.pipeline_parallel_size)
+        self.policy = MegatronPolicy(model_path, train=False, **policy_options(cfg))
+        ref = MegatronPolicy(model_path, train=False, **policy_options(cfg)) if needs_ref(cfg) else None
+        self.stage = LogprobStage(
+            self.policy, ref, scored, train, train_routing(cfg, actor_dp), pad_token_id(model_path),
+            recompute_old=cfg.runner.max_staleness == 0, tracer=self.tracer,
+        )
+        self.inbox = WeightInbox(self.owner, self.policy.arch, self.tracer)
+
+    async def logprob_step(self, step: int) -> int:
+        """The step's log-probs (see `LogprobStage.run`)."""
+        return await self.stage.run(step)
+
+    def open_weights(self, transport: Transport, layout: WeightLayout, rendezvous: Rendezvous | None,
+                     rank: int) -> None:
+        """Join the weight transport as receiver `rank` (checks the actor's layout against this model)."""
+        self.inbox.open(transport, layout, rendezvous, rank)
+
+    async def receive_weights(self, published: WeightVersion, verify: bool = False) -> LoadedWeights:
+        """Load `published` into this rank's shard, bucket by bucket."""
+        return await self.inbox.receive(published, self.stage.version, self.stage.weight_update, verify)

@@ -1,1 +1,0 @@
-"""Log-prob workers: old and reference log-probs with Megatron (`InferenceWorker`)."""

@@ -1,0 +1,107 @@
+"""The log-prob stage shared by the inference workers and the collocated actor: old and reference log-probs of the
+step's scored groups, streamed from the scored channel into the actor replicas' train channels.
+
+Within a model-parallel replica the input rank reads the channel and shares each group with the other ranks; the
+output rank (last pipeline stage, tensor rank 0) packs the `TrainBatch` and routes it by its slot to the train
+channel of the actor replica that trains it (`rlinf_pipe.data.routing`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import msgspec
+
+from rlinf_pipe.config.schema import Config
+from rlinf_pipe.data.packing import pack_train_batch
+from rlinf_pipe.data.routing import TrainRouting
+from rlinf_pipe.data.structs import ScoredGroup, TrainBatch
+from rlinf_pipe.engines.policy import MegatronPolicy, ReplicaRanks
+from rlinf_pipe.scheduler.channel import Channel, StepEnd
+from rlinf_pipe.utils.tracing import Tracer
+from rlinf_pipe.weights import LoadBucket
+
+
+def logprob_temperature(cfg: Config) -> float:
+    """Log-probs use the sampling temperature (greedy sampling counts as temperature 1)."""
+    return cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
+
+
+def needs_ref(cfg: Config) -> bool:
+    """Whether the step needs reference log-probs (a KL term, or the `kl` metric)."""
+    return cfg.algorithm.kl_coef > 0 or cfg.algorithm.compute_ref_logprobs
+
+
+def policy_options(cfg: Config) -> dict[str, Any]:
+    """`MegatronPolicy` keywords every policy of a run shares."""
+    return {"temperature": logprob_temperature(cfg), "logprob_max_tokens": cfg.inference.max_tokens_per_batch,
+            "seed": cfg.runner.seed}
+
+
+def train_routing(cfg: Config, actor_dp: int) -> TrainRouting:
+    return TrainRouting(cfg.data.rollout_batch_size, cfg.algorithm.n_minibatches, actor_dp)
+
+
+def pad_token_id(model_path: str) -> int:
+    from transformers import AutoTokenizer
+
+    pad = AutoTokenizer.from_pretrained(model_path).pad_token_id
+    return int(pad if pad is not None else 0)
+
+
+class LogprobStage:
+    """Turns scored groups into log-prob'd `TrainBatch`es (see the module docstring). `ref` computes the reference
+    log-probs (None: none needed); `recompute_old` False keeps the sampling engine's log-probs as the old ones
+    (`runner.max_staleness` 1: the samples are a version behind the actor)."""
+
+    def __init__(
+        self, policy: MegatronPolicy, ref: MegatronPolicy | None, scored: Channel, train: Sequence[Channel],
+        routing: TrainRouting, pad_token_id: int, recompute_old: bool, tracer: Tracer,
+    ):
+        self.policy, self.ref, self.scored, self.train = policy, ref, scored, list(train)
+        self.routing, self.pad_token_id, self.recompute_old, self.tracer = routing, pad_token_id, recompute_old, tracer
+        self.ranks = ReplicaRanks.current()
+        self.version = 0  # the weight version `policy` holds
+
+    @contextmanager
+    def weight_update(self, version: int) -> Iterator[LoadBucket]:
+        """The policy's weight-update session for `WeightInbox`: buckets load into this rank's shard."""
+        yield self.policy.load_hf_weights
+        self.version = version
+
+    def _logprobs(self, step: int, group: ScoredGroup) -> TrainBatch | None:
+        batch = pack_train_batch([group], self.pad_token_id)  # old log-probs: the sampling engine's
+        version = self.version if self.recompute_old else batch.version
+        with self.tracer.span("logprob", step=step, version=version, sequences=batch.num_sequences):
+            old = self.policy.compute_logprobs(batch, self.policy.temperature) if self.recompute_old else None
+            ref = self.ref.compute_logprobs(batch, self.ref.temperature) if self.ref is not None else None
+        if not self.ranks.is_output:
+            return None
+        mask = batch.response_mask
+        return msgspec.structs.replace(
+            batch,
+            old_logprobs=batch.old_logprobs if old is None else old.masked_fill(~mask, 0.0),
+            ref_logprobs=None if ref is None else ref.masked_fill(~mask, 0.0),
+            version=version,
+        )
+
+    async def run(self, step: int) -> int:
+        """Take the step's scored groups until its end and put their `TrainBatch`es into the train channels (the
+        output rank ends the step on every one of them); returns the batches this rank put."""
+        count = 0
+        while True:
+            item = (await self.scored.aget()) if self.ranks.is_input else None
+            item = await asyncio.to_thread(self.ranks.share, item)
+            if isinstance(item, StepEnd):
+                break
+            batch = await asyncio.to_thread(self._logprobs, step, item)
+            if batch is not None:
+                await self.train[self.routing.replica_of(batch.slot)].aput(batch, weight=batch.num_sequences)
+                count += 1
+        if self.ranks.is_output:
+            for channel in self.train:
+                channel.end_step()
+        return count

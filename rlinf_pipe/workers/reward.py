@@ -1,0 +1,84 @@
+"""`RewardWorker`: the Ray worker of the `reward:` placement component, a `RewardPool` between two channels.
+
+Each step it scores the `RolloutGroup`s of the rollout channel and puts `ScoredGroup`s (rewards + advantages)
+into the scored channel. With dynamic sampling it offers each group to the job's `SamplingRounds` and passes on
+only the groups kept there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+
+from rlinf_pipe.algorithms.advantages import advantage_scope
+from rlinf_pipe.algorithms.scoring import RewardTally, score_groups
+from rlinf_pipe.config.schema import Config
+from rlinf_pipe.data.structs import RolloutGroup
+from rlinf_pipe.engines.reward.pool import RewardPool
+from rlinf_pipe.engines.reward.verify import ScoreConfig
+from rlinf_pipe.scheduler.channel import Channel, StepEnd
+from rlinf_pipe.scheduler.worker import Worker
+
+
+def advantage_options(cfg: Config) -> dict[str, Any]:
+    return {"norm_by_std": cfg.algorithm.norm_by_std} if cfg.algorithm.adv_estimator == "grpo" else {}
+
+
+class RewardWorker(Worker):
+    """Scores rollouts in a process pool with per-item timeouts (`reward.*`) and computes their advantages."""
+
+    def __init__(self, cfg: Config, rollouts: Channel, scored: Channel, sampling_rounds: Any = None):
+        super().__init__()
+        r = cfg.reward
+        config = ScoreConfig(r.correct_score, r.wrong_score, r.format_score, r.answer_pattern)
+        self.pool = RewardPool(num_workers=r.num_workers, timeout_s=r.timeout_s, config=config)
+        self.rollouts, self.scored, self.sampling_rounds = rollouts, scored, sampling_rounds
+        self.estimator, self.adv_options = cfg.algorithm.adv_estimator, advantage_options(cfg)
+
+    async def _slot(self, group: RolloutGroup, rewards: list[float]) -> int | None:
+        """Where the group trains: its prompt's slot, or with dynamic sampling the slot it is kept in (None:
+        dropped)."""
+        if self.sampling_rounds is None:
+            return group.prompt.slot
+        return await self.sampling_rounds.offer.remote(rewards)
+
+    async def score_step(self, step: int, end_step: bool = True) -> RewardTally:
+        """Score the rollout channel's groups up to its step end into the scored channel: each as it is scored
+        (group-scoped estimators) or all once the step is complete (batch-scoped ones). `end_step` False leaves
+        the scored step open (a dynamic-sampling round that may be followed by another)."""
+        streaming = advantage_scope(self.estimator) == "group"
+        tally = RewardTally()
+        held: list[tuple[RolloutGroup, list[float], int]] = []
+        while not isinstance(group := await self.rollouts.aget(), StepEnd):
+            with self.tracer.span("reward", step=step, version=group.version, samples=group.num_sequences):
+                pairs = [(s.text, group.prompt.answer) for s in group.samples]
+                results = await asyncio.to_thread(self.pool.score_batch, pairs)
+                rewards = [r.reward for r in results]
+                tally.add(group, rewards, [r.correct for r in results], [r.parsed for r in results])
+                slot = await self._slot(group, rewards)
+                if slot is None:
+                    continue
+                if streaming:
+                    (scored,) = score_groups([group], [rewards], self.estimator, **self.adv_options)
+                    await self.scored.aput(msgspec.structs.replace(scored, slot=slot), weight=scored.num_sequences)
+                else:
+                    held.append((group, rewards, slot))
+        if held:
+            with self.tracer.span("advantages", step=step, groups=len(held)):
+                scored_groups = score_groups([g for g, _, _ in held], [r for _, r, _ in held], self.estimator,
+                                             **self.adv_options)
+                for scored, (_, _, slot) in zip(scored_groups, held, strict=True):
+                    await self.scored.aput(msgspec.structs.replace(scored, slot=slot), weight=scored.num_sequences)
+        if end_step:
+            self.scored.end_step()
+        return tally
+
+    def end_step(self) -> None:
+        """End the scored step (after the last dynamic-sampling round)."""
+        self.scored.end_step()
+
+    def metrics(self) -> dict[str, float]:
+        """Counters since start: items, correct, parse_failures, timeouts, errors, restarts, accuracy."""
+        return self.pool.metrics()

@@ -1,7 +1,0 @@
-"""Imported once by the multiprocessing forkserver (see `RewardPool`): every reward worker forked from it starts
-with math-verify, sympy and the LaTeX grammar loaded and warmed up."""
-
-from rlinf_pipe.workers.reward import pool as _pool  # noqa: F401  (the workers' entry point lives there)
-from rlinf_pipe.workers.reward.verify import warm_up
-
-warm_up()

@@ -1,0 +1,77 @@
+"""`RolloutWorker`: the Ray worker of the `rollout:` placement; a generation engine feeding the rollout channel.
+
+Each step it turns its share of the prompts into requests (one per prompt, `group_size` samples, seeded from the
+run seed and the prompt's identity, so a prompt's samples do not depend on which worker or batch drew it) and puts
+each `RolloutGroup` into the channel as soon as its samples finish, then ends the step. In collocated mode the
+whole wake -> generate -> sleep phase holds the device lock of its GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from rlinf_pipe.data.structs import PromptItem, RolloutGroup
+from rlinf_pipe.engines.rollout.engine import GenerateRequest, SamplingParams, request_seed, to_rollout_samples
+from rlinf_pipe.engines.rollout.factory import build_engine
+from rlinf_pipe.models.convert import read_hf_arch
+from rlinf_pipe.scheduler.channel import Channel
+from rlinf_pipe.scheduler.locks import device_lock
+from rlinf_pipe.scheduler.worker import Worker
+from rlinf_pipe.weights import LoadedWeights, WeightLayout, WeightVersion
+from rlinf_pipe.weights.process_group import Rendezvous
+from rlinf_pipe.weights.transports import Transport
+from rlinf_pipe.workers.weight_inbox import WeightInbox
+
+
+class RolloutWorker(Worker):
+    """Generates prompt groups into the rollout channel; loads the weight versions the actor publishes."""
+
+    def __init__(self, model_path: str, backend: str, sampling: SamplingParams, run_seed: int, rollouts: Channel,
+                 locks: Any = None, max_batch_size: int = 64):
+        super().__init__()
+        self.engine = build_engine(backend, model_path, seed=run_seed, max_batch_size=max_batch_size)
+        self.sampling, self.run_seed, self.rollouts, self.locks = sampling, run_seed, rollouts, locks
+        self.inbox = WeightInbox(self.owner, read_hf_arch(model_path), self.tracer)
+        if locks is not None:  # collocated: the engine holds its devices only while it generates
+            self.engine.sleep()
+
+    def _request(self, index: int, prompt: PromptItem) -> GenerateRequest:
+        seed = request_seed(self.run_seed, prompt.id, prompt.epoch)
+        return GenerateRequest(request_id=str(index), prompt_ids=list(prompt.prompt_ids),
+                               sampling=msgspec.structs.replace(self.sampling, seed=seed))
+
+    async def generate_step(self, prompts: Sequence[PromptItem], step: int) -> dict[str, float]:
+        """Generate `prompts`' groups into the rollout channel as each finishes, then end the step; returns counts."""
+        version = self.engine.version
+        requests = [self._request(i, p) for i, p in enumerate(prompts)]
+        tokens = groups = 0
+        collocated = self.locks is not None
+        async with device_lock(self.locks, self.info.global_gpus, self.owner):
+            if collocated:
+                with self.tracer.span("wake", step=step):
+                    self.engine.wake()
+            with self.tracer.span("generate", step=step, version=version, prompts=len(prompts)) as args:
+                async for result in self.engine.generate(requests):
+                    group = RolloutGroup.of(prompts[int(result.request_id)],
+                                            to_rollout_samples(result, self.engine.tokenizer))
+                    await self.rollouts.aput(group, weight=group.num_sequences)
+                    tokens += group.num_tokens
+                    groups += 1
+                args.update(tokens=tokens)
+            if collocated:
+                with self.tracer.span("sleep", step=step):
+                    self.engine.sleep()
+        self.rollouts.end_step()
+        return {"groups": groups, "tokens": tokens}
+
+    def open_weights(self, transport: Transport, layout: WeightLayout, rendezvous: Rendezvous | None,
+                     rank: int) -> None:
+        """Join the weight transport as receiver `rank` (checks the actor's layout against this engine's model)."""
+        self.inbox.open(transport, layout, rendezvous, rank)
+
+    async def receive_weights(self, published: WeightVersion, verify: bool = False) -> LoadedWeights:
+        """Load `published` into the engine, bucket by bucket."""
+        return await self.inbox.receive(published, self.engine.version, self.engine.weight_update, verify)

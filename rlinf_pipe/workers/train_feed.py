@@ -1,0 +1,88 @@
+"""What an actor replica does in a step, read from its own train channel: train these micro-batches, step the
+optimizer after each mini-batch. Decided on the replica's input rank and shared with its other ranks.
+
+Every group arrives with its slot, which fixes its mini-batch (`rlinf_pipe.data.routing`); groups of a later
+mini-batch that arrive early wait here. A mini-batch is complete when all the groups the routing gives this
+replica arrived, or when the step ends (dynamic sampling may keep fewer groups than the batch holds). Every
+replica steps the optimizer once per mini-batch, so the collective steps match across replicas; a mini-batch no
+replica trained anything in is skipped inside the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from rlinf_pipe.data.packing import MicroBatcher, concat_train_batches
+from rlinf_pipe.data.routing import TrainRouting
+from rlinf_pipe.data.structs import TrainBatch
+from rlinf_pipe.errors import RlinfPipeError
+from rlinf_pipe.scheduler.channel import Channel, StepEnd
+from rlinf_pipe.scheduler.traffic import payload_bytes
+
+
+@dataclass(frozen=True)
+class TrainMicroBatch:
+    """Forward and backward of one micro-batch."""
+
+    batch: TrainBatch
+
+
+@dataclass(frozen=True)
+class OptimizerStep:
+    """The end of mini-batch `minibatch`: step the optimizer (collective over every rank of the actor)."""
+
+    minibatch: int
+    data_bytes: int  # bytes of training data this replica read from its channel since the last step
+
+
+TrainOp = TrainMicroBatch | OptimizerStep
+
+
+class TrainFeedError(RlinfPipeError):
+    """The train channel delivered something the routing does not allow (a bug upstream, not a user error)."""
+
+
+async def train_ops(
+    channel: Channel, routing: TrainRouting, replica: int, batcher: MicroBatcher, pad_token_id: int,
+) -> AsyncIterator[TrainOp]:
+    """This replica's ops for one step, read from its train channel (see the module docstring)."""
+    waiting: dict[int, list[TrainBatch]] = {m: [] for m in range(routing.n_minibatches)}
+    arrived = [0] * routing.n_minibatches
+    ended = False
+    for minibatch in range(routing.n_minibatches):
+        data_bytes = 0
+        ready = waiting.pop(minibatch)  # groups of this mini-batch that arrived early
+        while True:
+            for batch in ready:
+                for micro_batch in batcher.add(batch):
+                    yield TrainMicroBatch(concat_train_batches(micro_batch, pad_token_id))
+            ready = []
+            if ended or arrived[minibatch] >= routing.expected(minibatch, replica):
+                break
+            item = await channel.aget()
+            if isinstance(item, StepEnd):
+                ended = True
+                continue
+            target = _check(item, routing, replica, minibatch)
+            arrived[target] += 1
+            data_bytes += payload_bytes(item)
+            (ready if target == minibatch else waiting[target]).append(item)
+        if rest := batcher.flush():
+            yield TrainMicroBatch(concat_train_batches(rest, pad_token_id))
+        yield OptimizerStep(minibatch, data_bytes)
+    if not ended and not isinstance(item := await channel.aget(), StepEnd):
+        raise TrainFeedError(f"actor replica {replica} got a group (slot {item.slot}) beyond the step's "
+                             f"{routing.groups}")
+
+
+def _check(item: TrainBatch, routing: TrainRouting, replica: int, minibatch: int) -> int:
+    """The mini-batch of an arriving group, checked against the routing."""
+    if routing.replica_of(item.slot) != replica:
+        raise TrainFeedError(f"actor replica {replica} got the group of slot {item.slot}, which replica "
+                             f"{routing.replica_of(item.slot)} trains")
+    target = routing.minibatch_of(item.slot)
+    if target < minibatch:
+        raise TrainFeedError(f"actor replica {replica} got a group of mini-batch {target} (slot {item.slot}) after "
+                             f"stepping it: more groups than the step's {routing.groups}")
+    return target
