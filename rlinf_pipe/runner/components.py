@@ -130,6 +130,12 @@ def launch(cfg: Config) -> Components:
     sampler = build_sampler(cfg.data, dataset, cfg.runner.seed)
 
     cluster = Cluster(cfg)
+    started: list[WorkerGroup] = []
+
+    def start(*args: Any, **kwargs: Any) -> WorkerGroup:
+        started.append(WorkerGroup.start(*args, **kwargs))
+        return started[-1]
+
     try:
         plan = plan_run(cfg, cluster.gpus_per_node)
         comps = plan.placement.components
@@ -137,22 +143,26 @@ def launch(cfg: Config) -> Components:
         channels = create_channels(plan, len(reward_place.processes))
         locks = DeviceLocks.remote() if plan.collocated else None
         rounds = SamplingRounds.remote() if plan.dynamic_sampling else None
+        # The groups build their models at once; collocated, the engines start once the actor has built and
+        # offloaded its state (the two share the GPUs).
+        reward = start(RewardWorker, "reward", reward_place, cluster, cfg, channels.rollouts, channels.scored, rounds,
+                       distributed=False)
         if plan.collocated:
-            actor = WorkerGroup.launch(CollocatedActorWorker, "actor", comps["actor"], cluster, cfg, model_path,
-                                       channels.train, channels.scored, locks, env=WORKER_ENV)
+            actor = start(CollocatedActorWorker, "actor", comps["actor"], cluster, cfg, model_path, channels.train,
+                          channels.scored, locks, env=WORKER_ENV).ready()
             inference = None
         else:
-            actor = WorkerGroup.launch(ActorWorker, "actor", comps["actor"], cluster, cfg, model_path, channels.train,
-                                       env=WORKER_ENV)
-            inference = WorkerGroup.launch(InferenceWorker, "inference", comps["inference"], cluster, cfg,
-                                           model_path, channels.scored, channels.train, plan.actor_dp, env=WORKER_ENV)
-        rollout = WorkerGroup.launch(
-            RolloutWorker, "rollout", comps["rollout"], cluster, rollout_path, cfg.rollout.backend,
-            sampling_params(cfg), cfg.runner.seed, channels.rollouts, locks, distributed=False,
-        )
-        reward = WorkerGroup.launch(RewardWorker, "reward", reward_place, cluster, cfg, channels.rollouts,
-                                    channels.scored, rounds, distributed=False)
+            actor = start(ActorWorker, "actor", comps["actor"], cluster, cfg, model_path, channels.train,
+                          env=WORKER_ENV)
+            inference = start(InferenceWorker, "inference", comps["inference"], cluster, cfg, model_path,
+                              channels.scored, channels.train, plan.actor_dp, env=WORKER_ENV)
+        rollout = start(RolloutWorker, "rollout", comps["rollout"], cluster, rollout_path, cfg.rollout.backend,
+                        sampling_params(cfg), cfg.runner.seed, channels.rollouts, locks, distributed=False)
+        for group in started:
+            group.ready()
     except BaseException:
+        for group in started:
+            group.shutdown()
         cluster.shutdown()
         raise
     return Components(plan=plan, cluster=cluster, sampler=sampler, rollout=rollout, reward=reward, actor=actor,

@@ -65,13 +65,25 @@ class Runner:
         cfg = self.cfg.runner
         writer = MetricsWriter(self.run_dir, tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project,
                                wandb_name=cfg.experiment_name)
-        progress: Progress | None = None
+        try:
+            asyncio.run(self.train(writer))
+        finally:
+            writer.close()
+            write_pictures(self.spans, self.run_dir, cfg.experiment_name)
+        summary = run_summary(self.run_dir, self.spans)
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        if cfg.progress:
+            print(Progress.render_summary(summary, self.run_dir))
+        return self.run_dir
 
-        async def train() -> None:  # one event loop for the whole run: channel waiters live in it
-            nonlocal progress
-            await self.weights.open()
-            await self.resume()
-            progress = Progress(cfg.max_steps, self.start_step, enabled=cfg.progress)
+    async def train(self, writer: MetricsWriter) -> None:
+        """The run in one event loop (channel waiters live in it): open the weight transport, resume, run the
+        steps, checkpoint."""
+        cfg = self.cfg.runner
+        await self.weights.open()
+        await self.resume()
+        progress = Progress(cfg.max_steps, self.start_step, enabled=cfg.progress)
+        try:
             for step in range(self.start_step, cfg.max_steps):
                 metrics = await self.step(step)
                 writer.write(step, metrics)
@@ -80,19 +92,8 @@ class Runner:
                     await self.save(step + 1)
             await self.save(cfg.max_steps)
             self.spans += await self.collect_spans()  # the final checkpoint's spans
-
-        try:
-            asyncio.run(train())
         finally:
-            writer.close()
-            write_pictures(self.spans, self.run_dir, self.cfg.runner.experiment_name)
-            if progress is not None:
-                progress.close()
-        summary = run_summary(self.run_dir, self.spans)
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        if cfg.progress:
-            print(Progress.render_summary(summary, self.run_dir))
-        return self.run_dir
+            progress.close()
 
     async def step(self, step: int) -> dict[str, float]:
         """One step (see `rlinf_pipe.runner.steps`); returns its metrics."""

@@ -186,10 +186,26 @@ class WorkerGroup(Generic[W]):
         env: dict[str, str] | None = None,
         **kwargs: Any,
     ) -> WorkerGroup[W]:
+        """`start` the group and wait until it is `ready`."""
+        return cls.start(worker_cls, name, placement, cluster, *args, distributed=distributed, env=env,
+                         **kwargs).ready()
+
+    @classmethod
+    def start(
+        cls,
+        worker_cls: type[W],
+        name: str,
+        placement: ComponentPlacement,
+        cluster: Cluster,
+        *args: Any,
+        distributed: bool = True,
+        env: dict[str, str] | None = None,
+        **kwargs: Any,
+    ) -> WorkerGroup[W]:
         """Start one actor per placed process on its exact node with its GPUs; with `distributed`, their
         constructors join one torch.distributed world (rank 0's node hosts the rendezvous). `args` / `kwargs` go
-        to the worker's constructor. Any rank failing in its constructor raises a `WorkerError` naming it, and the
-        group's other actors are stopped."""
+        to the worker's constructor. Returns at once: the constructors run until `ready()` (so several groups can
+        start together)."""
         if not issubclass(worker_cls, Worker):
             raise TypeError(f"{worker_cls.__name__} must subclass rlinf_pipe.scheduler.worker.Worker")
         remote_cls = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(worker_cls)
@@ -201,7 +217,7 @@ class WorkerGroup(Generic[W]):
             probe = ray.remote(num_cpus=0)(_free_port_on_node).options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(first.node_id, soft=False))
             shared_env.update(rendezvous_env(*ray.get(probe.remote())))
-        members = []
+        group = cls(name, placement, [])
         for proc in placement.processes:
             strategy = (
                 PlacementGroupSchedulingStrategy(reservations[proc.node_rank], placement_group_bundle_index=0)
@@ -219,17 +235,22 @@ class WorkerGroup(Generic[W]):
                     runtime_env={"env_vars": {**shared_env, **process_env}},
                 ).remote(*args, **kwargs)
             except ValueError as exc:
+                group.shutdown()
                 raise ClusterError(
                     f"cannot start worker {actor_name}: {exc} (is a group named {name!r} running?)"
                 ) from None
-            members.append(_Member(proc.rank, proc, actor, actor_name))
-        group = cls(name, placement, members)
-        try:
-            group.all.worker_info().wait()  # surfaces constructor failures with group/rank/traceback
-        except WorkerError:
-            group.shutdown()
-            raise
+            group._members.append(_Member(proc.rank, proc, actor, actor_name))
         return group
+
+    def ready(self) -> WorkerGroup[W]:
+        """Wait until every rank's constructor finished. A rank failing there raises a `WorkerError` naming it, and
+        the group's other actors are stopped (none is left waiting in the rendezvous)."""
+        try:
+            self.all.worker_info().wait()
+        except WorkerError:
+            self.shutdown()
+            raise
+        return self
 
     # --- verbs ------------------------------------------------------------------------------------------------
     @property

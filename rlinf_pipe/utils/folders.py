@@ -22,11 +22,6 @@ def is_complete(folder: str | os.PathLike[str]) -> bool:
     return (Path(folder) / COMPLETE).is_file()
 
 
-def completion_record(folder: str | os.PathLike[str]) -> dict[str, Any]:
-    """The JSON record the marker of a complete folder holds."""
-    return json.loads((Path(folder) / COMPLETE).read_text() or "{}")
-
-
 def mark_complete(folder: str | os.PathLike[str], record: dict[str, Any] | None = None) -> None:
     """Write the marker (atomically: a reader sees the whole record or no marker)."""
     folder = Path(folder)

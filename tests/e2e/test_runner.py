@@ -41,6 +41,11 @@ def run(config_name: str, out: Path, model: str, *overrides: str) -> Path:
     return run_config(cfg)
 
 
+# The runs compared with `pipeline_run` take two optimizer steps per step (the groups' slots fix which share
+# one) and save after every step (the resume test starts from the first).
+COMPARED = ("algorithm.n_minibatches=2", "runner.save_interval=1")
+
+
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     ckpt = sorted((run_dir / "checkpoints").glob("step_*"))[-1]
     return load_model_shard(ckpt / "actor", 0, 0)
@@ -48,14 +53,15 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def pipeline_run(tmp_path_factory, tiny_model) -> Path:
-    return run("tiny-grpo-megatron-pipeline", tmp_path_factory.mktemp("pipe"), tiny_model)
+    return run("tiny-grpo-megatron-pipeline", tmp_path_factory.mktemp("pipe"), tiny_model, *COMPARED)
 
 
 @pytest.fixture(scope="module")
 def collocated_run(tmp_path_factory, tiny_model) -> Path:
     # One device, so rollout batches and actor replicas match the pipeline's exactly (DP=2 exactness is covered by
     # tests/integration/test_actor_trainer.py); what differs is the mode: time-sharing, locks, offload, channels.
-    return run("tiny-grpo-megatron", tmp_path_factory.mktemp("coll"), tiny_model, "cluster.num_gpus_per_node=1")
+    return run("tiny-grpo-megatron", tmp_path_factory.mktemp("coll"), tiny_model, "cluster.num_gpus_per_node=1",
+               *COMPARED)
 
 
 @pytest.mark.slow
@@ -64,7 +70,7 @@ def test_pipeline_run_outputs_and_versions(pipeline_run):
     assert [r["step"] for r in records] == [0, 1]
     for r in records:
         assert REQUIRED_METRICS <= set(r), REQUIRED_METRICS - set(r)
-        assert r["rollout/samples"] == 16 and r["optimizer_steps"] == 1
+        assert r["rollout/samples"] == 16 and r["optimizer_steps"] == 2
         assert 0 <= r["reward/accuracy"] <= 1 and 0 <= r["pipeline/bubble_fraction"] < 1
         assert r["weight_sync/bytes"] > 0 and r["timing/step"] > 0
     spans = read_chrome_trace(pipeline_run / "timeline.json")
@@ -91,7 +97,7 @@ def test_pipeline_run_outputs_and_versions(pipeline_run):
     assert (ckpt / "COMPLETE").is_file() and json.loads((ckpt / "runner.json").read_text())["next_step"] == 2
     # one marker name for every folder written; the actor's part has no doubled names
     assert {p.name for p in (ckpt / "actor").iterdir()} == {"COMPLETE", "megatron.json", "model", "hf", "trainer"}
-    assert json.loads((ckpt / "actor" / "trainer" / "state.json").read_text())["step"] == 2
+    assert json.loads((ckpt / "actor" / "trainer" / "state.json").read_text())["step"] == 4  # optimizer steps
     for r in records:  # the driver sends control only: no training data passes through it
         assert r["driver/data_bytes"] == 0 and r["actor/train_data_bytes"] > 0
 
@@ -123,11 +129,9 @@ def test_collocated_timeline_never_overlaps_on_a_device(collocated_run):
 @pytest.mark.slow
 def test_resume_matches_uninterrupted(tmp_path, tiny_model, pipeline_run):
     """Resume from the checkpoint before step 1 of a 2-step run: step 1's metrics and final weights match."""
-    ckpt = tmp_path / "first"
-    first = run("tiny-grpo-megatron-pipeline", ckpt, tiny_model, "runner.save_interval=1")
     resumed = run(
-        "tiny-grpo-megatron-pipeline", tmp_path / "resumed", tiny_model,
-        f"runner.resume_dir={first / 'checkpoints' / 'step_000001'}",
+        "tiny-grpo-megatron-pipeline", tmp_path / "resumed", tiny_model, *COMPARED,
+        f"runner.resume_dir={pipeline_run / 'checkpoints' / 'step_000001'}",
     )
     full, rest = read_metrics(pipeline_run / "metrics.jsonl"), read_metrics(resumed / "metrics.jsonl")
     assert [r["step"] for r in rest] == [1]
@@ -221,7 +225,7 @@ def test_timeline_command_on_a_folder_without_a_run(tmp_path, capsys):
 def test_both_weight_sync_paths_train_the_same_model(tmp_path, tiny_model, pipeline_run):
     """The pipeline's default sync (`runner.weight_sync: auto`: the direct gloo group from the actor to the engines)
     and `object_store` (with CRC checks) deliver the same weights: same rollouts, losses and final parameters."""
-    out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, "runner.weight_sync=object_store",
+    out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, "runner.weight_sync=object_store",
               "runner.verify_weights=true")
     for run_dir in (pipeline_run, out):
         spans = read_chrome_trace(run_dir / "timeline.json")
@@ -237,20 +241,17 @@ def test_both_weight_sync_paths_train_the_same_model(tmp_path, tiny_model, pipel
 
 
 @pytest.mark.slow
-def test_two_actor_replicas_read_their_own_channels_and_train_like_one(tmp_path, tiny_model):
-    """Actor DP=2 in the pipeline (each replica reads the groups routed to it by slot from its own train channel)
-    with two mini-batches per step trains the same model as DP=1: the same groups form each mini-batch whatever
-    the replica count or the arrival order."""
-    four_gpus = ["cluster.num_gpus_per_node=4", "cluster.component_placement={rollout: 0, inference: 1, actor: 2-3}",
-                 "algorithm.n_minibatches=2", "actor.micro_batch_size=2"]
-    dp2 = run("tiny-grpo-megatron-pipeline", tmp_path / "dp2", tiny_model, *four_gpus)
-    dp1 = run("tiny-grpo-megatron-pipeline", tmp_path / "dp1", tiny_model, *four_gpus,
-              "cluster.component_placement={rollout: 0, inference: 1, actor: 2}")
+def test_two_actor_replicas_read_their_own_channels_and_train_like_one(tmp_path, tiny_model, pipeline_run):
+    """Actor DP=2 in the pipeline (each replica reads the groups routed to it by slot from its own train channel),
+    two mini-batches per step, trains the same model as DP=1: the same groups form each mini-batch whatever the
+    replica count or the arrival order."""
+    dp2 = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, "cluster.num_gpus_per_node=4",
+              "cluster.component_placement={rollout: 0, inference: 1, actor: 2-3}")
     spans = read_chrome_trace(dp2 / "timeline.json")
     assert {s.track for s in spans if s.name == "train"} == {"actor/0", "actor/1"}  # both replicas trained
-    for a, b in zip(read_metrics(dp1 / "metrics.jsonl"), read_metrics(dp2 / "metrics.jsonl"), strict=True):
+    for a, b in zip(read_metrics(pipeline_run / "metrics.jsonl"), read_metrics(dp2 / "metrics.jsonl"), strict=True):
         assert a["reward/mean"] == b["reward/mean"] and a["optimizer_steps"] == b["optimizer_steps"] == 2
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-5) and b["driver/data_bytes"] == 0
-    w1, w2 = final_weights(dp1), final_weights(dp2)
+    w1, w2 = final_weights(pipeline_run), final_weights(dp2)
     for name in w1:
         torch.testing.assert_close(w1[name], w2[name], atol=1e-5, rtol=1e-4, msg=name)
