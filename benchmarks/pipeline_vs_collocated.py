@@ -10,7 +10,8 @@ warm-started tiny model, data, seed and batch:
   `cluster.component_placement={"actor,rollout": all}` (actor DP=3, rollout DP=3, time-sharing the GPUs).
 The example batch (16 prompts x 8 samples = 128) does not split over the collocated actor's 3 data-parallel
 ranks, so BOTH runs use `data.rollout_batch_size=12` (96 samples; `--rollout-batch-size`).
-Each run goes through `rlinf_pipe.runner.Runner.start(cfg)` (`.run()`, `.shutdown()`, `ray.shutdown()`); its
+Each run goes through `rlinf_pipe.runner.Runner.start(cfg)` (`.run()`, `.shutdown()`) in one local Ray session
+(3 virtual GPUs) that the script starts once; its
 `metrics.jsonl` and `timeline.json` are read back and the first `--warmup` steps are dropped.
 
 Reported (medians over steps, then over repeats; ratios paired within a repeat, then the median):
@@ -118,7 +119,6 @@ def run_mode(mode: str, args: argparse.Namespace, model: str, out: Path) -> dict
         )
     finally:
         runner.shutdown()
-        ray.shutdown()
     wall = time.perf_counter() - start
 
     records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] >= args.warmup]
@@ -198,15 +198,15 @@ class GlooRank:
 def gloo_bytes_per_s(num_bytes: int, iters: int, receivers: int) -> float:
     """Median bandwidth of a raw gloo broadcast of `num_bytes` (float32) from one Ray actor to `receivers` others
     (each broadcast timed from the sender's start to the last receiver's end)."""
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ranks = [GlooRank.remote() for _ in range(1 + receivers)]
     try:
-        ranks = [GlooRank.remote() for _ in range(1 + receivers)]
         address = f"tcp://127.0.0.1:{free_port()}"
         ray.get([r.init.remote(i, len(ranks), address) for i, r in enumerate(ranks)])
         sent, *received = ray.get([r.broadcast.remote(num_bytes, iters) for r in ranks])
         ray.get([r.close.remote() for r in ranks])
     finally:
-        ray.shutdown()
+        for rank in ranks:
+            ray.kill(rank)
     durations = [max(max(ends) - start, 1e-9) for start, *ends in zip(sent, *received, strict=True)]
     return (max(1, num_bytes // 4) * 4) / statistics.median(durations)
 
@@ -242,6 +242,8 @@ def main() -> None:
     out = Path(args.output_dir or tmp.name)
 
     started = time.perf_counter()
+    # one local Ray session for every run and baseline (each run's Cluster uses it and leaves it open)
+    ray.init(address="local", num_cpus=2, num_gpus=3, include_dashboard=False, log_to_driver=False)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
     gloo: list[float] = []  # raw broadcast to as many receivers as the pipeline's sync has
     gloo_one: list[float] = []  # raw broadcast to one receiver
@@ -258,6 +260,7 @@ def main() -> None:
         gloo_one.append(gloo_bytes_per_s(sync_bytes, args.gloo_iters, 1))
         print(f"repeat {repeat} gloo broadcast: {gloo[-1] / 2**20:.1f} MiB/s to {receivers} receivers, "
               f"{gloo_one[-1] / 2**20:.1f} MiB/s to one", flush=True)
+    ray.shutdown()
     if tmp is not None:
         tmp.cleanup()
 

@@ -10,8 +10,6 @@ import asyncio
 import json
 from pathlib import Path
 
-import ray
-
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.runner import checkpoints
 from rlinf_pipe.runner.components import Components, launch
@@ -133,13 +131,12 @@ class Runner:
 
 
 def run(cfg: Config) -> Path:
-    """Run `cfg` end to end (starting or joining Ray); returns the run folder."""
+    """Run `cfg` end to end (starting or joining Ray, and leaving it as it was); returns the run folder."""
     runner = Runner.start(cfg)
     try:
         return runner.run()
     finally:
         runner.shutdown()
-        ray.shutdown()
 
 
 __all__ = ["Runner", "run"]

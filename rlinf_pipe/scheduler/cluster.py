@@ -128,15 +128,17 @@ class Cluster:
     """A connection to a Ray cluster with `cfg.cluster.num_nodes` nodes in a deterministic order.
 
     `Cluster(cfg)` joins the running cluster (or starts a local one, declaring virtual GPUs on a machine without
-    GPUs), waits for the nodes to join, and checks their GPU counts against the config.
+    GPUs), waits for the nodes to join, and checks their GPU counts against the config. In a process already
+    connected to Ray it uses that connection (and `shutdown` leaves it open).
     """
 
     def __init__(self, cfg: Config, *, poll_interval_s: float = 1.0):
         import ray
 
         self.cfg = cfg
-        self.started_ray = False
-        if not ray.is_initialized():
+        self.started_ray = False  # a local cluster this Cluster started
+        self.connected = not ray.is_initialized()  # this Cluster connected the process (it disconnects at shutdown)
+        if self.connected:
             self.started_ray = self._connect_or_start()
         self.nodes = self._wait_for_nodes(poll_interval_s)
         self.layout = NodeLayout([n.num_gpus for n in self.nodes])
@@ -272,9 +274,10 @@ class Cluster:
         self._reservations.clear()
 
     def shutdown(self) -> None:
-        """Release reservations; stop Ray if this Cluster started it."""
+        """Release reservations and leave Ray as this Cluster found it: disconnect if it connected (which stops a
+        local cluster it started); a connection made before it stays."""
         import ray
 
         self.release()
-        if self.started_ray:
+        if self.connected:
             ray.shutdown()

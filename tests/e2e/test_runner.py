@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import ray
 import torch
 
 from rlinf_pipe.config import load_config
@@ -22,6 +23,16 @@ REQUIRED_METRICS = {
     "timing/rollout", "timing/inference", "timing/train", "timing/weight_sync", "throughput/tokens_per_s",
     "pipeline/bubble_fraction",
 }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_session():
+    """One local Ray (4 virtual GPUs) for the module's runs: each run's `Cluster` finds the connection and leaves it
+    open, instead of starting and stopping a cluster per run."""
+    assert not ray.is_initialized(), "another test left Ray running"
+    ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
