@@ -14,6 +14,7 @@ With --json the last printed line is one JSON object.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -45,11 +46,12 @@ def _member(rank: int, world: int, port: int, model: str, bucket_mb: int, iters:
     weights = [(n, torch.randn(hf_weight_shape(arch, n))) for n in hf_weight_names(arch)]
     loaded = {n: torch.empty_like(t) for n, t in weights}
 
-    def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
+    async def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
         for name, tensor in bucket:
             loaded[name].copy_(tensor)
 
     flat = torch.empty(layout.num_bytes, dtype=torch.uint8)
+    loop = asyncio.new_event_loop()  # receiving is a coroutine (engines load from their event loop)
     raw, protocol = [], []
     for version in range(iters + 2):
         group.barrier().wait()
@@ -62,7 +64,7 @@ def _member(rank: int, world: int, port: int, model: str, bucket_mb: int, iters:
         if rank == 0:
             end.publish(version, weights)
         else:
-            end.receive(WeightVersion(version), load)
+            loop.run_until_complete(end.receive(WeightVersion(version), load))
         group.barrier().wait()
         protocol.append(time.perf_counter() - start)
     if rank == 0:

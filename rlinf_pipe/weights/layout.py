@@ -2,8 +2,11 @@
 
 The actor's HF-named tensors are packed back to back into buckets of about `runner.weight_bucket_mb`, split only
 between the groups of tensors that convert together (`convert.hf_weight_groups`), so every bucket loads on its
-own. A bucket is one flat byte buffer: each tensor at an aligned offset, then a trailer (version, CRC32 or 0).
-The layout is planned from the model architecture, so sender and receivers agree on it without sending names.
+own. A bucket is one flat byte buffer: the tensors' bytes in order with no padding (one dtype per version, so every
+tensor is aligned to its element size: SGLang's "flattened bucket" format), then, when the layout has one, a
+16-byte trailer (the version and a CRC32 or 0) that receivers check. A process group that SGLang engines join
+carries no trailer (their receiving end takes exactly the tensors' bytes). The layout is planned from the model
+architecture, so sender and receivers agree on it without sending names.
 """
 
 from __future__ import annotations
@@ -17,12 +20,7 @@ import torch
 from rlinf_pipe.weights.checks import WeightSyncError, bytes_crc32
 
 NamedTensors = list[tuple[str, torch.Tensor]]
-ALIGN = 64  # bytes; every tensor and the trailer start at a multiple
 TRAILER_BYTES = 16  # int64 version, int64 CRC32 of the bucket's tensor bytes (0: not verified)
-
-
-def _align(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
 
 
 @dataclass(frozen=True)
@@ -37,19 +35,15 @@ class TensorSlot:
 
 @dataclass(frozen=True)
 class BucketLayout:
-    """The tensors of one bucket; `data_bytes` of tensor data (with alignment), then the trailer."""
+    """The tensors of one bucket: `data_bytes` of tensor data, then `trailer_bytes` (0 or `TRAILER_BYTES`)."""
 
     slots: tuple[TensorSlot, ...]
     data_bytes: int
+    trailer_bytes: int = TRAILER_BYTES
 
     @property
     def nbytes(self) -> int:
-        return self.data_bytes + TRAILER_BYTES
-
-    @property
-    def tensor_bytes(self) -> int:
-        """Bytes of tensor data, without alignment and trailer."""
-        return sum(s.nbytes for s in self.slots)
+        return self.data_bytes + self.trailer_bytes
 
 
 @dataclass(frozen=True)
@@ -61,8 +55,8 @@ class WeightLayout:
 
     @property
     def num_bytes(self) -> int:
-        """Bytes of tensor data (what a version weighs, without alignment and trailers)."""
-        return sum(b.tensor_bytes for b in self.buckets)
+        """Bytes of tensor data (what a version weighs, without trailers)."""
+        return sum(b.data_bytes for b in self.buckets)
 
     @property
     def num_tensors(self) -> int:
@@ -73,6 +67,10 @@ class WeightLayout:
         return max(b.nbytes for b in self.buckets)
 
     @property
+    def has_trailer(self) -> bool:
+        return any(b.trailer_bytes for b in self.buckets)
+
+    @property
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
 
@@ -80,29 +78,30 @@ class WeightLayout:
         return [s.name for b in self.buckets for s in b.slots]
 
 
-def plan_weight_layout(arch: Any, dtype: torch.dtype, bucket_bytes: int) -> WeightLayout:
+def plan_weight_layout(arch: Any, dtype: torch.dtype, bucket_bytes: int, trailer: bool = True) -> WeightLayout:
     """Pack the HF tensors of `arch` (a `models.megatron_gpt.HfArch`) in stream order into buckets of at most
     `bucket_bytes` of data, never splitting a conversion group (a group larger than `bucket_bytes` gets a bucket
-    of its own)."""
+    of its own); `trailer` adds the version / CRC32 trailer to every bucket."""
     from rlinf_pipe.models.convert import hf_weight_groups, hf_weight_shape
 
     if bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
     element = torch.empty(0, dtype=dtype).element_size()
+    trailer_bytes = TRAILER_BYTES if trailer else 0
     buckets: list[BucketLayout] = []
     slots: list[TensorSlot] = []
     offset = 0
     for group in hf_weight_groups(arch):
         shapes = [hf_weight_shape(arch, name) for name in group]
         sizes = [torch.Size(shape).numel() * element for shape in shapes]
-        if slots and offset + sum(map(_align, sizes)) > bucket_bytes:
-            buckets.append(BucketLayout(tuple(slots), offset))
+        if slots and offset + sum(sizes) > bucket_bytes:
+            buckets.append(BucketLayout(tuple(slots), offset, trailer_bytes))
             slots, offset = [], 0
         for name, shape, nbytes in zip(group, shapes, sizes, strict=True):
             slots.append(TensorSlot(name, shape, offset, nbytes))
-            offset += _align(nbytes)
+            offset += nbytes
     if slots:
-        buckets.append(BucketLayout(tuple(slots), offset))
+        buckets.append(BucketLayout(tuple(slots), offset, trailer_bytes))
     return WeightLayout(str(dtype).removeprefix("torch."), tuple(buckets))
 
 
@@ -125,33 +124,44 @@ def check_layout(layout: WeightLayout, arch: Any, who: str) -> None:
 
 
 def tensor_views(bucket: BucketLayout, buffer: torch.Tensor, dtype: torch.dtype) -> NamedTensors:
-    """The bucket's tensors as views into its flat uint8 `buffer`."""
+    """The bucket's tensors as views into its flat uint8 `buffer` (on any device)."""
     return [(s.name, buffer[s.offset : s.offset + s.nbytes].view(dtype).view(s.shape)) for s in bucket.slots]
+
+
+def data_crc32(bucket: BucketLayout, buffer: torch.Tensor) -> int:
+    """CRC32 of a bucket's tensor bytes (on any device)."""
+    return bytes_crc32(buffer[: bucket.data_bytes].cpu())
 
 
 def pack_bucket(
     bucket: BucketLayout, buffer: torch.Tensor, stream: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype,
     version: int, checksum: bool,
-) -> None:
+) -> int | None:
     """Copy the bucket's tensors from `stream` (HF-named, in layout order; each is copied before the next is drawn,
-    so views of live parameters are fine) into `buffer` and write the trailer."""
+    so views of live parameters are fine) into `buffer` and write the trailer, if the bucket has one. Returns the
+    CRC32 of the tensor bytes with `checksum`, else None."""
     for (name, view), want in zip(tensor_views(bucket, buffer, dtype), bucket.slots, strict=True):
         got_name, tensor = next(stream, (None, None))
         if got_name != name or tuple(tensor.shape) != want.shape:
             got = "the end of the stream" if got_name is None else f"{got_name!r} {tuple(tensor.shape)}"
             raise WeightSyncError(f"weight sync: the layout expects {name!r} {want.shape}, got {got}")
         view.copy_(tensor)
-    trailer = buffer[bucket.data_bytes : bucket.nbytes].view(torch.int64)
-    trailer[0] = version
-    trailer[1] = bytes_crc32(buffer[: bucket.data_bytes]) if checksum else 0
+    crc = data_crc32(bucket, buffer) if checksum else None
+    if bucket.trailer_bytes:
+        trailer = torch.tensor([version, crc or 0], dtype=torch.int64)
+        buffer[bucket.data_bytes : bucket.nbytes].copy_(trailer.view(torch.uint8))
+    return crc
 
 
 def check_bucket(index: int, bucket: BucketLayout, buffer: torch.Tensor, version: int, verify: bool) -> str | None:
-    """What is wrong with a received bucket (its trailer's version, its CRC32 when `verify`), or None."""
-    sent_version, crc = buffer[bucket.data_bytes : bucket.nbytes].view(torch.int64).tolist()
+    """What is wrong with a received bucket (its trailer's version, its CRC32 when `verify`), or None. A bucket
+    without a trailer carries neither (the driver checks versions; `verify` then falls to the receiver)."""
+    if not bucket.trailer_bytes:
+        return None
+    sent_version, crc = buffer[bucket.data_bytes : bucket.nbytes].cpu().view(torch.int64).tolist()
     if sent_version != version:
         return f"bucket {index} carries version {sent_version}, expected {version}"
-    if verify and crc != bytes_crc32(buffer[: bucket.data_bytes]):
+    if verify and crc != bytes_crc32(buffer[: bucket.data_bytes].cpu()):
         return f"bucket {index} fails its CRC32 check" + ("" if crc else " (the sender sent none)")
     return None
 

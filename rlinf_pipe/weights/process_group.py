@@ -1,16 +1,18 @@
 """Weight transport over a process group: the actor's gathering rank broadcasts each bucket to every receiver.
 
-The sender (rank 0) and every rollout and log-prob worker join one group of their own (its own TCPStore; separate
-from each component's torch.distributed world). A version is nothing but bucket broadcasts in layout order: no
-headers, no pickling, no allocation. Both sides keep a ring of two bucket buffers: the sender packs bucket i+1
-while bucket i is on the wire; a receiver loads bucket i while bucket i+1 arrives, and posts bucket i+2 into the
-slot of bucket i only after loading it returned.
+The sender (rank 0) and the receiving processes join one group of their own (a TCP store prefixed with the group's
+name, separate from each component's torch.distributed world): gloo with host buffers, or NCCL with device
+buffers. SGLang engines join the same group through their own `init_weights_update_group` (SGLang's TP ranks take
+consecutive ranks) and receive each bucket as one flattened broadcast, which is why buckets have no padding.
 
-`backend` is the process group's: `gloo` (CPU buffers; what runs without GPUs).
+A version is nothing but bucket broadcasts in layout order: no headers, no pickling, no allocation. Both sides keep
+a ring of two bucket buffers: the sender packs bucket i+1 while bucket i is on the wire; a receiver loads bucket i
+while bucket i+1 arrives, and posts bucket i+2 into the slot of bucket i only after loading it returned.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -20,35 +22,68 @@ import torch
 
 from rlinf_pipe.weights.api import LoadBucket, LoadedWeights, WeightReceiver, WeightSender, WeightVersion
 from rlinf_pipe.weights.checks import WeightSyncError
-from rlinf_pipe.weights.layout import WeightLayout, check_bucket, end_of_stream, pack_bucket, tensor_views
+from rlinf_pipe.weights.layout import (
+    WeightLayout,
+    check_bucket,
+    data_crc32,
+    end_of_stream,
+    pack_bucket,
+    tensor_views,
+)
+from rlinf_pipe.weights.record import VersionRecord
 
-BACKENDS = ("gloo",)
+BACKENDS = ("gloo", "nccl")
+GROUP_NAME = "rlinf_pipe_weights"
 
 
 @dataclass(frozen=True)
 class Rendezvous:
-    """Where a weight group meets: the sender's address and a free port on its node, and the member count."""
+    """Where a weight group meets: the sender's address and a free port on its node, the member count (ranks), the
+    backend, and the group's name (its store prefix)."""
 
     addr: str
     port: int
     world: int
     backend: str = "gloo"
+    group_name: str = GROUP_NAME
     timeout_s: float = 300.0
 
 
+def join_group(rendezvous: Rendezvous, rank: int) -> Any:
+    """This process's member (rank `rank`) of the weight group; collective: every member joins at once.
+
+    The group's keys live under the same prefixes as those of a group torch's `_new_process_group_helper` forms
+    from a `PrefixStore(group_name, store)`, which is how SGLang's `init_weights_update_group` joins: the group
+    name, then `<group name>/`, then the device type. So SGLang's ranks meet ours in one group."""
+    import torch.distributed as dist
+
+    if rendezvous.backend not in BACKENDS:
+        raise WeightSyncError(f"weight transport backend {rendezvous.backend!r} is not one of {BACKENDS}")
+    timeout = timedelta(seconds=rendezvous.timeout_s)
+    store = dist.TCPStore(rendezvous.addr, rendezvous.port, rendezvous.world, rank == 0, timeout=timeout)
+    device = "cuda" if rendezvous.backend == "nccl" else "cpu"
+    name = rendezvous.group_name
+    keys = dist.PrefixStore(f"{device}/", dist.PrefixStore(f"{name}/", dist.PrefixStore(name, store)))
+    if rendezvous.backend == "gloo":
+        return dist.ProcessGroupGloo(keys, rank, rendezvous.world, timeout)
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timeout  # noqa: SLF001 - the documented way to set it
+    return dist.ProcessGroupNCCL(keys, rank, rendezvous.world, options)
+
+
+def ring_device(backend: str) -> torch.device:
+    """Where a member's bucket buffers live: the GPU for NCCL, host memory for gloo."""
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+
 class _Ring:
-    """A process group of the weight transport and its two bucket buffers (this process is `rank`)."""
+    """A weight group member and its two bucket buffers."""
 
     def __init__(self, rendezvous: Rendezvous, rank: int, layout: WeightLayout):
-        import torch.distributed as dist
-
-        if rendezvous.backend not in BACKENDS:
-            raise WeightSyncError(f"weight transport backend {rendezvous.backend!r} is not one of {BACKENDS}")
-        timeout = timedelta(seconds=rendezvous.timeout_s)
-        self.store = dist.TCPStore(rendezvous.addr, rendezvous.port, rendezvous.world, rank == 0, timeout=timeout)
-        self.group: Any = dist.ProcessGroupGloo(self.store, rank, rendezvous.world, timeout)
+        self.group = join_group(rendezvous, rank)
         self.layout = layout
-        self.slots = [torch.empty(layout.max_bucket_bytes, dtype=torch.uint8) for _ in range(2)]
+        device = ring_device(rendezvous.backend)
+        self.slots = [torch.empty(layout.max_bucket_bytes, dtype=torch.uint8, device=device) for _ in range(2)]
 
     def buffer(self, index: int) -> torch.Tensor:
         return self.slots[index % 2][: self.layout.buckets[index].nbytes]
@@ -68,19 +103,22 @@ class ProcessGroupSender(WeightSender):
     def publish(self, version: int, tensors: Iterable[tuple[str, torch.Tensor]], checksum: bool = False) -> WeightVersion:
         layout = self.ring.layout
         stream = iter(tensors)
+        record = VersionRecord(layout, checksum)
         in_flight: list[Any] = [None, None]
         try:
             for index, bucket in enumerate(layout.buckets):
                 if in_flight[index % 2] is not None:
                     in_flight[index % 2].wait()
-                pack_bucket(bucket, self.ring.buffer(index), stream, layout.torch_dtype, version, checksum)
+                buffer = self.ring.buffer(index)
+                record.packed(bucket, buffer, pack_bucket(bucket, buffer, stream, layout.torch_dtype, version,
+                                                          checksum))
                 in_flight[index % 2] = self.ring.broadcast(index)
             end_of_stream(stream)
         finally:
             for work in in_flight:
                 if work is not None:
                     work.wait()
-        return WeightVersion(version, layout.num_bytes, layout.num_tensors)
+        return record.version(version)
 
 
 class ProcessGroupReceiver(WeightReceiver):
@@ -93,21 +131,25 @@ class ProcessGroupReceiver(WeightReceiver):
             raise ValueError(f"receivers have ranks >= 1 (rank 0 sends), got {rank}")
         self.ring = _Ring(rendezvous, rank, layout)
 
-    def receive(self, published: WeightVersion, load_bucket: LoadBucket, verify: bool = False) -> LoadedWeights:
+    async def receive(self, published: WeightVersion, load_bucket: LoadBucket, verify: bool = False) -> LoadedWeights:
         layout, version = self.ring.layout, published.version
         buckets = layout.buckets
         posted = [self.ring.broadcast(i) for i in range(min(2, len(buckets)))]
         errors: list[str] = []
+        crcs: list[int] = []
         for index, bucket in enumerate(buckets):
-            posted[index].wait()
+            await asyncio.to_thread(posted[index].wait)
             buffer = self.ring.buffer(index)
             error = check_bucket(index, bucket, buffer, version, verify)
             if error:
                 errors.append(error)
             elif not errors:
-                load_bucket(tensor_views(bucket, buffer, layout.torch_dtype))
+                if verify:
+                    crcs.append(data_crc32(bucket, buffer))
+                await load_bucket(tensor_views(bucket, buffer, layout.torch_dtype))
             if index + 2 < len(buckets):  # this slot is free again: the bucket after next arrives into it
                 posted.append(self.ring.broadcast(index + 2))
         if errors:
             raise WeightSyncError(f"weight broadcast of version {version}: " + "; ".join(errors))
-        return LoadedWeights(version, layout.num_bytes, layout.num_tensors, len(buckets))
+        return LoadedWeights(version, layout.num_bytes, layout.num_tensors, len(buckets), tuple(crcs),
+                             "crc32" if verify else "")

@@ -1,24 +1,26 @@
-"""Opening the two ends of a weight transport by name (`runner.weight_sync`, resolved for the mode)."""
+"""Opening the two ends of a weight transport by name (`runner.weight_sync`, resolved for the run)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
+import torch
+
 from rlinf_pipe.weights.api import WeightReceiver, WeightSender
 from rlinf_pipe.weights.layout import WeightLayout, check_layout
 from rlinf_pipe.weights.process_group import Rendezvous
 
-Transport = Literal["object_store", "broadcast"]
-TRANSPORTS: tuple[Transport, ...] = ("object_store", "broadcast")
+Transport = Literal["object_store", "broadcast", "ipc"]
+TRANSPORTS: tuple[Transport, ...] = ("object_store", "broadcast", "ipc")
 
 
 def needs_rendezvous(transport: Transport) -> bool:
-    """Whether the transport's members must meet in a process group (all of them joining at once)."""
-    return transport == "broadcast"
+    """Whether the transport's members meet in a group (all joining at once) and send and receive at once."""
+    return transport in ("broadcast", "ipc")
 
 
 def open_sender(transport: Transport, layout: WeightLayout, rendezvous: Rendezvous | None = None) -> WeightSender:
-    """The sending end (the actor's gathering rank; rank 0 of a process group)."""
+    """The sending end (the actor's gathering rank; rank 0 of a group)."""
     if transport == "object_store":
         from rlinf_pipe.weights.object_store import ObjectStoreSender
 
@@ -27,6 +29,11 @@ def open_sender(transport: Transport, layout: WeightLayout, rendezvous: Rendezvo
         from rlinf_pipe.weights.process_group import ProcessGroupSender
 
         return ProcessGroupSender(_required(rendezvous, transport), layout)
+    if transport == "ipc":
+        from rlinf_pipe.weights.ipc import IpcSender
+
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        return IpcSender(_required(rendezvous, transport), layout, device)
     raise ValueError(f"unknown weight transport {transport!r}; expected one of {TRANSPORTS}")
 
 
@@ -45,6 +52,10 @@ def open_receiver(
         from rlinf_pipe.weights.process_group import ProcessGroupReceiver
 
         return ProcessGroupReceiver(_required(rendezvous, transport), rank, layout)
+    if transport == "ipc":
+        from rlinf_pipe.weights.ipc import IpcReceiver
+
+        return IpcReceiver(_required(rendezvous, transport), rank, layout)
     raise ValueError(f"unknown weight transport {transport!r}; expected one of {TRANSPORTS}")
 
 

@@ -24,10 +24,14 @@ class Receiver:
     def __init__(self, layout, arch):
         self.receiver = open_receiver("object_store", layout, arch, "rollout/0")
 
-    def receive(self, published: WeightVersion, verify: bool) -> dict[str, torch.Tensor]:
+    async def receive(self, published: WeightVersion, verify: bool) -> dict[str, torch.Tensor]:
         got: dict[str, torch.Tensor] = {}
-        loaded = self.receiver.receive(published, lambda bucket: got.update((n, t.clone()) for n, t in bucket), verify)
-        assert loaded.num_tensors == len(got)
+
+        async def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
+            got.update((n, t.clone()) for n, t in bucket)
+
+        loaded = await self.receiver.receive(published, load, verify)
+        assert loaded.num_tensors == len(got) and loaded.checksums == published.checksums
         return got
 
 
@@ -52,15 +56,19 @@ def test_published_buckets_load_exactly_in_another_process(local_ray):
         assert list(got) == [n for n, _ in weights] and all(torch.equal(got[n], t) for n, t in weights)
 
 
-def test_a_receiver_refuses_what_it_was_not_built_for(local_ray):
+async def test_a_receiver_refuses_what_it_was_not_built_for(local_ray):
     arch = make_arch(num_layers=1)
     layout = plan_weight_layout(arch, torch.float32, 1 << 20)
     published = open_sender("object_store", layout).publish(4, random_weights(arch, seed=0), checksum=False)
     receiver = ObjectStoreReceiver(layout)
+
+    async def ignore(bucket: list[tuple[str, torch.Tensor]]) -> None:
+        pass
+
     with pytest.raises(WeightSyncError, match=r"fails its CRC32 check \(the sender sent none\)"):
-        receiver.receive(published, lambda bucket: None, verify=True)
+        await receiver.receive(published, ignore, verify=True)
     with pytest.raises(WeightSyncError, match="carries version 4, expected 5"):
-        receiver.receive(WeightVersion(5, published.num_bytes, published.num_tensors, published.handles), print)
+        await receiver.receive(WeightVersion(5, published.num_bytes, published.num_tensors, published.handles), ignore)
     smaller = ObjectStoreReceiver(plan_weight_layout(arch, torch.float32, 1_000))
     with pytest.raises(WeightSyncError, match="buckets were published"):
-        smaller.receive(published, lambda bucket: None)
+        await smaller.receive(published, ignore)

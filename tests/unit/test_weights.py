@@ -1,13 +1,16 @@
-"""The weights package over real gloo groups: the layout plan, the process-group transport's ring (many buckets
-per version, two receivers, a sender two buckets ahead), version and checksum errors that leave the group usable,
-layout checks at start-up, and what the driver checks of what was loaded.
+"""The weights package over real gloo groups: the layout plan (no padding: SGLang's flattened buckets), the
+process-group transport's ring (many buckets per version, two receivers, a sender two buckets ahead, a consumer that
+reads ahead), version and checksum errors that leave the group usable, layout checks at start-up, and what the
+driver checks of what was loaded.
 
 The members of a group run as threads of this process, each with its own TCPStore client and ProcessGroupGloo:
-exactly what the workers build. (The object-store transport needs Ray: tests/integration/test_weights_object_store.py.)
+exactly what the workers build; a receiver runs its own event loop, as a worker's does. (The IPC transport across
+processes: tests/unit/test_weights_ipc.py; the object store needs Ray: tests/integration/test_weights_object_store.py.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,11 +20,11 @@ import torch
 from support.weights import make_arch, random_weights
 
 from rlinf_pipe.models.convert import hf_weight_groups, hf_weight_names, hf_weight_shape
-from rlinf_pipe.runner.weight_sync import _check_loaded
 from rlinf_pipe.utils.net import free_port
 from rlinf_pipe.weights import LoadedWeights, WeightSyncError, WeightVersion, plan_weight_layout
-from rlinf_pipe.weights.layout import ALIGN
 from rlinf_pipe.weights.process_group import Rendezvous
+from rlinf_pipe.weights.layout import TRAILER_BYTES
+from rlinf_pipe.weights.record import FINGERPRINT_VALUES, check_loaded
 from rlinf_pipe.weights.transports import open_receiver, open_sender
 
 
@@ -59,10 +62,10 @@ def receive_all(receiver: Any, version: int, verify: bool = False) -> dict[str, 
     """Copy each tensor inside the load call (the contract: views are reused once it returns)."""
     got: dict[str, torch.Tensor] = {}
 
-    def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
+    async def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
         got.update((name, t.clone()) for name, t in bucket)
 
-    loaded = receiver.receive(WeightVersion(version), load, verify)
+    loaded = asyncio.run(receiver.receive(WeightVersion(version), load, verify))
     assert loaded.version == version and loaded.num_tensors == len(got)
     return got
 
@@ -79,13 +82,17 @@ def test_layout_never_splits_a_conversion_group_and_bounds_buckets():
     for bucket in layout.buckets:
         groups = {group_of[s.name] for s in bucket.slots}
         assert bucket.data_bytes <= bucket_bytes or len(groups) == 1  # only a group too big alone overflows
-        assert all(s.offset % ALIGN == 0 for s in bucket.slots)
-        ends = [s.offset + s.nbytes for s in bucket.slots]
-        assert ends == sorted(ends) and ends[-1] <= bucket.data_bytes
+        # back to back, no padding: SGLang receives a bucket as the tensors' bytes concatenated
+        assert [s.offset for s in bucket.slots] == [0, *[s.offset + s.nbytes for s in bucket.slots[:-1]]]
+        assert bucket.slots[-1].offset + bucket.slots[-1].nbytes == bucket.data_bytes
+        assert bucket.trailer_bytes == TRAILER_BYTES
     assert layout.num_bytes == sum(torch.Size(hf_weight_shape(arch, n)).numel() * 4 for n in hf_weight_names(arch))
     assert len(layout.buckets) > 4
     with pytest.raises(ValueError, match="bucket_bytes"):
         plan_weight_layout(arch, torch.float32, 0)
+    bare = plan_weight_layout(arch, torch.bfloat16, bucket_bytes, trailer=False)
+    assert not bare.has_trailer and all(b.nbytes == b.data_bytes for b in bare.buckets)
+    assert bare.num_bytes == layout.num_bytes // 2
 
 
 def test_versions_arrive_exactly_through_two_receivers_and_many_buckets():
@@ -107,15 +114,19 @@ def test_versions_arrive_exactly_through_two_receivers_and_many_buckets():
             assert all(torch.equal(got[n], t) for n, t in weights)
 
 
-def test_a_bucket_stays_intact_while_it_loads_though_the_sender_is_ahead():
-    """The receiver posts bucket i+2 into bucket i's ring slot only after loading bucket i returned: a slow load
-    sees bucket i's bytes while the sender has already packed bucket i+2 and waits to send it."""
+def test_a_bucket_stays_intact_while_the_next_ones_arrive():
+    """The ring contract: bucket i's views hold its bytes for the whole (async) load call, however long it awaits,
+    while the receiver reads ahead (bucket i+1 fully arrives into the other slot) and the sender packs bucket i+2.
+    The receiver posts bucket i+2 into bucket i's slot only after loading bucket i returned."""
     arch = make_arch()
     sender, receiver = form_group(arch, receivers=1, bucket_bytes=2_000)
     buckets = sender.ring.layout.buckets
     weights = random_weights(arch, seed=5)
     first_of_bucket_2 = buckets[2].slots[0].name
     sender_ahead = threading.Event()
+    arrivals: list[Any] = []  # the receiver's posted broadcasts, bucket by bucket
+    post = receiver.ring.broadcast
+    receiver.ring.broadcast = lambda index: arrivals.append(post(index)) or arrivals[-1]
     intact: list[bool] = []
 
     def stream() -> Iterator[tuple[str, torch.Tensor]]:
@@ -126,13 +137,16 @@ def test_a_bucket_stays_intact_while_it_loads_though_the_sender_is_ahead():
 
     expected = dict(weights)
 
-    def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
-        if not intact:  # bucket 0: hold it until the sender reads bucket 2's tensors
-            assert sender_ahead.wait(timeout=60)
-        intact.append(all(torch.equal(t, expected[name]) for name, t in bucket))
+    async def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
+        before = all(torch.equal(t, expected[name]) for name, t in bucket)
+        if not intact:  # bucket 0: hold it until bucket 1 has arrived and the sender reads bucket 2's tensors
+            assert len(arrivals) == 2  # bucket 2 is not posted while bucket 0 loads
+            await asyncio.to_thread(arrivals[1].wait)
+            assert await asyncio.to_thread(sender_ahead.wait, 60)
+        intact.append(before and all(torch.equal(t, expected[name]) for name, t in bucket))
 
-    run_members(lambda: sender.publish(0, stream()), lambda: receiver.receive(WeightVersion(0), load))
-    assert sender_ahead.is_set() and intact == [True] * len(buckets)
+    run_members(lambda: sender.publish(0, stream()), lambda: asyncio.run(receiver.receive(WeightVersion(0), load)))
+    assert sender_ahead.is_set() and intact == [True] * len(buckets) and len(arrivals) == len(buckets)
 
 
 def test_a_wrong_version_fails_after_draining_and_the_group_stays_usable():
@@ -179,9 +193,58 @@ def test_the_sender_rejects_a_stream_that_does_not_follow_the_layout():
 
 
 def test_the_driver_refuses_a_receiver_that_loaded_something_else():
-    sent = WeightVersion(3, num_bytes=100, num_tensors=4)
-    _check_loaded(sent, [LoadedWeights(3, 100, 4, 1), LoadedWeights(3, 100, 4, 2)])
-    with pytest.raises(WeightSyncError, match="receiver 2 loaded version 2"):
-        _check_loaded(sent, [LoadedWeights(3, 100, 4, 1), LoadedWeights(2, 100, 4, 1)])
+    sent = WeightVersion(3, num_bytes=100, num_tensors=4, checksums=(11, 22))
+    check_loaded(sent, LoadedWeights(3, 100, 4, 2, (11, 22), "crc32"), "rollout/0")
+    check_loaded(sent, LoadedWeights(3, 100, 4, 2), "rollout/1")  # saw no bytes: verified elsewhere, if at all
+    with pytest.raises(WeightSyncError, match="rollout/1 loaded version 2"):
+        check_loaded(sent, LoadedWeights(2, 100, 4, 1), "rollout/1")
     with pytest.raises(WeightSyncError, match="90 bytes"):
-        _check_loaded(sent, [LoadedWeights(3, 90, 4, 1)])
+        check_loaded(sent, LoadedWeights(3, 90, 4, 1), "rollout/0")
+    with pytest.raises(WeightSyncError, match="bucket 1 that inference/0 loaded fails its CRC32 check"):
+        check_loaded(sent, LoadedWeights(3, 100, 4, 2, (11, 23), "crc32"), "inference/0")
+
+
+def test_without_trailers_receivers_report_crcs_for_the_driver_and_a_fingerprint_is_recorded():
+    """The layout of a group SGLang engines join: the tensors' bytes only. A torch receiver beside them computes the
+    CRC32 of what it got; the driver compares it with the sender's."""
+    arch = make_arch(num_layers=2)
+    layout = plan_weight_layout(arch, torch.float32, 2_000, trailer=False)
+    rendezvous = Rendezvous("127.0.0.1", free_port(), 2)
+    sender, receiver = run_members(lambda: open_sender("broadcast", layout, rendezvous),
+                                   lambda: open_receiver("broadcast", layout, arch, "inference/0", rendezvous, 1))
+    weights = random_weights(arch, seed=9)
+    loaded: list[LoadedWeights] = []
+
+    async def receive() -> None:
+        async def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
+            pass
+
+        loaded.append(await receiver.receive(WeightVersion(0), load, True))
+
+    sent, _ = run_members(lambda: sender.publish(0, weights, checksum=True), lambda: asyncio.run(receive()))
+    assert len(sent.checksums) == len(layout.buckets) and loaded[0].checksums == sent.checksums
+    check_loaded(sent, loaded[0], "inference/0")
+    names = layout.names()
+    assert [name for name, _ in sent.fingerprint] == [names[0], names[len(names) // 2], names[-1]]
+    values = dict(weights)
+    for name, first in sent.fingerprint:
+        assert list(first) == values[name].reshape(-1)[:FINGERPRINT_VALUES].tolist()
+
+
+def test_our_group_meets_a_member_that_joins_the_way_sglang_does():
+    """SGLang's ranks join with torch's rendezvous, a PrefixStore named after the group and
+    `_new_process_group_helper` (tests/support/sglang_standin/scheduler.py): our sender's store keys must meet
+    theirs, and a flattened bucket (exactly the tensors' bytes) must arrive intact."""
+    from support.sglang_standin.scheduler import _join_as_sglang, _receive_broadcast
+
+    arch = make_arch(num_layers=1)
+    layout = plan_weight_layout(arch, torch.float32, 1 << 20, trailer=False)
+    port = free_port()
+    rendezvous = Rendezvous("127.0.0.1", port, 2, "gloo", f"compat-{port}")
+    sender, member = run_members(
+        lambda: open_sender("broadcast", layout, rendezvous),
+        lambda: _join_as_sglang("127.0.0.1", port, 1, 2, rendezvous.group_name, "gloo", registered=True))
+    weights = random_weights(arch, seed=3)
+    buffer = torch.empty(layout.buckets[0].data_bytes, dtype=torch.uint8)
+    run_members(lambda: sender.publish(0, weights), lambda: _receive_broadcast(member, buffer, True))
+    assert torch.equal(buffer, torch.cat([t.reshape(-1).view(torch.uint8) for _, t in weights]))

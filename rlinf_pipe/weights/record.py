@@ -1,0 +1,56 @@
+"""What a sender records while it packs a version with checksums (every bucket's CRC32 and a fingerprint of a
+few tensors by name), and the driver's check of what each receiver loaded against it."""
+
+from __future__ import annotations
+
+import torch
+
+from rlinf_pipe.weights.api import LoadedWeights, WeightVersion
+from rlinf_pipe.weights.checks import WeightSyncError
+from rlinf_pipe.weights.layout import BucketLayout, WeightLayout, tensor_views
+
+FINGERPRINT_VALUES = 8
+
+
+def fingerprint_names(layout: WeightLayout) -> list[str]:
+    """The tensors whose first values make a version's fingerprint: the first, a middle and the last one."""
+    names = layout.names()
+    return list(dict.fromkeys([names[0], names[len(names) // 2], names[-1]]))
+
+
+class VersionRecord:
+    """What a sender learns while it packs a version with checksums: every bucket's CRC32 and the fingerprint."""
+
+    def __init__(self, layout: WeightLayout, checksum: bool):
+        self.layout, self.checksum = layout, checksum
+        self.crcs: list[int] = []
+        self.fingerprint: list[tuple[str, tuple[float, ...]]] = []
+        self._wanted = set(fingerprint_names(layout)) if checksum else set()
+
+    def packed(self, bucket: BucketLayout, buffer: torch.Tensor, crc: int | None) -> None:
+        if crc is not None:
+            self.crcs.append(crc)
+        for name, view in tensor_views(bucket, buffer, self.layout.torch_dtype):
+            if name in self._wanted:
+                values = view.reshape(-1)[:FINGERPRINT_VALUES].float().cpu().tolist()
+                self.fingerprint.append((name, tuple(values)))
+
+    def version(self, version: int, handles: tuple = ()) -> WeightVersion:
+        return WeightVersion(version, self.layout.num_bytes, self.layout.num_tensors, handles, tuple(self.crcs),
+                             tuple(self.fingerprint))
+
+
+def check_loaded(sent: WeightVersion, loaded: LoadedWeights, who: str) -> None:
+    """`WeightSyncError` unless `who` loaded exactly what was sent: the version, the byte and tensor counts, and,
+    where both sides computed them, the CRC32 of every bucket (a receiver without a trailer to check against, such
+    as a torch rank beside SGLang's in one process group, is verified here)."""
+    if (loaded.version, loaded.num_bytes, loaded.num_tensors) != (sent.version, sent.num_bytes, sent.num_tensors):
+        raise WeightSyncError(
+            f"weight sync: {who} loaded version {loaded.version} ({loaded.num_bytes} bytes, {loaded.num_tensors} "
+            f"tensors), the actor sent version {sent.version} ({sent.num_bytes} bytes, {sent.num_tensors} tensors)"
+        )
+    if sent.checksums and loaded.checksums and loaded.checksums != sent.checksums:
+        pairs = enumerate(zip(sent.checksums, loaded.checksums, strict=False))
+        bad = next((i for i, (a, b) in pairs if a != b), min(len(sent.checksums), len(loaded.checksums)))
+        raise WeightSyncError(f"weight sync of version {sent.version}: bucket {bad} that {who} loaded fails its "
+                              "CRC32 check against the actor's")
