@@ -146,18 +146,18 @@ async def test_update_weights_changes_outputs_and_version(model_path: Path) -> N
     original = {k: v.detach().clone() for k, v in engine.model.state_dict().items()}
     gen = torch.Generator().manual_seed(0)
     noisy = [(k, v + 0.5 * torch.randn(v.shape, generator=gen)) for k, v in original.items() if k.endswith("weight")]
-    engine.update_weights(noisy, version=3)
+    await engine.update_weights(noisy, version=3)
     after = await run(engine, [request])
     assert engine.version == 3 and after["w"].samples[0].version == 3
     assert tokens(after) != tokens(before)
-    engine.update_weights(original.items(), version=4)
+    await engine.update_weights(original.items(), version=4)
     assert tokens(await run(engine, [request])) == tokens(before)
 
     with pytest.raises(ValueError, match=r"unknown parameter name 'model\.layers\.0\.self_attn\.q_proj\.wieght'"):
-        engine.update_weights([("model.layers.0.self_attn.q_proj.wieght", torch.zeros(1))], version=5)
+        await engine.update_weights([("model.layers.0.self_attn.q_proj.wieght", torch.zeros(1))], version=5)
     name = "model.layers.0.mlp.up_proj.weight"
     with pytest.raises(ValueError, match=rf"shape mismatch for '{name}': got \(3, 3\)"):
-        engine.update_weights([(name, torch.zeros(3, 3))], version=5)
+        await engine.update_weights([(name, torch.zeros(3, 3))], version=5)
     assert engine.version == 4
 
 
@@ -184,10 +184,10 @@ async def test_abort_ends_running_and_pending_requests(model_path: Path) -> None
 async def test_sleep_wake_round_trip(engine: TorchEngine) -> None:
     requests = [req(str(i), p, temperature=1.0, max_new_tokens=8, seed=i) for i, p in enumerate(PROMPTS)]
     before = await run(engine, requests)
-    engine.sleep()
+    await engine.sleep()
     with pytest.raises(EngineAsleepError, match="wake"):
         await run(engine, requests)
-    engine.wake()
+    await engine.wake()
     assert tokens(await run(engine, requests)) == tokens(before)
 
 
@@ -213,3 +213,17 @@ def test_sampling_params_validation(bad: dict[str, float]) -> None:
 def test_empty_prompt_rejected() -> None:
     with pytest.raises(ValueError, match="prompt_ids is empty"):
         GenerateRequest(request_id="e", prompt_ids=[])
+
+
+async def test_the_documented_echo_backend_is_an_engine() -> None:
+    """docs/backends.md's minimal backend satisfies the protocol, generates, and takes a weight session."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "backends.md").read_text()
+    block = doc.split("A minimal (echo) backend")[1].split("```python\n")[1].split("```")[0]
+    namespace: dict = {}
+    exec(compile(block, "docs/backends.md", "exec"), namespace)  # noqa: S102 - our own documentation
+    echo = namespace["EchoEngine"]()
+    assert isinstance(echo, RolloutEngine)
+    out = await run(echo, [req("a", [3, 4], max_new_tokens=2, n=2)])
+    assert [s.response_ids for s in out["a"].samples] == [[4, 4], [4, 4]]
+    await echo.update_weights([("w", torch.zeros(1))], version=3)
+    assert echo.version == 3

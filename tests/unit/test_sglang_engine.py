@@ -1,73 +1,44 @@
-"""SGLangEngine (the sglang adapter) against the CPU stand-in of `sglang.Engine` (tests/support/sglang_standin.py)."""
+"""SGLangEngine (the sglang adapter) inside a running event loop, as in an async Ray actor, against the CPU
+stand-in of sglang 0.5.23 (tests/support/sglang_standin): generation, seeds, unambiguous aborts, memory released
+only when the scheduler is idle, weight updates in sessions, and weights arriving over a real process group (its
+TP ranks joining as sglang's do) and over IPC, verified by name where sglang can read them back."""
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import sys
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from support.sglang_standin import SGLangEngineStandin, StandinTokenizerManager
+from support import sglang_standin
+from support.sglang_standin import SchedulerDied
+from support.weights import random_weights
 from transformers import AutoModelForCausalLM
 
 from rlinf_pipe.engines.rollout import EngineAsleepError, GenerateRequest, GenerateResult, RolloutEngine, SamplingParams
 from rlinf_pipe.engines.rollout.engine import sample_seed
-from rlinf_pipe.engines.rollout.sglang import (
+from rlinf_pipe.engines.rollout.sglang_engine import (
     INSTALL_HINT,
-    SGLANG_VERSION,
     SGLangEngine,
+    SGLangError,
     SGLangNotInstalledError,
-    import_sglang_engine,
+    import_sglang,
 )
+from rlinf_pipe.engines.rollout.sglang_weights import verify_by_name
+from rlinf_pipe.models.convert import read_hf_arch
 from rlinf_pipe.models.tiny import ensure_tiny_model
+from rlinf_pipe.utils.net import free_port
+from rlinf_pipe.weights import WeightSyncError, WeightVersion, plan_weight_layout
+from rlinf_pipe.weights.process_group import Rendezvous
+from rlinf_pipe.weights.transports import open_sender
 
 PROMPTS = [[5, 17, 33], [40, 41, 42, 43, 44, 45, 46], [99, 7, 250, 13, 8]]
 
-# The real signatures, recorded from sglang 0.5.23 (python/sglang/srt/entrypoints/engine.py `class Engine`, and
-# python/sglang/srt/managers/tokenizer_manager.py `TokenizerManager.abort_request`), annotations left out. If
-# SGLANG_VERSION moves, re-record these from the new source and update the stand-in to match.
-REAL_SIGNATURES_VERSION = "0.5.23"
-REAL_ENGINE_SIGNATURES = {
-    "__init__": "(self, **kwargs)",
-    "async_generate": (
-        "async (self, prompt=None, sampling_params=None, input_ids=None, image_data=None, audio_data=None, "
-        "video_data=None, mm_hashes=None, mm_content_hashes=None, return_logprob=False, logprob_start_len=None, "
-        "top_logprobs_num=None, token_ids_logprob=None, lora_path=None, custom_logit_processor=None, "
-        "require_reasoning=False, return_hidden_states=False, return_routed_experts=False, "
-        "routed_experts_start_len=0, stream=False, bootstrap_host=None, bootstrap_port=None, bootstrap_room=None, "
-        "routed_dp_rank=None, disagg_prefill_dp_rank=None, kv_hints=None, data_parallel_rank=None, "
-        "external_trace_header=None, rid=None, session_params=None, priority=None, session_id=None, *, "
-        "cache_salt=None)"
-    ),
-    "shutdown": "(self)",
-    "flush_cache": "(self)",
-    "init_weights_update_group": (
-        "(self, master_address, master_port, rank_offset, world_size, group_name, backend='nccl')"
-    ),
-    "destroy_weights_update_group": "(self, group_name)",
-    "update_weights_from_distributed": (
-        "(self, names, dtypes, shapes, group_name='weight_update_group', flush_cache=True, load_format=None)"
-    ),
-    "update_weights_from_tensor": "(self, named_tensors, load_format=None, flush_cache=True)",
-    "release_memory_occupation": "(self, tags=None)",
-    "resume_memory_occupation": "(self, tags=None)",
-}
-REAL_TOKENIZER_MANAGER_SIGNATURES = {"abort_request": "(self, rid='', abort_all=False)"}
-
-
-def plain_signature(fn: object) -> str:
-    """`(a, b=1, *, c=None)` without annotations, prefixed `async ` for coroutine functions."""
-    sig = inspect.signature(fn)  # type: ignore[arg-type]
-    sig = sig.replace(parameters=[p.replace(annotation=inspect.Parameter.empty) for p in sig.parameters.values()],
-                      return_annotation=inspect.Signature.empty)
-    return ("async " if inspect.iscoroutinefunction(fn) else "") + str(sig)
-
 
 @pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
+def one_torch_thread():
     """The tiny model's single-token forwards are far faster on one thread on a small, shared CPU."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -81,26 +52,21 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def hf_model(model_path: Path) -> torch.nn.Module:
-    return AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).eval()
+def llama_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ensure_tiny_model(tmp_path_factory.mktemp("models"), arch="llama")
 
 
-def make_engine(model_path: Path, **kwargs: object) -> SGLangEngine:
-    return SGLangEngine(model_path, dtype="float32", engine_factory=SGLangEngineStandin, **kwargs)  # type: ignore[arg-type]
+def make_engine(path: Path, **kwargs: Any) -> SGLangEngine:
+    """Built inside the test's running loop, as a worker builds it."""
+    return SGLangEngine(path, dtype="float32", sglang=sglang_standin, **kwargs)
 
 
-@pytest.fixture(scope="module")
-def engine(model_path: Path) -> SGLangEngine:
-    return make_engine(model_path)
-
-
-def standin(engine: SGLangEngine) -> SGLangEngineStandin:
-    assert isinstance(engine.engine, SGLangEngineStandin)
+def standin(engine: SGLangEngine) -> Any:
     return engine.engine
 
 
-def req(rid: str, prompt: list[int], **sampling: object) -> GenerateRequest:
-    return GenerateRequest(request_id=rid, prompt_ids=prompt, sampling=SamplingParams(**sampling))  # type: ignore[arg-type]
+def req(rid: str, prompt: list[int], **sampling: Any) -> GenerateRequest:
+    return GenerateRequest(request_id=rid, prompt_ids=prompt, sampling=SamplingParams(**sampling))
 
 
 async def run(engine: SGLangEngine, requests: list[GenerateRequest]) -> dict[str, GenerateResult]:
@@ -111,86 +77,80 @@ def tokens(results: dict[str, GenerateResult]) -> dict[str, list[list[int]]]:
     return {k: [s.response_ids for s in r.samples] for k, r in results.items()}
 
 
-# --- the stand-in matches the real Engine --------------------------------------------------------------------
+def generate_calls(engine: SGLangEngine) -> list[Any]:
+    return standin(engine).tokenizer_manager.calls_of("generate_request")
 
 
-def test_standin_signatures_match_recorded_sglang() -> None:
-    assert REAL_SIGNATURES_VERSION == SGLANG_VERSION
-    got = {name: plain_signature(getattr(SGLangEngineStandin, name)) for name in REAL_ENGINE_SIGNATURES}
-    assert got == REAL_ENGINE_SIGNATURES
-    got_tm = {name: plain_signature(getattr(StandinTokenizerManager, name)) for name in REAL_TOKENIZER_MANAGER_SIGNATURES}
-    assert got_tm == REAL_TOKENIZER_MANAGER_SIGNATURES
+# --- construction -------------------------------------------------------------------------------------------
 
 
-def test_adapter_uses_only_recorded_engine_members() -> None:
-    source = inspect.getsource(sys.modules[SGLangEngine.__module__])
-    used = {m for m in REAL_ENGINE_SIGNATURES if f"engine.{m}(" in source}
-    assert used >= {"async_generate", "update_weights_from_tensor", "update_weights_from_distributed",
-                    "init_weights_update_group", "release_memory_occupation", "resume_memory_occupation", "shutdown"}
-    assert "tokenizer_manager.abort_request(" in source
-
-
-def test_engine_satisfies_protocol_and_server_args(engine: SGLangEngine, model_path: Path) -> None:
+async def test_built_inside_a_running_loop_it_works_and_owns_a_tokenizer(model_path: Path) -> None:
+    engine = make_engine(model_path, tp_size=2, mem_fraction_static=0.5, max_running_requests=8, seed=7)
     assert isinstance(engine, RolloutEngine)
+    assert standin(engine).loop is not asyncio.get_running_loop()  # built off the loop: its own is never driven
     args = standin(engine).server_args
-    assert args["model_path"] == str(model_path)
-    assert args["skip_tokenizer_init"] and args["enable_memory_saver"] and args["enable_weights_cpu_backup"]
-    assert args["sampling_backend"] == "pytorch" and "max_running_requests" not in args
-    capped = make_engine(model_path, max_batch_size=8, mem_fraction_static=0.5)
-    assert standin(capped).server_args["max_running_requests"] == 8
-    assert standin(capped).server_args["mem_fraction_static"] == 0.5
+    assert (args["tp_size"], args["mem_fraction_static"], args["max_running_requests"], args["random_seed"]) == (
+        2, 0.5, 8, 7)
+    assert args["skip_tokenizer_init"] and args["enable_memory_saver"] and not args["enable_deterministic_inference"]
+    assert engine.weight_group_ranks() == 2
+    result = (await run(engine, [req("t", PROMPTS[0], max_new_tokens=4, ignore_eos=True)]))["t"]
+    text = engine.tokenizer.decode(result.samples[0].response_ids)
+    assert isinstance(text, str) and standin(engine).tokenizer_manager.tokenizer is None
 
 
-def test_missing_sglang_error_names_extra_and_gpu(monkeypatch: pytest.MonkeyPatch, model_path: Path) -> None:
+def test_missing_sglang_error_names_the_extra_and_the_gpu(monkeypatch: pytest.MonkeyPatch, model_path: Path) -> None:
     assert "sglang" not in sys.modules  # importing the adapter did not import sglang
     monkeypatch.setitem(sys.modules, "sglang", None)  # makes `import sglang` raise ImportError
     with pytest.raises(SGLangNotInstalledError) as info:
         SGLangEngine(model_path)
-    message = str(info.value)
-    assert INSTALL_HINT in message and "pip install 'rlinf_pipe[sglang]'" in message and "GPU" in message
-    assert isinstance(info.value, ImportError)
+    assert INSTALL_HINT in str(info.value) and "GPU" in str(info.value) and isinstance(info.value, ImportError)
     with pytest.raises(ImportError, match="rollout.backend 'torch'"):
-        import_sglang_engine()
+        import_sglang()
 
 
 # --- generation ---------------------------------------------------------------------------------------------
 
 
-async def test_results_stream_as_each_finishes(engine: SGLangEngine) -> None:
-    requests = [req("long", PROMPTS[0], max_new_tokens=60, ignore_eos=True, seed=0),
-                req("short", PROMPTS[1], max_new_tokens=2, ignore_eos=True, seed=0)]
+async def test_results_stream_as_each_finishes(model_path: Path) -> None:
+    engine = make_engine(model_path)
     order = []
-    async for result in engine.generate(requests):
+    async for result in engine.generate([req("long", PROMPTS[0], max_new_tokens=40, ignore_eos=True),
+                                         req("short", PROMPTS[1], max_new_tokens=2, ignore_eos=True)]):
         order.append((result.request_id, len(result.samples[0].response_ids)))
-        if result.request_id == "short":  # the long one is still running in the engine
-            assert any(rid.startswith("long#") for rid in standin(engine).running)
-    assert order == [("short", 2), ("long", 60)]
+        if result.request_id == "short":
+            assert standin(engine).scheduler.running  # the long one is still decoding
+    assert order == [("short", 2), ("long", 40)]
 
 
-async def test_n_samples_fan_out_with_derived_seeds(engine: SGLangEngine) -> None:
+async def test_samples_fan_out_with_unambiguous_rids_and_seeds_only_when_deterministic(model_path: Path) -> None:
     request = req("n", PROMPTS[0], temperature=1.0, top_k=50, top_p=0.95, max_new_tokens=10, n=4, seed=123,
                   ignore_eos=True, stop_token_ids=[7])
-    before = len(standin(engine).calls_of("async_generate"))
-    first = await run(engine, [request])
-    calls = standin(engine).calls_of("async_generate")[before:]
-    assert len(calls) == 4
-    assert sorted(c["sampling_params"]["sampling_seed"] for c in calls) == sorted(sample_seed(123, k) for k in range(4))
+    plain = make_engine(model_path, seed=1)
+    await run(plain, [request])
+    calls = generate_calls(plain)
+    assert len(calls) == 4 and all("sampling_seed" not in c.sampling_params for c in calls)  # sglang would ignore it
+    rids = [c.rid for c in calls]
+    assert len(set(rids)) == 4 and all(len(r) == 32 for r in rids)  # fixed width: none is a prefix of another
     for c in calls:
-        assert c["input_ids"] == PROMPTS[0] and c["return_logprob"] is True and c["stream"] is False
-        sp = c["sampling_params"]
-        assert (sp["n"], sp["top_k"], sp["top_p"], sp["max_new_tokens"]) == (1, 50, 0.95, 10)
-        assert sp["stop_token_ids"] == [7] and sp["ignore_eos"] is True
-    assert len({c["rid"] for c in calls}) == 4
-    samples = tokens(first)["n"]
-    assert len({tuple(s) for s in samples}) == 4
-    assert tokens(await run(engine, [request]))["n"] == samples  # seeded: reruns repeat
-    default_k = standin(engine).calls_of("async_generate")[-1]
-    assert default_k["sampling_params"]["top_k"] == 50
-    await run(engine, [req("d", PROMPTS[0], max_new_tokens=2)])
-    assert standin(engine).calls_of("async_generate")[-1]["sampling_params"]["top_k"] == -1  # 0 -> disabled
+        sp = c.sampling_params
+        assert c.input_ids == PROMPTS[0] and c.return_logprob is True
+        assert (sp["n"], sp["top_k"], sp["top_p"], sp["max_new_tokens"], sp["stop_token_ids"]) == (
+            1, 50, 0.95, 10, [7])
+
+    exact = make_engine(model_path, seed=1, deterministic=True)
+    assert standin(exact).server_args["enable_deterministic_inference"]
+    first = await run(exact, [request])
+    seeds = sorted(c.sampling_params["sampling_seed"] for c in generate_calls(exact))
+    assert seeds == sorted(sample_seed(123, k) for k in range(4))
+    assert len({tuple(s) for s in tokens(first)["n"]}) == 4
+    other_engine = make_engine(model_path, seed=2, deterministic=True)
+    assert tokens(await run(other_engine, [request])) == tokens(first)  # reproducible across engines and runs
+    assert tokens(await run(exact, [request])) == tokens(first)
 
 
-async def test_logprobs_align_with_tokens(engine: SGLangEngine, hf_model: torch.nn.Module) -> None:
+async def test_logprobs_align_with_tokens(model_path: Path) -> None:
+    engine = make_engine(model_path)
+    hf_model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).eval()
     temp = 0.7
     results = await run(engine, [req(str(i), p, temperature=temp, top_k=20, max_new_tokens=12, seed=i)
                                  for i, p in enumerate(PROMPTS)])
@@ -205,19 +165,18 @@ async def test_logprobs_align_with_tokens(engine: SGLangEngine, hf_model: torch.
         assert sample.version == engine.version
 
 
-async def test_greedy_and_finish_reasons(engine: SGLangEngine) -> None:
-    base = (await run(engine, [req("g", PROMPTS[2], temperature=0.0, max_new_tokens=12, ignore_eos=True)]))["g"]
-    sample = base.samples[0]
-    assert (sample.finish_reason, len(sample.response_ids)) == ("length", 12)
-    assert base.prompt_ids == PROMPTS[2]
-    assert standin(engine).calls_of("async_generate")[-1]["sampling_params"]["temperature"] == 0.0
-    sampled = (await run(engine, [req("s", PROMPTS[2], max_new_tokens=12, ignore_eos=True, seed=5)]))["s"].samples[0]
-    ids = sampled.response_ids
+async def test_greedy_and_finish_reasons(model_path: Path) -> None:
+    engine = make_engine(model_path, deterministic=True)
+    greedy = (await run(engine, [req("g", PROMPTS[2], temperature=0.0, max_new_tokens=12, ignore_eos=True)]))[
+        "g"].samples[0]
+    assert (greedy.finish_reason, len(greedy.response_ids)) == ("length", 12)
+    sample = (await run(engine, [req("s", PROMPTS[2], max_new_tokens=12, ignore_eos=True, seed=5)]))["s"].samples[0]
+    ids = sample.response_ids
     cut = next(i for i in range(2, len(ids)) if ids[i] not in ids[:i])
     stopped = (await run(engine, [req("s", PROMPTS[2], max_new_tokens=12, ignore_eos=True, seed=5,
                                       stop_token_ids=[ids[cut]])]))["s"].samples[0]
-    assert stopped.finish_reason == "stop"
-    assert stopped.response_ids == ids[: cut + 1] and stopped.logprobs == sampled.logprobs[: cut + 1]
+    assert stopped.finish_reason == "stop" and stopped.response_ids == ids[: cut + 1]
+    assert stopped.logprobs == sample.logprobs[: cut + 1]
 
 
 def test_output_mapping_checks_alignment_and_reasons() -> None:
@@ -225,117 +184,159 @@ def test_output_mapping_checks_alignment_and_reasons() -> None:
         return {"output_ids": ids, "meta_info": {"id": "x", "finish_reason": reason,
                                                  "output_token_logprobs": [(-0.5, t, None) for t in lp_ids]}}
 
-    s = SGLangEngine._to_sample(out([1, 2], [1, 2], {"type": "length", "length": 2}), 3)
+    s = SGLangEngine.to_sample(out([1, 2], [1, 2], {"type": "length", "length": 2}), 3)
     assert (s.response_ids, s.logprobs, s.finish_reason, s.version) == ([1, 2], [-0.5, -0.5], "length", 3)
-    trimmed = SGLangEngine._to_sample(out([1], [1, 9], {"type": "stop", "matched": 9}), 0)
-    assert trimmed.response_ids == [1, 9] and trimmed.finish_reason == "stop"  # the stop token is kept
-    assert SGLangEngine._to_sample(out([], [], {"type": "abort", "message": "Aborted"}), 0).finish_reason == "abort"
-    with pytest.raises(RuntimeError, match="disagree"):
-        SGLangEngine._to_sample(out([1, 2], [1, 3], {"type": "length", "length": 2}), 0)
-    with pytest.raises(RuntimeError, match="finish_reason"):
-        SGLangEngine._to_sample(out([1], [1], None), 0)
+    assert SGLangEngine.to_sample(out([1], [1, 9], {"type": "stop", "matched": 9}), 0).response_ids == [1, 9]
+    assert SGLangEngine.to_sample(out([], [], {"type": "abort", "message": "x"}), 0).finish_reason == "abort"
+    with pytest.raises(SGLangError, match="disagree"):
+        SGLangEngine.to_sample(out([1, 2], [1, 3], {"type": "length", "length": 2}), 0)
+    with pytest.raises(SGLangError, match="finish_reason"):
+        SGLangEngine.to_sample(out([1], [1], None), 0)
 
 
-async def test_abort_ends_running_requests(model_path: Path) -> None:
+async def test_abort_and_an_early_exit_end_only_their_own_requests(model_path: Path) -> None:
     engine = make_engine(model_path)
-    requests = [req("short", PROMPTS[0], max_new_tokens=3, ignore_eos=True, seed=0),
-                req("running", PROMPTS[1], max_new_tokens=400, ignore_eos=True, seed=0, n=2)]
     results = {}
-    async for result in engine.generate(requests):
+    async for result in engine.generate([req("short", PROMPTS[0], max_new_tokens=3, ignore_eos=True),
+                                         req("running", PROMPTS[1], max_new_tokens=400, ignore_eos=True, n=2)]):
         results[result.request_id] = result
         if result.request_id == "short":
             engine.abort()
     assert results["short"].samples[0].finish_reason == "length"
-    aborted = standin(engine).calls_of("abort_request")
-    assert len(aborted) == 2 and all(c["rid"].startswith("running#") and not c["abort_all"] for c in aborted)
     for s in results["running"].samples:
         assert s.finish_reason == "abort" and 0 < len(s.response_ids) < 400 and len(s.logprobs) == len(s.response_ids)
-    again = await run(engine, [req("x", PROMPTS[0], max_new_tokens=4, ignore_eos=True)])
-    assert again["x"].samples[0].finish_reason == "length"
+
+    # two calls at once: stopping one early aborts its requests, never the other's
+    other = asyncio.ensure_future(run(engine, [req(str(i), PROMPTS[2], max_new_tokens=30, ignore_eos=True)
+                                               for i in range(12)]))
+    gen = engine.generate([req("a", PROMPTS[0], max_new_tokens=2, ignore_eos=True),
+                           req("b", PROMPTS[1], max_new_tokens=300, ignore_eos=True)])
+    assert (await gen.__anext__()).request_id == "a"
+    await gen.aclose()
+    assert all(r.samples[0].finish_reason == "length" for r in (await other).values())
 
 
-async def test_early_exit_aborts_this_calls_requests(model_path: Path) -> None:
+async def test_sleep_right_after_an_early_exit_waits_until_the_scheduler_is_idle(model_path: Path) -> None:
     engine = make_engine(model_path)
     gen = engine.generate([req("a", PROMPTS[0], max_new_tokens=2, ignore_eos=True),
                            req("b", PROMPTS[1], max_new_tokens=300, ignore_eos=True)])
-    first = await gen.__anext__()
-    assert first.request_id == "a"
+    await gen.__anext__()
     await gen.aclose()
-    assert [c["rid"].split("#")[0] for c in standin(engine).calls_of("abort_request")] == ["b"]
-    await asyncio.sleep(0)
-    assert not standin(engine).running
+    await engine.sleep()  # a release now, before the scheduler's next iteration, would kill it
+    assert standin(engine).scheduler.released == {"kv_cache", "weights", "cuda_graph"}
+    assert standin(engine).scheduler.died is None
+
+    raw = make_engine(model_path)  # what happens without waiting: sglang's idle assertion ends the scheduler
+    gen = raw.generate([req("a", PROMPTS[0], max_new_tokens=2, ignore_eos=True)])
+    await gen.__anext__()
+    await gen.aclose()
+    with pytest.raises(SchedulerDied, match="only when server is idle"):
+        await raw.tm.release_memory_occupation(raw.requests.ReleaseMemoryOccupationReqInput(), None)
 
 
-# --- weights ------------------------------------------------------------------------------------------------
+# --- weights and memory -------------------------------------------------------------------------------------
 
 
-async def test_update_weights_buckets_and_versions(model_path: Path) -> None:
-    engine = make_engine(model_path, bucket_bytes=64 * 1024)
-    fake = standin(engine)
-    request = req("w", PROMPTS[0], temperature=0.0, max_new_tokens=10, ignore_eos=True)
-    before = await run(engine, [request])
-    original = {k: v.detach().clone() for k, v in fake.model.state_dict().items()}
+async def test_weight_updates_run_in_sessions_and_survive_sleep(model_path: Path) -> None:
+    engine = make_engine(model_path)
+    tm = standin(engine).tokenizer_manager
+    ok, message = await tm.update_weights_from_tensor(engine.requests.UpdateWeightsFromTensorReqInput(
+        serialized_named_tensors=[b""], load_format="flattened_bucket"), None)
+    assert not ok and "must run between begin_weight_update() and end_weight_update()" in message
+    request = [req("w", PROMPTS[0], temperature=0.0, max_new_tokens=10, ignore_eos=True)]
+    before = tokens(await run(engine, request))
+    original = {k: v.detach().clone() for k, v in standin(engine).scheduler.model.state_dict().items()}
     gen = torch.Generator().manual_seed(0)
-    noisy = [(k, v + 0.5 * torch.randn(v.shape, generator=gen)) for k, v in original.items()]
-    engine.update_weights(iter(noisy), version=3)
-    calls = fake.calls_of("update_weights_from_tensor")
-    sizes = [sum(original[n].numel() * 4 for n in c["names"]) for c in calls]
-    assert len(calls) > 2 and [n for c in calls for n in c["names"]] == [n for n, _ in noisy]
-    assert all(s <= 64 * 1024 or len(c["names"]) == 1 for s, c in zip(sizes, calls, strict=True))
-    assert [c["flush_cache"] for c in calls] == [False] * len(calls)
-    assert len(fake.calls_of("flush_cache")) == 1  # once the whole version is in
-    assert all(c["load_format"] is None for c in calls)
-    after = await run(engine, [request])
-    assert engine.version == 3 and after["w"].samples[0].version == 3
-    assert tokens(after) != tokens(before)
-    engine.update_weights(original.items(), version=4)
-    assert tokens(await run(engine, [request])) == tokens(before)
+    await engine.update_weights([(k, v + 0.5 * torch.randn(v.shape, generator=gen)) for k, v in original.items()],
+                                version=3)
+    assert len(tm.calls_of("begin_weight_update")) == len(tm.calls_of("end_weight_update")) == 1
+    assert all(c.load_format == "flattened_bucket" and not c.flush_cache
+               for c in tm.calls_of("update_weights_from_tensor")[1:])
+    after = await run(engine, request)
+    assert engine.version == 3 and after["w"].samples[0].version == 3 and tokens(after) != before
 
-    with pytest.raises(ValueError, match=r"update_weights_from_tensor failed.*q_proj\.wieght"):
-        engine.update_weights([("model.layers.0.self_attn.q_proj.wieght", torch.zeros(1))], version=5)
-    with pytest.raises(ValueError, match="shape mismatch"):
-        engine.update_weights([("model.layers.0.mlp.up_proj.weight", torch.zeros(3, 3))], version=5)
-    with pytest.raises(TypeError, match=r"\(str, torch.Tensor\)"):
-        engine.update_weights([("model.norm.weight", [1.0])], version=5)  # type: ignore[list-item]
-    assert engine.version == 4
-
-
-def test_distributed_weight_path(model_path: Path) -> None:
-    engine = make_engine(model_path)
-    specs = [("model.norm.weight", torch.bfloat16, (64,)), ("lm_head.weight", "float32", torch.Size([10, 64]))]
-    with pytest.raises(ValueError, match="not initialized"):
-        engine.update_weights_from_distributed(specs, version=1)
-    assert engine.version == 0
-    engine.init_weight_sync_group("10.0.0.1", 29500, rank_offset=1, world_size=2)
-    assert standin(engine).calls_of("init_weights_update_group")[-1] == {
-        "master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 1, "world_size": 2,
-        "group_name": "weight_update_group", "backend": "nccl"}
-    engine.update_weights_from_distributed(specs, version=2, flush_cache=False)
-    call = standin(engine).calls_of("update_weights_from_distributed")[-1]
-    assert call["dtypes"] == ["bfloat16", "float32"] and call["shapes"] == [[64], [10, 64]]
-    assert call["names"] == ["model.norm.weight", "lm_head.weight"] and call["flush_cache"] is False
-    assert engine.version == 2
-
-
-# --- memory -------------------------------------------------------------------------------------------------
-
-
-async def test_sleep_wake_use_memory_apis(model_path: Path) -> None:
-    engine = make_engine(model_path)
-    fake = standin(engine)
-    requests = [req(str(i), p, temperature=1.0, max_new_tokens=6, seed=i) for i, p in enumerate(PROMPTS)]
-    before = await run(engine, requests)
-    engine.sleep()
-    engine.sleep()  # idempotent
-    assert fake.calls_of("release_memory_occupation") == [{"tags": ["kv_cache", "weights", "cuda_graph"]}]
+    await engine.sleep()  # no CPU backup: the weights are gone until a version is loaded
     with pytest.raises(EngineAsleepError, match="wake"):
-        await run(engine, requests)
-    state = {k: v.clone() for k, v in fake.model.state_dict().items()}
-    engine.update_weights(state.items(), version=1)  # while asleep: weights come back first
-    assert fake.calls_of("resume_memory_occupation") == [{"tags": ["weights"]}]
-    engine.wake()
-    assert fake.calls_of("resume_memory_occupation")[-1] == {"tags": ["kv_cache", "cuda_graph"]}
-    assert not fake.released
-    assert tokens(await run(engine, requests)) == tokens(before)
-    engine.shutdown()
-    assert fake.is_shut_down
+        await run(engine, request)
+    await engine.wake()
+    with pytest.raises(EngineAsleepError, match="without a CPU backup"):
+        await run(engine, request)
+    await engine.sleep()
+    await engine.update_weights(list(original.items()), version=4)  # while asleep: the weights come back first
+    assert tm.calls_of("resume_memory_occupation")[-1].tags == ["weights"]
+    await engine.wake()
+    assert tm.calls_of("resume_memory_occupation")[-1].tags == ["kv_cache", "cuda_graph"]
+    assert tokens(await run(engine, request)) == before and engine.version == 4
+
+
+async def test_a_refused_update_raises_and_keeps_the_version(model_path: Path) -> None:
+    engine = make_engine(model_path)
+    with pytest.raises(SGLangError, match="session is already open"):
+        async with engine.weight_update(5):
+            await engine.call("begin_weight_update", engine.requests.BeginWeightUpdateReqInput())
+    assert engine.version == 0 and standin(engine).scheduler.session is None
+
+
+async def _broadcast_version(engine: SGLangEngine, path: Path, version: int,
+                             verify: bool) -> tuple[Any, Any, dict[str, torch.Tensor]]:
+    """A real gloo broadcast group: our sender at rank 0, the engine's TP ranks after it (joining as sglang's do)."""
+    arch = read_hf_arch(path)
+    layout = plan_weight_layout(arch, torch.float32, 40_000, trailer=False)
+    rendezvous = Rendezvous("127.0.0.1", free_port(), 1 + engine.weight_group_ranks(), "gloo",
+                            f"test-broadcast-{free_port()}")
+    sender, receiver = await asyncio.gather(asyncio.to_thread(open_sender, "broadcast", layout, rendezvous),
+                                            engine.open_weight_receiver("broadcast", layout, rendezvous, 1))
+    weights = random_weights(arch, seed=version)
+    stream = [(n, t) for n, t in weights]
+
+    async def receive() -> Any:
+        async with engine.weight_update(version) as load:
+            return await receiver.receive(WeightVersion(version), load, verify)
+
+    published, loaded = await asyncio.gather(asyncio.to_thread(sender.publish, version, stream, True), receive())
+    return published, loaded, dict(weights)
+
+
+async def test_a_broadcast_reaches_every_tp_rank_of_the_engine(model_path: Path) -> None:
+    engine = make_engine(model_path, tp_size=2)
+    published, loaded, sent = await _broadcast_version(engine, model_path, 1, verify=True)
+    state = standin(engine).scheduler.model.state_dict()
+    assert all(torch.equal(state[n], t) for n, t in sent.items() if n in state)
+    assert (loaded.version, loaded.num_bytes, loaded.num_tensors) == (1, published.num_bytes, published.num_tensors)
+    assert loaded.verified_by == ""  # sglang's ranks took the bytes: the driver asks the engine to verify by name
+    assert await engine.verify_weights(published) == ""  # Qwen2's sglang model cannot read weights back by name
+    calls = standin(engine).tokenizer_manager.calls_of("update_weights_from_distributed")
+    assert all(c.load_format == "flattened_bucket" and c.dtypes[0] == "float32" for c in calls) and len(calls) > 1
+    assert engine.version == 1
+
+
+async def test_verification_by_name_catches_weights_that_differ(llama_path: Path) -> None:
+    engine = make_engine(llama_path)
+    published, _, _ = await _broadcast_version(engine, llama_path, 2, verify=True)
+    assert await engine.verify_weights(published) == "name"
+    with torch.no_grad():  # what verification must catch: the engine holds other values than the actor sent
+        standin(engine).scheduler.model.model.embed_tokens.weight[0, 0] += 1
+    with pytest.raises(WeightSyncError, match="model.embed_tokens.weight"):
+        await verify_by_name(engine, published)
+
+
+async def test_ipc_handles_reach_the_engine(model_path: Path) -> None:
+    arch = read_hf_arch(model_path)
+    layout = plan_weight_layout(arch, torch.float32, 40_000)
+    engine = make_engine(model_path)
+    rendezvous = Rendezvous("127.0.0.1", free_port(), 2)
+    sender, receiver = await asyncio.gather(asyncio.to_thread(open_sender, "ipc", layout, rendezvous),
+                                            engine.open_weight_receiver("ipc", layout, rendezvous, 1))
+    try:
+        weights = random_weights(arch, seed=4)
+
+        async def receive() -> Any:
+            async with engine.weight_update(6) as load:
+                return await receiver.receive(WeightVersion(6), load, True)
+
+        published, loaded = await asyncio.gather(asyncio.to_thread(sender.publish, 6, weights, True), receive())
+        assert loaded.checksums == published.checksums and loaded.verified_by == "crc32"
+        state = standin(engine).scheduler.model.state_dict()
+        assert all(torch.equal(state[n], t) for n, t in weights if n in state) and engine.version == 6
+    finally:
+        sender.close()

@@ -1,6 +1,7 @@
 """Rollout: generation engines behind one interface (`RolloutEngine`); see docs/rollout.md."""
 
 from rlinf_pipe.engines.rollout.engine import (
+    EngineAsleepError,
     FinishReason,
     GenerateRequest,
     GenerateResult,
@@ -10,7 +11,7 @@ from rlinf_pipe.engines.rollout.engine import (
     sample_seed,
     to_rollout_samples,
 )
-from rlinf_pipe.engines.rollout.torch_engine import EngineAsleepError, TorchEngine
+from rlinf_pipe.engines.rollout.torch_engine import TorchEngine
 
 __all__ = [
     "EngineAsleepError",

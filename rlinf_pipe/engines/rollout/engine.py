@@ -14,14 +14,16 @@ are done (not in input order). Semantics shared by all backends (see docs/rollou
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import msgspec
 import torch
 
 from rlinf_pipe.data.structs import RolloutSample
+from rlinf_pipe.weights import LoadBucket, WeightLayout, WeightReceiver, WeightVersion
+from rlinf_pipe.weights.process_group import Rendezvous
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -110,36 +112,62 @@ def to_rollout_samples(result: GenerateResult, tokenizer: Any | None = None) -> 
     return out
 
 
+class EngineAsleepError(RuntimeError):
+    """`generate` was called between `sleep()` and `wake()`."""
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """What a generation backend provides. Only `generate` is async; the others return once done."""
+    """What a generation backend provides. Everything that waits on the engine is async: engines such as SGLang's
+    are driven from the worker's event loop and must never block it."""
+
+    tokenizer: Any
+    """The HF tokenizer of the model (responses are decoded with it for the reward)."""
+
+    native_transports: tuple[str, ...]
+    """The weight transports the engine receives with receivers of its own (`open_weight_receiver`)."""
 
     @property
     def version(self) -> int:
-        """The weight version currently loaded (set by `update_weights`; the constructor's value before)."""
+        """The weight version currently loaded (set by a weight update; the constructor's value before)."""
         ...
 
     def generate(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[GenerateResult]:
         """Yield one result per request, each as soon as all its samples finish (completion order)."""
         ...
 
-    def weight_update(self, version: int) -> AbstractContextManager[Callable[[list[tuple[str, torch.Tensor]]], None]]:
-        """A weight-update session: the context yields `load(bucket)`, which loads HF-named tensors (any subset, one
-        bucket per call; the tensors may be views that are reused after the call returns). `version` is set when
-        the block exits without an exception; an exception leaves the version unchanged. Unknown names / wrong
-        shapes raise. Works while asleep."""
+    def weight_update(self, version: int) -> AbstractAsyncContextManager[LoadBucket]:
+        """A weight-update session: the context yields `await load(bucket)`, which loads HF-named tensors (any subset,
+        one bucket per call; the tensors may be views that are reused once the call returns). `version` is set
+        when the block exits without an exception; an exception leaves the version unchanged. Unknown names /
+        wrong shapes raise. Works while asleep."""
         ...
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+    async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """A whole session in one call: load `named_tensors` and set `version`."""
         ...
 
-    def sleep(self) -> None:
+    def weight_group_ranks(self) -> int:
+        """How many ranks this engine takes in a weight process group (SGLang: one per tensor-parallel rank)."""
+        ...
+
+    async def open_weight_receiver(self, transport: str, layout: WeightLayout, rendezvous: Rendezvous | None,
+                                   rank: int) -> WeightReceiver | None:
+        """A receiver of the engine's own for `transport` (joining its group at `rank`), or None: the worker then
+        opens the transport's standard receiver and loads through `weight_update`."""
+        ...
+
+    async def verify_weights(self, published: WeightVersion) -> str:
+        """Check the loaded weights against `published` by other means than the receiver's CRC32 (SGLang: by name);
+        how ("name"), or "" if it cannot."""
+        ...
+
+    async def sleep(self) -> None:
         """Release device memory (what exactly is backend-specific, see docs/rollout.md)."""
         ...
 
-    def wake(self) -> None:
-        """Reclaim what `sleep` released; outputs afterwards equal those before `sleep`."""
+    async def wake(self) -> None:
+        """Reclaim what `sleep` released."""
         ...
 
     def abort(self) -> None:

@@ -1,26 +1,39 @@
-"""Building the rollout engine of `rollout.backend` on this process's device."""
+"""Building the rollout engine of `rollout.backend` on this process's device, from the rollout config."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from rlinf_pipe.config.schema import RolloutConfig
 from rlinf_pipe.engines.rollout.engine import RolloutEngine
 
 BACKENDS = ("torch", "sglang")
+TORCH_MAX_RUNNING = 64
+SGLANG_MEMORY_FRACTION = 0.85  # of a GPU of its own
+SGLANG_COLLOCATED_MEMORY_FRACTION = 0.5  # the actor comes back onto the same GPU
 
 
-def build_engine(backend: str, model_path: str, seed: int, **options: Any) -> RolloutEngine:
-    """The rollout engine of `backend` (`torch`: any device; `sglang`: GPU only) serving `model_path`."""
-    if backend == "torch":
+def memory_fraction(rollout: RolloutConfig, collocated: bool) -> float:
+    """`rollout.gpu_memory_fraction`, or its default for the mode."""
+    if rollout.gpu_memory_fraction is not None:
+        return rollout.gpu_memory_fraction
+    return SGLANG_COLLOCATED_MEMORY_FRACTION if collocated else SGLANG_MEMORY_FRACTION
+
+
+def build_engine(rollout: RolloutConfig, model_path: str, seed: int, collocated: bool) -> RolloutEngine:
+    """The engine of `rollout.backend` (`torch`: any device; `sglang`: GPU only) serving `model_path`; `seed` is
+    this engine's own (the run seed plus its rank)."""
+    if rollout.backend == "torch":
         from rlinf_pipe.engines.rollout.torch_engine import TorchEngine
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
-        return TorchEngine(model_path, device=device, dtype=dtype, seed=seed, **options)
-    if backend == "sglang":
-        from rlinf_pipe.engines.rollout.sglang import SGLangEngine
+        return TorchEngine(model_path, device=device, dtype=dtype, seed=seed,
+                           max_batch_size=rollout.max_running_requests or TORCH_MAX_RUNNING)
+    if rollout.backend == "sglang":
+        from rlinf_pipe.engines.rollout.sglang_engine import SGLangEngine
 
-        return SGLangEngine(model_path=model_path, seed=seed, **options)
-    raise ValueError(f"unknown rollout.backend {backend!r}; expected one of {BACKENDS}")
+        return SGLangEngine(model_path, tp_size=rollout.tensor_parallel_size, seed=seed,
+                            mem_fraction_static=memory_fraction(rollout, collocated),
+                            max_running_requests=rollout.max_running_requests, deterministic=rollout.deterministic)
+    raise ValueError(f"unknown rollout.backend {rollout.backend!r}; expected one of {BACKENDS}")

@@ -16,21 +16,25 @@ import os
 import random
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
 from typing import TypeVar
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from rlinf_pipe.engines.rollout.batch import DecodeBatch, SampleState
-from rlinf_pipe.engines.rollout.engine import GenerateRequest, GenerateResult, SampleOutput, sample_seed
+from rlinf_pipe.engines.rollout.engine import (
+    EngineAsleepError,
+    GenerateRequest,
+    GenerateResult,
+    SampleOutput,
+    sample_seed,
+)
+from rlinf_pipe.weights import LoadBucket, WeightLayout, WeightReceiver, WeightVersion
+from rlinf_pipe.weights.process_group import Rendezvous
 
 T = TypeVar("T")
-
-
-class EngineAsleepError(RuntimeError):
-    """`generate` was called between `sleep()` and `wake()`."""
 
 
 def _as_id_set(value: int | list[int] | None) -> set[int]:
@@ -45,6 +49,8 @@ class TorchEngine:
     `dtype` is a torch dtype or its name ("float32", "bfloat16", ...). `version` is the weight version of the
     folder's weights. `seed` seeds the source of request seeds for requests that give none.
     """
+
+    native_transports: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -157,14 +163,14 @@ class TorchEngine:
 
     # --- weights and memory -----------------------------------------------------------------------------
 
-    @contextmanager
-    def weight_update(self, version: int) -> Iterator[Callable[[list[tuple[str, torch.Tensor]]], None]]:
+    @asynccontextmanager
+    async def weight_update(self, version: int) -> AsyncIterator[LoadBucket]:
         """A weight-update session (see `RolloutEngine.weight_update`): `load(bucket)` copies HF-named tensors into
         the model (cast to its dtype/device); an unknown name or a shape mismatch raises `ValueError` naming it."""
         state = self.model.state_dict(keep_vars=True)
 
         @torch.no_grad()
-        def load(named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        def copy(named_tensors: list[tuple[str, torch.Tensor]]) -> None:
             with self._lock:
                 for name, tensor in named_tensors:
                     target = state.get(name)
@@ -179,19 +185,38 @@ class TorchEngine:
                         )
                     target.data.copy_(tensor)
 
+        async def load(named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+            await asyncio.to_thread(copy, named_tensors)
+
         yield load
         self._version = version
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+    async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Load HF-named tensors (any subset of the state dict) and set `version`; tensors before a bad one are
         already loaded and the version is left unchanged."""
-        with self.weight_update(version) as load:
-            load(list(named_tensors))
+        async with self.weight_update(version) as load:
+            await load(list(named_tensors))
 
-    def sleep(self) -> None:
+    async def verify_weights(self, published: WeightVersion) -> str:
+        """Nothing more to check: the standard receivers see the bytes and verify them by CRC32 ("")."""
+        return ""
+
+    def weight_group_ranks(self) -> int:
+        """One rank in a weight group: this process."""
+        return 1
+
+    async def open_weight_receiver(self, transport: str, layout: WeightLayout, rendezvous: Rendezvous | None,
+                                   rank: int) -> WeightReceiver | None:
+        """None: the standard receivers load through `weight_update`."""
+        return None
+
+    async def sleep(self) -> None:
         """Release device memory: off CPU, move the weights to CPU, collect garbage and empty the CUDA allocator
         cache; on CPU there is nothing to release (no KV cache outlives a batch), so only `generate` is refused
         until `wake`."""
+        await asyncio.to_thread(self._sleep)
+
+    def _sleep(self) -> None:
         with self._lock:
             if self.device.type != "cpu":
                 self.model.to("cpu")
@@ -200,8 +225,11 @@ class TorchEngine:
                     torch.cuda.empty_cache()
             self._asleep = True
 
-    def wake(self) -> None:
+    async def wake(self) -> None:
         """Undo `sleep`: move the weights back to the device (CUDA) and accept `generate` again."""
+        await asyncio.to_thread(self._wake)
+
+    def _wake(self) -> None:
         with self._lock:
             if self.device.type != "cpu":
                 self.model.to(self.device)

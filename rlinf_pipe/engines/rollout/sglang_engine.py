@@ -1,0 +1,341 @@
+"""`SGLangEngine`: a `RolloutEngine` over SGLang's offline engine (`sglang.Engine`, GPU only), written against
+sglang 0.5.23 (the contract `scripts/sglang_contract.py` extracts from its wheel; docs/backends.md).
+
+It runs inside an async Ray actor, which shapes everything:
+
+* the Engine's blocking methods drive the event loop it captured when built (`run_until_complete`), which cannot
+  run inside the actor's running loop. So the Engine is built in a thread of its own (its captured loop is never
+  used) and this adapter calls only coroutines, from the actor's loop: `engine.async_generate` and the tokenizer
+  manager's control coroutines with sglang's request classes (`io_struct`), plus the synchronous
+  `tokenizer_manager.abort_request` on the same loop;
+* weight updates run inside a weight-update session (`begin_weight_update` ... `end_weight_update`), which sglang
+  0.5.23 requires; the prefix cache is flushed once the version is in;
+* memory is released only once the scheduler is idle (sglang asserts it and its scheduler dies otherwise, which
+  an early-stopped generate leaves it not yet): `flush_cache(timeout_s)` waits for that;
+* sglang runs with `skip_tokenizer_init` (token ids in and out), so the adapter owns a tokenizer for decoding;
+* every sample is its own request with a fixed-width random rid (sglang aborts by rid prefix: `3#0#1` would abort
+  `3#0#12`); with `deterministic` each carries `sampling_seed = sample_seed(request seed, k)`, which sglang honours
+  only under deterministic inference (without it sglang ignores seeds silently, so none are sent).
+
+Weights reach the engine three ways (`sglang_weights`): its own ranks join the broadcast group
+(`update_weights_from_distributed`, flattened buckets), IPC handles pass straight to its schedulers
+(`update_weights_from_tensor`, flattened buckets), or buckets a standard receiver got (object store) are copied to
+the GPU and passed as IPC handles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import importlib
+import os
+import random
+import uuid
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from rlinf_pipe.engines.rollout.engine import (
+    EngineAsleepError,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    SampleOutput,
+    sample_seed,
+)
+from rlinf_pipe.weights import LoadBucket, WeightLayout, WeightReceiver, WeightVersion
+from rlinf_pipe.weights.process_group import Rendezvous
+
+SGLANG_VERSION = "0.5.23"
+"""The sglang release this adapter was written and contract-tested against."""
+
+INSTALL_HINT = "pip install 'rlinf_pipe[sglang]'"
+MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # sglang/srt/constants.py
+WEIGHTS_TAG = "weights"
+IDLE_WAIT_S = 30.0  # one `flush_cache(timeout_s)` wait for the scheduler to go idle
+IDLE_ATTEMPTS = 10
+
+
+class SGLangNotInstalledError(ImportError):
+    """sglang is missing (it installs and runs only on a machine with a CUDA GPU)."""
+
+
+class SGLangError(RuntimeError):
+    """sglang refused a call (its message is included)."""
+
+
+STANDIN_ENV = "RLINF_PIPE_SGLANG_MODULE"
+"""For tests: the import name of a module with `Engine` and `io_struct` to use instead of sglang's."""
+
+
+def import_sglang() -> Any:
+    """The `sglang` API this adapter uses (`Engine` and `io_struct`), or `SGLangNotInstalledError`."""
+    standin = os.environ.get(STANDIN_ENV)
+    if standin:
+        return importlib.import_module(standin)
+    try:
+        import sglang
+        from sglang.srt.managers import io_struct
+    except ImportError as e:
+        raise SGLangNotInstalledError(
+            f"rollout.backend 'sglang' needs the sglang package (=={SGLANG_VERSION}), which needs a CUDA GPU: "
+            f"{INSTALL_HINT}. On a CPU-only machine use rollout.backend 'torch'."
+        ) from e
+    return SimpleNamespace(Engine=sglang.Engine, io_struct=io_struct)
+
+
+def server_args(model_path: str, *, tp_size: int, mem_fraction_static: float, max_running_requests: int | None,
+                seed: int, deterministic: bool, dtype: str, cpu_backup: bool) -> dict[str, Any]:
+    """The Engine's keyword arguments (sglang `ServerArgs` fields)."""
+    for name, value, low in (("tp_size", tp_size, 1), ("max_running_requests", max_running_requests or 1, 1)):
+        if value < low:
+            raise ValueError(f"{name} must be >= {low}, got {value}")
+    if not 0.0 < mem_fraction_static < 1.0:
+        raise ValueError(f"mem_fraction_static must be in (0, 1), got {mem_fraction_static}")
+    args: dict[str, Any] = {
+        "model_path": model_path, "tp_size": tp_size, "mem_fraction_static": mem_fraction_static,
+        "random_seed": seed, "dtype": dtype,
+        "skip_tokenizer_init": True,  # token ids in and out; the adapter decodes
+        "enable_memory_saver": True,  # release / resume_memory_occupation
+        "enable_weights_cpu_backup": cpu_backup,
+        "enable_deterministic_inference": deterministic,
+        "log_level": "error",
+    }
+    if max_running_requests is not None:
+        args["max_running_requests"] = max_running_requests
+    return args
+
+
+def _build_off_loop(factory: Any, args: dict[str, Any]) -> Any:
+    """Build the Engine in a fresh thread with no running event loop (it captures a loop of its own there)."""
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sglang-engine") as pool:
+        return pool.submit(factory, **args).result()
+
+
+def _finish_reason(meta_info: dict[str, Any]) -> FinishReason:
+    reason = meta_info.get("finish_reason")
+    kind = reason.get("type") if isinstance(reason, dict) else reason
+    if kind in ("stop", "length", "abort"):
+        return kind
+    raise SGLangError(f"sglang returned an unexpected finish_reason {reason!r} for request {meta_info.get('id')!r}")
+
+
+class SGLangEngine:
+    """Generates with an `sglang.Engine` serving the HF model folder `model_path` on this process's GPUs.
+
+    `tp_size` GPUs per engine; `mem_fraction_static` of each GPU for weights and KV cache; `max_running_requests`
+    caps the sequences decoded at once (None: sglang's choice); `seed` is the engine's `random_seed` (give each
+    engine its own); `deterministic` turns on sglang's deterministic inference and per-sample seeds; `cpu_backup`
+    keeps a host copy of the weights through `sleep` (without it a weight update must follow `sleep` before the
+    next `generate`, which is what the runner does). `version` is the weight version of the folder's weights.
+    `sglang` replaces the real package (an object with `Engine` and `io_struct`; the tests pass a CPU stand-in).
+    """
+
+    native_transports: tuple[str, ...] = ("broadcast", "ipc")
+
+    def __init__(self, model_path: str | os.PathLike[str], *, tp_size: int = 1, mem_fraction_static: float = 0.85,
+                 max_running_requests: int | None = None, seed: int = 0, deterministic: bool = False,
+                 dtype: str = "auto", cpu_backup: bool = False, version: int = 0, sglang: Any = None):
+        from transformers import AutoTokenizer
+
+        api = sglang if sglang is not None else import_sglang()
+        self.requests = api.io_struct
+        self.server_args = server_args(str(model_path), tp_size=tp_size, mem_fraction_static=mem_fraction_static,
+                                       max_running_requests=max_running_requests, seed=seed,
+                                       deterministic=deterministic, dtype=dtype, cpu_backup=cpu_backup)
+        self.engine = _build_off_loop(api.Engine, self.server_args)
+        self.tm = self.engine.tokenizer_manager
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        self.tp_size, self.deterministic, self.cpu_backup = tp_size, deterministic, cpu_backup
+        self._version = version
+        self._seeds = random.Random(seed)
+        self._released: set[str] = set()
+        self._weights_lost = False  # released without a CPU backup and not loaded since
+        self._abort_epoch = 0
+        self._inflight: set[str] = set()
+
+    @property
+    def version(self) -> int:
+        """The weight version currently loaded."""
+        return self._version
+
+    async def call(self, method: str, request: Any) -> Any:
+        """Await a tokenizer-manager control coroutine; a `(success, message)` reply that failed raises."""
+        result = await getattr(self.tm, method)(request, None)
+        if isinstance(result, tuple) and len(result) >= 2 and not result[0]:
+            raise SGLangError(f"sglang {method} failed: {result[1]}")
+        return result
+
+    # --- generation -------------------------------------------------------------------------------------------
+    def _sampling_params(self, request: GenerateRequest, seed: int) -> dict[str, Any]:
+        sp = request.sampling
+        params: dict[str, Any] = {
+            "temperature": sp.temperature,  # sglang turns 0 into greedy (top_k 1, log-probs at T = 1)
+            "top_p": sp.top_p,
+            "top_k": sp.top_k if sp.top_k > 0 else -1,
+            "max_new_tokens": sp.max_new_tokens,
+            "stop_token_ids": list(sp.stop_token_ids),
+            "ignore_eos": sp.ignore_eos,
+            "n": 1,
+        }
+        if self.deterministic:
+            params["sampling_seed"] = seed
+        return params
+
+    async def generate(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[GenerateResult]:
+        """Yield one `GenerateResult` per request, in the order requests finish."""
+        if self._released:
+            raise EngineAsleepError("SGLangEngine is asleep: call wake() before generating")
+        if self._weights_lost:
+            raise EngineAsleepError("SGLangEngine released its weights without a CPU backup: load a weight version "
+                                    "(a weight sync) before generating")
+        requests = list(requests)
+        epoch, version = self._abort_epoch, self._version
+        seeds = [r.sampling.seed if r.sampling.seed is not None else self._seeds.getrandbits(63) for r in requests]
+        done: list[list[SampleOutput | None]] = [[None] * r.sampling.n for r in requests]
+        left = [r.sampling.n for r in requests]
+        mine: set[str] = set()  # this call's rids still running in sglang
+
+        async def run_sample(i: int, k: int) -> tuple[int, int, SampleOutput]:
+            if self._abort_epoch != epoch:
+                return i, k, SampleOutput(response_ids=[], logprobs=[], finish_reason="abort", version=version)
+            rid = uuid.uuid4().hex  # fixed width: no rid is a prefix of another
+            self._inflight.add(rid)
+            mine.add(rid)
+            try:
+                out = await self.engine.async_generate(
+                    input_ids=list(requests[i].prompt_ids),
+                    sampling_params=self._sampling_params(requests[i], sample_seed(seeds[i], k)),
+                    return_logprob=True, stream=False, rid=rid,
+                )
+            finally:
+                self._inflight.discard(rid)
+                mine.discard(rid)
+            return i, k, self.to_sample(out, version)
+
+        tasks = [asyncio.ensure_future(run_sample(i, k)) for i, r in enumerate(requests) for k in range(r.sampling.n)]
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                i, k, sample = await next_done
+                done[i][k] = sample
+                left[i] -= 1
+                if not left[i]:
+                    yield GenerateResult(request_id=requests[i].request_id, prompt_ids=list(requests[i].prompt_ids),
+                                         samples=[s for s in done[i] if s is not None])
+        finally:
+            pending = [t for t in tasks if not t.done()]
+            for rid in list(mine):  # the consumer stopped early (or a sample failed): end this call's requests
+                self.tm.abort_request(rid=rid)
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+
+    @staticmethod
+    def to_sample(out: dict[str, Any], version: int) -> SampleOutput:
+        """One sglang result as a sample: its tokens, their log-probs (from `output_token_logprobs`), the reason."""
+        meta = out["meta_info"]
+        reason = _finish_reason(meta)
+        output_ids = [int(t) for t in out.get("output_ids", [])]
+        triples = meta.get("output_token_logprobs")
+        if triples is None:
+            raise SGLangError(f"sglang returned no output_token_logprobs for request {meta.get('id')!r}")
+        logprobs = [float(lp) for lp, _, _ in triples]
+        lp_ids = [int(t) for _, t, _ in triples]
+        if lp_ids != output_ids and not (reason == "stop" and output_ids == lp_ids[:-1]):
+            # (a version that trims the stop token from output_ids still lists it with its log-prob: kept)
+            raise SGLangError(f"sglang request {meta.get('id')!r}: output_ids ({len(output_ids)}) and the token ids "
+                              f"of output_token_logprobs ({len(lp_ids)}) disagree")
+        return SampleOutput(response_ids=lp_ids, logprobs=logprobs, finish_reason=reason, version=version)
+
+    def abort(self) -> None:
+        """End all requests of the `generate` calls now in flight with `abort` (tokens so far are kept)."""
+        self._abort_epoch += 1
+        for rid in list(self._inflight):
+            self.tm.abort_request(rid=rid)
+
+    # --- memory -----------------------------------------------------------------------------------------------
+    async def until_idle(self) -> None:
+        """Wait until the scheduler is idle (and flush its cache): releasing memory before that kills it."""
+        for _ in range(IDLE_ATTEMPTS):
+            if (await self.tm.flush_cache(timeout_s=IDLE_WAIT_S)).success:
+                return
+        raise SGLangError(f"sglang's scheduler did not go idle within {IDLE_ATTEMPTS * IDLE_WAIT_S:.0f} s (requests "
+                          "still running?)")
+
+    async def _release(self, tags: list[str]) -> None:
+        if tags:
+            await self.until_idle()
+            await self.call("release_memory_occupation", self.requests.ReleaseMemoryOccupationReqInput(tags=tags))
+            self._released.update(tags)
+            self._weights_lost |= WEIGHTS_TAG in tags and not self.cpu_backup
+
+    async def _resume(self, tags: list[str]) -> None:
+        if tags:
+            await self.call("resume_memory_occupation", self.requests.ResumeMemoryOccupationReqInput(tags=tags))
+            self._released.difference_update(tags)
+
+    async def sleep(self) -> None:
+        """Release the KV cache, the weights and the CUDA graphs once the scheduler is idle."""
+        await self._release([t for t in MEMORY_TAGS if t not in self._released])
+
+    async def wake(self) -> None:
+        """Resume what `sleep` released (the weights hold what they held, or what a weight update loaded since)."""
+        await self._resume([t for t in MEMORY_TAGS if t in self._released])
+
+    def shutdown(self) -> None:
+        """Stop sglang's scheduler and detokenizer processes."""
+        self.engine.shutdown()
+
+    # --- weights ----------------------------------------------------------------------------------------------
+    @asynccontextmanager
+    async def weight_update(self, version: int) -> AsyncIterator[LoadBucket]:
+        """A weight-update session: resumes released weights, opens sglang's session, yields `load(bucket)` (the
+        bucket goes to the GPU and on as an IPC handle), closes the session and flushes the cache; on a clean exit
+        sets `version`. A bucket sglang refuses raises `SGLangError`; the version is then unchanged."""
+        from rlinf_pipe.engines.rollout.sglang_weights import tensor_payloads
+
+        if WEIGHTS_TAG in self._released:
+            await self._resume([WEIGHTS_TAG])
+        await self.call("begin_weight_update", self.requests.BeginWeightUpdateReqInput(selector="all"))
+
+        async def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
+            payloads, keep_alive = tensor_payloads(bucket, self.tp_size)
+            await self.load_payload(payloads)
+            del keep_alive  # sglang is done with the bucket's memory
+
+        try:
+            yield load
+        finally:
+            await self.call("end_weight_update", self.requests.EndWeightUpdateReqInput())
+        await self.until_idle()  # flushes the prefix cache: its entries came from the old weights
+        self._version, self._weights_lost = version, False
+
+    async def load_payload(self, payloads: list[bytes]) -> None:
+        """Load one flattened bucket given as pickled IPC payloads, one per TP rank."""
+        await self.call("update_weights_from_tensor", self.requests.UpdateWeightsFromTensorReqInput(
+            serialized_named_tensors=payloads, load_format="flattened_bucket", flush_cache=False))
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load HF-named tensors (one bucket) and set `version`."""
+        async with self.weight_update(version) as load:
+            await load(list(named_tensors))
+
+    async def verify_weights(self, published: WeightVersion) -> str:
+        """Read a few tensors back by name and compare them with `published`'s fingerprint (see `sglang_weights`)."""
+        from rlinf_pipe.engines.rollout.sglang_weights import verify_by_name
+
+        return await verify_by_name(self, published)
+
+    def weight_group_ranks(self) -> int:
+        """sglang's TP ranks each join a weight group: `tp_size` ranks."""
+        return self.tp_size
+
+    async def open_weight_receiver(self, transport: str, layout: WeightLayout, rendezvous: Rendezvous | None,
+                                   rank: int) -> WeightReceiver | None:
+        """sglang's own receivers for `broadcast` (its ranks join the group) and `ipc` (handles go straight to its
+        schedulers); None for the object store."""
+        from rlinf_pipe.engines.rollout.sglang_weights import open_native_receiver
+
+        return await open_native_receiver(self, transport, layout, rendezvous, rank)

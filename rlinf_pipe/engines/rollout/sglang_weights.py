@@ -1,0 +1,149 @@
+"""How weight versions reach an `SGLangEngine`, behind the weights interface.
+
+* `broadcast`: sglang's own TP ranks join the weight group (`init_weights_update_group`, at consecutive ranks) and
+  receive each bucket as one flattened broadcast (`update_weights_from_distributed`, `load_format=
+  "flattened_bucket"`): the bytes go from the actor's GPU straight into sglang's, never through this process. The
+  layout then has no trailers (sglang receives exactly the tensors' bytes), so the version is checked by the driver.
+* `ipc`: each bucket's handle (the actor's shared slot, a pickled flattened bucket with CUDA IPC handles) goes to
+  sglang's schedulers as it is (`update_weights_from_tensor`); on CPU (a stand-in of sglang) the slot is shared
+  memory, mapped here and passed on as tensors.
+* anything else (the object store): the engine's weight session copies each bucket to the GPU and passes it on.
+
+sglang's own ranks take the bytes where this process cannot see them, so these receivers report `verified_by=""`;
+with `runner.verify_weights` the driver then has the engine read a few tensors back by name (`verify_by_name`,
+sglang's `get_weights_by_name`) and compare them with the fingerprint the actor recorded. sglang implements that
+only for some model classes (Llama's, not Qwen2's); the driver says which engines it could not verify.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from rlinf_pipe.weights import LoadBucket, LoadedWeights, WeightLayout, WeightReceiver, WeightSyncError, WeightVersion
+from rlinf_pipe.weights.ipc import Handle, IpcReceiver, cuda_handle
+from rlinf_pipe.weights.layout import BucketLayout
+from rlinf_pipe.weights.process_group import Rendezvous
+from rlinf_pipe.weights.record import FINGERPRINT_VALUES
+
+
+def tensor_payloads(bucket: list[tuple[str, torch.Tensor]], ranks: int) -> tuple[list[bytes], torch.Tensor]:
+    """A bucket as sglang's flattened-bucket payloads, one per TP rank, and the flat tensor they share (keep it
+    alive until sglang has loaded it). On a GPU the bucket is copied into one device buffer that every rank maps by
+    its IPC handle; on CPU (a stand-in) each rank gets its own pickle of the host buffer."""
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    sizes = [t.numel() * t.element_size() for _, t in bucket]
+    flat = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
+    metadata, offset = [], 0
+    for (name, tensor), nbytes in zip(bucket, sizes, strict=True):
+        flat[offset : offset + nbytes].copy_(tensor.contiguous().view(-1).view(torch.uint8))
+        metadata.append(types.SimpleNamespace(name=name, shape=tensor.shape, dtype=tensor.dtype, start_idx=offset,
+                                              end_idx=offset + nbytes, numel=nbytes))
+        offset += nbytes
+    payload = {"flattened_tensor": flat, "metadata": metadata}
+    if device.type == "cuda":
+        return [cuda_handle(payload)] * ranks, flat
+    return [cuda_handle(payload) for _ in range(ranks)], flat
+
+
+def _first_values(nested: Any, count: int) -> list[float]:
+    """The first `count` numbers of a nested list (sglang returns a parameter's leading rows)."""
+
+    def walk(x: Any) -> Iterator[float]:
+        if isinstance(x, (list, tuple)):
+            for item in x:
+                yield from walk(item)
+        else:
+            yield float(x)
+
+    out: list[float] = []
+    for value in walk(nested):
+        out.append(value)
+        if len(out) == count:
+            break
+    return out
+
+
+async def verify_by_name(engine: Any, published: WeightVersion) -> str:
+    """Read the fingerprint's tensors back from sglang and compare their first values with what the actor sent:
+    "name" if they match, "" if sglang cannot read this model's weights by name; `WeightSyncError` on a mismatch."""
+    if not published.fingerprint:
+        raise WeightSyncError(f"weight sync of version {published.version}: the actor sent no fingerprint to verify "
+                              "against (runner.verify_weights makes it record one)")
+    for name, sent in published.fingerprint:
+        got = await engine.tm.get_weights_by_name(
+            engine.requests.GetWeightsByNameReqInput(name=name, truncate_size=FINGERPRINT_VALUES), None)
+        if got is None:
+            return ""
+        values = _first_values(got, len(sent))
+        if values != list(sent):
+            raise WeightSyncError(f"weight sync of version {published.version}: sglang's {name!r} starts with "
+                                  f"{values}, the actor sent {list(sent)}")
+    return "name"
+
+
+class SGLangGroupReceiver(WeightReceiver):
+    """sglang's TP ranks as members of the broadcast group (see the module docstring)."""
+
+    transport = "broadcast"
+
+    def __init__(self, engine: Any, layout: WeightLayout, group_name: str):
+        self.engine, self.layout, self.group_name = engine, layout, group_name
+
+    async def receive(self, published: WeightVersion, load_bucket: LoadBucket, verify: bool = False) -> LoadedWeights:
+        layout, requests = self.layout, self.engine.requests
+        for bucket in layout.buckets:
+            await self.engine.call("update_weights_from_distributed", requests.UpdateWeightsFromDistributedReqInput(
+                names=[s.name for s in bucket.slots], dtypes=[layout.dtype] * len(bucket.slots),
+                shapes=[list(s.shape) for s in bucket.slots], group_name=self.group_name, flush_cache=False,
+                load_format="flattened_bucket"))
+        return LoadedWeights(published.version, layout.num_bytes, layout.num_tensors, len(layout.buckets))
+
+
+class SGLangIpcReceiver(IpcReceiver):
+    """The engine's worker in the IPC control group: CUDA handles go to sglang's schedulers unopened."""
+
+    def __init__(self, rendezvous: Rendezvous, rank: int, layout: WeightLayout, engine: Any):
+        super().__init__(rendezvous, rank, layout)
+        self.engine = engine
+        self.cuda_handles = False
+
+    async def load_handle(self, index: int, bucket: BucketLayout, handle: Handle, load_bucket: LoadBucket,
+                          verify: bool) -> tuple[str | None, int | None]:
+        if not handle.cuda:  # shared memory (CPU): map it here, pass the tensors on through the engine's session
+            return await super().load_handle(index, bucket, handle, load_bucket, verify)
+        self.cuda_handles = True
+        await self.engine.load_payload([handle.data] * self.engine.tp_size)
+        return None, None
+
+    async def receive(self, published: WeightVersion, load_bucket: LoadBucket, verify: bool = False) -> LoadedWeights:
+        loaded = await super().receive(published, load_bucket, verify)
+        if self.cuda_handles:  # sglang mapped the bytes itself: nothing was verified here
+            return dataclasses.replace(loaded, checksums=(), verified_by="")
+        return loaded
+
+
+async def open_native_receiver(engine: Any, transport: str, layout: WeightLayout, rendezvous: Rendezvous | None,
+                               rank: int) -> WeightReceiver | None:
+    """The engine's receiver for `transport` (joining its group at `rank`), or None for the object store."""
+    import asyncio
+
+    if transport == "broadcast":
+        if rendezvous is None:
+            raise ValueError("the broadcast transport needs a rendezvous")
+        if layout.has_trailer:
+            raise WeightSyncError("an SGLang engine receives buckets without trailers: the actor's weight layout must "
+                                  "be planned without them (the runner does so when SGLang engines are in the group)")
+        await engine.call("init_weights_update_group", engine.requests.InitWeightsUpdateGroupReqInput(
+            master_address=rendezvous.addr, master_port=rendezvous.port, rank_offset=rank,
+            world_size=rendezvous.world, group_name=rendezvous.group_name, backend=rendezvous.backend))
+        return SGLangGroupReceiver(engine, layout, rendezvous.group_name)
+    if transport == "ipc":
+        if rendezvous is None:
+            raise ValueError("the ipc transport needs a rendezvous")
+        return await asyncio.to_thread(SGLangIpcReceiver, rendezvous, rank, layout, engine)
+    return None

@@ -1,0 +1,142 @@
+"""The stand-in `sglang.Engine`: the real one's public methods with its parameters (compared with the contract), a
+tokenizer manager and a scheduler that behave like sglang 0.5.23's where an adapter trips (see their modules),
+and a tiny HF model doing the work on CPU.
+
+Like the real Engine it captures an event loop when it is built (the running one if there is one) and its
+blocking methods drive that loop with `run_until_complete`: called from inside a running loop they fail with
+"This event loop is already running" (or "Cannot run the event loop while another loop is running"). It has no
+`tokenizer` attribute, and it refuses keyword arguments that are not server arguments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from . import io_struct
+from .contract import CONTRACT
+from .scheduler import StandinScheduler
+from .tokenizer_manager import StandinTokenizerManager
+
+
+@dataclass
+class GenerateReqInput:
+    """The `GenerateReqInput` fields an adapter sets (the real class has many more)."""
+
+    input_ids: Any = None
+    text: Any = None
+    sampling_params: Any = None
+    return_logprob: Any = None
+    stream: bool = False
+    rid: Any = None
+
+
+def _ensure_event_loop() -> asyncio.AbstractEventLoop:
+    """sglang's `Engine._ensure_event_loop`: the running loop, else the policy's, else a new one."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        try:
+            return asyncio.get_event_loop_policy().get_event_loop()
+        except RuntimeError:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            return loop
+
+
+class Engine:
+    """Stand-in for `sglang.Engine(**server_args)`; see the module docstring."""
+
+    def __init__(self, **kwargs):
+        unknown = set(kwargs) - set(CONTRACT["server_args"])
+        if unknown:
+            raise TypeError(f"Unexpected keyword arguments: {sorted(unknown)}")
+        if "model_path" not in kwargs:
+            raise TypeError("Missing required argument: 'model_path'")
+        self.server_args = dict(kwargs)
+        self.scheduler = StandinScheduler(self.server_args)
+        self.tokenizer_manager = StandinTokenizerManager(self.scheduler, self.server_args)
+        self.is_shut_down = False
+        self.loop = _ensure_event_loop()
+
+    def _blocking(self, coroutine: Any) -> Any:
+        return self.loop.run_until_complete(coroutine)
+
+    # --- generation -------------------------------------------------------------------------------------------
+    async def async_generate(self, prompt=None, sampling_params=None, input_ids=None, image_data=None, audio_data=None,
+                             video_data=None, mm_hashes=None, mm_content_hashes=None, return_logprob=False,
+                             logprob_start_len=None, top_logprobs_num=None, token_ids_logprob=None, lora_path=None,
+                             custom_logit_processor=None, require_reasoning=False, return_hidden_states=False,
+                             return_routed_experts=False, routed_experts_start_len=0, stream=False,
+                             bootstrap_host=None, bootstrap_port=None, bootstrap_room=None, routed_dp_rank=None,
+                             disagg_prefill_dp_rank=None, kv_hints=None, data_parallel_rank=None,
+                             external_trace_header=None, rid=None, session_params=None, priority=None,
+                             session_id=None, *, cache_salt=None):
+        if stream:
+            raise NotImplementedError("the stand-in does not stream")
+        obj = GenerateReqInput(input_ids=input_ids, text=prompt, sampling_params=sampling_params,
+                               return_logprob=return_logprob, stream=stream, rid=rid)
+        return await self.tokenizer_manager.generate_request(obj, None).__anext__()
+
+    def generate(self, prompt=None, sampling_params=None, input_ids=None, image_data=None, audio_data=None,
+                 video_data=None, mm_hashes=None, mm_content_hashes=None, return_logprob=False, logprob_start_len=None,
+                 top_logprobs_num=None, token_ids_logprob=None, lora_path=None, custom_logit_processor=None,
+                 require_reasoning=False, return_hidden_states=False, return_routed_experts=False,
+                 routed_experts_start_len=0, stream=False, bootstrap_host=None, bootstrap_port=None,
+                 bootstrap_room=None, routed_dp_rank=None, disagg_prefill_dp_rank=None, kv_hints=None,
+                 data_parallel_rank=None, external_trace_header=None, rid=None, session_params=None, priority=None,
+                 session_id=None, *, cache_salt=None):
+        return self._blocking(self.async_generate(prompt=prompt, sampling_params=sampling_params, input_ids=input_ids,
+                                                  return_logprob=return_logprob, stream=stream, rid=rid))
+
+    def flush_cache(self):
+        return self._blocking(self.tokenizer_manager.flush_cache())
+
+    # --- weights ----------------------------------------------------------------------------------------------
+    def init_weights_update_group(self, master_address, master_port, rank_offset, world_size, group_name,
+                                  backend="nccl"):
+        return self._blocking(self.tokenizer_manager.init_weights_update_group(io_struct.InitWeightsUpdateGroupReqInput(
+            master_address=master_address, master_port=master_port, rank_offset=rank_offset, world_size=world_size,
+            group_name=group_name, backend=backend), None))
+
+    def destroy_weights_update_group(self, group_name):
+        return self._blocking(self.tokenizer_manager.destroy_weights_update_group(
+            io_struct.DestroyWeightsUpdateGroupReqInput(group_name=group_name), None))
+
+    def begin_weight_update(self, selector="all"):
+        return self._blocking(self.tokenizer_manager.begin_weight_update(
+            io_struct.BeginWeightUpdateReqInput(selector=selector), None))
+
+    def end_weight_update(self):
+        return self._blocking(self.tokenizer_manager.end_weight_update(io_struct.EndWeightUpdateReqInput(), None))
+
+    def update_weights_from_distributed(self, names, dtypes, shapes, group_name="weight_update_group",
+                                        flush_cache=True, load_format=None):
+        return self._blocking(self.tokenizer_manager.update_weights_from_distributed(
+            io_struct.UpdateWeightsFromDistributedReqInput(names=names, dtypes=dtypes, shapes=shapes,
+                                                           group_name=group_name, flush_cache=flush_cache,
+                                                           load_format=load_format), None))
+
+    def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
+        return self._blocking(self.tokenizer_manager.update_weights_from_tensor(
+            io_struct.UpdateWeightsFromTensorReqInput(serialized_named_tensors=named_tensors, load_format=load_format,
+                                                      flush_cache=flush_cache), None))
+
+    def get_weights_by_name(self, name, truncate_size=100):
+        return self._blocking(self.tokenizer_manager.get_weights_by_name(
+            io_struct.GetWeightsByNameReqInput(name=name, truncate_size=truncate_size), None))
+
+    # --- memory / lifetime ------------------------------------------------------------------------------------
+    def release_memory_occupation(self, tags=None):
+        return self._blocking(self.tokenizer_manager.release_memory_occupation(
+            io_struct.ReleaseMemoryOccupationReqInput(tags=tags), None))
+
+    def resume_memory_occupation(self, tags=None):
+        return self._blocking(self.tokenizer_manager.resume_memory_occupation(
+            io_struct.ResumeMemoryOccupationReqInput(tags=tags), None))
+
+    def shutdown(self):
+        self.is_shut_down = True
+        if self.scheduler.task is not None:
+            self.scheduler.task.cancel()
