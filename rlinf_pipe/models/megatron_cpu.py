@@ -142,6 +142,8 @@ class Patch:
 
 _CUDA_DEV = "device=torch.cuda.current_device()"
 _CPU_DEV = 'device="cpu"'
+_CUDA_HALF_TYPES = "if {name}.type() in ['torch.cuda.HalfTensor', 'torch.cuda.BFloat16Tensor']:"
+_CPU_HALF_TYPES = "if {name}.type() in ['torch.HalfTensor', 'torch.BFloat16Tensor']:"
 
 PATCHES: list[Patch] = [
     # ---- 1. RNG: model_parallel_cuda_manual_seed and the CUDA RNG tracker ----
@@ -315,9 +317,29 @@ PATCHES: list[Patch] = [
                 "elif model_param.type() == 'torch.FloatTensor':",
                 1,
             ),
+            (_CUDA_HALF_TYPES.format(name="model_param"), _CPU_HALF_TYPES.format(name="model_param"), 1),
         ),
         reason="accepts only torch.cuda.FloatTensor/HalfTensor/BFloat16Tensor parameters; "
-        "on CPU fp32 parameters are torch.FloatTensor",
+        "on CPU parameters are torch.FloatTensor / torch.BFloat16Tensor",
+    ),
+    Patch(
+        name="distrib-optimizer-init-half-params",
+        target="megatron.core.optimizer.distrib_optimizer:DistributedOptimizer.__init__",
+        kind="edit",
+        edits=((_CUDA_HALF_TYPES.format(name="param"), _CPU_HALF_TYPES.format(name="param"), 1),),
+        reason="marks 16-bit parameters for a sharded fp32 main copy only if they are torch.cuda "
+        "HalfTensor/BFloat16Tensor; on CPU they are torch.BFloat16Tensor",
+    ),
+    Patch(
+        name="float16-optimizer-param-types",
+        target="megatron.core.optimizer.optimizer:Float16OptimizerWithFloat16Params.__init__",
+        kind="edit",
+        edits=(
+            (_CUDA_HALF_TYPES.format(name="param"), _CPU_HALF_TYPES.format(name="param"), 1),
+            ("elif param.type() == 'torch.cuda.FloatTensor':", "elif param.type() == 'torch.FloatTensor':", 1),
+        ),
+        reason="the bf16 optimizer (fp32 master copies of bf16 parameters, DP=1) accepts only torch.cuda "
+        "tensor types; on CPU they are torch.BFloat16Tensor / torch.FloatTensor",
     ),
     # ---- 7. GPT model: RoPE table and the tied-embedding copy on the last PP stage ----
     Patch(

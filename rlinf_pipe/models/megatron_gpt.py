@@ -110,8 +110,24 @@ def check_parallel_sizes(arch: HfArch, tp: int, pp: int) -> None:
         )
 
 
+RECOMPUTE = ("none", "selective", "full")
+
+
+def recompute_options(recompute: str) -> dict[str, Any]:
+    """`TransformerConfig` fields of an activation-recompute choice: `selective` recomputes the attention core
+    (the scores and softmax, which grow with the square of the sequence); `full` every layer's activations (each
+    layer keeps only its input)."""
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+    if recompute == "selective":
+        return {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]}
+    if recompute == "full":
+        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    return {}
+
+
 def gpt_config_from_hf(
-    hf_config: Any, *, tp: int = 1, pp: int = 1, params_dtype: torch.dtype = torch.float32
+    hf_config: Any, *, tp: int = 1, pp: int = 1, params_dtype: torch.dtype = torch.float32, recompute: str = "none",
 ) -> Any:
     """The megatron `TransformerConfig` equivalent to `hf_config` for a TP x PP split."""
     from megatron.core.transformer import TransformerConfig
@@ -146,6 +162,7 @@ def gpt_config_from_hf(
         pipeline_dtype=params_dtype,
         bf16=bf16,
         use_cpu_initialization=not torch.cuda.is_available(),
+        **recompute_options(recompute),
     )
 
 
@@ -164,7 +181,7 @@ def init_model_parallel(tp: int, pp: int) -> None:
 
 def build_gpt_model(
     hf_config: Any, *, params_dtype: torch.dtype = torch.float32, pre_process: bool | None = None,
-    post_process: bool | None = None,
+    post_process: bool | None = None, recompute: str = "none",
 ) -> Any:
     """This rank's `GPTModel` stage for `hf_config`, with TP/PP sizes taken from `parallel_state`.
 
@@ -183,6 +200,7 @@ def build_gpt_model(
         tp=ps.get_tensor_model_parallel_world_size(),
         pp=ps.get_pipeline_model_parallel_world_size(),
         params_dtype=params_dtype,
+        recompute=recompute,
     )
     model = GPTModel(
         config=config,
@@ -197,6 +215,10 @@ def build_gpt_model(
         rotary_percent=1.0,
         parallel_output=True,
     )
+    with torch.no_grad():  # the torch-norm fallback (no apex / Transformer Engine) makes fp32 norm weights whatever
+        for param in model.parameters():  # params_dtype is; one dtype for all, as Megatron's Float16Module casts
+            if param.is_floating_point() and param.dtype != params_dtype:
+                param.data = param.data.to(params_dtype)
     if torch.cuda.is_available():
         model = model.cuda(torch.cuda.current_device())
     return model

@@ -8,7 +8,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rlinf_pipe.engines.policy.logprobs import token_entropy, token_logprobs, token_logprobs_and_entropy
+from rlinf_pipe.engines.policy.logprobs import (
+    CHUNK_BYTES,
+    token_entropy,
+    token_logprobs,
+    token_logprobs_and_entropy,
+)
 from rlinf_pipe.utils.net import free_port
 
 VOCAB, PADDED, B, L, TEMP = 11, 12, 3, 7, 0.7
@@ -35,13 +40,14 @@ def _weights(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(B, L, generator=g), torch.randn(B, L, generator=g)
 
 
-def test_matches_log_softmax_values_and_gradients():
+@pytest.mark.parametrize("chunk_bytes", [CHUNK_BYTES, 4 * PADDED * 2], ids=["one-chunk", "two-positions-a-chunk"])
+def test_matches_log_softmax_values_and_gradients(chunk_bytes: int):
     logits, ids = _data()
     ref_lp, ref_ent = _reference(logits, ids)
     w_lp, w_ent = _weights()
 
     x = logits.clone().requires_grad_(True)
-    lp, ent = token_logprobs_and_entropy(x, ids, TEMP, VOCAB)
+    lp, ent = token_logprobs_and_entropy(x, ids, TEMP, VOCAB, chunk_bytes=chunk_bytes)
     assert lp.shape == ent.shape == (B, L) and lp.dtype == torch.float32
     torch.testing.assert_close(lp.double(), ref_lp, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ent.double(), ref_ent, atol=1e-5, rtol=1e-5)
@@ -56,6 +62,21 @@ def test_matches_log_softmax_values_and_gradients():
 
     torch.testing.assert_close(token_logprobs(logits, ids, TEMP, VOCAB), lp.detach())
     torch.testing.assert_close(token_entropy(logits, TEMP, VOCAB), ent.detach())
+
+
+def test_a_loss_of_log_probs_only_matches_and_low_precision_logits_stay_low_precision():
+    logits, ids = _data()
+    x = logits.clone().requires_grad_(True)
+    (token_logprobs(x, ids, TEMP, VOCAB) * _weights()[0]).sum().backward()
+    y = logits.double().clone().requires_grad_(True)
+    (_reference(y, ids)[0] * _weights()[0].double()).sum().backward()
+    torch.testing.assert_close(x.grad.double(), y.grad, atol=1e-5, rtol=1e-4)
+    half = logits.bfloat16().requires_grad_(True)
+    lp = token_logprobs(half, ids, TEMP, VOCAB, chunk_bytes=4 * PADDED * 3)
+    assert lp.dtype == torch.float32
+    torch.testing.assert_close(lp.double(), _reference(logits.bfloat16().double(), ids)[0], atol=1e-4, rtol=1e-4)
+    lp.sum().backward()
+    assert half.grad.dtype == torch.bfloat16 and torch.isfinite(half.grad.float()).all()
 
 
 def test_bad_inputs():

@@ -1,11 +1,15 @@
-"""Token log-probabilities and entropies from (possibly vocab-parallel) logits; pure functions.
+"""Token log-probabilities and entropies from (possibly vocab-parallel) logits, in chunks; pure functions.
 
 Logits are `[B, L, V_local]`: the full padded vocabulary, or this rank's contiguous shard of it when the output
 layer is tensor-parallel (`tp_group` given; shard `r` holds columns `[r * V_local, (r + 1) * V_local)`). Columns at
 or past the real vocabulary size (Megatron pads the vocabulary to a multiple of TP) are excluded from every
-softmax. With a TP group, the max, the sum of exponentials and the target logit are all-reduced over the group:
-full logits are never gathered. Every TP rank returns the same values, and gradients flow to the local shard as
-they would through a full-vocabulary `log_softmax`.
+softmax. With a TP group, the max, the sum of exponentials, the target logit and the entropy's sum are all-reduced
+over the group: full logits are never gathered. Every TP rank returns the same values, and each rank's gradient is
+its shard's part of the gradient of a full-vocabulary `log_softmax`.
+
+Memory: the positions are processed a chunk at a time (about `CHUNK_BYTES` of float32 working memory per chunk),
+so no float32 copy of the `[B, L, V]` logits ever exists; the backward pass recomputes each chunk's softmax from
+the logits (kept in their own dtype) and the per-position log-sum-exp, instead of storing float32 intermediates.
 
 Alignment matches `TrainBatch`: `out[b, t]` is about token `input_ids[b, t]` given `input_ids[b, :t]`, computed
 from the logits at position `t - 1`; `out[:, 0]` is 0.
@@ -13,29 +17,15 @@ from the logits at position `t - 1`; `out[:, 0]` is 0.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["token_logprobs", "token_entropy", "token_logprobs_and_entropy"]
+__all__ = ["CHUNK_BYTES", "token_entropy", "token_logprobs", "token_logprobs_and_entropy"]
 
-
-class _AllReduceSum(torch.autograd.Function):
-    """Sum over a group in forward; identity in backward (every rank computes the same loss downstream, so
-    each rank's share receives the full upstream gradient, as in Megatron's reduce-from-TP-region)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, group: Any) -> Tensor:
-        import torch.distributed as dist
-
-        out = x.clone()
-        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        return grad, None
+CHUNK_BYTES = 1 << 28  # float32 working memory of one chunk of positions (256 MiB)
 
 
 def _group_info(tp_group: Any) -> tuple[int, int]:
@@ -46,109 +36,146 @@ def _group_info(tp_group: Any) -> tuple[int, int]:
     return dist.get_rank(group=tp_group), dist.get_world_size(group=tp_group)
 
 
-def _shifted(logits: Tensor, temperature: float, vocab_size: int, tp_group: Any) -> tuple[Tensor, Tensor, int]:
-    """Logits predicting positions 1..L-1, scaled by 1/temperature and shifted by the (detached, global) max over
-    the real vocabulary; plus the mask of real-vocabulary columns of this shard and the shard's first column."""
+def _all_reduce(x: Tensor, op: str, tp_group: Any) -> Tensor:
+    if tp_group is not None:
+        import torch.distributed as dist
+
+        dist.all_reduce(x, op=getattr(dist.ReduceOp, op), group=tp_group)
+    return x
+
+
+def _chunks(logits: Tensor, chunk_bytes: int) -> Iterator[tuple[int, int, int]]:
+    """(sequence, first position, end position) of each chunk of the positions 0..L-2 that predict a token."""
+    batch, length, local = logits.shape
+    rows = max(1, chunk_bytes // (4 * local))
+    for b in range(batch):
+        for start in range(0, length - 1, rows):
+            yield b, start, min(start + rows, length - 1)
+
+
+class _Chunk:
+    """One chunk's scaled logits `z` (float32, -inf on padded columns) and its targets within this shard."""
+
+    def __init__(self, logits: Tensor, targets: Tensor, b: int, i: int, j: int, temperature: float, valid: Tensor,
+                 start: int):
+        self.z = logits[b, i:j].float() / temperature  # a new tensor (float() of float32 logits is no copy)
+        if not bool(valid.all()):
+            self.z.masked_fill_(~valid, float("-inf"))
+        local = self.z.shape[-1]
+        target = targets[b, i:j].to(self.z.device).long() - start
+        self.in_shard = (target >= 0) & (target < local)
+        self.target = target.clamp(0, local - 1)
+
+
+class _LogprobsEntropy(torch.autograd.Function):
+    """`(logprobs, entropy)` `[B, L-1]` of each position's next token; see the module docstring."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, targets: Tensor, temperature: float, vocab_size: int, tp_group: Any,
+                chunk_bytes: int) -> tuple[Tensor, Tensor]:
+        rank, _ = _group_info(tp_group)
+        batch, length, local = logits.shape
+        start = rank * local
+        valid = (torch.arange(local, device=logits.device) + start) < vocab_size
+        shape = (batch, length - 1)
+        lp = torch.empty(shape, dtype=torch.float32, device=logits.device)
+        ent, lse = torch.empty_like(lp), torch.empty_like(lp)
+        for b, i, j in _chunks(logits, chunk_bytes):
+            c = _Chunk(logits, targets, b, i, j, temperature, valid, start)
+            m = _all_reduce(c.z.amax(dim=-1), "MAX", tp_group)
+            c.z.sub_(m[:, None])  # z - m (-inf on padded columns)
+            e = c.z.exp()
+            s = _all_reduce(e.sum(dim=-1), "SUM", tp_group)
+            picked = c.z.gather(-1, c.target[:, None]).squeeze(-1)
+            picked = _all_reduce(torch.where(c.in_shard, picked, torch.zeros_like(picked)), "SUM", tp_group)
+            c.z.masked_fill_(~valid, 0.0)
+            ez = _all_reduce((e.mul_(c.z)).sum(dim=-1), "SUM", tp_group)
+            log_s = s.log()
+            lp[b, i:j] = picked - log_s
+            ent[b, i:j] = log_s - ez / s
+            lse[b, i:j] = m + log_s
+        ctx.save_for_backward(logits, targets, lse, ent)
+        ctx.temperature, ctx.vocab_size, ctx.tp_group, ctx.chunk_bytes = temperature, vocab_size, tp_group, chunk_bytes
+        ctx.set_materialize_grads(False)  # an output the loss does not use gets no gradient pass
+        return lp, ent
+
+    @staticmethod
+    def backward(ctx: Any, grad_lp: Tensor | None, grad_ent: Tensor | None) -> tuple[Any, ...]:
+        logits, targets, lse, ent = ctx.saved_tensors
+        rank, _ = _group_info(ctx.tp_group)
+        local = logits.shape[-1]
+        start = rank * local
+        valid = (torch.arange(local, device=logits.device) + start) < ctx.vocab_size
+        grad = torch.zeros_like(logits)
+        for b, i, j in _chunks(logits, ctx.chunk_bytes):
+            c = _Chunk(logits, targets, b, i, j, ctx.temperature, valid, start)
+            logp = c.z.sub_(lse[b, i:j, None])  # log p (-inf on padded columns)
+            p = logp.exp()
+            dz = torch.zeros_like(p)
+            if grad_ent is not None:  # dH/dz_k = -p_k (log p_k + H)
+                logp.masked_fill_(~valid, 0.0).add_(ent[b, i:j, None])
+                dz.sub_(p * logp * grad_ent[b, i:j, None])
+            if grad_lp is not None:  # d log p_t / dz_k = 1[k = t] - p_k
+                g = grad_lp[b, i:j]
+                dz.sub_(p.mul_(g[:, None]))
+                rows = torch.nonzero(c.in_shard).squeeze(-1)
+                dz[rows, c.target[rows]] += g[rows]
+            grad[b, i:j] = dz.div_(ctx.temperature).to(grad.dtype)
+        return grad, None, None, None, None, None
+
+
+def _check(logits: Tensor, temperature: float, vocab_size: int | None, tp_group: Any) -> int:
     if logits.dim() != 3:
         raise ValueError(f"logits must be [batch, seq, vocab], got shape {tuple(logits.shape)}")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    rank, world = _group_info(tp_group)
-    local = logits.shape[-1]
-    start = rank * local
-    if local * world < vocab_size:
-        raise ValueError(f"logits cover {local * world} vocabulary columns, fewer than vocab_size {vocab_size}")
-    z = logits[:, :-1, :].float() / temperature
-    valid = (torch.arange(local, device=logits.device) + start) < vocab_size  # [V_local]
-    with torch.no_grad():
-        m = torch.where(valid, z, torch.full_like(z, float("-inf"))).amax(dim=-1, keepdim=True)
-        if tp_group is not None:
-            import torch.distributed as dist
-
-            dist.all_reduce(m, op=dist.ReduceOp.MAX, group=tp_group)
-    # Padded columns become 0 before exp and are zeroed after it: no inf/NaN in values or gradients.
-    z = torch.where(valid, z - m, torch.zeros_like(z))
-    return z, valid, start
-
-
-def _sum_exp(z: Tensor, valid: Tensor, tp_group: Any) -> tuple[Tensor, Tensor]:
-    e = torch.where(valid, torch.exp(z), torch.zeros_like(z))
-    s = e.sum(dim=-1)
-    if tp_group is not None:
-        s = _AllReduceSum.apply(s, tp_group)
-    return e, s
+    world = _group_info(tp_group)[1]
+    covered = logits.shape[-1] * world
+    if vocab_size is None:
+        return covered
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+    if covered < vocab_size:
+        raise ValueError(f"logits cover {covered} vocabulary columns, fewer than vocab_size {vocab_size}")
+    return vocab_size
 
 
 def _pad_first(values: Tensor) -> Tensor:
     return torch.cat([values.new_zeros(values.shape[0], 1), values], dim=1)
 
 
-def _logprobs(z: Tensor, s: Tensor, input_ids: Tensor, start: int, tp_group: Any) -> Tensor:
-    local = z.shape[-1]
-    target = input_ids[:, 1:].to(z.device).long() - start
-    in_shard = (target >= 0) & (target < local)
-    picked = z.gather(-1, target.clamp(0, local - 1).unsqueeze(-1)).squeeze(-1)
-    picked = torch.where(in_shard, picked, torch.zeros_like(picked))
-    if tp_group is not None:
-        picked = _AllReduceSum.apply(picked, tp_group)
-    return picked - torch.log(s)
-
-
-def _entropy(z: Tensor, e: Tensor, s: Tensor, tp_group: Any) -> Tensor:
-    # H = log S - sum(e * z) / S with e = exp(z) on real columns (0 elsewhere, where z is 0 too).
-    ez = (e * z).sum(dim=-1)
-    if tp_group is not None:
-        ez = _AllReduceSum.apply(ez, tp_group)
-    return torch.log(s) - ez / s
-
-
-def _check_ids(logits: Tensor, input_ids: Tensor) -> None:
+def token_logprobs_and_entropy(
+    logits: Tensor, input_ids: Tensor, temperature: float = 1.0, vocab_size: int | None = None, tp_group: Any = None,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> tuple[Tensor, Tensor]:
+    """`[B, L]` float32 log-probs `out[:, t] = log softmax(logits[:, t-1] / temperature)[input_ids[:, t]]` and the
+    entropies of those distributions; `out[:, 0] = 0`. `vocab_size`: the real vocabulary (columns at or past it
+    are masked; default every column). `tp_group`: the tensor-parallel group when `logits` are vocab shards.
+    Differentiable with respect to `logits`."""
     if input_ids.shape != logits.shape[:2]:
         raise ValueError(
             f"input_ids {tuple(input_ids.shape)} must match the logits' [batch, seq] {tuple(logits.shape[:2])}"
         )
+    vocab = _check(logits, temperature, vocab_size, tp_group)
+    if logits.shape[1] < 2:
+        zeros = logits.new_zeros(logits.shape[:2], dtype=torch.float32)
+        return zeros, zeros.clone()
+    lp, ent = _LogprobsEntropy.apply(logits, input_ids[:, 1:], temperature, vocab, tp_group, chunk_bytes)
+    return _pad_first(lp), _pad_first(ent)
 
 
 def token_logprobs(
-    logits: Tensor, input_ids: Tensor, temperature: float = 1.0, vocab_size: int | None = None, tp_group: Any = None
+    logits: Tensor, input_ids: Tensor, temperature: float = 1.0, vocab_size: int | None = None, tp_group: Any = None,
+    chunk_bytes: int = CHUNK_BYTES,
 ) -> Tensor:
-    """`[B, L]` float32: `out[:, t] = log softmax(logits[:, t-1] / temperature)[input_ids[:, t]]`, `out[:, 0] = 0`.
-
-    `vocab_size`: the real vocabulary (columns at or past it are masked); default all columns of the full
-    logits. `tp_group`: the tensor-parallel group when `logits` are vocab shards. Differentiable.
-    """
-    _check_ids(logits, input_ids)
-    vocab_size = _default_vocab(logits, vocab_size, tp_group)
-    z, valid, start = _shifted(logits, temperature, vocab_size, tp_group)
-    _, s = _sum_exp(z, valid, tp_group)
-    return _pad_first(_logprobs(z, s, input_ids, start, tp_group))
+    """The log-probs of `token_logprobs_and_entropy`. Differentiable."""
+    return token_logprobs_and_entropy(logits, input_ids, temperature, vocab_size, tp_group, chunk_bytes)[0]
 
 
 def token_entropy(
-    logits: Tensor, temperature: float = 1.0, vocab_size: int | None = None, tp_group: Any = None
+    logits: Tensor, temperature: float = 1.0, vocab_size: int | None = None, tp_group: Any = None,
+    chunk_bytes: int = CHUNK_BYTES,
 ) -> Tensor:
-    """`[B, L]` float32 entropy of the distribution that predicts each token (same alignment and masking as
-    `token_logprobs`; `out[:, 0] = 0`). Differentiable."""
-    vocab_size = _default_vocab(logits, vocab_size, tp_group)
-    z, valid, _ = _shifted(logits, temperature, vocab_size, tp_group)
-    e, s = _sum_exp(z, valid, tp_group)
-    return _pad_first(_entropy(z, e, s, tp_group))
-
-
-def token_logprobs_and_entropy(
-    logits: Tensor, input_ids: Tensor, temperature: float = 1.0, vocab_size: int | None = None, tp_group: Any = None
-) -> tuple[Tensor, Tensor]:
-    """Both `token_logprobs` and `token_entropy`, sharing the softmax statistics (and collectives)."""
-    _check_ids(logits, input_ids)
-    vocab_size = _default_vocab(logits, vocab_size, tp_group)
-    z, valid, start = _shifted(logits, temperature, vocab_size, tp_group)
-    e, s = _sum_exp(z, valid, tp_group)
-    return _pad_first(_logprobs(z, s, input_ids, start, tp_group)), _pad_first(_entropy(z, e, s, tp_group))
-
-
-def _default_vocab(logits: Tensor, vocab_size: int | None, tp_group: Any) -> int:
-    if vocab_size is not None:
-        if vocab_size < 1:
-            raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
-        return vocab_size
-    return logits.shape[-1] * _group_info(tp_group)[1]
+    """The entropies of `token_logprobs_and_entropy` (the targets do not matter). Differentiable."""
+    ids = torch.zeros(logits.shape[:2], dtype=torch.long, device=logits.device)
+    return token_logprobs_and_entropy(logits, ids, temperature, vocab_size, tp_group, chunk_bytes)[1]

@@ -212,15 +212,19 @@ class PolicyOptimizer:
 class DeviceState:
     """Moves a set of tensors' storages off the device and back (collocated mode's offload / onload).
 
-    Each distinct storage is copied out to (pinned) host memory and resized to 0; views (DDP buffers, main grads)
-    stay valid because `onload` resizes and refills the same storage. On CPU there is nowhere to move to: nothing
-    happens and the bytes that would move are reported (`force=True` runs the cycle on CPU storage, for tests).
+    Each distinct storage is copied out to host memory and resized to 0; views (DDP buffers, main grads) stay valid
+    because `onload` resizes and refills the same storage. On CUDA the host copies are pinned buffers allocated once
+    per storage and reused every cycle (allocating pinned memory is slow, and pinning a pageable copy would hold two),
+    and after offloading the allocator's cache is emptied, so the freed memory goes back to the GPU for the engines.
+    On CPU there is nowhere to move to: nothing happens and the bytes that would move are reported (`force=True`
+    runs the cycle on CPU storage, for tests).
     """
 
     def __init__(self, tensors: Any, device: torch.device):
         self.tensors = tensors  # a callable returning the current tensors (optimizer state appears after a step)
         self.device = device
         self.offloaded: list[tuple[Any, Any]] | None = None  # (device storage, host backup) while offloaded
+        self.backups: dict[int, Any] = {}  # host buffer per storage (by its StorageImpl), kept between cycles
 
     def _storages(self, include_cpu: bool) -> list[Any]:
         seen: dict[tuple[str, int], Any] = {}
@@ -241,6 +245,15 @@ class DeviceState:
             seen[(str(t.device), s.data_ptr())] = s.nbytes()
         return sum(seen.values())
 
+    def _backup(self, storage: Any) -> Any:
+        """The host buffer of `storage` (its StorageImpl stays the same through resizes): allocated on first use."""
+        backup = self.backups.get(storage._cdata)  # noqa: SLF001 - the storage's identity
+        if backup is None or backup.nbytes() != storage.nbytes():
+            pinned = self.device.type == "cuda"
+            backup = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=pinned).untyped_storage()
+            self.backups[storage._cdata] = backup  # noqa: SLF001
+        return backup
+
     def offload(self, force: bool = False) -> int:
         """Copy the storages to host memory and free them on the device; returns the bytes moved."""
         if self.offloaded is not None:
@@ -250,13 +263,13 @@ class DeviceState:
             return self.nbytes()
         moved = []
         for storage in self._storages(include_cpu=force):
-            backup = torch.UntypedStorage(storage.nbytes(), device="cpu")
-            if self.device.type == "cuda":
-                backup = backup.pin_memory()
+            backup = self._backup(storage)
             backup.copy_(storage)
             moved.append((storage, backup))
         for storage, _ in moved:
             storage.resize_(0)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # hand the freed blocks back, for the engines that share this GPU
         self.offloaded = moved
         return sum(b.nbytes() for _, b in moved)
 

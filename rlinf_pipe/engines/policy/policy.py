@@ -62,10 +62,14 @@ class MegatronPolicy:
         use_distributed_optimizer: shard optimizer state over DP; default: when DP > 1.
         params_dtype: "float32" / "bfloat16"; default bf16 on CUDA, fp32 on CPU (fp32 master weights and fp32
             gradient reduction either way).
+        recompute: activation recompute in the backward pass: "none", "selective" (the attention core) or "full"
+            (every layer); see `models.megatron_gpt.recompute_options`.
         temperature: default temperature of the training log-probs (the sampling temperature).
         train_entropy: compute per-token entropy for `loss_fn` by default.
         logprob_max_tokens: token budget (rows x padded length) of a forward-only micro-batch.
         seed: torch / Megatron model-parallel RNG seed.
+        load_weights: False keeps the random initialisation (the folder then needs only `config.json`; for
+            memory and speed measurements at a real model's shape).
     """
 
     def __init__(
@@ -85,6 +89,8 @@ class MegatronPolicy:
         train_entropy: bool = False,
         logprob_max_tokens: int = 8192,
         seed: int = 1234,
+        recompute: str = "none",
+        load_weights: bool = True,
     ) -> None:
         if logprob_max_tokens < 1:
             raise ValueError(f"logprob_max_tokens must be >= 1, got {logprob_max_tokens}")
@@ -104,7 +110,7 @@ class MegatronPolicy:
         from transformers import AutoConfig
 
         from rlinf_pipe.models.convert import load_hf_checkpoint
-        from rlinf_pipe.models.megatron_gpt import build_gpt_model
+        from rlinf_pipe.models.megatron_gpt import build_gpt_model, hf_arch
 
         if not dist.is_initialized() or not ps.model_parallel_is_initialized():
             raise RuntimeError(
@@ -129,8 +135,10 @@ class MegatronPolicy:
 
         torch.manual_seed(seed)
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
-        module = build_gpt_model(AutoConfig.from_pretrained(str(path)), params_dtype=self.params_dtype)
-        self.arch = load_hf_checkpoint(module, path)
+        hf_config = AutoConfig.from_pretrained(str(path))
+        module = build_gpt_model(hf_config, params_dtype=self.params_dtype,
+                                 recompute=recompute if train else "none")
+        self.arch = load_hf_checkpoint(module, path) if load_weights else hf_arch(hf_config)
         self.vocab_size = self.arch.vocab_size
         self.config = module.config
         self.config.finalize_model_grads_func = None  # gradients are finalised once, in optimizer_step

@@ -1,0 +1,27 @@
+"""Offload / onload (`DeviceState`): storages are freed and refilled in place (views stay valid), the host copies
+are allocated once and reused every cycle."""
+
+from __future__ import annotations
+
+import torch
+
+from rlinf_pipe.engines.policy.optimizer import DeviceState
+
+
+def test_offload_frees_refills_in_place_and_reuses_its_host_buffers():
+    weight = torch.randn(64, 32)
+    grads = torch.zeros(3000)
+    view = grads[1000:2000]  # a view into a storage, as DDP's grad buffer hands out
+    view.fill_(2.0)
+    state = DeviceState(lambda: [weight, grads, view], torch.device("cpu"))
+    expected_weight, expected_grads = weight.clone(), grads.clone()
+    assert state.offload(force=True) == weight.numel() * 4 + grads.numel() * 4
+    assert weight.untyped_storage().nbytes() == 0 and grads.untyped_storage().nbytes() == 0
+    buffers = {key: id(buffer) for key, buffer in state.backups.items()}
+    assert state.onload() == weight.numel() * 4 + grads.numel() * 4
+    assert torch.equal(weight, expected_weight) and torch.equal(grads, expected_grads) and bool((view == 2).all())
+    weight.add_(1)
+    state.offload(force=True)
+    state.onload()
+    assert {key: id(buffer) for key, buffer in state.backups.items()} == buffers  # no new host allocation
+    assert torch.equal(weight, expected_weight + 1)
