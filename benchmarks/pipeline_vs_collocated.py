@@ -97,7 +97,7 @@ def load(mode: str, args: argparse.Namespace, model: str | None, out: Path) -> A
         overrides.append(f"actor.model_path={model}")
     if args.weight_bucket_mb is not None:
         overrides.append(f"runner.weight_bucket_mb={args.weight_bucket_mb}")
-    if mode == "pipeline":  # collocated mode always syncs through the object store
+    if args.weight_sync != "ipc" or mode == "collocated":  # ipc reaches engines on the actor's GPUs only
         overrides.append(f"runner.weight_sync={args.weight_sync}")
     return load_config(CONFIGS, name, overrides)
 
@@ -223,8 +223,9 @@ def main() -> None:
     parser.add_argument("--model", default=None,
                         help="HF model folder (default: the warm-started tiny model); e.g. a larger "
                         "`python -m rlinf_pipe.models.tiny` folder to see weight sync where bandwidth dominates")
-    parser.add_argument("--weight-sync", choices=["object_store", "broadcast"], default="broadcast",
-                        help="the pipeline's runner.weight_sync (collocated always uses the object store)")
+    parser.add_argument("--weight-sync", choices=["auto", "object_store", "broadcast", "ipc"], default="auto",
+                        help="runner.weight_sync of both modes (auto: broadcast in the pipeline, ipc collocated; "
+                        "ipc only collocated)")
     parser.add_argument("--weight-bucket-mb", type=int, default=None,
                         help="runner.weight_bucket_mb for both modes (default: the config's)")
     parser.add_argument("--json", action="store_true")

@@ -40,6 +40,12 @@ class ClusterConfig:
         "one Ray finds, else start a local one; `local`: always start a local one; or an explicit `IP:PORT`.",
     )
     join_timeout_s: float = opt(300.0, "Seconds to wait for `num_nodes` nodes to join before failing.", min=0)
+    gpu_memory_gb: float | None = opt(
+        None,
+        "GPU memory the per-GPU memory estimate checks against (`rlinf-pipe plan`, and a warning before a run); "
+        "null: the GPU of the machine that plans, or 80 GB without one.",
+        min=1,
+    )
 
 
 @dataclass
@@ -57,13 +63,17 @@ class RunnerConfig:
         "(pipeline mode only; the loss uses the sampling log-probs, see docs/pipeline.md#staleness).", min=0
     )
     weight_bucket_mb: int = opt(64, "Size of one weight-sync bucket in MiB.", min=1)
-    weight_sync: Literal["auto", "object_store", "broadcast"] = opt(
+    weight_sync: Literal["auto", "broadcast", "ipc", "object_store"] = opt(
         "auto",
-        "How weights reach the engines: `broadcast` (a direct gloo process group from the actor to every rollout "
-        "and log-prob worker; disaggregated mode only), `object_store` (Ray's object store; both modes) or `auto` "
-        "(broadcast when disaggregated, object_store when collocated).",
+        "How weights reach the engines and log-prob workers: `broadcast` (a process group from the actor's rank 0 "
+        "to every receiver: NCCL on GPUs, gloo on CPU), `ipc` (collocated, within each node: CUDA IPC handles on "
+        "GPUs, shared memory on CPU; no copy between processes), `object_store` (Ray's object store, the fallback "
+        "that works anywhere) or `auto` (ipc when collocated and every node with engines has an actor rank holding "
+        "a whole replica, else broadcast). See docs/weight-sync.md.",
     )
-    verify_weights: bool = opt(False, "Check a CRC32 of every weight-sync bucket on the receiving side.")
+    verify_weights: bool = opt(
+        False, "Verify every weight version where it lands: a CRC32 of every bucket (torch engines and log-prob "
+        "workers), or reading a few tensors back by name (SGLang, for the model classes it can read back).")
     tensorboard: bool = opt(True, "Write tensorboard events to `<run dir>/tensorboard`.")
     wandb_project: str | None = opt(None, "Log metrics to this wandb project (null: wandb off, no network).")
     progress: bool = opt(True, "Show the console progress bar and the end-of-run summary.")
@@ -104,7 +114,22 @@ class RolloutConfig:
 
     backend: Literal["torch", "sglang"] = opt("torch", "`torch` (any device) or `sglang` (GPU only).")
     model_path: str | None = opt(None, "HF model folder to generate with; defaults to actor.model_path.")
-    tensor_parallel_size: int = opt(1, "GPUs per generation engine.", min=1)
+    tensor_parallel_size: int = opt(1, "GPUs per generation engine (SGLang's `tp_size`).", min=1)
+    gpu_memory_fraction: float | None = opt(
+        None,
+        "SGLang: the share of each GPU for weights and KV cache (`mem_fraction_static`); null: 0.85 on GPUs of its "
+        "own, 0.5 collocated (the actor comes back onto the same GPUs).",
+        min=0.05,
+    )
+    max_running_requests: int | None = opt(
+        None, "Sequences an engine decodes at once (SGLang's `max_running_requests`; null: SGLang's choice, 64 for the "
+        "torch engine).", min=1,
+    )
+    deterministic: bool = opt(
+        False,
+        "SGLang: deterministic inference, which also makes per-sample seeds reproducible (slower; without it SGLang "
+        "ignores the seeds, see docs/rollout.md). The torch engine is always seeded.",
+    )
     temperature: float = opt(1.0, "Sampling temperature.", min=0)
     top_p: float = opt(1.0, "Nucleus sampling threshold.", min=0)
     top_k: int = opt(-1, "Top-k sampling (-1: off).")
@@ -130,12 +155,22 @@ class ActorConfig:
     )
     tensor_parallel_size: int = opt(1, "Megatron tensor-parallel size.", min=1)
     pipeline_parallel_size: int = opt(1, "Megatron pipeline-parallel size.", min=1)
-    micro_batch_size: int = opt(16, "Sequences per micro-batch (the cap when micro_batch_tokens is set too).", min=1)
+    micro_batch_size: int = opt(
+        16, "Sequences per micro-batch (the cap when micro_batch_tokens is set too; a larger group is split by rows).",
+        min=1)
     micro_batch_tokens: int | None = opt(
         None,
         "Dynamic micro-batches: at most this many padded tokens (rows x longest row) per micro-batch; null: fixed "
-        "micro_batch_size. A single group larger than the budget still trains as one micro-batch.",
+        "micro_batch_size. A group over the budget is split by rows; a single row over it trains alone.",
         min=1,
+    )
+    recompute: Literal["none", "selective", "full"] = opt(
+        "none", "Activation recompute in the backward pass: `selective` (the attention scores, most of the memory at "
+        "long sequences, for little compute) or `full` (every layer's activations).",
+    )
+    params_dtype: Literal["auto", "float32", "bfloat16"] = opt(
+        "auto", "Parameter dtype of the actor (and the weights it syncs): `auto` is bfloat16 on GPUs, float32 on CPU "
+        "(fp32 master weights and gradients either way).",
     )
     lr: float = opt(2e-4, "Peak learning rate (the default suits the tiny model; use ~1e-6 for real models).", min=0)
     weight_decay: float = opt(0.0, "AdamW weight decay.", min=0)

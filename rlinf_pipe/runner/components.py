@@ -60,8 +60,9 @@ class Components:
         return self.inference if self.inference is not None else self.actor
 
     @property
-    def weight_receivers(self) -> list[WorkerGroup]:
-        return [self.rollout] if self.inference is None else [self.rollout, self.inference]
+    def weight_receivers(self) -> dict[str, WorkerGroup]:
+        """The groups that load weight versions, by component (`RunPlan.weight_receivers`)."""
+        return {"rollout": self.rollout, **({"inference": self.inference} if self.inference is not None else {})}
 
     def groups(self) -> list[WorkerGroup]:
         return [self.rollout, self.reward, self.actor, *([self.inference] if self.inference is not None else [])]
@@ -156,10 +157,12 @@ def launch(cfg: Config) -> Components:
                           env=WORKER_ENV)
             inference = start(InferenceWorker, "inference", comps["inference"], cluster, cfg, model_path,
                               channels.scored, channels.train, plan.actor_dp, env=WORKER_ENV)
-        rollout = start(RolloutWorker, "rollout", comps["rollout"], cluster, rollout_path, cfg.rollout.backend,
+        rollout = start(RolloutWorker, "rollout", comps["rollout"], cluster, cfg.rollout, rollout_path,
                         sampling_params(cfg), cfg.runner.seed, channels.rollouts, locks, distributed=False)
         for group in started:
             group.ready()
+        if plan.collocated:  # the engines hold the GPUs only while they generate
+            rollout.all.release_devices().wait()
     except BaseException:
         for group in started:
             group.shutdown()

@@ -48,7 +48,9 @@ def step_metrics(outcome: StepOutcome, spans: list[Span], driver_data_bytes: int
         "timing/reward": stage_time("reward"),
         "timing/inference": stage_time("logprob"),
         "timing/train": stage_time("train"),
-        "timing/weight_sync": next(s.duration for s in spans if s.name == "weight_sync" and s.track == "driver"),
+        # (collocated over a group transport, the step moves the next version at the end of its actor phase; the
+        # last step moves none)
+        "timing/weight_sync": sum(s.duration for s in spans if s.name == "weight_sync" and s.track == "driver"),
         "timing/publish_weights": sum(s.duration for s in spans if s.name == "publish_weights"),
         "weight_sync/bytes": outcome.sync["bytes"],
         "throughput/tokens_per_s": tally.response_tokens / analysis.duration,

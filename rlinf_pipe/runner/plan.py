@@ -14,7 +14,8 @@ from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.scheduler.placement import Placement, plan_placement
 from rlinf_pipe.utils.text import closest
-from rlinf_pipe.weights.transports import Transport
+from rlinf_pipe.runner.weight_routes import WeightRoute, ipc_unreachable, weight_routes
+from rlinf_pipe.weights.transports import TRANSPORTS, Transport
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class RunPlan:
     placement: Placement
     collocated: bool
     weight_transport: Transport
+    weight_routes: tuple[WeightRoute, ...]
     staleness: int
     dynamic_sampling: bool
 
@@ -31,15 +33,21 @@ class RunPlan:
     def actor_dp(self) -> int:
         return self.placement.components["actor"].dp
 
+    @property
+    def weight_receivers(self) -> tuple[str, ...]:
+        """The components that load weight versions: the engines, and the log-prob workers when disaggregated."""
+        return ("rollout",) if self.collocated else ("rollout", "inference")
 
-def resolve_weight_transport(setting: str, collocated: bool) -> Transport:
-    """`runner.weight_sync`: `auto` is `broadcast` in the disaggregated pipeline and `object_store` when
-    collocated."""
+
+def resolve_weight_transport(setting: str, placement: Placement, receivers: Sequence[str]) -> Transport:
+    """`runner.weight_sync`: `auto` is `ipc` when collocated and every node with an engine has an actor rank that
+    holds a whole replica (CUDA IPC on GPUs, shared memory on CPU), else `broadcast` (NCCL on GPUs, gloo on CPU)."""
     if setting == "auto":
-        return "object_store" if collocated else "broadcast"
-    if setting in ("object_store", "broadcast"):
+        collocated = placement.mode == "collocated"
+        return "ipc" if collocated and ipc_unreachable(placement, receivers) is None else "broadcast"
+    if setting in TRANSPORTS:
         return setting  # type: ignore[return-value]
-    raise ConfigError(f"runner.weight_sync: {setting!r} is not one of auto, object_store, broadcast")
+    raise ConfigError(f"runner.weight_sync: {setting!r} is not one of auto, {', '.join(TRANSPORTS)}")
 
 
 def check_algorithm(cfg: Config) -> None:
@@ -64,19 +72,16 @@ def plan_run(cfg: Config, gpus_per_node: Sequence[int] | None = None) -> RunPlan
     check_algorithm(cfg)
     placement = plan_placement(cfg, gpus_per_node)
     collocated = placement.mode == "collocated"
-    if cfg.runner.weight_sync == "broadcast" and collocated:
-        raise ConfigError(
-            "runner.weight_sync: broadcast needs the disaggregated pipeline; in collocated mode the weights stay on "
-            "the node: use object_store (or auto)"
-        )
     if cfg.runner.max_staleness and collocated:
         raise ConfigError(
             f"runner.max_staleness: {cfg.runner.max_staleness} needs the disaggregated pipeline: in collocated mode "
             "rollout and actor take turns on the same GPUs, so rollout cannot run ahead; use 0, or place rollout "
             "and actor on different GPUs"
         )
+    receivers = ("rollout",) if collocated else ("rollout", "inference")
+    transport = resolve_weight_transport(cfg.runner.weight_sync, placement, receivers)
     return RunPlan(
-        placement=placement, collocated=collocated,
-        weight_transport=resolve_weight_transport(cfg.runner.weight_sync, collocated),
+        placement=placement, collocated=collocated, weight_transport=transport,
+        weight_routes=tuple(weight_routes(placement, transport, receivers)),
         staleness=cfg.runner.max_staleness, dynamic_sampling=cfg.algorithm.dynamic_sampling,
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 
 from rlinf_pipe.config.schema import Config
@@ -22,9 +23,13 @@ from rlinf_pipe.runner.run_dir import create_run_dir, find_resume_checkpoint, wr
 from rlinf_pipe.runner.steps import CollocatedStep, PipelineStep
 from rlinf_pipe.runner.weight_sync import WeightSync
 from rlinf_pipe.scheduler import traffic
+from rlinf_pipe.scheduler.memory import memory_report
 from rlinf_pipe.utils.metrics import MetricsWriter
 from rlinf_pipe.utils.timeline import STEP_SPAN
 from rlinf_pipe.utils.tracing import Span, Tracer
+
+
+log = logging.getLogger(__name__)
 
 
 class Runner:
@@ -42,8 +47,8 @@ class Runner:
         )
         self.schedule = RolloutSchedule(generation, c.sampler, plan.staleness, r.max_steps)
         phase = actor_phases(c.actor, plan.collocated)
-        self.weights = WeightSync(plan.weight_transport, c.actor, c.weight_receivers, r.verify_weights, self.tracer,
-                                  phase)
+        self.weights = WeightSync(plan.weight_transport, plan.weight_routes, c.actor, c.weight_receivers, r.verify_weights,
+                                  self.tracer, phase, plan.collocated)
         self.steps = (
             CollocatedStep(self.weights, self.schedule, c.actor, phase, r.max_steps) if plan.collocated
             else PipelineStep(self.weights, self.schedule, c.logprob_group, c.actor, r.max_steps)
@@ -51,8 +56,11 @@ class Runner:
 
     @classmethod
     def start(cls, cfg: Config) -> Runner:
-        """Check the plan (before Ray starts), create the run folder, launch the job."""
-        plan_run(cfg)
+        """Check the plan (before Ray starts; a memory estimate that does not fit is a warning naming the keys to
+        change), create the run folder, launch the job."""
+        plan = plan_run(cfg)
+        for warning in memory_report(cfg, plan.placement).warnings():
+            log.warning("memory estimate: %s (rlinf-pipe plan shows the estimate; docs/memory.md)", warning)
         run_dir = create_run_dir(cfg)
         write_config(cfg, run_dir)
         return cls(cfg, launch(cfg), run_dir)

@@ -1,82 +1,130 @@
 """The driver's side of weight sync: which calls move version v from the actor into every engine and log-prob
-worker. The bytes never pass through the driver (see `rlinf_pipe.weights`).
+worker, along the plan's routes (`weight_routes`). The bytes never pass through the driver (see
+`rlinf_pipe.weights`).
 
-A process-group transport (`broadcast`) sends and receives at once. The object store publishes first: at the end
-of the step that trained the version, while the actor still holds its devices (collocated), and at the first sync
-of a run; receivers then fetch what was published.
+The object store publishes first (at the end of the step that trained the version, while the actor holds its
+devices, and at the first sync of a run) and receivers fetch what was published. The group transports
+(`broadcast`, `ipc`) send and receive at once: disaggregated at the start of the step; collocated at the end of
+the actor phase that trained the version (the actor's state is on its devices, the engines resume only their
+weights), and for a run's first version inside an actor phase of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 
 from rlinf_pipe.runner.devices import ActorPhase
+from rlinf_pipe.runner.weight_routes import WeightRoute
 from rlinf_pipe.scheduler.worker_group import WorkerGroup
 from rlinf_pipe.utils.tracing import Tracer
 from rlinf_pipe.weights import LoadedWeights, WeightSyncError, WeightVersion
-from rlinf_pipe.weights.process_group import Rendezvous
+from rlinf_pipe.weights.process_group import GROUP_NAME, Rendezvous
+from rlinf_pipe.weights.record import check_loaded
 from rlinf_pipe.weights.transports import Transport, needs_rendezvous
+
+log = logging.getLogger(__name__)
 
 
 class WeightSync:
-    """Moves weight versions from `actor` (its rank 0 gathers and sends) to every member of `receivers`."""
+    """Moves weight versions from the actor's sending ranks to the `receivers` groups (by component name)."""
 
-    def __init__(self, transport: Transport, actor: WorkerGroup, receivers: Sequence[WorkerGroup], verify: bool,
-                 tracer: Tracer, actor_phase: ActorPhase):
-        self.transport, self.actor, self.receivers = transport, actor, list(receivers)
-        self.verify, self.tracer, self.actor_phase = verify, tracer, actor_phase
+    def __init__(self, transport: Transport, routes: Sequence[WeightRoute], actor: WorkerGroup,
+                 receivers: dict[str, WorkerGroup], verify: bool, tracer: Tracer, actor_phase: ActorPhase,
+                 collocated: bool):
+        self.transport, self.routes, self.actor, self.receivers = transport, list(routes), actor, receivers
+        self.verify, self.tracer, self.actor_phase, self.collocated = verify, tracer, actor_phase, collocated
         self.concurrent = needs_rendezvous(transport)
         self.published: WeightVersion | None = None  # object store: the last version published
+        self.synced: dict[int, float] = {}  # collocated group transports: versions moved ahead of their step
+        self.warned_unverified = False
 
     async def open(self) -> None:
-        """Open both ends at start-up: every receiver checks the actor's layout against its model; a process-group
-        transport forms its group (all members join at once)."""
-        layout = await self.actor.rank(0).weight_layout()
-        rendezvous = None
-        if self.concurrent:
-            addr, port = await self.actor.rank(0).free_port()
-            rendezvous = Rendezvous(addr, port, 1 + sum(group.size for group in self.receivers))
-        calls = [self.actor.all.open_weights(self.transport, rendezvous)]
-        rank = 1
-        for group in self.receivers:
-            for member in range(group.size):
-                calls.append(group.rank(member).open_weights(self.transport, layout, rendezvous, rank))
-                rank += 1
-        await asyncio.gather(*calls)
+        """Open both ends at start-up: every receiver checks the actor's layout against its model; a group transport
+        forms one group per route (all members join at once). SGLang engines in a broadcast group take the bytes
+        as they are, so the layout then has no trailers (the driver checks versions)."""
+        native = self.transport == "broadcast" and any(await asyncio.gather(
+            *(group.rank(0).native_weight_receiver(self.transport) for group in self.receivers.values())))
+        layout = await self.actor.rank(0).weight_layout(not native)
+        backend = await self.actor.rank(0).weight_backend()
+        rendezvous: dict[int, Rendezvous | None] = {}
+        calls = []
+        for route in self.routes:
+            ranks = await asyncio.gather(*(self.receivers[name].rank(r).weight_group_ranks()
+                                           for name, r in route.receivers))
+            point = None
+            if self.concurrent:
+                addr, port = await self.actor.rank(route.sender).free_port()
+                point = Rendezvous(addr, port, 1 + sum(ranks), backend if self.transport == "broadcast" else "gloo",
+                                   f"{GROUP_NAME}-{port}")
+            rendezvous[route.sender] = point
+            rank = 1
+            for (name, member), taken in zip(route.receivers, ranks, strict=True):
+                calls.append(self.receivers[name].rank(member).open_weights(self.transport, layout, point, rank))
+                rank += taken
+        replicas = {self.actor.dp_rank_of(route.sender) for route in self.routes}
+        await asyncio.gather(self.actor.all.open_weights(self.transport, rendezvous, replicas, not native), *calls)
 
     async def publish(self, version: int) -> None:
-        """Object store: publish `version` now (the actor must hold its devices). Nothing for a process group,
-        whose sending is part of `sync`."""
+        """At the end of an actor phase (the actor holds its devices): the object store publishes `version`; when
+        collocated, a group transport moves it into the engines now. Nothing otherwise (`sync` does it)."""
         if not self.concurrent:
-            self.published = await self.actor.leader(0).publish_weights(version, self.verify)
+            self.published = (await self.actor.leader(0).publish_weights(version, self.verify))
+        elif self.collocated:
+            self.synced[version] = await self._transfer(version)
 
     async def sync(self, version: int) -> dict[str, float]:
-        """Load `version` into every receiver; checks that each loaded all of it. Returns the bytes per receiver."""
+        """Load `version` into every receiver (unless the end of the last actor phase did); checks that each loaded
+        all of it. Returns the bytes per receiver."""
+        if version in self.synced:
+            return {"bytes": self.synced.pop(version)}
+        if self.concurrent:  # (collocated: the first version of a run, in an actor phase of its own)
+            async with self.actor_phase(version):
+                return {"bytes": await self._transfer(version)}
+        if self.published is None or self.published.version != version:  # the first sync of a run
+            async with self.actor_phase(version):
+                await self.publish(version)
+        published = self.published
+        assert published is not None
         with self.tracer.span("weight_sync", version=version) as args:
-            if self.concurrent:
-                sent, loaded = await asyncio.gather(
-                    self.actor.leader(0).publish_weights(version, self.verify), self._receive(WeightVersion(version))
-                )
-            else:
-                if self.published is None or self.published.version != version:  # the first sync of a run
-                    async with self.actor_phase(version):
-                        await self.publish(version)
-                sent, loaded = self.published, await self._receive(self.published)
-            _check_loaded(sent, loaded)
-            args["bytes"] = sent.num_bytes
-        return {"bytes": float(sent.num_bytes)}
+            await self._check({route.sender: published for route in self.routes}, await self._receive(published))
+            args["bytes"] = published.num_bytes
+        return {"bytes": float(published.num_bytes)}
 
-    async def _receive(self, published: WeightVersion) -> list[LoadedWeights]:
-        results = await asyncio.gather(*(group.all.receive_weights(published, self.verify) for group in self.receivers))
-        return [loaded for group_results in results for loaded in group_results]
+    async def _transfer(self, version: int) -> float:
+        """Send and receive `version` at once along every route."""
+        with self.tracer.span("weight_sync", version=version) as args:
+            sent_by_rank, loaded = await asyncio.gather(
+                self.actor.all.publish_weights(version, self.verify), self._receive(WeightVersion(version)))
+            sent = {route.sender: sent_by_rank[route.sender] for route in self.routes}
+            await self._check(sent, loaded)
+            args["bytes"] = nbytes = next(iter(sent.values())).num_bytes
+        return float(nbytes)
 
+    async def _receive(self, published: WeightVersion) -> dict[tuple[str, int], LoadedWeights]:
+        names = list(self.receivers)
+        results = await asyncio.gather(*(self.receivers[n].all.receive_weights(published, self.verify) for n in names))
+        return {(name, rank): loaded for name, group in zip(names, results, strict=True)
+                for rank, loaded in enumerate(group)}
 
-def _check_loaded(sent: WeightVersion, loaded: list[LoadedWeights]) -> None:
-    """Every receiver loaded exactly what was sent (a version, a byte count and a tensor count)."""
-    for i, got in enumerate(loaded):
-        if (got.version, got.num_bytes, got.num_tensors) != (sent.version, sent.num_bytes, sent.num_tensors):
-            raise WeightSyncError(
-                f"weight sync: receiver {i + 1} loaded version {got.version} ({got.num_bytes} bytes, {got.num_tensors} "
-                f"tensors), the actor sent version {sent.version} ({sent.num_bytes} bytes, {sent.num_tensors} tensors)"
-            )
+    async def _check(self, sent: dict[int, WeightVersion], loaded: dict[tuple[str, int], LoadedWeights]) -> None:
+        """Every receiver loaded exactly what its sender sent; senders of several replicas sent the same bytes. With
+        `verify`, receivers that could not see the bytes (SGLang's own ranks) verify by name after the fact."""
+        versions = list(sent.values())
+        if any(v.checksums != versions[0].checksums for v in versions[1:]):
+            raise WeightSyncError(f"weight sync of version {versions[0].version}: the actor's replicas hold different "
+                                  "weights (their CRC32s differ)")
+        sender_of = {member: route.sender for route in self.routes for member in route.receivers}
+        for (name, rank), got in loaded.items():
+            check_loaded(sent[sender_of[(name, rank)]], got, f"{name}/{rank}")
+        if not self.verify:
+            return
+        pending = [member for member, got in loaded.items() if not got.verified_by]
+        how = await asyncio.gather(*(self.receivers[name].rank(rank).verify_weights(sent[sender_of[(name, rank)]])
+                                     for name, rank in pending))
+        unverified = [f"{name}/{rank}" for (name, rank), by in zip(pending, how, strict=True) if not by]
+        if unverified and not self.warned_unverified:
+            self.warned_unverified = True
+            log.warning("runner.verify_weights: %s cannot verify what it loaded (SGLang reads weights back by name "
+                        "only for some model classes); its byte and tensor counts are checked", ", ".join(unverified))

@@ -16,10 +16,12 @@ from typing import Any, Callable
 
 import ray
 
+from rlinf_pipe.errors import ClusterError
 from rlinf_pipe.utils.net import free_port
 from rlinf_pipe.utils.tracing import Span, Tracer
 
 ENV_PREFIX = "RLINF_PIPE_"
+NODE_VISIBLE_ENV = f"{ENV_PREFIX}NODE_VISIBLE_DEVICES"  # the GPUs the node's Ray sees (its CUDA_VISIBLE_DEVICES)
 CONTROL_GROUP = "control"  # liveness/metadata calls run in their own thread, answered while a long method runs
 MASTER_ADDR_ENV = f"{ENV_PREFIX}MASTER_ADDR"
 MASTER_PORT_ENV = f"{ENV_PREFIX}MASTER_PORT"
@@ -51,12 +53,37 @@ def placement_env(group: str, rank: int, world_size: int, node_rank: int, local_
         f"{ENV_PREFIX}NODE_RANK": str(node_rank),
         f"{ENV_PREFIX}LOCAL_GPUS": ",".join(map(str, local_gpus)),
         f"{ENV_PREFIX}GLOBAL_GPUS": ",".join(map(str, global_gpus)),
-        # We choose the device ids ourselves; Ray must not overwrite them.
+        # We choose the device ids ourselves (`claim_devices`); Ray must not overwrite them.
         "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
     }
-    if local_gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, local_gpus))
     return env
+
+
+def visible_devices(node_visible: str | None, local_gpus: tuple[int, ...]) -> str:
+    """CUDA_VISIBLE_DEVICES for a process that owns the node's GPUs `local_gpus`: they index the devices the node's
+    Ray exposes (its own CUDA_VISIBLE_DEVICES, e.g. "4,5,6,7" under Slurm, or GPU UUIDs), all of the node's GPUs
+    when it has none."""
+    if not node_visible:
+        return ",".join(map(str, local_gpus))
+    devices = [d.strip() for d in node_visible.split(",") if d.strip()]
+    if local_gpus and max(local_gpus) >= len(devices):
+        raise ClusterError(
+            f"this process's placement uses the node's GPU {max(local_gpus)}, but the node's Ray sees only "
+            f"{len(devices)} (CUDA_VISIBLE_DEVICES={node_visible!r} when Ray started): give cluster.num_gpus_per_node "
+            "the number of GPUs Ray was started with"
+        )
+    return ",".join(devices[i] for i in local_gpus)
+
+
+def claim_devices() -> None:
+    """Restrict this process to its placement's GPUs, as indices into the GPUs its node's Ray sees (before CUDA
+    starts; the node's list is kept, so calling it twice is harmless)."""
+    env = os.environ
+    local = _ids(env.get(f"{ENV_PREFIX}LOCAL_GPUS", ""))
+    if not local:
+        return
+    node_visible = env.setdefault(NODE_VISIBLE_ENV, env.get("CUDA_VISIBLE_DEVICES", ""))
+    env["CUDA_VISIBLE_DEVICES"] = visible_devices(node_visible, local)
 
 
 def rendezvous_env(addr: str, port: int) -> dict[str, str]:
@@ -112,6 +139,7 @@ class Worker:
     timeline under `self.owner` (`<group>/<rank>`)."""
 
     def __init__(self) -> None:
+        claim_devices()
         self.info = read_worker_info()
         self.owner = f"{self.info.group}/{self.info.rank}"  # this worker's name in locks and on the timeline
         self.tracer = Tracer(self.owner, self.info.global_gpus)

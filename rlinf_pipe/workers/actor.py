@@ -71,7 +71,8 @@ class ActorWorker(Worker):
         init_model_parallel(a.tensor_parallel_size, a.pipeline_parallel_size)
         self.policy = MegatronPolicy(
             model_path, train=True, lr=a.lr, weight_decay=a.weight_decay, clip_grad=a.clip_grad,
-            lr_warmup_steps=a.lr_warmup_steps, train_entropy=cfg.algorithm.entropy_coef != 0, **policy_options(cfg),
+            lr_warmup_steps=a.lr_warmup_steps, train_entropy=cfg.algorithm.entropy_coef != 0, recompute=a.recompute,
+            **policy_options(cfg),
         )
         self.ranks = ReplicaRanks.current()
         self.loss_fn = make_loss_fn(cfg)
@@ -80,7 +81,9 @@ class ActorWorker(Worker):
         self.micro_batch_size, self.micro_batch_tokens = a.micro_batch_size, a.micro_batch_tokens
         self.pad_token_id = pad_token_id(model_path)
         self.bucket_bytes = cfg.runner.weight_bucket_mb << 20
-        self.sender: WeightSender | None = None  # the weight transport's sending end, on rank 0 once opened
+        self.sender: WeightSender | None = None  # the weight transport's sending end, on a sending rank once opened
+        self.sending_replicas: set[int] = set()  # the replicas whose gathering rank sends
+        self.trailer = True  # whether weight buckets carry the version / CRC32 trailer
 
     # --- training ----------------------------------------------------------------------------------------------
     async def _next_op(self, ops: Any) -> TrainOp | None:
@@ -114,20 +117,27 @@ class ActorWorker(Worker):
         return result
 
     # --- weights -----------------------------------------------------------------------------------------------
-    def weight_layout(self) -> WeightLayout:
+    def weight_layout(self, trailer: bool = True) -> WeightLayout:
         """The layout of this policy's weight versions (`runner.weight_bucket_mb` buckets of its dtype)."""
-        return plan_weight_layout(self.policy.arch, self.policy.params_dtype, self.bucket_bytes)
+        return plan_weight_layout(self.policy.arch, self.policy.params_dtype, self.bucket_bytes, trailer)
 
-    def open_weights(self, transport: Transport, rendezvous: Rendezvous | None) -> None:
-        """Rank 0 (it gathers replica 0's weights) opens the transport's sending end; the other ranks only help
-        gather."""
-        if self.rank == 0:
-            self.sender = open_sender(transport, self.weight_layout(), rendezvous)
+    def weight_backend(self) -> str:
+        """The process-group backend of a weight broadcast from here: NCCL on GPUs, gloo on CPU."""
+        return self.backend or "gloo"
+
+    def open_weights(self, transport: Transport, rendezvous: dict[int, Rendezvous | None], replicas: set[int],
+                     trailer: bool) -> None:
+        """The ranks in `rendezvous` (the gathering rank of each replica in `replicas`) open the transport's sending
+        end; the other ranks of those replicas only help gather."""
+        self.trailer = trailer
+        self.sending_replicas = set(replicas)
+        if self.rank in rendezvous:
+            self.sender = open_sender(transport, self.weight_layout(trailer), rendezvous[self.rank])
 
     async def publish_weights(self, version: int, checksum: bool = False) -> WeightVersion | None:
-        """Send the current weights as `version` (collective over replica 0's ranks; rank 0 sends and returns what
-        it published, the others return None)."""
-        if self.ranks.dp_rank != 0:
+        """Send the current weights as `version` (collective over the sending replicas' ranks; a sending rank returns
+        what it published, the others None)."""
+        if self.ranks.dp_rank not in self.sending_replicas:
             return None
 
         def publish() -> WeightVersion | None:

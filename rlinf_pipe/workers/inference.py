@@ -44,10 +44,22 @@ class InferenceWorker(Worker):
         """The step's log-probs (see `LogprobStage.run`)."""
         return await self.stage.run(step)
 
-    def open_weights(self, transport: Transport, layout: WeightLayout, rendezvous: Rendezvous | None,
-                     rank: int) -> None:
-        """Join the weight transport as receiver `rank` (checks the actor's layout against this model)."""
-        self.inbox.open(transport, layout, rendezvous, rank)
+    def weight_group_ranks(self) -> int:
+        """One rank in a weight process group: this process."""
+        return 1
+
+    def native_weight_receiver(self, transport: Transport) -> bool:
+        """Never: the standard receivers load into the policy."""
+        return False
+
+    async def open_weights(self, transport: Transport, layout: WeightLayout, rendezvous: Rendezvous | None,
+                           rank: int) -> None:
+        """Join the weight transport at `rank` (checks the actor's layout against this model)."""
+        await self.inbox.open(transport, layout, rendezvous, rank)
+
+    async def verify_weights(self, published: WeightVersion) -> str:
+        """Nothing beyond the receiver's CRC32 ("")."""
+        return ""
 
     async def receive_weights(self, published: WeightVersion, verify: bool = False) -> LoadedWeights:
         """Load `published` into this rank's shard, bucket by bucket."""

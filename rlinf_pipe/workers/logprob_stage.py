@@ -9,11 +9,12 @@ channel of the actor replica that trains it (`rlinf_pipe.data.routing`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
+import torch
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.data.packing import pack_train_batch
@@ -37,8 +38,9 @@ def needs_ref(cfg: Config) -> bool:
 
 def policy_options(cfg: Config) -> dict[str, Any]:
     """`MegatronPolicy` keywords every policy of a run shares."""
+    dtype = None if cfg.actor.params_dtype == "auto" else cfg.actor.params_dtype
     return {"temperature": logprob_temperature(cfg), "logprob_max_tokens": cfg.inference.max_tokens_per_batch,
-            "seed": cfg.runner.seed}
+            "seed": cfg.runner.seed, "params_dtype": dtype}
 
 
 def train_routing(cfg: Config, actor_dp: int) -> TrainRouting:
@@ -66,10 +68,14 @@ class LogprobStage:
         self.ranks = ReplicaRanks.current()
         self.version = 0  # the weight version `policy` holds
 
-    @contextmanager
-    def weight_update(self, version: int) -> Iterator[LoadBucket]:
+    @asynccontextmanager
+    async def weight_update(self, version: int) -> AsyncIterator[LoadBucket]:
         """The policy's weight-update session for `WeightInbox`: buckets load into this rank's shard."""
-        yield self.policy.load_hf_weights
+
+        async def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
+            await asyncio.to_thread(self.policy.load_hf_weights, bucket)
+
+        yield load
         self.version = version
 
     def _logprobs(self, step: int, group: ScoredGroup) -> TrainBatch | None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from rlinf_pipe.config.schema import RolloutConfig
 from rlinf_pipe.data.structs import PromptItem, RolloutGroup
 from rlinf_pipe.engines.rollout.engine import GenerateRequest, SamplingParams, request_seed, to_rollout_samples
 from rlinf_pipe.engines.rollout.factory import build_engine
@@ -29,14 +30,16 @@ from rlinf_pipe.workers.weight_inbox import WeightInbox
 class RolloutWorker(Worker):
     """Generates prompt groups into the rollout channel; loads the weight versions the actor publishes."""
 
-    def __init__(self, model_path: str, backend: str, sampling: SamplingParams, run_seed: int, rollouts: Channel,
-                 locks: Any = None, max_batch_size: int = 64):
+    def __init__(self, rollout: RolloutConfig, model_path: str, sampling: SamplingParams, run_seed: int,
+                 rollouts: Channel, locks: Any = None):
         super().__init__()
-        self.engine = build_engine(backend, model_path, seed=run_seed, max_batch_size=max_batch_size)
+        self.engine = build_engine(rollout, model_path, seed=run_seed + self.rank, collocated=locks is not None)
         self.sampling, self.run_seed, self.rollouts, self.locks = sampling, run_seed, rollouts, locks
         self.inbox = WeightInbox(self.owner, read_hf_arch(model_path), self.tracer)
-        if locks is not None:  # collocated: the engine holds its devices only while it generates
-            self.engine.sleep()
+
+    async def release_devices(self) -> None:
+        """Collocated: put the engine to sleep until its first generation (the actor shares its GPUs)."""
+        await self.engine.sleep()
 
     def _request(self, index: int, prompt: PromptItem) -> GenerateRequest:
         seed = request_seed(self.run_seed, prompt.id, prompt.epoch)
@@ -52,7 +55,7 @@ class RolloutWorker(Worker):
         async with device_lock(self.locks, self.info.global_gpus, self.owner):
             if collocated:
                 with self.tracer.span("wake", step=step):
-                    self.engine.wake()
+                    await self.engine.wake()
             with self.tracer.span("generate", step=step, version=version, prompts=len(prompts)) as args:
                 async for result in self.engine.generate(requests):
                     group = RolloutGroup.of(prompts[int(result.request_id)],
@@ -63,14 +66,26 @@ class RolloutWorker(Worker):
                 args.update(tokens=tokens)
             if collocated:
                 with self.tracer.span("sleep", step=step):
-                    self.engine.sleep()
+                    await self.engine.sleep()
         self.rollouts.end_step()
         return {"groups": groups, "tokens": tokens}
 
-    def open_weights(self, transport: Transport, layout: WeightLayout, rendezvous: Rendezvous | None,
-                     rank: int) -> None:
-        """Join the weight transport as receiver `rank` (checks the actor's layout against this engine's model)."""
-        self.inbox.open(transport, layout, rendezvous, rank)
+    def weight_group_ranks(self) -> int:
+        """Ranks this worker's engine takes in a weight process group (SGLang: its TP size)."""
+        return self.engine.weight_group_ranks()
+
+    def native_weight_receiver(self, transport: Transport) -> bool:
+        """Whether the engine receives `transport` with a receiver of its own (SGLang: broadcast and ipc)."""
+        return transport in self.engine.native_transports
+
+    async def open_weights(self, transport: Transport, layout: WeightLayout, rendezvous: Rendezvous | None,
+                           rank: int) -> None:
+        """Join the weight transport at `rank` (checks the actor's layout against this engine's model)."""
+        await self.inbox.open(transport, layout, rendezvous, rank, self.engine.open_weight_receiver)
+
+    async def verify_weights(self, published: WeightVersion) -> str:
+        """Verify the loaded version where the receiver could not (see `RolloutEngine.verify_weights`)."""
+        return await self.engine.verify_weights(published)
 
     async def receive_weights(self, published: WeightVersion, verify: bool = False) -> LoadedWeights:
         """Load `published` into the engine, bucket by bucket."""

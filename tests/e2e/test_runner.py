@@ -134,7 +134,12 @@ def test_collocated_timeline_never_overlaps_on_a_device(collocated_run):
     on_gpu0 = {s.track.split("/")[0] for s in spans if 0 in s.devices}
     assert {"rollout", "actor"} <= on_gpu0  # both components really used the device
     assert {"wake", "sleep", "onload", "offload"} <= {s.name for s in spans}
-    assert overlaps(spans) == []
+    # The one thing that shares the device: a weight transfer's two ends (the actor sends version v over IPC at the
+    # end of its phase while the engines, with only their weights resumed, load it).
+    found = overlaps(spans)
+    transfers = [(a, b) for a, b in found if {a.name, b.name} == {"publish_weights", "weight_sync"}
+                 and a.args.get("version") == b.args.get("version")]
+    assert transfers and [pair for pair in found if pair not in transfers] == []
 
 
 @pytest.mark.slow

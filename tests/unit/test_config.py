@@ -99,7 +99,7 @@ def test_type_errors_name_key_and_expected_type(override, expected):
         ("algorithm.clip_ratio_low=1.5", "must be below 1"),
         ("algorithm.n_minibatches=3", "does not divide data.rollout_batch_size=16"),
         ("cluster.num_gpus_per_node=[3,3]", "the list has 2 entries but cluster.num_nodes is 1"),
-        ("runner.weight_sync=bogus", "expected one of 'auto', 'object_store', 'broadcast'"),
+        ("runner.weight_sync=bogus", "expected one of 'auto', 'broadcast', 'ipc', 'object_store'"),
     ],
 )
 def test_bad_values(override, expected):

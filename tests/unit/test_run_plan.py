@@ -8,6 +8,7 @@ import pytest
 from rlinf_pipe.config import load_config
 from rlinf_pipe.errors import ConfigError, PlacementError
 from rlinf_pipe.runner.plan import plan_run, resolve_weight_transport
+from rlinf_pipe.runner.weight_routes import gathering_ranks
 
 COLLOCATED = ["cluster.num_gpus_per_node=1", 'cluster.component_placement={"actor,rollout": all}']
 
@@ -20,8 +21,10 @@ def test_the_default_plan_is_the_tiny_pipeline():
     p = plan()
     assert (p.collocated, p.weight_transport, p.staleness, p.dynamic_sampling, p.actor_dp) == (
         False, "broadcast", 0, False, 1)
+    assert p.weight_receivers == ("rollout", "inference")
+    assert [(r.sender, r.receivers) for r in p.weight_routes] == [(0, (("rollout", 0), ("inference", 0)))]
     c = plan(*COLLOCATED)
-    assert (c.collocated, c.weight_transport) == (True, "object_store")
+    assert (c.collocated, c.weight_transport, c.weight_receivers) == (True, "ipc", ("rollout",))
 
 
 def test_the_placement_is_checked():
@@ -39,10 +42,16 @@ def test_unknown_advantage_estimator_suggests_registered_ones():
         plan("algorithm.adv_estimator=gpro")
 
 
-def test_broadcast_weight_sync_needs_the_disaggregated_pipeline():
-    with pytest.raises(ConfigError, match="runner.weight_sync: broadcast needs the disaggregated pipeline"):
-        plan(*COLLOCATED, "runner.weight_sync=broadcast")
-    assert plan(*COLLOCATED, "runner.weight_sync=object_store").weight_transport == "object_store"
+def test_every_transport_works_collocated_and_ipc_needs_a_sender_on_every_engine_node():
+    for transport in ("broadcast", "object_store", "ipc"):
+        assert plan(*COLLOCATED, f"runner.weight_sync={transport}").weight_transport == transport
+    assert plan("runner.weight_sync=ipc").weight_transport == "ipc"  # one node: every process is within reach
+    two_nodes = load_config(overrides=["cluster.num_nodes=2", "cluster.num_gpus_per_node=4", "runner.weight_sync=ipc",
+                                       "cluster.component_placement={rollout: 0-3, inference: 4-5, actor: 6-7}"])
+    with pytest.raises(ConfigError, match="ipc reaches processes on one node only: rollout rank 0 runs on node 0"):
+        plan_run(two_nodes, [4, 4])
+    with pytest.raises(ConfigError, match="not one of auto, object_store, broadcast, ipc"):
+        resolve_weight_transport("nccl", plan().placement, ("rollout",))
 
 
 def test_staleness_needs_the_disaggregated_pipeline():
@@ -51,10 +60,10 @@ def test_staleness_needs_the_disaggregated_pipeline():
     assert plan("runner.max_staleness=1").staleness == 1
 
 
-def test_auto_weight_sync_resolves_by_mode():
-    assert resolve_weight_transport("auto", collocated=False) == "broadcast"
-    assert resolve_weight_transport("auto", collocated=True) == "object_store"
-    assert resolve_weight_transport("object_store", collocated=False) == "object_store"
+def test_auto_weight_sync_resolves_by_mode_and_reach():
+    assert resolve_weight_transport("auto", plan().placement, ("rollout", "inference")) == "broadcast"
+    assert resolve_weight_transport("auto", plan(*COLLOCATED).placement, ("rollout",)) == "ipc"
+    assert resolve_weight_transport("object_store", plan().placement, ("rollout",)) == "object_store"
 
 
 @pytest.mark.parametrize(
@@ -69,3 +78,18 @@ def test_dynamic_sampling_rejects_what_it_cannot_do(overrides, expected):
         plan("algorithm.dynamic_sampling=true", *overrides)
     assert expected in str(info.value)
     assert plan("algorithm.dynamic_sampling=true").dynamic_sampling
+
+
+def test_ipc_routes_pair_each_engine_with_a_gathering_rank_on_its_gpu_or_node():
+    cfg = load_config(overrides=["cluster.num_nodes=2", "cluster.num_gpus_per_node=4",
+                                 'cluster.component_placement={"actor,rollout": all}',
+                                 "actor.tensor_parallel_size=2"])
+    p = plan_run(cfg, [4, 4])
+    assert p.weight_transport == "ipc"
+    assert gathering_ranks(p.placement.components["actor"]) == [0, 2, 4, 6]  # tensor rank 0 of each replica
+    routes = {r.sender: [rank for _, rank in r.receivers] for r in p.weight_routes}
+    # engines 0, 2, 4, 6 share a GPU with their sender; 1, 3, 5, 7 take a sender on their node
+    assert routes == {0: [0, 1, 3], 2: [2], 4: [4, 5, 7], 6: [6]}
+    split = load_config(overrides=["cluster.num_nodes=2", "cluster.num_gpus_per_node=4",
+                                   "cluster.component_placement={rollout: 0-3, inference: 4-5, actor: 6-7}"])
+    assert plan_run(split, [4, 4]).weight_transport == "broadcast"

@@ -1,0 +1,65 @@
+"""Which actor rank sends weight versions to which receivers, decided from the placement.
+
+A sender is a gathering rank of the actor (tensor rank 0 of pipeline stage 0 of a replica: it yields the whole
+replica's HF weights). `broadcast` and `object_store` have one sender, the actor's rank 0, for every receiver.
+`ipc` works within a node only, so every node with receivers needs a gathering rank of its own; each receiver takes
+the one on its GPU if there is one (collocated with a tensor-parallel size of 1: every actor rank serves the engine
+on its GPU), else the first on its node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rlinf_pipe.errors import ConfigError
+from rlinf_pipe.scheduler.placement import ComponentPlacement, Placement
+from rlinf_pipe.weights.transports import Transport
+
+
+@dataclass(frozen=True)
+class WeightRoute:
+    """One sender (an actor rank) and its receivers (component name, rank), in group-rank order."""
+
+    sender: int
+    receivers: tuple[tuple[str, int], ...]
+
+
+def gathering_ranks(actor: ComponentPlacement) -> list[int]:
+    """The actor ranks that hold a whole replica's weights once gathered: tensor rank 0 of pipeline stage 0
+    (Megatron's rank order: tensor-parallel fastest, then data-parallel, then pipeline)."""
+    tp = 1 if actor.gpus_per_process > 1 else actor.tp
+    return [p.rank for p in actor.processes if p.rank % tp == 0 and p.rank < tp * actor.dp]
+
+
+def ipc_unreachable(placement: Placement, receivers: Sequence[str]) -> str | None:
+    """Why `ipc` cannot reach every receiver (a node with receivers but no gathering rank), or None."""
+    comps = placement.components
+    nodes_with_sender = {comps["actor"].processes[r].node_rank for r in gathering_ranks(comps["actor"])}
+    for name in receivers:
+        for proc in comps[name].processes:
+            if proc.node_rank not in nodes_with_sender:
+                return (f"{name} rank {proc.rank} runs on node {proc.node_rank}, where no actor rank holds a whole "
+                        "replica's weights (tensor rank 0 of pipeline stage 0)")
+    return None
+
+
+def weight_routes(placement: Placement, transport: Transport, receivers: Sequence[str]) -> list[WeightRoute]:
+    """The routes of `transport` to the `receivers` components (see the module docstring)."""
+    comps = placement.components
+    everyone = tuple((name, proc.rank) for name in receivers for proc in comps[name].processes)
+    if transport != "ipc":
+        return [WeightRoute(0, everyone)]
+    reason = ipc_unreachable(placement, receivers)
+    if reason is not None:
+        raise ConfigError(f"runner.weight_sync: ipc reaches processes on one node only: {reason}. Use broadcast "
+                          "(or auto).")
+    actor = comps["actor"]
+    senders = [actor.processes[r] for r in gathering_ranks(actor)]
+    routes: dict[int, list[tuple[str, int]]] = {}
+    for name, rank in everyone:
+        proc = comps[name].processes[rank]
+        on_node = [s for s in senders if s.node_rank == proc.node_rank]
+        same_gpu = [s for s in on_node if set(s.global_gpus) & set(proc.global_gpus)]
+        routes.setdefault((same_gpu or on_node)[0].rank, []).append((name, rank))
+    return [WeightRoute(sender, tuple(members)) for sender, members in sorted(routes.items())]
