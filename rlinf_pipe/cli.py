@@ -34,11 +34,16 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
 def _plan(args: argparse.Namespace) -> int:
     from rlinf_pipe.config import load_config
     from rlinf_pipe.runner.plan import plan_run
+    from rlinf_pipe.scheduler.memory import memory_report
     from rlinf_pipe.scheduler.plan_report import render_plan
 
     cfg = load_config(args.config_path, args.config_name, args.overrides)
     placement = plan_run(cfg).placement
-    print(json.dumps(placement.to_json(), indent=2) if args.json else render_plan(placement))
+    memory = memory_report(cfg, placement)
+    if args.json:
+        print(json.dumps({**placement.to_json(), "memory": memory.to_json()}, indent=2))
+    else:
+        print(render_plan(placement, memory))
     return 0
 
 
@@ -123,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
         "plan", help="validate a config and its placement (no Ray needed) and show which process owns each GPU"
     )
     _add_config_args(plan)
-    plan.add_argument("--json", action="store_true", help="print the placement as JSON")
+    plan.add_argument("--json", action="store_true",
+                      help="print the placement and the per-GPU memory estimate as JSON")
     plan.set_defaults(run=_plan)
     train = commands.add_parser("train", help="run a config (the same as examples/math/main_math.py)")
     _add_config_args(train)

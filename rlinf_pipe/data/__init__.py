@@ -31,7 +31,7 @@ from rlinf_pipe.data.datasets import (
 from rlinf_pipe.data.errors import AnswerParseError, DataError, MalformedDataError, RecordIssue, TemplateError
 from rlinf_pipe.data.factory import build_prompt_dataset, build_renderer, build_sampler
 from rlinf_pipe.data.gsm8k import GSM8K_REQUIREMENT, gsm8k_test_path, load_gsm8k
-from rlinf_pipe.data.packing import pack_train_batch, split_train_batch
+from rlinf_pipe.data.packing import pack_train_batch, row_chunks, split_train_batch
 from rlinf_pipe.data.sampler import PromptSampler, epoch_permutation
 from rlinf_pipe.data.structs import FinishReason, PromptItem, RolloutGroup, RolloutSample, ScoredGroup, TrainBatch
 from rlinf_pipe.data.templates import CHAT, DEFAULT_SYSTEM_PROMPT, PromptRenderer, check_format_template
@@ -79,5 +79,6 @@ __all__ = [
     "read_prompt_items",
     "record_to_item",
     "render_items",
+    "row_chunks",
     "split_train_batch",
 ]

@@ -56,38 +56,68 @@ def pack_train_batch(groups: Sequence[ScoredGroup], pad_token_id: int) -> TrainB
     )
 
 
-def split_train_batch(batch: TrainBatch, micro_batch_size: int) -> list[TrainBatch]:
-    """Consecutive micro-batches of at most `micro_batch_size` rows, each trimmed to its own longest row.
+def row_chunks(lengths: Sequence[int], max_rows: int, max_tokens: int | None = None) -> list[range]:
+    """Consecutive runs of rows, each of at most `max_rows` rows and, when `max_tokens` is set, at most that many
+    padded tokens (rows x the run's longest row); a row longer than the budget is a run of its own."""
+    if max_rows < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {max_rows}")
+    runs, start, width = [], 0, 0
+    for row, length in enumerate(lengths):
+        rows, wider = row - start, max(width, length)
+        if rows and (rows >= max_rows or (max_tokens is not None and (rows + 1) * wider > max_tokens)):
+            runs.append(range(start, row))
+            start, wider = row, length
+        width = wider
+    if lengths:
+        runs.append(range(start, len(lengths)))
+    return runs
+
+
+def split_train_batch(batch: TrainBatch, micro_batch_size: int, max_tokens: int | None = None) -> list[TrainBatch]:
+    """Consecutive micro-batches of at most `micro_batch_size` rows (and `max_tokens` padded tokens, see
+    `row_chunks`), each trimmed to its own longest row. A run of rows without response tokens joins the run before
+    it (or after it, when first), so every micro-batch has something to train on (unless the whole batch has not).
     Their num_sequences / num_tokens add up to the batch's; the version is the batch's."""
-    if micro_batch_size < 1:
-        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-    out = []
-    for start in range(0, batch.num_sequences, micro_batch_size):
-        rows = slice(start, start + micro_batch_size)
-        width = int(batch.attention_mask[rows].sum(dim=1).max())
-        cut = (rows, slice(0, width))
-        response_mask = batch.response_mask[cut]
-        out.append(
-            msgspec.structs.replace(
-                batch,
-                input_ids=batch.input_ids[cut],
-                attention_mask=batch.attention_mask[cut],
-                response_mask=response_mask,
-                old_logprobs=batch.old_logprobs[cut],
-                ref_logprobs=None if batch.ref_logprobs is None else batch.ref_logprobs[cut],
-                advantages=batch.advantages[cut],
-                rewards=batch.rewards[rows],
-                num_sequences=int(response_mask.shape[0]),
-                num_tokens=int(response_mask.sum()),
-            )
-        )
-    return out
+    lengths = batch.attention_mask.sum(dim=1).tolist()
+    runs = row_chunks(lengths, micro_batch_size, max_tokens)
+    answered = [bool(batch.response_mask[r.start:r.stop].any()) for r in runs]
+    merged: list[range] = []
+    merged_has_tokens = False
+    for run, has_tokens in zip(runs, answered, strict=True):
+        if merged and (not has_tokens or not merged_has_tokens):
+            merged[-1] = range(merged[-1].start, run.stop)
+            merged_has_tokens = merged_has_tokens or has_tokens
+        else:
+            merged.append(run)
+            merged_has_tokens = has_tokens
+    return [_rows_of(batch, slice(run.start, run.stop)) for run in merged]
+
+
+def _rows_of(batch: TrainBatch, rows: slice) -> TrainBatch:
+    """The rows `rows` of `batch`, trimmed to their longest row."""
+    width = int(batch.attention_mask[rows].sum(dim=1).max())
+    cut = (rows, slice(0, width))
+    response_mask = batch.response_mask[cut]
+    return msgspec.structs.replace(
+        batch,
+        input_ids=batch.input_ids[cut],
+        attention_mask=batch.attention_mask[cut],
+        response_mask=response_mask,
+        old_logprobs=batch.old_logprobs[cut],
+        ref_logprobs=None if batch.ref_logprobs is None else batch.ref_logprobs[cut],
+        advantages=batch.advantages[cut],
+        rewards=batch.rewards[rows],
+        num_sequences=int(response_mask.shape[0]),
+        num_tokens=int(response_mask.sum()),
+    )
 
 
 @dataclass
 class MicroBatcher:
     """Collects arriving `TrainBatch`es into micro-batches: at most `micro_batch_size` sequences and, when
-    `max_tokens` is set, at most that many padded tokens (rows x longest row). A batch is never split."""
+    `max_tokens` is set, at most that many padded tokens (rows x longest row). A batch over either limit on its
+    own (a group of long responses) is split by rows first (`split_train_batch`); a single row over the token
+    budget still trains, alone."""
 
     micro_batch_size: int
     max_tokens: int | None = None
@@ -97,8 +127,13 @@ class MicroBatcher:
 
     def add(self, batch: TrainBatch) -> list[list[TrainBatch]]:
         """Add a batch; returns the micro-batches (lists of batches) now complete."""
-        ready = []
         width = int(batch.input_ids.shape[1])
+        too_many = batch.num_sequences > self.micro_batch_size
+        if too_many or (self.max_tokens is not None and batch.num_sequences * width > self.max_tokens):
+            pieces = split_train_batch(batch, self.micro_batch_size, self.max_tokens)
+            if len(pieces) > 1:
+                return [ready for piece in pieces for ready in self.add(piece)]
+        ready = []
         if self.pending and self.max_tokens is not None:
             if (self.pending_sequences + batch.num_sequences) * max(self.pending_width, width) > self.max_tokens:
                 ready.append(self.flush())  # the new batch would break the token budget: send what is pending

@@ -1,7 +1,9 @@
-"""Text view of a `Placement`: node x GPU grid, per-component parallelism, warnings."""
+"""Text view of a `Placement`: node x GPU grid, per-component parallelism, the per-GPU memory estimate,
+warnings."""
 
 from __future__ import annotations
 
+from rlinf_pipe.scheduler.memory import GIB, KINDS, MemoryReport
 from rlinf_pipe.scheduler.placement import Placement, format_ids
 
 ABBREVIATIONS = {"rollout": "R", "inference": "I", "actor": "A", "reward": "W"}
@@ -11,7 +13,7 @@ MODE_REASONS = {
 }
 
 
-def render_plan(placement: Placement) -> str:
+def render_plan(placement: Placement, memory: MemoryReport | None = None) -> str:
     """The screen `rlinf-pipe plan` prints."""
     lines = [
         f"mode: {placement.mode} ({MODE_REASONS[placement.mode]})",
@@ -24,9 +26,26 @@ def render_plan(placement: Placement) -> str:
         "",
         *_table(placement),
     ]
-    if placement.warnings:
-        lines += ["", *(f"warning: {w}" for w in placement.warnings)]
+    if memory is not None:
+        lines += ["", *_memory(memory)]
+    warnings = [*placement.warnings, *(memory.warnings() if memory is not None else [])]
+    if warnings:
+        lines += ["", *(f"warning: {w}" for w in warnings)]
     return "\n".join(lines)
+
+
+def _memory(memory: MemoryReport) -> list[str]:
+    """The estimate as a table of GiB per GPU (docs/memory.md), or why there is none."""
+    if not memory.components:
+        return [f"memory: no estimate ({memory.note})"]
+    head = ("memory/GPU (GiB)", *KINDS, "total", f"of {memory.capacity_bytes / GIB:.1f}")
+    rows = [head]
+    for name, m in memory.components.items():
+        rows.append((name, *(f"{m.per_gpu_bytes[k] / GIB:.1f}" for k in KINDS), f"{m.total / GIB:.1f}",
+                     "fits" if m.fits else "DOES NOT FIT"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    table = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return [f"memory estimate (model: {memory.model}):", *table]
 
 
 def _grid(placement: Placement) -> list[str]:

@@ -34,11 +34,24 @@ def test_plan_four_node_pipeline_grid(capsys):
     code, out, _ = run_plan(capsys, "--config-name", "qwen2.5-1.5b-grpo-megatron-pipeline")
     assert code == 0
     rows = {line.split()[1]: line.split()[2:10] for line in out.splitlines() if line.startswith("node ")}
-    assert rows["0"] == ["R0", "R0", "R1", "R1", "R2", "R2", "R3", "R3"]
-    assert rows["2"] == ["R8", "R8", "R9", "R9", "I0", "I1", "I2", "I3"]
+    assert rows["0"] == [f"R{i}" for i in range(8)]
+    assert rows["2"] == ["R16", "R17", "R18", "R19", "I0", "I1", "I2", "I3"]
     assert rows["3"] == [f"A{i}" for i in range(8)]
     actor_row = next(line.split() for line in out.splitlines() if line.startswith("actor "))
-    assert actor_row[-3:] == ["2", "1", "4"]  # TP PP DP
+    assert actor_row[-3:] == ["1", "1", "8"]  # TP PP DP
+    # the memory table: GiB per GPU for every component
+    assert "memory estimate (model: " in out and "DeepSeek-R1-Distill-Qwen-1.5B" in out
+    table = {line.split()[0]: line.split()[1:] for line in out.splitlines()
+             if line.split()[:1] in (["rollout"], ["inference"], ["actor"]) and line.split()[-1] == "fits"}
+    assert set(table) == {"rollout", "inference", "actor"} and "warning" not in out
+
+
+def test_plan_warns_when_a_component_does_not_fit(capsys):
+    code, out, _ = run_plan(capsys, "--config-name", "qwen2.5-1.5b-grpo-megatron-pipeline",
+                            "actor.micro_batch_tokens=null", "actor.micro_batch_size=4", "actor.recompute=none")
+    assert code == 0 and "DOES NOT FIT" in out
+    warning = next(line for line in out.splitlines() if line.startswith("warning: actor:"))
+    assert "activations" in warning and "actor.micro_batch_tokens" in warning and "actor.recompute" in warning
 
 
 def test_plan_collocated_cells_show_both_components(capsys):
@@ -52,14 +65,22 @@ def test_plan_prints_warnings(capsys):
 
 
 def test_plan_json(capsys):
-    code, out, _ = run_plan(capsys, "--config-name", "qwen2.5-1.5b-grpo-megatron-pipeline", "--json")
+    code, out, _ = run_plan(capsys, "--config-name", "qwen2.5-1.5b-grpo-megatron-pipeline", "--json",
+                            "cluster.gpu_memory_gb=80")
     data = json.loads(out)
     assert code == 0 and data["mode"] == "disaggregated"
     assert data["num_nodes"] == 4 and data["gpus_per_node"] == [8, 8, 8, 8]
-    assert len(data["components"]["rollout"]) == 10
-    assert data["components"]["rollout"][9] == {"rank": 9, "node_rank": 2, "local_gpus": [2, 3],
-                                                "global_gpus": [18, 19]}
+    assert len(data["components"]["rollout"]) == 20
+    assert data["components"]["rollout"][9] == {"rank": 9, "node_rank": 1, "local_gpus": [1], "global_gpus": [9]}
     assert data["components"]["actor"][0]["global_gpus"] == [24]
+    memory = data["memory"]
+    assert set(memory) == {"rollout", "inference", "actor"}
+    for component in memory.values():
+        kinds = component["per_gpu_bytes"]
+        assert set(kinds) == {"weights", "grads", "optimizer", "activations", "kv_cache", "total"}
+        assert kinds["total"] == sum(v for k, v in kinds.items() if k != "total") <= component["capacity_bytes"]
+        assert component["capacity_bytes"] == 80 * 10**9 and component["fits"] is True
+    assert memory["actor"]["per_gpu_bytes"]["optimizer"] > 0 == memory["rollout"]["per_gpu_bytes"]["optimizer"]
 
 
 @pytest.mark.parametrize(

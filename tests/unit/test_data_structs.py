@@ -16,6 +16,7 @@ from rlinf_pipe.data import (
     ScoredGroup,
     TrainBatch,
     pack_train_batch,
+    row_chunks,
     split_train_batch,
 )
 from rlinf_pipe.scheduler.channel.codec import Codec
@@ -137,14 +138,26 @@ def test_packing_by_hand():
 
 def test_split_trims_each_micro_batch_to_its_longest_row():
     micro = split_train_batch(make_batch(), 1)
-    assert [m.input_ids.shape[1] for m in micro] == [5, 3, 5, 3]
-    assert [m.num_tokens for m in micro] == [3, 1, 2, 0] and all(m.num_sequences == 1 for m in micro)
+    # the last row has no response tokens: it joins the micro-batch before it rather than train on nothing
+    assert [m.input_ids.shape[1] for m in micro] == [5, 3, 5]
+    assert [m.num_tokens for m in micro] == [3, 1, 2] and [m.num_sequences for m in micro] == [1, 1, 2]
     assert micro[1].input_ids.tolist() == [[11, 12, 24]] and micro[1].response_mask.tolist() == [[False, False, True]]
-    halves = split_train_batch(make_batch(), 3)
-    assert [m.num_sequences for m in halves] == [3, 1] and halves[1].input_ids.tolist() == [[13, 14, 15]]
+    halves = split_train_batch(make_batch(), 2)
+    assert [m.num_sequences for m in halves] == [2, 2] and halves[1].input_ids.tolist()[1] == [13, 14, 15, PAD, PAD]
     assert all(m.version == 4 for m in micro + halves)
+    # a token budget of 10: rows of length 5, 3, 5, 3 -> [5, 3] (2 x 5), [5, 3] (2 x 5)
+    assert [m.num_sequences for m in split_train_batch(make_batch(), 4, max_tokens=10)] == [2, 2]
+    assert [m.num_sequences for m in split_train_batch(make_batch(), 4, max_tokens=4)] == [1, 1, 2]
     with pytest.raises(ValueError):
         split_train_batch(make_batch(), 0)
+
+
+def test_row_chunks_respect_both_limits():
+    assert row_chunks([5, 3, 5, 3], 4) == [range(0, 4)]
+    assert row_chunks([5, 3, 5, 3], 4, max_tokens=9) == [range(0, 1), range(1, 2), range(2, 3), range(3, 4)]
+    assert row_chunks([2, 2, 9, 2], 3, max_tokens=6) == [range(0, 2), range(2, 3), range(3, 4)]
+    assert row_chunks([1] * 7, 3) == [range(0, 3), range(3, 6), range(6, 7)]
+    assert row_chunks([], 3) == []
 
 
 def test_packing_nothing_is_an_error():

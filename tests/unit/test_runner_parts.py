@@ -119,7 +119,13 @@ def test_micro_batcher_and_concat_keep_every_row():
     assert budget.add(a) == []  # 10 tokens
     assert budget.add(b) == []  # 20 tokens: at the budget
     assert budget.add(c) == [[a, b]]  # 5 x 8 = 40 > 20
-    assert budget.add(d) == [[c]] and budget.flush() == [d]  # too big alone: still sent
+    out = budget.add(d) + [budget.flush()]  # 4 rows of 30 tokens: each over the budget, so one per micro-batch
+    assert out[0] == [c] and [[p.num_sequences for p in mb] for mb in out[1:]] == [[1]] * 4
+    # a group over the limits on its own is split by rows (a group of 16 long responses, micro_batch_size 4)
+    group = _batch(6, 5)
+    assert [[p.num_sequences for p in mb] for mb in MicroBatcher(4).add(group)] == [[4]]
+    split = MicroBatcher(micro_batch_size=100, max_tokens=10)
+    assert [[p.num_sequences for p in mb] for mb in split.add(group)] == [[2], [2]] and split.flush()[0].num_sequences == 2
     cat = concat_train_batches(batches, pad_token_id=0)
     assert cat.num_sequences == 5 and cat.num_tokens == sum(b.num_tokens for b in batches)
     assert cat.input_ids.shape == (5, 8) and int(cat.response_mask.sum()) == cat.num_tokens
@@ -166,8 +172,10 @@ def _slots(ops: list) -> list:
 async def test_train_feed_steps_each_minibatch_whatever_the_arrival_order():
     routing = TrainRouting(groups=8, n_minibatches=2, dp=2)  # replica 1 trains slots 1, 3 (mini-batch 0), 5, 7
     arrivals = [_batch(2, 4, slot) for slot in (7, 5, 3, 1)]  # mini-batch 1 arrives first: it waits
-    ops = await _ops(arrivals, routing, replica=1)
+    ops = await _ops(arrivals, routing, replica=1, micro_batch_size=2)
     assert _slots(ops) == [3, 1, ("step", 0), 7, 5, ("step", 1)]
+    split = await _ops(arrivals, routing, replica=1)  # micro_batch_size 1: each group of 2 is split by rows
+    assert _slots(split) == [3, 3, 1, 1, ("step", 0), 7, 7, 5, 5, ("step", 1)]
     read = sum(op.data_bytes for op in ops if isinstance(op, OptimizerStep))
     assert read == sum(payload_bytes(b) for b in arrivals) > 0  # every byte the replica read, counted once
 

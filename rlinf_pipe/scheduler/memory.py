@@ -1,0 +1,269 @@
+"""A per-GPU memory estimate of every component, from the config, the placement and the model's `config.json`
+(no weights, no GPU): what `rlinf-pipe plan` shows and what a run checks before it launches.
+
+The model of the estimate (docs/memory.md walks through it):
+
+* **weights**: the parameters a rank holds (its pipeline stage's layers, split by tensor parallelism; the first stage
+  holds the embedding, the last the output layer), in the parameter dtype (bf16 on GPUs);
+* **grads**: Megatron's fp32 gradient buffer (`grad_reduce_in_fp32`), 4 bytes per parameter of the rank;
+* **optimizer**: Adam's two fp32 moments and, with bf16 parameters, fp32 master weights, divided over the data-
+  parallel replicas by the distributed optimizer (on whenever DP > 1);
+* **activations** (and working memory): what one training micro-batch keeps for its backward pass at its token
+  budget (Korthikanti et al.'s per-layer figures for bf16 without sequence parallelism, with the attention scores
+  that the local layer spec materialises), reduced by `actor.recompute`; the micro-batch's bf16 logits and their
+  gradient, and the log-prob code's float32 chunks (`engines.policy.logprobs.CHUNK_BYTES` each); 1 GiB per process
+  on the GPU for the CUDA context and allocator slack;
+* **kv_cache**: SGLang's share of the GPU (`rollout.gpu_memory_fraction` of the capacity) less its weights; the
+  torch engine's cache for `max_running_requests` sequences at full length.
+
+Collocated components take turns on their GPUs, so each is checked on its own (the other's state is offloaded, or
+released by the engine, meanwhile; the other process still holds its CUDA context); the actor's phase also holds
+the reference model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from rlinf_pipe.config.schema import Config
+from rlinf_pipe.engines.rollout.factory import TORCH_MAX_RUNNING, memory_fraction
+from rlinf_pipe.scheduler.placement import ComponentPlacement, Placement
+
+GIB = 1 << 30
+DEFAULT_CAPACITY_GB = 80.0
+PROCESS_OVERHEAD = 1 * GIB
+LOGPROB_CHUNK_BYTES = 1 << 28  # engines.policy.logprobs.CHUNK_BYTES: one float32 chunk of the log-prob code
+KINDS = ("weights", "grads", "optimizer", "activations", "kv_cache")
+Recompute = Literal["none", "selective", "full"]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The architecture numbers the estimate needs (from an HF `config.json`)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    tied_embeddings: bool
+    qkv_bias: bool
+
+    @classmethod
+    def of(cls, arch: Any) -> ModelShape:
+        """From a `models.megatron_gpt.HfArch`."""
+        return cls(arch.vocab_size, arch.hidden_size, arch.intermediate_size, arch.num_layers, arch.num_heads,
+                   arch.num_kv_heads, arch.head_dim, arch.tie_word_embeddings, arch.qkv_bias)
+
+    def layer_params(self) -> int:
+        h, hd = self.hidden_size, self.head_dim
+        q, kv = self.num_heads * hd, self.num_kv_heads * hd
+        attention = h * (q + 2 * kv) + q * h + (q + 2 * kv if self.qkv_bias else 0)
+        return attention + 3 * h * self.intermediate_size + 2 * h
+
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def num_params(self) -> int:
+        untied_head = 0 if self.tied_embeddings else self.embedding_params()
+        return self.embedding_params() + self.num_layers * self.layer_params() + self.hidden_size + untied_head
+
+    def params_per_rank(self, tp: int, pp: int) -> int:
+        """Parameters of the heaviest rank of a TP x PP split: its layers, and the embedding and / or output
+        layer of the first / last stage (a tied output layer is a copy on the last stage when PP > 1)."""
+        layers = -(-self.num_layers // pp) * self.layer_params() // tp
+        embedding = self.embedding_params() // tp
+        output = embedding if (pp > 1 or not self.tied_embeddings) else 0
+        ends = embedding + output if pp == 1 else max(embedding, output + self.hidden_size)
+        return layers + ends
+
+
+@dataclass(frozen=True)
+class ComponentMemory:
+    """The estimated peak bytes on one GPU of a component, and the capacity it is checked against."""
+
+    component: str
+    per_gpu_bytes: dict[str, int]
+    capacity_bytes: int
+
+    @property
+    def total(self) -> int:
+        return sum(self.per_gpu_bytes.values())
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {"per_gpu_bytes": {**self.per_gpu_bytes, "total": self.total}, "capacity_bytes": self.capacity_bytes,
+                "fits": self.fits}
+
+
+def _bytes(kinds: dict[str, float], processes: int) -> dict[str, int]:
+    out = {kind: int(kinds.get(kind, 0)) for kind in KINDS}
+    out["activations"] += processes * PROCESS_OVERHEAD
+    return out
+
+
+def training_activations(shape: ModelShape, tokens: int, seq_len: int, tp: int, pp: int,
+                         recompute: Recompute) -> float:
+    """Bytes one micro-batch of `tokens` (rows of up to `seq_len`) keeps for backward on one rank (bf16)."""
+    h, layers = shape.hidden_size, -(-shape.num_layers // pp)
+    attention_scores = 5 * shape.num_heads * seq_len / (h * tp)  # per token per hidden unit: scores + softmax
+    per_layer = {
+        "none": tokens * h * (10 + 24 / tp + attention_scores),
+        "selective": tokens * h * (10 + 24 / tp),
+        "full": tokens * h * 2,  # the layer input only; the rest is recomputed
+    }[recompute]
+    logits = 2 * tokens * shape.vocab_size / tp * 2 + 3 * LOGPROB_CHUNK_BYTES  # bf16 logits + their gradient
+    return layers * per_layer + logits
+
+
+def forward_activations(shape: ModelShape, tokens: int, tp: int) -> float:
+    """Bytes of a forward-only pass over `tokens`: one layer's working set, the logits and the log-prob chunks."""
+    layer = tokens * shape.hidden_size * 16 / tp + tokens * shape.intermediate_size * 2 * 3 / tp
+    return layer + tokens * shape.vocab_size / tp * 2 + 2 * LOGPROB_CHUNK_BYTES
+
+
+def kv_cache_bytes(shape: ModelShape, sequences: int, seq_len: int, tp: int, dtype_bytes: int = 2) -> float:
+    """Keys and values of `sequences` sequences of `seq_len` tokens, on one of `tp` ranks."""
+    per_token = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * dtype_bytes / tp
+    return sequences * seq_len * per_token
+
+
+def estimate_memory(cfg: Config, placement: Placement, shape: ModelShape, capacity_bytes: int) -> dict[
+        str, ComponentMemory]:
+    """The estimate of every GPU component of `placement` (see the module docstring)."""
+    seq_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    dtype_bytes = 4 if cfg.actor.params_dtype == "float32" else 2  # auto: bf16 on GPUs
+    collocated = placement.mode == "collocated"
+    out: dict[str, ComponentMemory] = {}
+    for name, comp in placement.components.items():
+        estimate = {"actor": _actor, "inference": _inference, "rollout": _rollout}.get(name)
+        if comp.gpus and estimate is not None:
+            kinds = estimate(cfg, comp, shape, seq_len, capacity_bytes, dtype_bytes, collocated)
+            out[name] = ComponentMemory(name, _bytes(kinds, 2 if collocated else 1), capacity_bytes)
+    return out
+
+
+def _actor(cfg: Config, comp: ComponentPlacement, shape: ModelShape, seq_len: int, capacity: int, dtype_bytes: int,
+           collocated: bool) -> dict[str, float]:
+    params = shape.params_per_rank(comp.tp, comp.pp)
+    distributed_optimizer = comp.dp > 1
+    master = 4 if dtype_bytes < 4 else 0
+    tokens = cfg.actor.micro_batch_tokens or cfg.actor.micro_batch_size * seq_len
+    needs_ref = collocated and (cfg.algorithm.kl_coef > 0 or cfg.algorithm.compute_ref_logprobs)
+    return {
+        "weights": params * dtype_bytes * (2 if needs_ref else 1),
+        "grads": params * 4,
+        "optimizer": params * (8 + master) / (comp.dp if distributed_optimizer else 1),
+        "activations": training_activations(shape, tokens, min(seq_len, tokens), comp.tp, comp.pp,
+                                            cfg.actor.recompute),
+    }
+
+
+def _inference(cfg: Config, comp: ComponentPlacement, shape: ModelShape, seq_len: int, capacity: int,
+               dtype_bytes: int, collocated: bool) -> dict[str, float]:
+    params = shape.params_per_rank(comp.tp, comp.pp)
+    copies = 2 if cfg.algorithm.kl_coef > 0 or cfg.algorithm.compute_ref_logprobs else 1
+    return {
+        "weights": params * dtype_bytes * copies,
+        "activations": forward_activations(shape, cfg.inference.max_tokens_per_batch, comp.tp),
+    }
+
+
+def _rollout(cfg: Config, comp: ComponentPlacement, shape: ModelShape, seq_len: int, capacity: int, dtype_bytes: int,
+             collocated: bool) -> dict[str, float]:
+    tp = cfg.rollout.tensor_parallel_size
+    weights = shape.params_per_rank(tp, 1) * dtype_bytes
+    if cfg.rollout.backend == "sglang":
+        fraction = memory_fraction(cfg.rollout, collocated)
+        return {"weights": weights, "kv_cache": max(fraction * capacity - weights, 0.0)}
+    sequences = cfg.rollout.max_running_requests or TORCH_MAX_RUNNING
+    return {"weights": weights, "kv_cache": kv_cache_bytes(shape, sequences, seq_len, tp, dtype_bytes),
+            "activations": forward_activations(shape, sequences, tp)}
+
+
+def advice(memory: ComponentMemory) -> str:
+    """One line naming the largest part and the keys that shrink it."""
+    parts = memory.per_gpu_bytes
+    largest = max(parts, key=parts.__getitem__)
+    keys = {
+        "activations": {
+            "actor": "actor.micro_batch_tokens (or actor.micro_batch_size), actor.recompute: selective or full, "
+                     "actor.tensor_parallel_size",
+            "inference": "inference.max_tokens_per_batch or inference.tensor_parallel_size",
+            "rollout": "rollout.max_running_requests",
+        }.get(memory.component, ""),
+        "weights": f"{memory.component}.tensor_parallel_size or pipeline_parallel_size",
+        "grads": "actor.tensor_parallel_size or actor.pipeline_parallel_size",
+        "optimizer": "more actor GPUs (data-parallel replicas shard the optimizer state)",
+        "kv_cache": "rollout.gpu_memory_fraction" if memory.component == "rollout" else "",
+    }[largest]
+    return (f"{memory.component}: about {memory.total / GIB:.1f} GiB per GPU of {memory.capacity_bytes / GIB:.1f} GiB "
+            f"({largest} {parts[largest] / GIB:.1f} GiB); lower it with {keys}")
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """The estimate of a run (`components` empty when the model's architecture could not be read: `note` says
+    why), the model it was made for and the capacity each GPU is checked against."""
+
+    components: dict[str, ComponentMemory]
+    model: str
+    capacity_bytes: int
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: m.to_json() for name, m in self.components.items()}
+
+    def warnings(self) -> list[str]:
+        """One line per component that does not fit, naming the keys that shrink it."""
+        return [advice(m) for m in self.components.values() if not m.fits]
+
+
+def gpu_capacity_bytes(cfg: Config) -> int:
+    """`cluster.gpu_memory_gb`, else the memory of this machine's GPU, else 80 GB."""
+    if cfg.cluster.gpu_memory_gb is not None:
+        return int(cfg.cluster.gpu_memory_gb * 1e9)
+    import torch
+
+    if torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    return int(DEFAULT_CAPACITY_GB * 1e9)
+
+
+def model_shape(name_or_path: str) -> tuple[ModelShape | None, str]:
+    """The architecture of a config's model from its `config.json` alone (the folder's, or for the tiny model its
+    spec, or a copy shipped in `models.known`); (None, why) if there is none to read."""
+    from transformers import AutoConfig
+
+    from rlinf_pipe.models.known import known_config
+    from rlinf_pipe.models.megatron_gpt import hf_arch
+
+    if name_or_path == "tiny":
+        from rlinf_pipe.models.tiny import TinySpec, build_config
+
+        spec = TinySpec()
+        return ModelShape.of(hf_arch(build_config(spec, spec.vocab_size, 0, 1, 2))), "the tiny model"
+    folder = Path(name_or_path).expanduser()
+    if not (folder / "config.json").is_file():
+        shipped = known_config(name_or_path)
+        if shipped is None:
+            return None, (f"no config.json at {name_or_path} (the estimate reads only that file: run plan where the "
+                          "model folder is)")
+        folder = shipped.parent
+    return ModelShape.of(hf_arch(AutoConfig.from_pretrained(str(folder)))), str(folder / "config.json")
+
+
+def memory_report(cfg: Config, placement: Placement) -> MemoryReport:
+    """The per-GPU estimate of a run's components (see the module docstring)."""
+    capacity = gpu_capacity_bytes(cfg)
+    shape, source = model_shape(cfg.actor.model_path)
+    if shape is None:
+        return MemoryReport({}, cfg.actor.model_path, capacity, note=source)
+    return MemoryReport(estimate_memory(cfg, placement, shape, capacity), source, capacity)
