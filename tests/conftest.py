@@ -16,8 +16,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not any(item.get_closest_marker("gpu") for item in items):
         return
     import torch
+    from support.gpu import dry_run
 
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() or dry_run():
         return
     skip = pytest.mark.skip(reason="needs CUDA (this machine has none)")
     for item in items:

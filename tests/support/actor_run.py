@@ -90,9 +90,12 @@ def params_of(policy) -> dict[str, torch.Tensor]:
     return {n: p.detach().float().clone() for n, p in policy.module.named_parameters()}
 
 
-def _worker(rank: int, world: int, port: int, parallel: dict, fn: Callable, kwargs: dict, out_dir: str) -> None:
+def _worker(rank: int, world: int, port: int, parallel: dict, fn: Callable, kwargs: dict, out_dir: str,
+            backend: str) -> None:
     torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    torch.distributed.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     from megatron.core import parallel_state
 
     from rlinf_pipe.models.megatron_gpt import init_model_parallel
@@ -110,9 +113,11 @@ def _worker(rank: int, world: int, port: int, parallel: dict, fn: Callable, kwar
         torch.distributed.destroy_process_group()
 
 
-def spawn(world: int, fn: Callable, out_dir: str, parallel: dict | None = None, **kwargs) -> list[dict]:
-    """Run `fn(rank=..., **kwargs)` on `world` gloo ranks with Megatron TP/PP from `parallel`; return each rank's
-    result (`fn` must be a module-level function)."""
+def spawn(world: int, fn: Callable, out_dir: str, parallel: dict | None = None, backend: str = "gloo",
+          **kwargs) -> list[dict]:
+    """Run `fn(rank=..., **kwargs)` on `world` ranks (gloo; or NCCL, rank r on GPU r) with Megatron TP/PP from
+    `parallel`; return each rank's result (`fn` must be a module-level function)."""
     os.makedirs(out_dir, exist_ok=True)
-    mp.spawn(_worker, args=(world, free_port(), parallel or {}, fn, kwargs, out_dir), nprocs=world, join=True)
+    mp.spawn(_worker, args=(world, free_port(), parallel or {}, fn, kwargs, out_dir, backend), nprocs=world,
+             join=True)
     return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world)]

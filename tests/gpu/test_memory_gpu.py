@@ -1,0 +1,84 @@
+"""A training micro-batch at the example configs' shape fits one GPU, and the estimate of `rlinf-pipe plan` is not
+below what it really takes: DeepSeek-R1-Distill-Qwen-1.5B (randomly initialised from the shipped `config.json`),
+bf16, selective recompute, one sequence of 1024 + 8192 tokens, one optimizer step at DP 1. The measured peak and
+the estimate are printed (`pytest -s`) for docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from support.actor_run import LOSS, make_batch, spawn
+from support.gpu import backend, measures_memory
+
+from rlinf_pipe.config import load_config
+from rlinf_pipe.models.known import known_config
+from rlinf_pipe.scheduler.memory import GIB, estimate_memory, model_shape
+from rlinf_pipe.scheduler.placement import plan_placement
+
+pytest.importorskip("megatron.core")
+pytestmark = pytest.mark.gpu
+
+CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "math" / "config"
+EXAMPLE = "qwen2.5-1.5b-grpo-megatron-pipeline"
+MODEL = "DeepSeek-R1-Distill-Qwen-1.5B"
+
+
+def _one_step(rank: int, model_path: str, tokens: int, recompute: str) -> dict:
+    import msgspec
+
+    from rlinf_pipe.engines.policy.policy import MegatronPolicy
+
+    policy = MegatronPolicy(model_path, lr=1e-6, params_dtype="bfloat16", recompute=recompute, load_weights=False)
+    batch = make_batch(0, 1, policy.vocab_size, max_prompt=2, max_response=2)
+    width = tokens
+    g = torch.Generator().manual_seed(0)
+    batch = msgspec.structs.replace(
+        batch, input_ids=torch.randint(1, policy.vocab_size, (1, width), generator=g),
+        attention_mask=torch.ones(1, width, dtype=torch.bool),
+        response_mask=torch.cat([torch.zeros(1, width // 9, dtype=torch.bool),
+                                 torch.ones(1, width - width // 9, dtype=torch.bool)], dim=1),
+        old_logprobs=torch.full((1, width), -2.0), advantages=torch.ones(1, width), num_tokens=width - width // 9)
+    if measures_memory():
+        torch.cuda.reset_peak_memory_stats()
+    policy.train_micro_batch(batch, LOSS)
+    metrics = policy.optimizer_step()
+    peak = torch.cuda.max_memory_allocated() if measures_memory() else 0
+    return {"peak": peak, "loss": metrics["loss"], "reserved": torch.cuda.max_memory_reserved()
+            if measures_memory() else 0}
+
+
+def test_a_micro_batch_at_the_example_shape_fits_within_the_estimate(tmp_path):
+    cfg = load_config(CONFIGS, EXAMPLE, [
+        "cluster.num_nodes=1", "cluster.num_gpus_per_node=1", 'cluster.component_placement={"actor,rollout": 0}',
+        "algorithm.compute_ref_logprobs=false",
+    ])
+    tokens = cfg.actor.micro_batch_tokens
+    assert tokens == cfg.data.max_prompt_length + cfg.rollout.max_new_tokens == 9216
+    if measures_memory():
+        folder = tmp_path / MODEL
+        folder.mkdir()
+        shutil.copy(known_config(MODEL), folder / "config.json")  # the architecture only: random weights
+        shape, _ = model_shape(str(folder))
+    else:  # a dry run on CPU: the same code on the tiny model
+        from rlinf_pipe.models.tiny import ensure_tiny_model
+
+        folder, tokens = ensure_tiny_model(tmp_path / "tiny"), 64
+        shape, _ = model_shape(str(folder))
+        cfg = load_config(CONFIGS, EXAMPLE, [
+            "cluster.num_nodes=1", "cluster.num_gpus_per_node=1", 'cluster.component_placement={"actor,rollout": 0}',
+            "algorithm.compute_ref_logprobs=false", f"actor.micro_batch_tokens={tokens}",
+        ])
+    assert shape is not None
+    estimate = estimate_memory(cfg, plan_placement(cfg), shape, int(80e9))["actor"]
+    (result,) = spawn(1, _one_step, str(tmp_path / "run"), backend=backend(), model_path=str(folder), tokens=tokens,
+                      recompute=cfg.actor.recompute)
+    assert torch.isfinite(torch.tensor(result["loss"]))
+    parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in estimate.per_gpu_bytes.items())
+    print(f"\nmemory at the example shape ({tokens} tokens, recompute {cfg.actor.recompute}, DP 1): measured peak "
+          f"{result['peak'] / GIB:.2f} GiB allocated, {result['reserved'] / GIB:.2f} GiB reserved; estimate "
+          f"{estimate.total / GIB:.2f} GiB ({parts})")
+    if measures_memory():
+        assert result["reserved"] <= estimate.total, "the estimate is below what a micro-batch really takes"
