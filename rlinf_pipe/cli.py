@@ -49,9 +49,10 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from rlinf_pipe.config import load_config
-    from rlinf_pipe.runner import run
 
-    cfg = load_config(args.config_path, args.config_name, args.overrides)
+    cfg = load_config(args.config_path, args.config_name, args.overrides)  # a config error shows before the
+    from rlinf_pipe.runner import run  # several seconds the driver stack takes to import
+
     run(cfg)
     return 0
 

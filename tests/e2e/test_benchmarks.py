@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_pipeline_vs_collocated_reports_finite_figures():
     proc = subprocess.run(
-        [sys.executable, "benchmarks/pipeline_vs_collocated.py", "--steps", "3", "--repeats", "1",
+        [sys.executable, "benchmarks/pipeline_vs_collocated.py", "--steps", "2", "--repeats", "1", "--rollout-batch-size", "3",
          "--gloo-iters", "5", "--json"],
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
     )
@@ -31,7 +31,7 @@ def test_pipeline_vs_collocated_reports_finite_figures():
     assert summary["weight_sync_bytes"] > 0
     assert summary["modes"]["pipeline"]["weight_sync_receivers"] == 2
     assert summary["modes"]["collocated"]["weight_sync_receivers"] == 3
-    assert summary["settings"]["steps"] == 3 and summary["settings"]["repeats"] == 1
+    assert summary["settings"]["steps"] == 2 and summary["settings"]["repeats"] == 1
     for mode in ("pipeline", "collocated"):  # training data streams worker to worker, never through the driver
         figures = summary["modes"][mode]
         assert figures["driver_data_bytes_per_step"] == 0 and figures["train_data_bytes_per_step"] > 0, figures

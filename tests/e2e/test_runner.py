@@ -36,11 +36,13 @@ def ray_session():
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
+def tiny_model() -> str:
+    """The warm-started tiny model in the default cache (shared with the example and benchmark runs, which build
+    it there on first use: half a minute of training on 2 cores)."""
     from rlinf_pipe.config.schema import DataConfig
     from rlinf_pipe.models.warmstart import ensure_warm_tiny_model
 
-    return str(ensure_warm_tiny_model(tmp_path_factory.mktemp("models"), DataConfig()))
+    return str(ensure_warm_tiny_model(None, DataConfig()))
 
 
 def run(config_name: str, out: Path, model: str, *overrides: str) -> Path:
