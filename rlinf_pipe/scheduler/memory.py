@@ -25,11 +25,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.engines.rollout.factory import TORCH_MAX_RUNNING, memory_fraction
 from rlinf_pipe.scheduler.placement import ComponentPlacement, Placement
+
+if TYPE_CHECKING:
+    from rlinf_pipe.models.megatron_gpt import HfArch
 
 GIB = 1 << 30
 DEFAULT_CAPACITY_GB = 80.0
@@ -39,47 +42,29 @@ KINDS = ("weights", "grads", "optimizer", "activations", "kv_cache")
 Recompute = Literal["none", "selective", "full"]
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    """The architecture numbers the estimate needs (from an HF `config.json`)."""
+def layer_params(arch: HfArch) -> int:
+    """Parameters of one transformer layer (attention with its biases, the gated MLP, two norms)."""
+    h, hd = arch.hidden_size, arch.head_dim
+    q, kv = arch.num_heads * hd, arch.num_kv_heads * hd
+    attention = h * (q + 2 * kv) + q * h + (q + 2 * kv if arch.qkv_bias else 0)
+    return attention + 3 * h * arch.intermediate_size + 2 * h
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    tied_embeddings: bool
-    qkv_bias: bool
 
-    @classmethod
-    def of(cls, arch: Any) -> ModelShape:
-        """From a `models.megatron_gpt.HfArch`."""
-        return cls(arch.vocab_size, arch.hidden_size, arch.intermediate_size, arch.num_layers, arch.num_heads,
-                   arch.num_kv_heads, arch.head_dim, arch.tie_word_embeddings, arch.qkv_bias)
+def num_params(arch: HfArch) -> int:
+    """Parameters of the whole model (a tied output layer counted once)."""
+    embedding = arch.vocab_size * arch.hidden_size
+    untied_head = 0 if arch.tie_word_embeddings else embedding
+    return embedding + arch.num_layers * layer_params(arch) + arch.hidden_size + untied_head
 
-    def layer_params(self) -> int:
-        h, hd = self.hidden_size, self.head_dim
-        q, kv = self.num_heads * hd, self.num_kv_heads * hd
-        attention = h * (q + 2 * kv) + q * h + (q + 2 * kv if self.qkv_bias else 0)
-        return attention + 3 * h * self.intermediate_size + 2 * h
 
-    def embedding_params(self) -> int:
-        return self.vocab_size * self.hidden_size
-
-    def num_params(self) -> int:
-        untied_head = 0 if self.tied_embeddings else self.embedding_params()
-        return self.embedding_params() + self.num_layers * self.layer_params() + self.hidden_size + untied_head
-
-    def params_per_rank(self, tp: int, pp: int) -> int:
-        """Parameters of the heaviest rank of a TP x PP split: its layers, and the embedding and / or output
-        layer of the first / last stage (a tied output layer is a copy on the last stage when PP > 1)."""
-        layers = -(-self.num_layers // pp) * self.layer_params() // tp
-        embedding = self.embedding_params() // tp
-        output = embedding if (pp > 1 or not self.tied_embeddings) else 0
-        ends = embedding + output if pp == 1 else max(embedding, output + self.hidden_size)
-        return layers + ends
+def params_per_rank(arch: HfArch, tp: int, pp: int) -> int:
+    """Parameters of the heaviest rank of a TP x PP split: its layers, and the embedding and / or output layer of
+    the first / last stage (a tied output layer is a copy on the last stage when PP > 1)."""
+    layers = -(-arch.num_layers // pp) * layer_params(arch) // tp
+    embedding = arch.vocab_size * arch.hidden_size // tp
+    output = embedding if (pp > 1 or not arch.tie_word_embeddings) else 0
+    ends = embedding + output if pp == 1 else max(embedding, output + arch.hidden_size)
+    return layers + ends
 
 
 @dataclass(frozen=True)
@@ -109,7 +94,7 @@ def _bytes(kinds: dict[str, float], processes: int) -> dict[str, int]:
     return out
 
 
-def training_activations(shape: ModelShape, tokens: int, seq_len: int, tp: int, pp: int,
+def training_activations(shape: HfArch, tokens: int, seq_len: int, tp: int, pp: int,
                          recompute: Recompute) -> float:
     """Bytes one micro-batch of `tokens` (rows of up to `seq_len`) keeps for backward on one rank (bf16)."""
     h, layers = shape.hidden_size, -(-shape.num_layers // pp)
@@ -123,19 +108,19 @@ def training_activations(shape: ModelShape, tokens: int, seq_len: int, tp: int, 
     return layers * per_layer + logits
 
 
-def forward_activations(shape: ModelShape, tokens: int, tp: int) -> float:
+def forward_activations(shape: HfArch, tokens: int, tp: int) -> float:
     """Bytes of a forward-only pass over `tokens`: one layer's working set, the logits and the log-prob chunks."""
     layer = tokens * shape.hidden_size * 16 / tp + tokens * shape.intermediate_size * 2 * 3 / tp
     return layer + tokens * shape.vocab_size / tp * 2 + 2 * LOGPROB_CHUNK_BYTES
 
 
-def kv_cache_bytes(shape: ModelShape, sequences: int, seq_len: int, tp: int, dtype_bytes: int = 2) -> float:
+def kv_cache_bytes(shape: HfArch, sequences: int, seq_len: int, tp: int, dtype_bytes: int = 2) -> float:
     """Keys and values of `sequences` sequences of `seq_len` tokens, on one of `tp` ranks."""
     per_token = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * dtype_bytes / tp
     return sequences * seq_len * per_token
 
 
-def estimate_memory(cfg: Config, placement: Placement, shape: ModelShape, capacity_bytes: int) -> dict[
+def estimate_memory(cfg: Config, placement: Placement, shape: HfArch, capacity_bytes: int) -> dict[
         str, ComponentMemory]:
     """The estimate of every GPU component of `placement` (see the module docstring)."""
     seq_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
@@ -150,9 +135,9 @@ def estimate_memory(cfg: Config, placement: Placement, shape: ModelShape, capaci
     return out
 
 
-def _actor(cfg: Config, comp: ComponentPlacement, shape: ModelShape, seq_len: int, capacity: int, dtype_bytes: int,
+def _actor(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, capacity: int, dtype_bytes: int,
            collocated: bool) -> dict[str, float]:
-    params = shape.params_per_rank(comp.tp, comp.pp)
+    params = params_per_rank(shape, comp.tp, comp.pp)
     distributed_optimizer = comp.dp > 1
     master = 4 if dtype_bytes < 4 else 0
     tokens = cfg.actor.micro_batch_tokens or cfg.actor.micro_batch_size * seq_len
@@ -166,9 +151,9 @@ def _actor(cfg: Config, comp: ComponentPlacement, shape: ModelShape, seq_len: in
     }
 
 
-def _inference(cfg: Config, comp: ComponentPlacement, shape: ModelShape, seq_len: int, capacity: int,
+def _inference(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, capacity: int,
                dtype_bytes: int, collocated: bool) -> dict[str, float]:
-    params = shape.params_per_rank(comp.tp, comp.pp)
+    params = params_per_rank(shape, comp.tp, comp.pp)
     copies = 2 if cfg.algorithm.kl_coef > 0 or cfg.algorithm.compute_ref_logprobs else 1
     return {
         "weights": params * dtype_bytes * copies,
@@ -176,10 +161,10 @@ def _inference(cfg: Config, comp: ComponentPlacement, shape: ModelShape, seq_len
     }
 
 
-def _rollout(cfg: Config, comp: ComponentPlacement, shape: ModelShape, seq_len: int, capacity: int, dtype_bytes: int,
+def _rollout(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, capacity: int, dtype_bytes: int,
              collocated: bool) -> dict[str, float]:
     tp = cfg.rollout.tensor_parallel_size
-    weights = shape.params_per_rank(tp, 1) * dtype_bytes
+    weights = params_per_rank(shape, tp, 1) * dtype_bytes
     if cfg.rollout.backend == "sglang":
         fraction = memory_fraction(cfg.rollout, collocated)
         return {"weights": weights, "kv_cache": max(fraction * capacity - weights, 0.0)}
@@ -237,7 +222,7 @@ def gpu_capacity_bytes(cfg: Config) -> int:
     return int(DEFAULT_CAPACITY_GB * 1e9)
 
 
-def model_shape(name_or_path: str) -> tuple[ModelShape | None, str]:
+def model_shape(name_or_path: str) -> tuple[HfArch | None, str]:
     """The architecture of a config's model from its `config.json` alone (the folder's, or for the tiny model its
     spec, or a copy shipped in `models.known`); (None, why) if there is none to read."""
     from transformers import AutoConfig
@@ -249,7 +234,7 @@ def model_shape(name_or_path: str) -> tuple[ModelShape | None, str]:
         from rlinf_pipe.models.tiny import TinySpec, build_config
 
         spec = TinySpec()
-        return ModelShape.of(hf_arch(build_config(spec, spec.vocab_size, 0, 1, 2))), "the tiny model"
+        return hf_arch(build_config(spec, spec.vocab_size, 0, 1, 2)), "the tiny model"
     folder = Path(name_or_path).expanduser()
     if not (folder / "config.json").is_file():
         shipped = known_config(name_or_path)
@@ -257,7 +242,7 @@ def model_shape(name_or_path: str) -> tuple[ModelShape | None, str]:
             return None, (f"no config.json at {name_or_path} (the estimate reads only that file: run plan where the "
                           "model folder is)")
         folder = shipped.parent
-    return ModelShape.of(hf_arch(AutoConfig.from_pretrained(str(folder)))), str(folder / "config.json")
+    return hf_arch(AutoConfig.from_pretrained(str(folder))), str(folder / "config.json")
 
 
 def memory_report(cfg: Config, placement: Placement) -> MemoryReport:

@@ -168,6 +168,16 @@ def _free_port_on_node() -> tuple[str, int]:
     return ray.util.get_node_ip_address(), free_port("")
 
 
+def _rendezvous_point(node: Any) -> tuple[str, int]:
+    """An address and a free port on `node` for a group's torch.distributed rendezvous: found here when the driver
+    runs on that node, else by a probe task there (a worker process of its own: seconds)."""
+    if node.node_id == ray.get_runtime_context().get_node_id():
+        return _free_port_on_node()
+    probe = ray.remote(num_cpus=0)(_free_port_on_node).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False))
+    return ray.get(probe.remote())
+
+
 class WorkerGroup(Generic[W]):
     """The Ray actors of one component and the verbs that call them (see the module docstring)."""
 
@@ -213,10 +223,7 @@ class WorkerGroup(Generic[W]):
         world = len(placement.processes)
         shared_env = dict(env or {})
         if distributed and world > 0:
-            first = cluster.nodes[placement.processes[0].node_rank]
-            probe = ray.remote(num_cpus=0)(_free_port_on_node).options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(first.node_id, soft=False))
-            shared_env.update(rendezvous_env(*ray.get(probe.remote())))
+            shared_env.update(rendezvous_env(*_rendezvous_point(cluster.nodes[placement.processes[0].node_rank])))
         group = cls(name, placement, [])
         for proc in placement.processes:
             strategy = (

@@ -3,6 +3,7 @@ import breaks it, and importing a worker loads nothing of the driver stack."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -32,10 +33,21 @@ def test_a_backwards_import_breaks_the_contract(tmp_path):
     assert "rlinf_pipe.workers is not allowed to import rlinf_pipe.runner" in broken.stdout
 
 
-@pytest.mark.parametrize("module", ["rlinf_pipe.workers.reward", "rlinf_pipe.workers.rollout",
-                                    "rlinf_pipe.workers.inference", "rlinf_pipe.workers.actor"])
-def test_importing_a_worker_loads_no_driver_stack(module):
-    code = (f"import sys, {module}; "
-            "print(sorted(m for m in sys.modules if m.startswith(('rlinf_pipe.runner', 'rlinf_pipe.cli'))))")
+WORKERS = ["rlinf_pipe.workers.reward", "rlinf_pipe.workers.rollout", "rlinf_pipe.workers.inference",
+           "rlinf_pipe.workers.actor"]
+
+
+def test_importing_a_worker_loads_no_driver_stack():
+    """One fresh interpreter imports the workers one after another and lists, after each, the driver modules loaded
+    so far: the first worker whose import pulls one in is named (the lightest first)."""
+    code = (
+        "import importlib, json, sys\n"
+        f"for module in {WORKERS!r}:\n"
+        "    importlib.import_module(module)\n"
+        "    print(json.dumps([module, sorted(m for m in sys.modules if m.startswith(('rlinf_pipe.runner', "
+        "'rlinf_pipe.cli')))]))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
-    assert out.stdout.strip() == "[]", out.stdout
+    loaded = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [module for module, _ in loaded] == WORKERS
+    assert [(module, driver) for module, driver in loaded if driver] == []

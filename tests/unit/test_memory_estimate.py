@@ -13,11 +13,13 @@ from rlinf_pipe.config import load_config
 from rlinf_pipe.models.known import known_config
 from rlinf_pipe.scheduler.memory import (
     GIB,
-    ModelShape,
     estimate_memory,
     gpu_capacity_bytes,
+    layer_params,
     memory_report,
     model_shape,
+    num_params,
+    params_per_rank,
 )
 from rlinf_pipe.scheduler.placement import plan_placement
 from rlinf_pipe.scheduler.plan_report import render_plan
@@ -49,19 +51,19 @@ def test_shape_counts_the_parameters_of_the_real_model_class(tied):
     if tied:
         from rlinf_pipe.models.megatron_gpt import hf_arch
 
-        shape = ModelShape.of(hf_arch(hf_config))
-    assert shape.num_params() == _meta_model_params(hf_config)
-    assert shape.num_params() == (1_777_088_000 if not tied else 1_543_714_304)
+        shape = hf_arch(hf_config)
+    assert num_params(shape) == _meta_model_params(hf_config)
+    assert num_params(shape) == (1_777_088_000 if not tied else 1_543_714_304)
     # TP halves the layers and the (vocab-split) embedding; PP puts the ends on the first and last stage
-    one, tp2, pp2 = shape.params_per_rank(1, 1), shape.params_per_rank(2, 1), shape.params_per_rank(1, 2)
-    assert abs(one - shape.num_params()) <= shape.hidden_size
+    one, tp2, pp2 = params_per_rank(shape, 1, 1), params_per_rank(shape, 2, 1), params_per_rank(shape, 1, 2)
+    assert abs(one - num_params(shape)) <= shape.hidden_size
     assert tp2 == pytest.approx(one / 2, rel=1e-3)
-    assert shape.params_per_rank(1, 1) > pp2 > shape.num_layers // 2 * shape.layer_params()
+    assert params_per_rank(shape, 1, 1) > pp2 > shape.num_layers // 2 * layer_params(shape)
 
 
 def test_the_tiny_model_has_a_shape():
     shape, source = model_shape("tiny")
-    assert shape is not None and source == "the tiny model" and shape.num_params() > 0
+    assert shape is not None and source == "the tiny model" and num_params(shape) > 0
 
 
 @pytest.mark.parametrize("config_name", ["qwen2.5-1.5b-grpo-megatron-pipeline", "qwen2.5-1.5b-grpo-megatron",

@@ -1,5 +1,7 @@
-"""SGLang's request classes (`sglang.srt.managers.io_struct`), built from the contract: the real module does not
-import without a GPU stack. msgspec structs with keyword-only fields, each also carrying `rid`, as the real ones."""
+"""SGLang's request classes (`sglang.srt.managers.io_struct`), built from the contract: msgspec structs with
+keyword-only fields, each also carrying `rid`, as the real ones. The real module does not import from the wheel
+installed with `--no-deps` (its import chain, `sglang.srt.utils.common` first, needs orjson and the rest of
+sglang's runtime dependencies), so the tests cannot build requests from the real classes."""
 
 from __future__ import annotations
 
