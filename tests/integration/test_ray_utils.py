@@ -1,8 +1,9 @@
 """ray_utils/start_ray.sh and check_ray.sh against real Ray processes (no mocks).
 
 A two-node cluster with virtual GPUs runs on this machine (head: 2 GPUs, RANK=0; worker: 3 GPUs, RANK=1), once
-with RAY_AUTH_MODE=disabled and once with token. Every script runs in its own session (setsid), so teardown stops
-exactly the processes of this cluster, by session id, never with a machine-wide `ray stop`.
+with RAY_AUTH_MODE=disabled and once with token. Every script runs in its own session with a variable of its own
+in its environment, which every process it starts inherits, so teardown stops exactly the processes of this cluster
+(never with a machine-wide `ray stop`, and never by a session id, whose pid may have been reused by then).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -34,14 +36,20 @@ def _script_env(tmp: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+SESSION_ENV = "RLINF_PIPE_TEST_SESSION"
+
+
 class Sessions:
-    """Runs commands in new sessions and stops every process left in those sessions (or naming `marker`)."""
+    """Runs commands in new sessions and stops every process they left (found by an environment variable they all
+    inherit, or by `marker` in the command line)."""
 
     def __init__(self, logdir: Path, marker: str | None = None):
         self.logdir = logdir
         self.marker = marker
-        self.sids: set[int] = set()
         self.count = 0
+        # Every process these commands start inherits this variable. A session id alone is not proof: the pid it
+        # came from is reused once its process is gone (and Ray starts its daemons in sessions of their own).
+        self.token = f"{SESSION_ENV}={uuid.uuid4().hex}".encode()
 
     def start(self, cmd: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, Path]:
         # Output goes to a file: Ray's daemons could keep a pipe open long after the script has exited.
@@ -49,10 +57,10 @@ class Sessions:
         log = self.logdir / f"cmd{self.count}.log"
         with open(log, "w") as out:
             proc = subprocess.Popen(
-                cmd, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cmd, env={**env, SESSION_ENV: self.token.decode().split("=", 1)[1]}, cwd=REPO, stdout=out,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        self.sids.add(proc.pid)  # start_new_session: the child's session id is its pid
         return proc, log
 
     def run(self, cmd: list[str], env: dict[str, str], timeout: float = 120) -> tuple[int, str]:
@@ -68,12 +76,13 @@ class Sessions:
             try:
                 stat = Path(f"/proc/{entry}/stat").read_text()
                 cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
+                environ = Path(f"/proc/{entry}/environ").read_bytes()
             except OSError:
                 continue
-            state, _ppid, _pgrp, sid = stat[stat.rindex(")") + 2 :].split()[:4]
+            state = stat[stat.rindex(")") + 2 :].split()[0]
             if state == "Z":  # exited, only waiting for its parent to reap it
                 continue
-            if int(sid) in self.sids or (self.marker and self.marker in cmdline):
+            if self.token in environ.split(b"\0") or (self.marker and self.marker in cmdline):
                 found.append(int(entry))
         return found
 
