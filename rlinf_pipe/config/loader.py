@@ -6,11 +6,13 @@ Errors are `ConfigError`s that name the key, where it came from (file or overrid
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
 from typing import Any, Literal, Union
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -74,6 +76,9 @@ def load_config(
     except OmegaConfBaseException as exc:
         where = f"file {file}" if file else "overrides"
         raise ConfigError(f"{where}: {exc}".split("\n    full_key")[0]) from None
+    except yaml.YAMLError as exc:  # the file's own syntax (overrides are parsed, with their own message, above)
+        problem = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        raise ConfigError(f"file {file}: not valid YAML: {problem}") from None
     cfg = _convert(Config, raw or {}, "", sources)
     from rlinf_pipe.config.validate import validate_config
 
@@ -89,7 +94,15 @@ def _parse_overrides(overrides: typing.Sequence[str]) -> list[tuple[str, Any]]:
         if not sep or not key.strip():
             raise ConfigError(f"override `{override}` must look like key=value, e.g. runner.max_steps=5")
         key = key.strip().lstrip("+")
-        value = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={override.partition('=')[2]}"]))["v"]
+        text = override.partition("=")[2]
+        try:
+            value = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={text}"]))["v"]
+        except Exception as exc:  # yaml's and OmegaConf's parse errors (user input, whatever the exception class)
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(
+                f"override `{override}`: the value `{text}` is not valid YAML ({reason}); quote a string value, "
+                f"e.g. {key}='...', and close every bracket and quote"
+            ) from None
         parsed.append((key, value))
     return parsed
 
@@ -127,6 +140,10 @@ class _Mismatch(Exception):
     pass
 
 
+class _NotFinite(ConfigError):
+    """A NaN or an infinity where the schema wants a number."""
+
+
 def _convert(tp: Any, value: Any, path: str, sources: _Sources) -> Any:
     """Convert a plain value to `tp`, raising ConfigError with the key path on any mismatch."""
     try:
@@ -156,11 +173,16 @@ def _convert_inner(tp: Any, value: Any, path: str, sources: _Sources) -> Any:
         }
         return tp(**kwargs)
     if origin in (Union, types.UnionType):
+        refusal: _NotFinite | None = None  # a number arm that refused the value says why
         for arg in typing.get_args(tp):
             try:
                 return _convert_inner(arg, value, path, sources)
+            except _NotFinite as exc:
+                refusal = refusal or exc
             except (_Mismatch, ConfigError):
                 continue
+        if refusal is not None:
+            raise refusal
         raise _Mismatch
     if origin is Literal:
         if value in typing.get_args(tp):
@@ -190,6 +212,8 @@ def _convert_inner(tp: Any, value: Any, path: str, sources: _Sources) -> Any:
         raise _Mismatch
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise _NotFinite(f"{path}: expected a finite number, got {value} (from {sources.of(path)})")
             return float(value)
         raise _Mismatch
     if tp is str:

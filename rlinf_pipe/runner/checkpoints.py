@@ -8,7 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlinf_pipe.runner.run_dir import checkpoint_dir
+from rlinf_pipe.config.schema import Config
+from rlinf_pipe.errors import ConfigError
+from rlinf_pipe.runner.run_dir import checkpoint_dir, find_resume_checkpoint
 from rlinf_pipe.scheduler.worker_group import WorkerGroup
 from rlinf_pipe.utils.folders import mark_complete
 
@@ -27,7 +29,28 @@ async def save_checkpoint(run_dir: Path, next_step: int, actor: WorkerGroup, sam
 
 
 def read_runner_state(ckpt: Path) -> dict[str, Any]:
-    return json.loads((ckpt / RUNNER_STATE).read_text())
+    try:
+        return json.loads((ckpt / RUNNER_STATE).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"runner.resume_dir: {ckpt} has no readable {RUNNER_STATE} ({exc}); it was not written by "
+                          "a finished save of this version: give another checkpoint or start fresh") from None
+
+
+def check_resume(cfg: Config) -> Path | None:
+    """The checkpoint the run resumes from (None: it starts fresh), checked to leave steps to train: resuming at
+    step N with `runner.max_steps` <= N would train nothing and save a checkpoint whose step contradicts its
+    state."""
+    ckpt = find_resume_checkpoint(cfg)
+    if ckpt is None:
+        return None
+    next_step = int(read_runner_state(ckpt)["next_step"])
+    if next_step >= cfg.runner.max_steps:
+        raise ConfigError(
+            f"runner.resume_dir: {ckpt} continues at step {next_step}, but runner.max_steps is {cfg.runner.max_steps}: "
+            f"nothing is left to train. Set runner.max_steps above {next_step} to train on from it, or drop "
+            "runner.resume_dir to start fresh"
+        )
+    return ckpt
 
 
 async def load_checkpoint(ckpt: Path, actor: WorkerGroup) -> dict[str, Any]:

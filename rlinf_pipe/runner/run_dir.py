@@ -45,16 +45,16 @@ def _complete_checkpoints(folder: Path) -> list[Path]:
 
 
 def find_resume_checkpoint(cfg: Config) -> Path | None:
-    """The checkpoint `runner.resume_dir` names: `auto` (the most recently completed one of this experiment's runs,
-    or None),
-    a run folder (its newest complete one), or a checkpoint folder (which must be complete)."""
+    """The checkpoint `runner.resume_dir` names: `auto` (the complete one with the highest step among this
+    experiment's runs, the most recently finished of equal steps; or None), a run folder (its highest complete
+    one), or a checkpoint folder (which must be complete)."""
     spec = cfg.runner.resume_dir
     if not spec:
         return None
     if spec == "auto":
         root = Path(cfg.runner.output_dir) / cfg.runner.experiment_name
         candidates = [c for run in root.glob("*") if run.is_dir() for c in _complete_checkpoints(run)]
-        return max(candidates, key=lambda p: (p / COMPLETE).stat().st_mtime, default=None)  # newest finished save
+        return max(candidates, key=lambda p: (p.name, (p / COMPLETE).stat().st_mtime), default=None)
     path = Path(spec)
     if is_complete(path):
         return path

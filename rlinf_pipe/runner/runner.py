@@ -24,7 +24,7 @@ from rlinf_pipe.runner.steps import CollocatedStep, PipelineStep
 from rlinf_pipe.runner.weight_sync import WeightSync
 from rlinf_pipe.scheduler import traffic
 from rlinf_pipe.scheduler.memory import memory_report
-from rlinf_pipe.utils.metrics import MetricsWriter
+from rlinf_pipe.utils.metrics import MetricsWriter, json_safe
 from rlinf_pipe.utils.timeline import STEP_SPAN
 from rlinf_pipe.utils.tracing import Span, Tracer
 
@@ -59,6 +59,7 @@ class Runner:
         """Check the plan (before Ray starts; a memory estimate that does not fit is a warning naming the keys to
         change), create the run folder, launch the job."""
         plan = plan_run(cfg)
+        checkpoints.check_resume(cfg)  # a checkpoint that cannot continue this run fails here, before Ray starts
         for warning in memory_report(cfg, plan.placement).warnings():
             log.warning("memory estimate: %s (rlinf-pipe plan shows the estimate; docs/memory.md)", warning)
         run_dir = create_run_dir(cfg)
@@ -77,7 +78,7 @@ class Runner:
             writer.close()
             write_pictures(self.spans, self.run_dir, cfg.experiment_name)
         summary = run_summary(self.run_dir, self.spans)
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        (self.run_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, allow_nan=False))
         if cfg.progress:
             print(Progress.render_summary(summary, self.run_dir))
         return self.run_dir

@@ -18,6 +18,15 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def json_safe(value: Any) -> Any:
+    """`value` with every NaN / inf float (at any depth of dicts and lists) replaced by None: valid JSON."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return _clean(value)
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """The objects of a `metrics.jsonl`, in order."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -113,6 +113,29 @@ def test_malformed_override():
         load_config(overrides=["runner.max_steps"])
 
 
+@pytest.mark.parametrize("override", ["runner.max_steps=[1,", "runner.max_steps='5", "cluster.component_placement.actor=,",
+                                      "runner.max_steps=!!python/object:os.system ls"])
+def test_an_override_that_is_not_yaml_is_a_config_error(override):
+    with pytest.raises(ConfigError, match=r"is not valid YAML \(.+\); quote a string value") as info:
+        load_config(overrides=[override])
+    assert f"override `{override}`" in str(info.value)
+
+
+@pytest.mark.parametrize("text", ["runner:\n  max_steps: [1,\n", "runner:\n  max_steps: !!python/object:os.system ls\n"])
+def test_a_file_that_is_not_yaml_is_a_config_error(tmp_path, text):
+    with pytest.raises(ConfigError, match=r"run.yaml: not valid YAML: .+line \d+"):
+        load_config(write(tmp_path, text), "run")
+
+
+@pytest.mark.parametrize("override", ["algorithm.clip_ratio_low=.nan", "algorithm.kl_coef=.inf",
+                                      "algorithm.entropy_coef=-.inf", "reward.timeout_s=.nan",
+                                      "rollout.temperature=.nan", "rollout.gpu_memory_fraction=.nan"])
+def test_numbers_must_be_finite(override):
+    key = override.partition("=")[0]
+    with pytest.raises(ConfigError, match=f"{key}: expected a finite number, got -?(nan|inf) \\(from override"):
+        load_config(overrides=[override])
+
+
 def test_missing_config_name_lists_available():
     with pytest.raises(ConfigError) as info:
         load_config(EXAMPLES, "tiny-grpo-megatron-pipline")

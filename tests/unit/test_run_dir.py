@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import json
+import math
 import os
 
 import pytest
 
 from rlinf_pipe.config import load_config
 from rlinf_pipe.errors import ConfigError
+from rlinf_pipe.runner.checkpoints import RUNNER_STATE, check_resume
 from rlinf_pipe.runner.run_dir import checkpoint_dir, create_run_dir, find_resume_checkpoint
+from rlinf_pipe.utils.metrics import json_safe
 from rlinf_pipe.utils.folders import mark_complete
 
 
-def cfg_with(tmp_path, resume: str | None):
-    overrides = [f"runner.output_dir={tmp_path}", "runner.experiment_name=exp"]
+def cfg_with(tmp_path, resume: str | None, *extra: str):
+    overrides = [f"runner.output_dir={tmp_path}", "runner.experiment_name=exp", *extra]
     if resume is not None:
         overrides.append(f"runner.resume_dir={resume}")
     return load_config(overrides=overrides)
@@ -28,15 +32,36 @@ def make_ckpt(run, step: int, complete: bool, mtime: float):
     return ckpt
 
 
-def test_run_dirs_are_unique_and_resume_auto_picks_the_newest_complete_checkpoint(tmp_path):
+def test_run_dirs_are_unique_and_resume_auto_picks_the_highest_complete_step(tmp_path):
     cfg = cfg_with(tmp_path, "auto")
     assert find_resume_checkpoint(cfg) is None  # nothing saved yet: start fresh
     old_run, new_run = create_run_dir(cfg), create_run_dir(cfg)
     assert old_run != new_run and old_run.parent == new_run.parent == tmp_path / "exp"
-    make_ckpt(old_run, 8, complete=True, mtime=1000)  # higher step, but an older save
-    newest = make_ckpt(new_run, 2, complete=True, mtime=2000)
-    make_ckpt(new_run, 4, complete=False, mtime=3000)  # interrupted save: never eligible
-    assert find_resume_checkpoint(cfg) == newest
+    highest = make_ckpt(old_run, 8, complete=True, mtime=1000)  # the highest step, though an older save
+    make_ckpt(new_run, 2, complete=True, mtime=2000)
+    make_ckpt(new_run, 12, complete=False, mtime=3000)  # interrupted save: never eligible
+    assert find_resume_checkpoint(cfg) == highest
+    again = make_ckpt(new_run, 8, complete=True, mtime=4000)  # the same step saved again later: the newer one
+    assert find_resume_checkpoint(cfg) == again
+
+
+def test_resuming_with_nothing_left_to_train_is_refused_before_anything_starts(tmp_path):
+    run = create_run_dir(cfg_with(tmp_path, None))
+    ckpt = make_ckpt(run, 30, complete=True, mtime=1000)
+    (ckpt / RUNNER_STATE).write_text(json.dumps({"next_step": 30, "sampler": {}}))
+    assert check_resume(cfg_with(tmp_path, "auto", "runner.max_steps=31")) == ckpt
+    assert check_resume(cfg_with(tmp_path, None, "runner.max_steps=6")) is None
+    with pytest.raises(ConfigError, match="continues at step 30, but runner.max_steps is 6: nothing is left"):
+        check_resume(cfg_with(tmp_path, "auto", "runner.max_steps=6"))
+    (ckpt / RUNNER_STATE).unlink()
+    with pytest.raises(ConfigError, match="has no readable runner.json"):
+        check_resume(cfg_with(tmp_path, str(ckpt)))
+
+
+def test_summary_values_that_json_cannot_hold_become_null():
+    summary = {"loss": math.nan, "parts": [1.0, math.inf, {"x": -math.inf}], "steps": 3}
+    text = json.dumps(json_safe(summary), allow_nan=False)
+    assert json.loads(text) == {"loss": None, "parts": [1.0, None, {"x": None}], "steps": 3}
 
 
 def test_resume_dir_accepts_a_run_folder_or_a_complete_checkpoint(tmp_path):
