@@ -64,15 +64,25 @@ def load_config(
     sources = _Sources(str(file) if file else None, tuple(overrides))
     try:
         merged = OmegaConf.create({})
+        whole: set[str] = set()  # mapping fields given as a whole: they replace the default, never merge into it
         if file is not None:
             loaded = OmegaConf.load(file)
             if not isinstance(loaded, typing.Mapping) and not OmegaConf.is_dict(loaded):
                 raise ConfigError(f"file {file}: the top level must be a mapping of sections")
             merged = OmegaConf.merge(merged, loaded)
+            whole.update(p for p in MAPPING_FIELDS if OmegaConf.select(merged, p) is not None)
         for key, value in _parse_overrides(overrides):
-            # A mapping-valued field (e.g. cluster.component_placement) is replaced by its override, not merged.
+            # A mapping-valued field (e.g. cluster.component_placement) is replaced by its override, not merged;
+            # one of its entries (cluster.component_placement.actor) is merged into it.
+            if _is_mapping_field(key):
+                whole.add(key)
             OmegaConf.update(merged, key, value, merge=not _is_mapping_field(key), force_add=True)
-        raw = OmegaConf.to_container(merged, resolve=True)
+        # The schema defaults underneath, so interpolations may name any key and an entry override of a mapping
+        # the file does not set merges into the default mapping.
+        full = OmegaConf.merge(OmegaConf.create(dataclasses.asdict(Config())), merged)
+        for path in whole:
+            OmegaConf.update(full, path, OmegaConf.select(merged, path), merge=False)
+        raw = OmegaConf.to_container(full, resolve=True)
     except OmegaConfBaseException as exc:
         where = f"file {file}" if file else "overrides"
         raise ConfigError(f"{where}: {exc}".split("\n    full_key")[0]) from None
@@ -105,6 +115,21 @@ def _parse_overrides(overrides: typing.Sequence[str]) -> list[tuple[str, Any]]:
             ) from None
         parsed.append((key, value))
     return parsed
+
+
+def _mapping_fields(tp: Any, prefix: str = "") -> list[str]:
+    """Dotted paths of the mapping-valued fields of a schema dataclass (e.g. `cluster.component_placement`)."""
+    out = []
+    for name, hint in typing.get_type_hints(tp).items():
+        path = f"{prefix}{name}"
+        if dataclasses.is_dataclass(hint):
+            out += _mapping_fields(hint, f"{path}.")
+        elif typing.get_origin(hint) is dict:
+            out.append(path)
+    return out
+
+
+MAPPING_FIELDS = _mapping_fields(Config)
 
 
 def _is_mapping_field(key: str) -> bool:

@@ -4,11 +4,16 @@ placement (which the scheduler plans) is checked by `rlinf_pipe.runner.plan.plan
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 from typing import Callable
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
+
+
+MAX_GPUS_PER_NODE = 1024
+MAX_GPUS = 65536
 
 
 def validate_config(cfg: Config, source_of: Callable[[str], str] = lambda _: "the config") -> None:
@@ -21,6 +26,13 @@ def validate_config(cfg: Config, source_of: Callable[[str], str] = lambda _: "th
             f"cluster.num_gpus_per_node: the list has {len(per_node)} entries but cluster.num_nodes is "
             f"{cfg.cluster.num_nodes} (from {source_of('cluster.num_gpus_per_node')}); give one GPU count per "
             "node, or a single number when all nodes are alike"
+        )
+    counts = per_node if isinstance(per_node, list) else [per_node] * cfg.cluster.num_nodes
+    if max(counts) > MAX_GPUS_PER_NODE or sum(counts) > MAX_GPUS:
+        raise ConfigError(
+            f"cluster.num_gpus_per_node: {max(counts)} GPUs on a node, {sum(counts)} in all (from "
+            f"{source_of('cluster.num_gpus_per_node')}): at most {MAX_GPUS_PER_NODE} per node and {MAX_GPUS} in all "
+            "are supported; give each node's real GPU count"
         )
     if cfg.runner.max_staleness > 1:
         raise ConfigError(
@@ -36,6 +48,16 @@ def validate_config(cfg: Config, source_of: Callable[[str], str] = lambda _: "th
         raise ConfigError(
             f"algorithm.dual_clip_c: {cfg.algorithm.dual_clip_c} must be > 1, or null to disable the dual clip "
             f"(from {source_of('algorithm.dual_clip_c')})"
+        )
+    if not 0 < cfg.rollout.top_p <= 1:
+        raise ConfigError(
+            f"rollout.top_p: {cfg.rollout.top_p} must be in (0, 1] (the probability mass sampled from; 1 = off) "
+            f"(from {source_of('rollout.top_p')})"
+        )
+    if cfg.runner.wandb_project is not None and importlib.util.find_spec("wandb") is None:
+        raise ConfigError(
+            f"runner.wandb_project: {cfg.runner.wandb_project!r} needs the wandb package, which is not installed "
+            f"(from {source_of('runner.wandb_project')}); `pip install wandb`, or leave runner.wandb_project null"
         )
     if cfg.reward.answer_pattern is not None:
         try:

@@ -44,6 +44,11 @@ def test_interpolation(tmp_path):
     assert load_config(folder, "run").runner.experiment_name == "exp-5"
 
 
+def test_interpolation_may_name_a_default_from_an_override():
+    """The documented `'runner.experiment_name=exp-${runner.seed}'`: runner.seed is set nowhere but the schema."""
+    assert load_config(overrides=["runner.experiment_name=exp-${runner.seed}"]).runner.experiment_name == "exp-1"
+
+
 def test_broken_interpolation_is_a_config_error(tmp_path):
     folder = write(tmp_path, "runner:\n  experiment_name: ${runner.nothing}\n")
     with pytest.raises(ConfigError, match="nothing"):
@@ -127,6 +132,28 @@ def test_a_file_that_is_not_yaml_is_a_config_error(tmp_path, text):
         load_config(write(tmp_path, text), "run")
 
 
+@pytest.mark.parametrize("override, expected", [
+    ("rollout.top_p=5", "rollout.top_p: 5.0 must be in (0, 1]"),
+    ("rollout.top_p=0", "rollout.top_p: 0.0 must be in (0, 1]"),
+    ("cluster.num_gpus_per_node=1000000000", "at most 1024 per node and 65536 in all are supported"),
+    ("cluster.num_nodes=30000", "3 GPUs on a node, 90000 in all"),
+])
+def test_values_that_would_fail_late_or_never_fail_at_load(override, expected):
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[override])
+    assert expected in str(info.value)
+
+
+def test_wandb_project_needs_wandb_installed_at_load(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(ConfigError, match="runner.wandb_project: 'x' needs the wandb package"):
+        load_config(overrides=["runner.wandb_project=x"])
+    assert load_config().runner.wandb_project is None
+
+
 @pytest.mark.parametrize("override", ["algorithm.clip_ratio_low=.nan", "algorithm.kl_coef=.inf",
                                       "algorithm.entropy_coef=-.inf", "reward.timeout_s=.nan",
                                       "rollout.temperature=.nan", "rollout.gpu_memory_fraction=.nan"])
@@ -168,6 +195,15 @@ def test_single_placement_key_override_merges():
     cfg = load_config(EXAMPLES, "tiny-grpo-megatron-pipeline",
                       ["cluster.num_gpus_per_node=4", "cluster.component_placement.actor=2-3"])
     assert cfg.cluster.component_placement == {"rollout": 0, "inference": 1, "actor": "2-3"}
+
+
+def test_single_placement_key_override_merges_into_the_default_and_whole_mappings_replace():
+    assert load_config(overrides=["cluster.num_gpus_per_node=4", "cluster.component_placement.actor=2-3"]
+                       ).cluster.component_placement == {"rollout": 0, "inference": 1, "actor": "2-3"}
+    collocated = load_config(EXAMPLES, "tiny-grpo-megatron")  # the file's mapping replaces the default one
+    assert collocated.cluster.component_placement == {"actor,rollout": "all"}
+    whole = load_config(overrides=['cluster.component_placement={"actor,rollout": all}'])
+    assert whole.cluster.component_placement == {"actor,rollout": "all"}
 
 
 def test_derived_rollout_model_path_keeps_explicit_value():
