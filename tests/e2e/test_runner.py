@@ -240,36 +240,25 @@ def test_timeline_command_on_a_folder_without_a_run(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_both_weight_sync_paths_train_the_same_model(tmp_path, tiny_model, pipeline_run):
-    """The pipeline's default sync (`runner.weight_sync: auto`: the direct gloo group from the actor to the engines)
-    and `object_store` (with CRC checks) deliver the same weights: same rollouts, losses and final parameters."""
-    out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, "runner.weight_sync=object_store",
+def test_two_replicas_over_the_object_store_train_like_one_over_the_broadcast(tmp_path, tiny_model, pipeline_run):
+    """One run checks two equivalences against `pipeline_run` (DP=1, `runner.weight_sync: auto` = the direct gloo
+    group): actor DP=2, each replica reading the groups routed to it by slot from its own train channel, and the
+    object store with CRC checks as the weight transport. Same rollouts, losses and final parameters: the same groups
+    form each mini-batch whatever the replica count or the arrival order, and both transports deliver the same
+    weights."""
+    dp2 = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, "cluster.num_gpus_per_node=4",
+              "cluster.component_placement={rollout: 0, inference: 1, actor: 2-3}", "runner.weight_sync=object_store",
               "runner.verify_weights=true")
-    for run_dir in (pipeline_run, out):
+    spans = read_chrome_trace(dp2 / "timeline.json")
+    assert {s.track for s in spans if s.name == "train"} == {"actor/0", "actor/1"}  # both replicas trained
+    for run_dir in (pipeline_run, dp2):
         spans = read_chrome_trace(run_dir / "timeline.json")
         assert {s.args["version"] for s in spans if s.name == "publish_weights"} == {0, 1}
         assert {s.args["version"] for s in spans if s.name == "weight_sync" and s.track == "rollout/0"} == {0, 1}
-    ref, got = read_metrics(out / "metrics.jsonl"), read_metrics(pipeline_run / "metrics.jsonl")
-    for a, b in zip(ref, got, strict=True):
-        assert a["reward/mean"] == b["reward/mean"] and a["response_length/mean"] == b["response_length/mean"]
-        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and b["weight_sync/bytes"] == a["weight_sync/bytes"]
-    wa, wb = final_weights(pipeline_run), final_weights(out)
-    for name in wa:
-        torch.testing.assert_close(wa[name], wb[name], atol=1e-6, rtol=1e-5, msg=name)
-
-
-@pytest.mark.slow
-def test_two_actor_replicas_read_their_own_channels_and_train_like_one(tmp_path, tiny_model, pipeline_run):
-    """Actor DP=2 in the pipeline (each replica reads the groups routed to it by slot from its own train channel),
-    two mini-batches per step, trains the same model as DP=1: the same groups form each mini-batch whatever the
-    replica count or the arrival order."""
-    dp2 = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, "cluster.num_gpus_per_node=4",
-              "cluster.component_placement={rollout: 0, inference: 1, actor: 2-3}")
-    spans = read_chrome_trace(dp2 / "timeline.json")
-    assert {s.track for s in spans if s.name == "train"} == {"actor/0", "actor/1"}  # both replicas trained
     for a, b in zip(read_metrics(pipeline_run / "metrics.jsonl"), read_metrics(dp2 / "metrics.jsonl"), strict=True):
-        assert a["reward/mean"] == b["reward/mean"] and a["optimizer_steps"] == b["optimizer_steps"] == 2
-        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5) and b["driver/data_bytes"] == 0
+        assert a["reward/mean"] == b["reward/mean"] and a["response_length/mean"] == b["response_length/mean"]
+        assert a["optimizer_steps"] == b["optimizer_steps"] == 2 and b["driver/data_bytes"] == 0
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5) and b["weight_sync/bytes"] == a["weight_sync/bytes"]
     w1, w2 = final_weights(pipeline_run), final_weights(dp2)
     for name in w1:
         torch.testing.assert_close(w1[name], w2[name], atol=1e-5, rtol=1e-4, msg=name)
