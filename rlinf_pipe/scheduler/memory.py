@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from rlinf_pipe.config.schema import Config
+from rlinf_pipe.engines.policy.logprobs import CHUNK_BYTES
 from rlinf_pipe.engines.rollout.factory import TORCH_MAX_RUNNING, memory_fraction
 from rlinf_pipe.scheduler.placement import ComponentPlacement, Placement
 
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
 GIB = 1 << 30
 DEFAULT_CAPACITY_GB = 80.0
 PROCESS_OVERHEAD = 1 * GIB
-LOGPROB_CHUNK_BYTES = 1 << 28  # engines.policy.logprobs.CHUNK_BYTES: one float32 chunk of the log-prob code
 KINDS = ("weights", "grads", "optimizer", "activations", "kv_cache")
 Recompute = Literal["none", "selective", "full"]
 
@@ -104,14 +104,14 @@ def training_activations(shape: HfArch, tokens: int, seq_len: int, tp: int, pp: 
         "selective": tokens * h * (10 + 24 / tp),
         "full": tokens * h * 2,  # the layer input only; the rest is recomputed
     }[recompute]
-    logits = 2 * tokens * shape.vocab_size / tp * 2 + 3 * LOGPROB_CHUNK_BYTES  # bf16 logits + their gradient
+    logits = 2 * tokens * shape.vocab_size / tp * 2 + 3 * CHUNK_BYTES  # bf16 logits + their gradient
     return layers * per_layer + logits
 
 
 def forward_activations(shape: HfArch, tokens: int, tp: int) -> float:
     """Bytes of a forward-only pass over `tokens`: one layer's working set, the logits and the log-prob chunks."""
     layer = tokens * shape.hidden_size * 16 / tp + tokens * shape.intermediate_size * 2 * 3 / tp
-    return layer + tokens * shape.vocab_size / tp * 2 + 2 * LOGPROB_CHUNK_BYTES
+    return layer + tokens * shape.vocab_size / tp * 2 + 2 * CHUNK_BYTES
 
 
 def kv_cache_bytes(shape: HfArch, sequences: int, seq_len: int, tp: int, dtype_bytes: int = 2) -> float:

@@ -10,7 +10,7 @@ import asyncio
 import numpy as np
 import pytest
 import torch
-from support.actor_run import LOSS, make_batch, params_of, select_rows, spawn, with_old_logprobs
+from support.actor_run import LOSS, make_batch, params_of, select_rows, spawn, vocab_size, with_old_logprobs
 from support.gpu import allocated, backend, device, free_bytes, measures_memory, needs_gpus
 
 from rlinf_pipe.models.tiny import ensure_tiny_model
@@ -24,12 +24,6 @@ def model_path(tmp_path_factory) -> str:
     return str(ensure_tiny_model(tmp_path_factory.mktemp("models")))
 
 
-def _vocab(model_path: str) -> int:
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(model_path).vocab_size
-
-
 def _policy(model_path: str, **kw):
     from rlinf_pipe.engines.policy.policy import MegatronPolicy
 
@@ -38,7 +32,7 @@ def _policy(model_path: str, **kw):
 
 def _offload_cycle(rank: int, model_path: str) -> dict:
     policy = _policy(model_path, params_dtype="bfloat16")
-    batch = make_batch(1, 4, _vocab(model_path))
+    batch = make_batch(1, 4, vocab_size(model_path))
     policy.train_micro_batch(batch, LOSS)
     policy.optimizer_step()  # optimizer state exists from here on
     state = policy.state_nbytes()
@@ -82,7 +76,7 @@ def _bf16_step(rank: int, model_path: str, batch, splits: dict) -> dict:
 
 @pytest.mark.parametrize("dp", [1, pytest.param(2, marks=needs_gpus(2))])
 def test_bf16_optimizer_step(model_path, tmp_path, dp):
-    batch = make_batch(2, 6, _vocab(model_path))
+    batch = make_batch(2, 6, vocab_size(model_path))
     splits = {0: [[0, 1, 2], [3, 4, 5]]} if dp == 1 else {0: [[0, 1, 2]], 1: [[3, 4, 5]]}
     ranks = spawn(dp, _bf16_step, str(tmp_path), backend=backend(), model_path=model_path, batch=batch,
                   splits=splits)
@@ -106,7 +100,7 @@ def _logprobs(rank: int, model_path: str, batch) -> dict:
 
 @needs_gpus(2)
 def test_tensor_parallel_two_gpus_agrees_with_one(model_path, tmp_path):
-    batch = make_batch(3, 4, _vocab(model_path))
+    batch = make_batch(3, 4, vocab_size(model_path))
     (one,) = spawn(1, _logprobs, str(tmp_path / "tp1"), backend=backend(), model_path=model_path, batch=batch)
     two = spawn(2, _logprobs, str(tmp_path / "tp2"), parallel={"tp": 2}, backend=backend(), model_path=model_path,
                 batch=batch)
@@ -123,7 +117,7 @@ def _collocated_cycle(rank: int, model_path: str) -> dict:
 
     policy = _policy(model_path, params_dtype="bfloat16")
     engine = TorchEngine(model_path, device=str(device()), dtype=torch.bfloat16, seed=5)
-    vocab = _vocab(model_path)
+    vocab = vocab_size(model_path)
     out: dict = {"peak": []}
 
     async def cycle() -> None:

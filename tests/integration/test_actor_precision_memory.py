@@ -6,7 +6,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.actor_run import LOSS, capture_grads, make_batch, params_of, select_rows, spawn, with_old_logprobs
+from support.actor_run import (
+    LOSS,
+    capture_grads,
+    make_batch,
+    params_of,
+    select_rows,
+    spawn,
+    vocab_size,
+    with_old_logprobs,
+)
 
 from rlinf_pipe.models.tiny import ensure_tiny_model
 
@@ -27,12 +36,6 @@ def _policy(model_path: str, **kw):
     return MegatronPolicy(model_path, lr=LR, adam_eps=1e-4, **kw)
 
 
-def _vocab(model_path: str) -> int:
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(model_path).vocab_size
-
-
 def _train(policy, batch, splits) -> dict:
     for rows in splits:
         policy.train_micro_batch(select_rows(batch, rows), LOSS)
@@ -41,7 +44,7 @@ def _train(policy, batch, splits) -> dict:
 
 def _recompute_and_bf16(rank: int, model_path: str) -> dict:
     out: dict = {}
-    batch = make_batch(4, 6, _vocab(model_path))
+    batch = make_batch(4, 6, vocab_size(model_path))
     reference = _policy(model_path)
     batch = with_old_logprobs(batch, reference.compute_logprobs(batch))
     for mode in ("none", "selective", "full"):
@@ -94,7 +97,7 @@ def test_bf16_parameters_train_with_fp32_master_weights_at_dp1_and_dp2(single, m
     assert all(moved[n] > 0 for n in moved if "layernorm" not in n) and len(moved) > 10
     assert single["bf16_metrics2"]["loss"] < single["bf16_metrics"]["loss"]  # training continues downhill
 
-    batch = make_batch(4, 6, _vocab(model_path))
+    batch = make_batch(4, 6, vocab_size(model_path))
     reference = None
     ranks = spawn(2, _bf16_dp2, str(tmp_path_factory.mktemp("dp2")), model_path=model_path,
                   batch=with_old_logprobs(batch, single["fp32_logprobs"]))

@@ -13,6 +13,7 @@ from support.actor_run import (
     params_of,
     select_rows,
     spawn,
+    vocab_size,
     with_old_logprobs,
 )
 
@@ -33,12 +34,6 @@ RESUME_SPLIT = {0: [[5], [0, 2]], 1: [[1, 3, 4]]}
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory) -> str:
     return str(ensure_tiny_model(tmp_path_factory.mktemp("models")))
-
-
-def _vocab(model_path: str) -> int:
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(model_path).vocab_size
 
 
 def _policy(model_path: str, **kw):
@@ -70,7 +65,7 @@ def _hf_reference(model_path: str, batch, temperature: float) -> tuple[torch.Ten
 def _single_process(rank: int, model_path: str) -> dict:
     from safetensors.torch import load_file
 
-    vocab = _vocab(model_path)
+    vocab = vocab_size(model_path)
     out: dict = {}
     # 1. log-probs and entropy equal the HF model's (several forward micro-batches, the last one padded)
     a = _policy(model_path, logprob_max_tokens=40)
@@ -146,7 +141,7 @@ def _single_process(rank: int, model_path: str) -> dict:
 
 def _model_parallel(rank: int, model_path: str) -> dict:
     """TP=2 or PP=2 (one replica): the DP=1 run's log-probs and update, compared in HF names."""
-    vocab = _vocab(model_path)
+    vocab = vocab_size(model_path)
     p = _policy(model_path)
     glob = make_batch(2, 6, vocab)
     logprobs = p.compute_logprobs(glob)
@@ -159,7 +154,7 @@ def _model_parallel(rank: int, model_path: str) -> dict:
 
 
 def _dp2_then_save(rank: int, model_path: str, ckpt: str) -> dict:
-    vocab = _vocab(model_path)
+    vocab = vocab_size(model_path)
     p = _policy(model_path)
     assert p.use_distributed_optimizer and p.dp_size == 2
     glob = make_batch(2, 6, vocab)
@@ -176,7 +171,7 @@ def _dp2_then_save(rank: int, model_path: str, ckpt: str) -> dict:
 
 
 def _dp2_resume(rank: int, model_path: str, ckpt: str) -> dict:
-    vocab = _vocab(model_path)
+    vocab = vocab_size(model_path)
     p = _policy(model_path)
     p.load_checkpoint(ckpt)
     out = {"rng": torch.rand(4), "step": p.step}

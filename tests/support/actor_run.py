@@ -28,6 +28,13 @@ def ppo_loss(logprobs, entropy, batch: TrainBatch, **kw):
 LOSS = functools.partial(ppo_loss, loss_agg="token-mean", clip_ratio_low=0.2, clip_ratio_high=0.2)
 
 
+def vocab_size(model_path: str) -> int:
+    """The vocabulary size of an HF model folder (its config.json)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_path).vocab_size
+
+
 def make_batch(seed: int, rows: int, vocab: int, max_prompt: int = 6, max_response: int = 8) -> TrainBatch:
     """A right-padded batch of random prompts + responses with random advantages (old log-probs 0)."""
     g = torch.Generator().manual_seed(seed)
