@@ -8,16 +8,23 @@ import json
 import sys
 from typing import Any, Callable, Sequence
 
-from rlinf_pipe.errors import RlinfPipeError
+from rlinf_pipe.errors import RlinfPipeError, RunStopped
 
 
 def exit_on_user_error(fn: Callable[..., Any], *args: Any) -> int:
-    """Run `fn(*args)`; a user error (bad config, placement, cluster) prints `error: ...` and returns 2."""
+    """Run `fn(*args)`; a user error (bad config, placement, cluster) prints `error: ...` and returns 2; a run
+    stopped by a signal prints where it stopped and returns 128 + the signal (130: SIGINT, 143: SIGTERM)."""
     try:
         result = fn(*args)
+    except RunStopped as exc:
+        print(f"rlinf-pipe: {exc}", file=sys.stderr)
+        return exc.exit_code
     except RlinfPipeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("rlinf-pipe: interrupted", file=sys.stderr)
+        return 130
     return result if isinstance(result, int) else 0
 
 

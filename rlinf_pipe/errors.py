@@ -34,6 +34,28 @@ class WorkerError(RlinfPipeError):
     """A remote worker raised or died. Names the group, rank, node and GPUs, with the remote traceback."""
 
 
+class WorkerLost(WorkerError):
+    """A worker process is gone (`how` = "died") or alive but not answering (`how` = "hung"): the failures a
+    restart can mend (`runner.max_restarts`), unlike an exception the worker's code raised."""
+
+    def __init__(self, worker: str, where: str, how: str, detail: str = ""):
+        self.worker, self.where, self.how = worker, where, how
+        super().__init__(f"worker {worker} {how}: {where}" + (f"\n{detail}" if detail else ""))
+
+
+class RunStopped(RlinfPipeError):
+    """The run stopped on a signal (SIGINT / SIGTERM); the message says where it stopped and how to resume."""
+
+    def __init__(self, signum: int, message: str):
+        self.signum = signum
+        super().__init__(message)
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal number: 130 for SIGINT, 143 for SIGTERM (what a shell reports)."""
+        return 128 + self.signum
+
+
 class ChannelError(RlinfPipeError):
     """Base of channel errors; every message names the channel."""
 

@@ -57,7 +57,23 @@ class RunnerConfig:
     max_steps: int = opt(60, "Number of training steps.", min=1)
     seed: int = opt(1, "Seed of data order, sampling and initialisation.")
     save_interval: int = opt(0, "Save a checkpoint every N steps (0: only at the end).", min=0)
-    resume_dir: str | None = opt(None, "Checkpoint folder to resume from, or `auto` for the newest complete one.")
+    resume_dir: str | None = opt(
+        None, "Checkpoint to resume from: a `checkpoints/step_N` folder, a run folder (its highest complete step) or "
+        "`auto` (the highest complete step among this experiment's runs). The run continues in the checkpoint's run "
+        "folder (metrics appended) unless `resume_new_run_dir` is true.")
+    resume_new_run_dir: bool = opt(False, "Resume into a new run folder instead of the checkpoint's own.")
+    max_restarts: int = opt(
+        0, "Worker losses the run recovers from: a worker that dies or hangs stops the job's workers, which are "
+        "relaunched on the same GPUs and continue from the last complete checkpoint of the run (0: the first loss "
+        "ends the run). See docs/reliability.md.", min=0)
+    heartbeat_timeout_s: float = opt(
+        30.0, "A worker that does not answer a heartbeat within this many seconds is reported as hung (and counts "
+        "as lost for `max_restarts`).", min=1)
+    stop_grace_s: float = opt(
+        5.0, "On SIGINT / SIGTERM, how long the current step may take to finish before it is abandoned.", min=0)
+    save_on_signal: bool = opt(
+        False, "On SIGINT / SIGTERM, save a checkpoint of the last finished step before stopping (when that step "
+        "finished within `stop_grace_s`).")
     max_staleness: int = opt(
         0, "0: every sample comes from the current weights (exact). 1: rollout of step k+1 runs while step k trains "
         "(pipeline mode only; the loss uses the sampling log-probs, see docs/pipeline.md#staleness).", min=0

@@ -12,7 +12,7 @@ from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.runner.run_dir import checkpoint_dir, find_resume_checkpoint
 from rlinf_pipe.scheduler.worker_group import WorkerGroup
-from rlinf_pipe.utils.folders import mark_complete
+from rlinf_pipe.utils.folders import COMPLETE, mark_complete
 
 ACTOR_SUBDIR = "actor"
 RUNNER_STATE = "runner.json"
@@ -22,18 +22,38 @@ async def save_checkpoint(run_dir: Path, next_step: int, actor: WorkerGroup, sam
     """Checkpoint the state before step `next_step`: actor (model, optimizer, schedule, RNG) and data order."""
     ckpt = checkpoint_dir(run_dir, next_step)
     ckpt.mkdir(parents=True, exist_ok=True)
+    (ckpt / COMPLETE).unlink(missing_ok=True)  # a step saved again (a resumed run) is incomplete until rewritten
     await actor.all.save_checkpoint(str(ckpt / ACTOR_SUBDIR), {"next_step": next_step})
     (ckpt / RUNNER_STATE).write_text(json.dumps({"next_step": next_step, "sampler": sampler_state}))
     mark_complete(ckpt, {"next_step": next_step, "time": time.time()})
     return ckpt
 
 
+def step_of(ckpt: Path) -> int:
+    """The step a `checkpoints/step_N` folder continues at (N)."""
+    return int(ckpt.name.rsplit("_", 1)[-1])
+
+
 def read_runner_state(ckpt: Path) -> dict[str, Any]:
+    """The runner's state of a checkpoint, checked against the step its other parts carry (the checkpoint's and
+    the actor's completion records): a checkpoint whose parts disagree is refused."""
     try:
-        return json.loads((ckpt / RUNNER_STATE).read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"runner.resume_dir: {ckpt} has no readable {RUNNER_STATE} ({exc}); it was not written by "
-                          "a finished save of this version: give another checkpoint or start fresh") from None
+        state = json.loads((ckpt / RUNNER_STATE).read_text())
+        steps = {
+            RUNNER_STATE: state["next_step"],
+            COMPLETE: json.loads((ckpt / COMPLETE).read_text()).get("next_step"),
+            f"{ACTOR_SUBDIR}/{COMPLETE}": json.loads((ckpt / ACTOR_SUBDIR / COMPLETE).read_text()).get("next_step"),
+        }
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"runner.resume_dir: {ckpt} is not a readable checkpoint ({type(exc).__name__}: {exc}); "
+                          "it was not written by a finished save of this version: give another checkpoint or start "
+                          "fresh") from None
+    if len(set(steps.values())) != 1:
+        raise ConfigError(
+            f"runner.resume_dir: the parts of {ckpt} disagree on the step they hold ({steps}); it was altered after "
+            "it was saved: give another checkpoint or start fresh"
+        )
+    return state
 
 
 def check_resume(cfg: Config) -> Path | None:

@@ -4,6 +4,7 @@ sampler, the device locks. `Components.shutdown()` stops the workers and release
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,10 +68,20 @@ class Components:
     def groups(self) -> list[WorkerGroup]:
         return [self.rollout, self.reward, self.actor, *([self.inference] if self.inference is not None else [])]
 
-    def shutdown(self) -> None:
+    def stop_workers(self) -> None:
+        """Stop every worker and helper actor of the job and this process's channel ends; the cluster (its
+        connection and GPU reservations) stays, for a relaunch (`launch(cfg, cluster)`)."""
+        import ray
+
         self.channels.abort()
         for group in self.groups():
-            group.shutdown()
+            group.shutdown(wait_s=30.0)
+        for helper in (self.locks, self.sampling_rounds):
+            if helper is not None:
+                ray.kill(helper, no_restart=True)
+
+    def shutdown(self) -> None:
+        self.stop_workers()
         self.cluster.shutdown()
 
 
@@ -112,8 +123,10 @@ def create_channels(plan: RunPlan, reward_processes: int) -> Channels:
     )
 
 
-def launch(cfg: Config) -> Components:
-    """Start (or join) Ray, place and launch every group with its channels, open the weight transport's ends."""
+def launch(cfg: Config, cluster: Cluster | None = None, on_connect: Callable[[], None] = lambda: None) -> Components:
+    """Start (or join) Ray, place and launch every group with its channels, open the weight transport's ends.
+    Given a `cluster` (a relaunch after `Components.stop_workers`), the groups go to the same nodes and GPUs, and
+    a failure leaves the cluster to its owner. `on_connect` runs once Ray is connected."""
     from rlinf_pipe.scheduler.locks import DeviceLocks
     from rlinf_pipe.workers.actor import ActorWorker, CollocatedActorWorker
     from rlinf_pipe.workers.dynamic_sampling import SamplingRounds
@@ -130,7 +143,9 @@ def launch(cfg: Config) -> Components:
     dataset = build_prompt_dataset(cfg.data, AutoTokenizer.from_pretrained(model_path), cfg.runner.seed)
     sampler = build_sampler(cfg.data, dataset, cfg.runner.seed)
 
-    cluster = Cluster(cfg)
+    owns_cluster = cluster is None
+    cluster = cluster or Cluster(cfg)
+    on_connect()
     started: list[WorkerGroup] = []
 
     def start(*args: Any, **kwargs: Any) -> WorkerGroup:
@@ -166,7 +181,8 @@ def launch(cfg: Config) -> Components:
     except BaseException:
         for group in started:
             group.shutdown()
-        cluster.shutdown()
+        if owns_cluster:
+            cluster.shutdown()
         raise
     return Components(plan=plan, cluster=cluster, sampler=sampler, rollout=rollout, reward=reward, actor=actor,
                       inference=inference, channels=channels, locks=locks, sampling_rounds=rounds)

@@ -3,23 +3,28 @@ the end-of-run summary."""
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Any
 
 from rlinf_pipe.algorithms.scoring import RewardTally
+from rlinf_pipe.runner.run_dir import read_events
 from rlinf_pipe.runner.steps import StepOutcome
 from rlinf_pipe.utils.metrics import read_metrics
 from rlinf_pipe.utils.timeline import (
     STEP_SPAN,
     analyse,
     analyse_step,
+    read_chrome_trace,
     render_curve_png,
     render_timeline_png,
     summarise,
     write_chrome_trace,
 )
 from rlinf_pipe.utils.tracing import Span
+
+log = logging.getLogger(__name__)
 
 
 def step_metrics(outcome: StepOutcome, spans: list[Span], driver_data_bytes: int) -> dict[str, float]:
@@ -82,8 +87,24 @@ def write_pictures(spans: list[Span], run_dir: Path, title: str) -> None:
         render_curve_png(steps, series, run_dir / "reward.png", title="reward")
 
 
+def previous_spans(run_dir: Path) -> list[Span]:
+    """The spans of earlier runs in this run folder (a resume continues the folder's timeline); an unreadable
+    timeline.json is set aside as `timeline.json.unreadable` with a warning."""
+    path = run_dir / "timeline.json"
+    if not path.exists():
+        return []
+    try:
+        return read_chrome_trace(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("%s is unreadable (%s: %s); it is kept as %s.unreadable and the timeline starts again", path,
+                    type(exc).__name__, exc, path.name)
+        path.replace(path.with_name(path.name + ".unreadable"))
+        return []
+
+
 def run_summary(run_dir: Path, spans: list[Span]) -> dict[str, Any]:
-    """summary.json: learning (first vs last quarter of the steps), speed, and where the time went."""
+    """summary.json: learning (first vs last quarter of the steps), speed, where the time went, and the run's
+    restarts, resumes and stops (`events.jsonl`)."""
     records = read_metrics(run_dir / "metrics.jsonl")
     head, tail = records[: max(1, len(records) // 4)], records[-max(1, len(records) // 4):]
 
@@ -101,4 +122,5 @@ def run_summary(run_dir: Path, spans: list[Span]) -> dict[str, Any]:
         "mean_step_s": mean(records, "timing/step"),
         "tokens_per_s": mean(records, "throughput/tokens_per_s"),
         "timeline": summarise(analyse(spans)) if spans else {},
+        "events": read_events(run_dir),
     }

@@ -25,6 +25,11 @@ class Progress:
         )
         self.bar.update(1)
 
+    def rewind(self, step: int) -> None:
+        """Continue counting from `step` (after a restart went back to a checkpoint)."""
+        self.bar.n = step
+        self.bar.refresh()
+
     def close(self) -> None:
         self.bar.close()
 
@@ -39,6 +44,10 @@ class Progress:
             f"  reward   {summary['reward_first']:.3f} (first quarter) -> {summary['reward_last']:.3f} (last quarter)",
             f"  accuracy {summary['accuracy_first']:.3f} -> {summary['accuracy_last']:.3f}",
         ]
+        restarts = [e for e in summary.get("events", []) if e.get("event") == "restart"]
+        if restarts:
+            lost = ", ".join(f"{e['worker']} {e['how']} in step {e['step']}" for e in restarts)
+            lines.append(f"  restarts: {len(restarts)} ({lost}; {sum(e['seconds'] for e in restarts):.0f} s in all)")
         if t:
             busy = ", ".join(f"{k} {v:.0%}" for k, v in sorted(t["stage_busy"].items(), key=lambda kv: -kv[1])[:6])
             lines.append(f"  stage busy: {busy}")

@@ -1,15 +1,19 @@
 """A run's folder: `<output_dir>/<experiment_name>/<timestamp>/`, and finding checkpoints to resume from.
 
 Layout: `config.yaml` (the resolved config), `metrics.jsonl`, `tensorboard/`, `timeline.json`, `timeline.png`,
-`reward.png`, `summary.json`, and `checkpoints/step_NNNNNN/` (each with a `COMPLETE` marker written last, so a
-checkpoint interrupted half-way is never resumed from).
+`reward.png`, `summary.json`, `events.jsonl` (restarts, resumes and stops, one JSON object each) and
+`checkpoints/step_NNNNNN/` (each with a `COMPLETE` marker written last, so a checkpoint interrupted half-way is
+never resumed from). A resumed run continues in the folder of its checkpoint (`runner.resume_new_run_dir`: a new
+one).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -32,12 +36,49 @@ def create_run_dir(cfg: Config) -> Path:
     raise RuntimeError(f"cannot create a run folder under {root}")
 
 
+def run_dir_of(ckpt: Path) -> Path | None:
+    """The run folder a `checkpoints/step_N` folder belongs to (None for a checkpoint elsewhere)."""
+    ckpt = ckpt.resolve()
+    return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
+
+
+def open_run_dir(cfg: Config, resume_from: Path | None) -> Path:
+    """The run's folder: the resumed checkpoint's run folder, else (or with `runner.resume_new_run_dir`) a new
+    one."""
+    if resume_from is not None and not cfg.runner.resume_new_run_dir:
+        existing = run_dir_of(resume_from)
+        if existing is not None:
+            return existing
+    return create_run_dir(cfg)
+
+
+def record_event(run_dir: Path, kind: str, **fields: Any) -> dict[str, Any]:
+    """Append one event (`restart`, `resume`, `stop`) to `<run_dir>/events.jsonl`; returns it."""
+    event = {"event": kind, "time": time.time(), **fields}
+    with (run_dir / "events.jsonl").open("a") as f:
+        f.write(json.dumps(event) + "\n")
+    return event
+
+
+def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def write_config(cfg: Config, run_dir: Path) -> None:
     (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"step_{step:06d}"
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The run folder's complete checkpoint of the highest step, if any."""
+    found = _complete_checkpoints(run_dir)
+    return found[-1] if found else None
 
 
 def _complete_checkpoints(folder: Path) -> list[Path]:

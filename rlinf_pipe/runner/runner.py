@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from pathlib import Path
 
 from rlinf_pipe.config.schema import Config
+from rlinf_pipe.errors import RunStopped, WorkerLost
 from rlinf_pipe.runner import checkpoints
 from rlinf_pipe.runner.components import Components, launch
 from rlinf_pipe.runner.devices import actor_phases
@@ -19,8 +21,11 @@ from rlinf_pipe.runner.generation import DynamicSampling, PlainGeneration, Rollo
 from rlinf_pipe.runner.outputs import run_summary, step_metrics, write_pictures
 from rlinf_pipe.runner.plan import plan_run
 from rlinf_pipe.runner.progress import Progress
-from rlinf_pipe.runner.run_dir import create_run_dir, find_resume_checkpoint, write_config
+from rlinf_pipe.runner.health import Health
+from rlinf_pipe.runner.outputs import previous_spans
+from rlinf_pipe.runner.run_dir import open_run_dir, record_event, write_config
 from rlinf_pipe.runner.steps import CollocatedStep, PipelineStep
+from rlinf_pipe.runner.stop import StepAbandoned, StopSignals
 from rlinf_pipe.runner.weight_sync import WeightSync
 from rlinf_pipe.scheduler import traffic
 from rlinf_pipe.scheduler.memory import memory_report
@@ -33,14 +38,25 @@ log = logging.getLogger(__name__)
 
 
 class Runner:
-    """Runs a launched job to `runner.max_steps`; its parts are picked once from the job's `RunPlan`."""
+    """Runs a launched job to `runner.max_steps`; its parts are picked once from the job's `RunPlan`, and again
+    after a restart relaunched the job's workers."""
 
-    def __init__(self, cfg: Config, components: Components, run_dir: Path):
-        self.cfg, self.c, self.run_dir = cfg, components, run_dir
+    def __init__(self, cfg: Config, components: Components, run_dir: Path, resume_from: Path | None = None):
+        self.cfg, self.run_dir, self.resume_from = cfg, run_dir, resume_from
         self.tracer = Tracer("driver")
-        self.spans: list[Span] = []
+        self.spans: list[Span] = previous_spans(run_dir)
         self.start_step = 0
-        plan, c, r = components.plan, components, cfg.runner
+        self.last_checkpoint: Path | None = None  # what a restart continues from
+        self.restarts: list[dict] = []
+        self.stop = StopSignals(cfg.runner.stop_grace_s)
+        self.abandoned = False  # a step was cut short by a stop: the actor's state is no step's end
+        self.health = Health(lambda: self.c.groups(), cfg.runner.heartbeat_timeout_s)
+        self.assemble(components)
+
+    def assemble(self, components: Components) -> None:
+        """Take the job's parts from its (re)launched components."""
+        plan, c, cfg, r = components.plan, components, self.cfg, self.cfg.runner
+        self.c = components
         generation = (
             DynamicSampling(c.rollout, c.reward, c.sampling_rounds, c.sampler, cfg.algorithm.max_extra_rounds)
             if plan.dynamic_sampling else PlainGeneration(c.rollout, c.reward)
@@ -55,62 +71,96 @@ class Runner:
         )
 
     @classmethod
-    def start(cls, cfg: Config) -> Runner:
+    def start(cls, cfg: Config, stop: StopSignals | None = None) -> Runner:
         """Check the plan (before Ray starts; a memory estimate that does not fit is a warning naming the keys to
-        change), create the run folder, launch the job."""
+        change), open the run folder, launch the job."""
         plan = plan_run(cfg)
-        checkpoints.check_resume(cfg)  # a checkpoint that cannot continue this run fails here, before Ray starts
+        resume_from = checkpoints.check_resume(cfg)  # one that cannot continue this run fails here, before Ray
         for warning in memory_report(cfg, plan.placement).warnings():
             log.warning("memory estimate: %s (rlinf-pipe plan shows the estimate; docs/memory.md)", warning)
-        run_dir = create_run_dir(cfg)
+        run_dir = open_run_dir(cfg, resume_from)
         write_config(cfg, run_dir)
-        return cls(cfg, launch(cfg), run_dir)
+        stop = stop or StopSignals(cfg.runner.stop_grace_s)
+        runner = cls(cfg, launch(cfg, on_connect=stop.reinstall), run_dir, resume_from)
+        runner.stop = stop
+        return runner
 
     # --- the run -----------------------------------------------------------------------------------------------
     def run(self) -> Path:
-        """Train to `runner.max_steps`; returns the run folder."""
+        """Train to `runner.max_steps`; returns the run folder. A stop signal raises `RunStopped` once the run's
+        outputs are written."""
         cfg = self.cfg.runner
         writer = MetricsWriter(self.run_dir, tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project,
                                wandb_name=cfg.experiment_name)
         try:
             asyncio.run(self.train(writer))
+        except RunStopped:
+            self.write_summary()
+            raise
         finally:
             writer.close()
+            self.spans += self.tracer.drain()  # a failed step's driver spans
             write_pictures(self.spans, self.run_dir, cfg.experiment_name)
-        summary = run_summary(self.run_dir, self.spans)
-        (self.run_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, allow_nan=False))
+        summary = self.write_summary()
         if cfg.progress:
             print(Progress.render_summary(summary, self.run_dir))
         return self.run_dir
 
+    def write_summary(self) -> dict:
+        summary = run_summary(self.run_dir, self.spans)
+        (self.run_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, allow_nan=False))
+        return summary
+
     async def train(self, writer: MetricsWriter) -> None:
         """The run in one event loop (channel waiters live in it): open the weight transport, resume, run the
-        steps, checkpoint."""
+        steps (restarting after a lost worker, stopping on a signal), checkpoint."""
         cfg = self.cfg.runner
+        self.stop.attach(asyncio.get_running_loop())
         await self.weights.open()
-        await self.resume()
-        progress = Progress(cfg.max_steps, self.start_step, enabled=cfg.progress)
+        step = self.start_step = await self.resume(self.resume_from, announce=True)
+        writer.truncate(step)
+        progress = Progress(cfg.max_steps, step, enabled=cfg.progress)
         try:
-            for step in range(self.start_step, cfg.max_steps):
-                metrics = await self.step(step)
-                writer.write(step, metrics)
-                progress.update(step, metrics)
-                if cfg.save_interval and (step + 1) % cfg.save_interval == 0 and step + 1 < cfg.max_steps:
-                    await self.save(step + 1)
-            await self.save(cfg.max_steps)
+            while step < cfg.max_steps and not self.stop.requested:
+                try:
+                    metrics = await self.stop.or_abandon(self.health.guard(self.step(step)))
+                    writer.write(step, metrics)
+                    progress.update(step, metrics)
+                    step += 1
+                    if cfg.save_interval and step % cfg.save_interval == 0 and step < cfg.max_steps:
+                        await self.health.guard(self.save(step))
+                except WorkerLost as lost:
+                    if self.stop.requested:  # a signal to the whole process group also reaches the workers
+                        self.abandoned = True
+                        break
+                    step = await self.restart(lost, step)
+                    writer.truncate(step)
+                    progress.rewind(step)
+                except StepAbandoned:
+                    self.abandoned = True
+                    break
+            if self.stop.requested and step < cfg.max_steps:
+                await self.stop_run(step)
+            await self.health.guard(self.save(cfg.max_steps))
             self.spans += await self.collect_spans()  # the final checkpoint's spans
         finally:
+            self.stop.detach()
             progress.close()
 
     async def step(self, step: int) -> dict[str, float]:
         """One step (see `rlinf_pipe.runner.steps`); returns its metrics."""
         sent_before = traffic.total_bytes()
-        with self.tracer.span(STEP_SPAN, step=step) as args:
+        started = time.time()
+        try:
             outcome = await self.steps.run(step)
-            args["version"] = step
+        except BaseException:
+            self.tracer.add("failed_step", started, time.time(), step=step)
+            raise
+        self.tracer.add(STEP_SPAN, started, time.time(), step=step, version=step)
         spans = await self.collect_spans()
         self.spans += spans
-        return step_metrics(outcome, spans, traffic.total_bytes() - sent_before)
+        return {**step_metrics(outcome, spans, traffic.total_bytes() - sent_before),
+                "runner/restarts": float(len(self.restarts))}
 
     async def collect_spans(self) -> list[Span]:
         spans = self.tracer.drain()
@@ -119,33 +169,87 @@ class Runner:
                 spans.extend(worker_spans)
         return spans
 
-    # --- checkpoints -------------------------------------------------------------------------------------------
+    # --- checkpoints, restarts, stops --------------------------------------------------------------------------
     async def save(self, next_step: int) -> Path:
         with self.tracer.span("checkpoint", step=next_step):
-            return await checkpoints.save_checkpoint(self.run_dir, next_step, self.c.actor,
-                                                     self.schedule.sampler_state())
+            self.last_checkpoint = await checkpoints.save_checkpoint(self.run_dir, next_step, self.c.actor,
+                                                                     self.schedule.sampler_state())
+        return self.last_checkpoint
 
-    async def resume(self) -> None:
-        """Continue from `runner.resume_dir`'s checkpoint, if any: actor state, data order, next step."""
-        ckpt = find_resume_checkpoint(self.cfg)
+    async def resume(self, ckpt: Path | None, announce: bool = False) -> int:
+        """Continue from checkpoint `ckpt` (None: from the start): actor state, data order; returns the next
+        step."""
         if ckpt is None:
-            return
+            return 0
         state = await checkpoints.load_checkpoint(ckpt, self.c.actor)
         self.c.sampler.load_state_dict(state["sampler"])
-        self.start_step = int(state["next_step"])
-        print(f"[rlinf_pipe] resumed from {ckpt} at step {self.start_step}")
+        self.last_checkpoint = ckpt
+        if announce:
+            record_event(self.run_dir, "resume", step=int(state["next_step"]), checkpoint=str(ckpt))
+            print(f"[rlinf_pipe] resumed from {ckpt} at step {state['next_step']}")
+        return int(state["next_step"])
+
+    async def restart(self, lost: WorkerLost, step: int) -> int:
+        """After `lost`: stop the job's workers, relaunch them on the same GPUs, continue from the last complete
+        checkpoint of the run (the start, before the first). Returns the step to continue at; with
+        `runner.max_restarts` spent, raises `lost`."""
+        limit = self.cfg.runner.max_restarts
+        if len(self.restarts) >= limit:
+            if limit:
+                raise WorkerLost(lost.worker, lost.where, lost.how,
+                                 f"runner.max_restarts={limit} restarts are spent; the run stops here") from lost
+            raise lost
+        started = time.time()
+        self.spans += self.tracer.drain()  # the failed step's driver spans
+        ckpt = self.last_checkpoint
+        log.warning("worker %s %s (%s) in step %d: restart %d of %d, relaunching the workers on the same GPUs to "
+                    "continue from %s", lost.worker, lost.how, lost.where, step, len(self.restarts) + 1, limit,
+                    ckpt or "the start")
+        self.c.stop_workers()
+        self.assemble(await asyncio.to_thread(launch, self.cfg, self.c.cluster))
+        await self.weights.open()
+        resumed = await self.resume(ckpt) if ckpt is not None else 0
+        seconds = time.time() - started
+        self.tracer.add("restart", started, time.time(), step=step, worker=lost.worker, how=lost.how,
+                        resumed_at=resumed)
+        self.restarts.append(record_event(self.run_dir, "restart", step=step, worker=lost.worker, how=lost.how,
+                                          where=lost.where, resumed_at=resumed, seconds=seconds))
+        log.warning("restart %d of %d took %.1f s; continuing at step %d", len(self.restarts), limit, seconds,
+                    resumed)
+        return resumed
+
+    async def stop_run(self, step: int) -> None:
+        """After a stop signal: save if asked (and the last step finished), record the stop, raise `RunStopped`
+        with where the run stopped and how to resume."""
+        cfg = self.cfg.runner
+        if cfg.save_on_signal and not self.abandoned and step > self.start_step and (
+                self.last_checkpoint is None or checkpoints.step_of(self.last_checkpoint) != step):
+            await self.health.guard(self.save(step))
+            self.spans += await self.collect_spans()
+        record_event(self.run_dir, "stop", signal=self.stop.name, step=step,
+                     checkpoint=str(self.last_checkpoint) if self.last_checkpoint else None)
+        if self.last_checkpoint is not None:
+            resume = (f"checkpoint {self.last_checkpoint} (step {checkpoints.step_of(self.last_checkpoint)}); resume "
+                      f"with the same command and runner.resume_dir={self.last_checkpoint}")
+        else:
+            resume = "no checkpoint was saved (runner.save_on_signal / runner.save_interval); a rerun starts fresh"
+        raise RunStopped(self.stop.signum or 0, f"stopped by {self.stop.name} before step {step} of "
+                                                f"{cfg.max_steps} ({step - self.start_step} trained in this run); "
+                                                f"{resume}. Outputs: {self.run_dir}")
 
     def shutdown(self) -> None:
         self.c.shutdown()
 
 
 def run(cfg: Config) -> Path:
-    """Run `cfg` end to end (starting or joining Ray, and leaving it as it was); returns the run folder."""
-    runner = Runner.start(cfg)
-    try:
-        return runner.run()
-    finally:
-        runner.shutdown()
+    """Run `cfg` end to end (starting or joining Ray, and leaving it as it was); returns the run folder. SIGINT and
+    SIGTERM stop it cleanly (`rlinf_pipe.runner.stop`): `RunStopped` says where and how to resume."""
+    with StopSignals(cfg.runner.stop_grace_s) as stop:
+        runner = Runner.start(cfg, stop)
+        try:
+            return runner.run()
+        finally:
+            runner.shutdown()
 
 
 __all__ = ["Runner", "run"]

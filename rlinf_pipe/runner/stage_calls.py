@@ -42,13 +42,20 @@ class StageCalls:
         while pending:
             running = [*self.tasks.values(), *self.watched.values()]
             watch = pending | {t for t in running if not t.done()}
-            done, _ = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
+            try:
+                done, _ = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:  # the step is abandoned (a lost worker, a stop): so are its calls
+                self.cancel()
+                raise
             for task in done:
                 if not task.cancelled() and task.exception() is not None:
-                    for other in running:
-                        other.cancel()
+                    self.cancel()
                     raise task.exception()
             pending -= done
+
+    def cancel(self) -> None:
+        for task in [*self.tasks.values(), *self.watched.values()]:
+            task.cancel()
 
     async def until_all(self) -> None:
         """Wait for every call of this step (not the watched ones)."""

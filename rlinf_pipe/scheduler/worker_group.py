@@ -25,7 +25,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from rlinf_pipe.errors import ClusterError, WorkerError
+from rlinf_pipe.errors import ClusterError, WorkerError, WorkerLost
 from rlinf_pipe.scheduler import traffic
 from rlinf_pipe.scheduler.cluster import Cluster
 from rlinf_pipe.scheduler.placement import ComponentPlacement, ProcessPlacement, format_ids
@@ -120,8 +120,12 @@ class GroupCall:
                     f"{self.group.name} rank {member.rank} ({member.where()}) failed in its constructor: {last_line}"
                     f"\n--- remote traceback ---\n{remote}"
                 )
-            return WorkerError(f"worker {member.name} died: {head}\n{remote}")
+            return WorkerLost(member.name, head, "died", remote)
         return WorkerError(f"{head} raised {type(exc.cause).__name__}: {exc.cause}\n--- remote traceback ---\n{remote}")
+
+
+async def _awaited(ref: Any) -> Any:
+    return await ref
 
 
 def _shared(value: Any) -> Any:
@@ -340,7 +344,30 @@ class WorkerGroup(Generic[W]):
                 status.append(False)
         return status
 
-    def shutdown(self) -> None:
+    async def unhealthy(self, timeout_s: float) -> list[WorkerLost]:
+        """The ranks that are gone (their ping fails) or hung (no answer within `timeout_s`; the ping runs in the
+        control thread, so a rank busy with a long method still answers)."""
+
+        async def probe(member: _Member) -> WorkerLost | None:
+            where = f"{self.name} rank {member.rank} ({member.where()})"
+            try:
+                await asyncio.wait_for(_awaited(member.actor.ping.remote()), timeout_s)
+            except asyncio.TimeoutError:
+                return WorkerLost(member.name, where, "hung",
+                                  f"alive but no answer to a heartbeat within {timeout_s:g} s (stopped, or stuck "
+                                  "holding the Python interpreter lock)")
+            except (RayActorError, RayTaskError) as exc:
+                return WorkerLost(member.name, where, "died", _ANSI.sub("", str(exc)).strip().splitlines()[0])
+            return None
+
+        return [lost for lost in await asyncio.gather(*(probe(m) for m in self._members)) if lost is not None]
+
+    def shutdown(self, wait_s: float = 0.0) -> None:
+        """Kill every rank; with `wait_s`, wait up to that long until they are gone (so their names can be taken
+        again by a relaunched group)."""
         for member in self._members:
             ray.kill(member.actor, no_restart=True)
+        if wait_s > 0 and self._members:
+            gone = [m.actor.ping.remote() for m in self._members]
+            ray.wait(gone, num_returns=len(gone), timeout=wait_s)
         self._members = []

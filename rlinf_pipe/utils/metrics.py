@@ -69,6 +69,16 @@ class MetricsWriter:
         if self._wandb is not None:
             self._wandb.log(scalars, step=step)
 
+    def truncate(self, before_step: int) -> None:
+        """Drop the metrics.jsonl records of steps >= `before_step` (steps a restart or resume trains again).
+        Tensorboard and wandb keep theirs: they show a redone step twice."""
+        self._file.close()
+        kept = [r for r in read_metrics(self.path) if r["step"] < before_step] if self.path.exists() else []
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        tmp.replace(self.path)
+        self._file = self.path.open("a")
+
     def close(self) -> None:
         self._file.close()
         if self._tb is not None:

@@ -6,6 +6,9 @@ Runs are small (4 prompts x 4 samples, 2-3 steps) but every stage runs on its pl
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,10 +16,13 @@ import ray
 import torch
 
 from rlinf_pipe.config import load_config
+from rlinf_pipe.errors import WorkerLost
 from rlinf_pipe.models.megatron_checkpoint import load_model_shard
 from rlinf_pipe.runner import run as run_config
 from rlinf_pipe.utils.metrics import read_metrics
 from rlinf_pipe.utils.timeline import STEP_SPAN, overlaps, read_chrome_trace
+from support.faults import Fault, Saboteur, wait_for
+from support.processes import Sessions
 
 REQUIRED_METRICS = {
     "step", "reward/mean", "reward/accuracy", "response_length/mean", "loss", "grad_norm", "kl", "timing/step",
@@ -45,13 +51,14 @@ def tiny_model() -> str:
     return str(ensure_warm_tiny_model(None, DataConfig()))
 
 
+def common_overrides(out: Path, model: str) -> list[str]:
+    return [f"actor.model_path={model}", f"runner.output_dir={out}", "cluster.ray_address=local",
+            "runner.progress=false", "data.rollout_batch_size=4", "algorithm.group_size=4", "actor.micro_batch_size=4",
+            "runner.max_steps=2"]
+
+
 def run(config_name: str, out: Path, model: str, *overrides: str) -> Path:
-    cfg = load_config("examples/math/config", config_name, [
-        f"actor.model_path={model}", f"runner.output_dir={out}", "cluster.ray_address=local",
-        "runner.progress=false", "data.rollout_batch_size=4", "algorithm.group_size=4", "actor.micro_batch_size=4",
-        "runner.max_steps=2", *overrides,
-    ])
-    return run_config(cfg)
+    return run_config(load_config("examples/math/config", config_name, [*common_overrides(out, model), *overrides]))
 
 
 # The runs compared with `pipeline_run` take two optimizer steps per step (the groups' slots fix which share
@@ -145,16 +152,36 @@ def test_collocated_timeline_never_overlaps_on_a_device(collocated_run):
 
 
 @pytest.mark.slow
-def test_resume_matches_uninterrupted(tmp_path, tiny_model, pipeline_run):
-    """Resume from the checkpoint before step 1 of a 2-step run: step 1's metrics and final weights match."""
-    resumed = run(
-        "tiny-grpo-megatron-pipeline", tmp_path / "resumed", tiny_model, *COMPARED,
-        f"runner.resume_dir={pipeline_run / 'checkpoints' / 'step_000001'}",
-    )
-    full, rest = read_metrics(pipeline_run / "metrics.jsonl"), read_metrics(resumed / "metrics.jsonl")
-    assert [r["step"] for r in rest] == [1]
+def test_sigterm_stops_cleanly_and_the_run_resumes_in_its_own_folder(tmp_path, tiny_model, pipeline_run):
+    """`rlinf-pipe train` gets SIGTERM in step 1 (`stop_grace_s=0`: the step is abandoned, so nothing is saved for
+    it): exit 143, one line naming the checkpoint and how to resume, no process left. `resume_dir=auto` continues
+    the same run folder and trains step 1 as the uninterrupted run did."""
+    sessions = Sessions(tmp_path)
+    proc, log = sessions.start(
+        [sys.executable, "-m", "rlinf_pipe.cli", "train", "--config-name", "tiny-grpo-megatron-pipeline",
+         *common_overrides(tmp_path, tiny_model), *COMPARED, "runner.stop_grace_s=0", "runner.save_on_signal=true"],
+        env={k: v for k, v in os.environ.items() if not k.startswith("RAY_")})
+    try:
+        assert wait_for(lambda: proc.poll() is not None or any(tmp_path.glob("*/*/checkpoints/step_000001/COMPLETE")),
+                        timeout_s=300), "no checkpoint within 300 s"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 143, log.read_text()[-3000:]
+        assert wait_for(lambda: not sessions.pids(), timeout_s=30), f"left running: {sessions.pids()}"
+    finally:
+        sessions.stop_all()
+    run_dir = next(tmp_path.glob("*/*/config.yaml")).parent
+    ckpt = run_dir / "checkpoints" / "step_000001"
+    (line,) = [x for x in log.read_text().splitlines() if x.startswith("rlinf-pipe: ")]
+    assert line.startswith("rlinf-pipe: stopped by SIGTERM before step 1 of 2") and "Traceback" not in log.read_text()
+    assert f"resume with the same command and runner.resume_dir={ckpt}" in line
+    assert not (run_dir / "checkpoints" / "step_000002").exists()  # the abandoned step is no step's end
+    resumed = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, "runner.resume_dir=auto")
+    assert resumed == run_dir
+    assert [e["event"] for e in json.loads((run_dir / "summary.json").read_text())["events"]] == ["stop", "resume"]
+    full, rest = read_metrics(pipeline_run / "metrics.jsonl"), read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rest] == [0, 1]
     for key in ("reward/mean", "response_length/mean", "loss", "grad_norm", "kl"):
-        assert rest[0][key] == pytest.approx(full[1][key], rel=1e-5, abs=1e-6), key
+        assert rest[1][key] == pytest.approx(full[1][key], rel=1e-5, abs=1e-6), key
     wa, wb = final_weights(pipeline_run), final_weights(resumed)
     for name in wa:
         torch.testing.assert_close(wa[name], wb[name], atol=1e-6, rtol=1e-5, msg=name)
@@ -262,3 +289,39 @@ def test_two_replicas_over_the_object_store_train_like_one_over_the_broadcast(tm
     w1, w2 = final_weights(pipeline_run), final_weights(dp2)
     for name in w1:
         torch.testing.assert_close(w1[name], w2[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.slow
+def test_a_lost_worker_is_relaunched_and_the_run_trains_as_if_uninterrupted(tmp_path, tiny_model, pipeline_run):
+    """A killed rollout engine in step 1: the job's workers are relaunched on the same GPUs and continue from the
+    checkpoint before the step, which is trained once, on the same data: the weights equal the uninterrupted run's.
+    Then a stopped (hung) log-prob worker in step 2, with `runner.max_restarts` spent: the heartbeat names it and
+    the run ends with the checkpoint before step 2 intact."""
+    saboteur = Saboteur(tmp_path, [Fault("step_000001", "rlinf_pipe:rollout:0", signal.SIGKILL),
+                                   Fault("step_000002", "rlinf_pipe:inference:0", signal.SIGSTOP)])
+    saboteur.start()
+    try:
+        with pytest.raises(WorkerLost) as lost:
+            run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, "runner.max_steps=3",
+                "runner.max_restarts=1", "runner.heartbeat_timeout_s=3")
+    finally:
+        saboteur.stop()
+    assert (lost.value.worker, lost.value.how) == ("rlinf_pipe:inference:0", "hung")
+    assert "inference rank 0 (node 0, GPUs 1)" in str(lost.value) and "max_restarts=1" in str(lost.value)
+    assert len(saboteur.pids) == 2
+    out = next(tmp_path.glob("*/*/metrics.jsonl")).parent
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1] and [r["runner/restarts"] for r in records] == [0, 1]
+    (event,) = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    assert (event["event"], event["worker"], event["how"], event["step"], event["resumed_at"]) == (
+        "restart", "rlinf_pipe:rollout:0", "died", 1, 1)
+    assert "rollout rank 0 (node 0, GPUs 0)" in event["where"] and event["seconds"] > 0
+    spans = read_chrome_trace(out / "timeline.json")
+    assert [s.args["worker"] for s in spans if s.name == "restart"] == ["rlinf_pipe:rollout:0"]
+    assert sorted(s.args["step"] for s in spans if s.name == "failed_step") == [1, 2]
+    for a, b in zip(read_metrics(pipeline_run / "metrics.jsonl"), records, strict=True):
+        for key in ("reward/mean", "response_length/mean", "loss", "grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (a["step"], key)
+    wa, wb = final_weights(pipeline_run), load_model_shard(out / "checkpoints" / "step_000002" / "actor", 0, 0)
+    for name in wa:
+        torch.testing.assert_close(wb[name], wa[name], atol=1e-6, rtol=1e-5, msg=name)

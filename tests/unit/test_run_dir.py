@@ -10,7 +10,7 @@ import pytest
 
 from rlinf_pipe.config import load_config
 from rlinf_pipe.errors import ConfigError
-from rlinf_pipe.runner.checkpoints import RUNNER_STATE, check_resume
+from rlinf_pipe.runner.checkpoints import ACTOR_SUBDIR, RUNNER_STATE, check_resume
 from rlinf_pipe.runner.run_dir import checkpoint_dir, create_run_dir, find_resume_checkpoint
 from rlinf_pipe.utils.metrics import json_safe
 from rlinf_pipe.utils.folders import mark_complete
@@ -49,12 +49,17 @@ def test_resuming_with_nothing_left_to_train_is_refused_before_anything_starts(t
     run = create_run_dir(cfg_with(tmp_path, None))
     ckpt = make_ckpt(run, 30, complete=True, mtime=1000)
     (ckpt / RUNNER_STATE).write_text(json.dumps({"next_step": 30, "sampler": {}}))
+    (ckpt / ACTOR_SUBDIR).mkdir()
+    mark_complete(ckpt / ACTOR_SUBDIR, {"next_step": 30, "step": 60})
     assert check_resume(cfg_with(tmp_path, "auto", "runner.max_steps=31")) == ckpt
     assert check_resume(cfg_with(tmp_path, None, "runner.max_steps=6")) is None
     with pytest.raises(ConfigError, match="continues at step 30, but runner.max_steps is 6: nothing is left"):
         check_resume(cfg_with(tmp_path, "auto", "runner.max_steps=6"))
+    mark_complete(ckpt / ACTOR_SUBDIR, {"next_step": 29, "step": 58})  # an actor part of another step
+    with pytest.raises(ConfigError, match=r"disagree on the step they hold .*'actor/COMPLETE': 29"):
+        check_resume(cfg_with(tmp_path, "auto", "runner.max_steps=31"))
     (ckpt / RUNNER_STATE).unlink()
-    with pytest.raises(ConfigError, match="has no readable runner.json"):
+    with pytest.raises(ConfigError, match="is not a readable checkpoint .*runner.json"):
         check_resume(cfg_with(tmp_path, str(ckpt)))
 
 

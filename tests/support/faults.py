@@ -1,0 +1,74 @@
+"""Faults injected into a running job from the test process: a thread that, when a checkpoint of the run becomes
+complete, kills (SIGKILL) or stops (SIGSTOP: alive but not answering) a named worker process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Send `signum` to worker `actor_name` once `checkpoint` (e.g. `step_000001`) of the run is complete."""
+
+    checkpoint: str
+    actor_name: str
+    signum: int
+
+
+class Saboteur(threading.Thread):
+    """Applies `faults` in order to the one run under `output_dir`; `pids` lists what it signalled. `stop()` ends
+    the thread and resumes (then kills) any process it stopped, so nothing is left behind."""
+
+    def __init__(self, output_dir: Path, faults: list[Fault], poll_s: float = 0.01):
+        super().__init__(daemon=True)
+        self.output_dir, self.faults, self.poll_s = output_dir, faults, poll_s
+        self.pids: list[int] = []
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+
+    def _complete(self, checkpoint: str) -> bool:
+        return any(self.output_dir.glob(f"*/*/checkpoints/{checkpoint}/COMPLETE"))
+
+    def _pid(self, actor_name: str) -> int:
+        return ray.get(ray.get_actor(actor_name).ping.remote(), timeout=30)
+
+    def run(self) -> None:
+        try:
+            for fault in self.faults:
+                while not self._complete(fault.checkpoint):
+                    if self._done.wait(self.poll_s):
+                        return
+                pid = self._pid(fault.actor_name)
+                os.kill(pid, fault.signum)
+                self.pids.append(pid)
+        except BaseException as exc:  # reported by stop()
+            self.error = exc
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(timeout=30)
+        for pid in self.pids:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    break
+        if self.error is not None:
+            raise self.error
+
+
+def wait_for(predicate, timeout_s: float, poll_s: float = 0.05) -> bool:
+    """Poll `predicate` until it holds or `timeout_s` passed; returns whether it held."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll_s)
+    return True
