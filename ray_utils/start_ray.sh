@@ -45,6 +45,11 @@ command -v "$RAY_BIN" >/dev/null 2>&1 ||
   die "cannot find the 'ray' command ('${RAY_BIN}'). Run 'bash scripts/setup.sh' first (it installs Ray into .venv)," \
     "or set RAY_BIN to the ray executable."
 
+# Every process of this node's Ray (its daemons and the workers they start) inherits this id, by which
+# ray_utils/stop_ray.sh stops exactly them and no other Ray on the machine.
+node_id_file="$(dirname "$head_ip_file")/ray_node_${RANK}_$(hostname).id"
+export RLINF_PIPE_RAY_NODE="${RANK}-$(hostname)-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')"
+
 args=(start --disable-usage-stats --labels "rlinf_pipe/node-rank=${RANK}")
 [ -n "${RAY_NUM_GPUS:-}" ] && args+=("--num-gpus=${RAY_NUM_GPUS}")
 [ -n "${RAY_NUM_CPUS:-}" ] && args+=("--num-cpus=${RAY_NUM_CPUS}")
@@ -94,6 +99,7 @@ if [ "$RANK" -eq 0 ]; then
     export RAY_AUTH_TOKEN_PATH="$token_file"
   fi
   "$RAY_BIN" "${args[@]}" --head --port="$port" --node-ip-address="$ip" "${extra_args[@]}" || start_failed
+  write_atomic "$node_id_file" 644 "$RLINF_PIPE_RAY_NODE"
   write_atomic "$head_ip_file" 644 "${ip}:${port}"
   echo "Ray head started at ${ip}:${port} (node rank 0, auth ${RAY_AUTH_MODE}); address written to ${head_ip_file}"
   exit 0
@@ -141,4 +147,6 @@ done
 [ -n "${RAY_NODE_IP:-}" ] && args+=("--node-ip-address=${RAY_NODE_IP}")
 
 "$RAY_BIN" "${args[@]}" --address="$address" "${extra_args[@]}" || start_failed
+mkdir -p "$(dirname "$node_id_file")"
+write_atomic "$node_id_file" 644 "$RLINF_PIPE_RAY_NODE"
 echo "Ray started: node rank ${RANK} joined ${address} (auth ${RAY_AUTH_MODE})"

@@ -43,6 +43,11 @@ class WorkerLost(WorkerError):
         super().__init__(f"worker {worker} {how}: {where}" + (f"\n{detail}" if detail else ""))
 
 
+class OutputError(RlinfPipeError):
+    """The run could not write its outputs (a full disk, a folder made read-only): names what and where, and the
+    last complete checkpoint to resume from."""
+
+
 class RunStopped(RlinfPipeError):
     """The run stopped on a signal (SIGINT / SIGTERM); the message says where it stopped and how to resume."""
 

@@ -25,9 +25,14 @@ class RewardTally:
     response_tokens: int = 0
     truncated: int = 0
     uniform_groups: int = 0
+    timeouts: int = 0
 
-    def add(self, group: RolloutGroup, rewards: Sequence[float], correct: Sequence[bool], parsed: Sequence[bool]):
+    def add(self, group: RolloutGroup, rewards: Sequence[float], correct: Sequence[bool], parsed: Sequence[bool],
+            timed_out: Sequence[bool] = ()):
+        """Count one scored group; `timed_out` marks samples whose verification ran out of time (they count as
+        unparsed too)."""
         self.groups += 1
+        self.timeouts += int(sum(timed_out))
         self.samples += len(rewards)
         self.reward_sum += float(sum(rewards))
         self.reward_sq_sum += float(sum(r * r for r in rewards))
@@ -48,6 +53,8 @@ class RewardTally:
             "reward/std": max(self.reward_sq_sum / n - mean * mean, 0.0) ** 0.5,
             "reward/accuracy": self.correct / n,
             "reward/parsed_frac": self.parsed / n,
+            "reward/parse_failures": float(self.samples - self.parsed - self.timeouts),
+            "reward/timeouts": float(self.timeouts),
             "reward/uniform_group_frac": self.uniform_groups / max(self.groups, 1),
             "response_length/mean": self.response_tokens / n,
             "response_length/truncated_frac": self.truncated / n,

@@ -5,7 +5,9 @@ Errors are `ConfigError`s that name the key, where it came from (file or overrid
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -63,26 +65,26 @@ def load_config(
     file = find_config_file(config_path or ".", config_name) if config_name else None
     sources = _Sources(str(file) if file else None, tuple(overrides))
     try:
-        merged = OmegaConf.create({})
+        merged: dict[str, Any] = {}
         whole: set[str] = set()  # mapping fields given as a whole: they replace the default, never merge into it
         if file is not None:
             loaded = OmegaConf.load(file)
-            if not isinstance(loaded, typing.Mapping) and not OmegaConf.is_dict(loaded):
+            if not OmegaConf.is_dict(loaded):
                 raise ConfigError(f"file {file}: the top level must be a mapping of sections")
-            merged = OmegaConf.merge(merged, loaded)
-            whole.update(p for p in MAPPING_FIELDS if OmegaConf.select(merged, p) is not None)
+            merged = OmegaConf.to_container(loaded, resolve=False)
+            whole.update(p for p in MAPPING_FIELDS if _select(merged, p) is not None)
         for key, value in _parse_overrides(overrides):
             # A mapping-valued field (e.g. cluster.component_placement) is replaced by its override, not merged;
             # one of its entries (cluster.component_placement.actor) is merged into it.
             if _is_mapping_field(key):
                 whole.add(key)
-            OmegaConf.update(merged, key, value, merge=not _is_mapping_field(key), force_add=True)
+            _update(merged, key, value, merge=not _is_mapping_field(key))
         # The schema defaults underneath, so interpolations may name any key and an entry override of a mapping
         # the file does not set merges into the default mapping.
-        full = OmegaConf.merge(OmegaConf.create(dataclasses.asdict(Config())), merged)
+        full = _merge(_defaults(), merged)
         for path in whole:
-            OmegaConf.update(full, path, OmegaConf.select(merged, path), merge=False)
-        raw = OmegaConf.to_container(full, resolve=True)
+            _update(full, path, _select(merged, path), merge=False)
+        raw = OmegaConf.to_container(OmegaConf.create(full), resolve=True) if _has_interpolation(full) else full
     except OmegaConfBaseException as exc:
         where = f"file {file}" if file else "overrides"
         raise ConfigError(f"{where}: {exc}".split("\n    full_key")[0]) from None
@@ -94,6 +96,67 @@ def load_config(
 
     validate_config(cfg, sources.of)
     return cfg
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(tp: Any) -> dict[str, Any]:
+    """The resolved field types of a schema dataclass (cached: resolving them is most of a load's time)."""
+    return typing.get_type_hints(tp)
+
+
+def _defaults() -> dict[str, Any]:
+    """The schema defaults as plain containers (a fresh copy each call)."""
+    return copy.deepcopy(_DEFAULTS)
+
+
+def _merge(base: Any, other: Any) -> Any:
+    """`other` deep-merged over `base` (mappings merge key by key; anything else replaces); `base` is updated."""
+    if isinstance(base, dict) and isinstance(other, dict):
+        for key, value in other.items():
+            base[key] = _merge(base[key], value) if key in base else value
+        return base
+    return other
+
+
+def _update(tree: dict[str, Any], dotted: str, value: Any, merge: bool) -> None:
+    """Set `dotted` (e.g. `cluster.component_placement.actor`, or a list index `data.x.0`) in `tree`, creating
+    mappings on the way; with `merge`, a mapping value merges into the mapping already there."""
+    *parents, last = dotted.split(".")
+    node: Any = tree
+    for part in parents:
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+            continue
+        if not isinstance(node, dict):
+            raise ConfigError(f"override of `{dotted}`: `{part}` is inside a value that is not a mapping")
+        if not isinstance(node.get(part), (dict, list)):
+            node[part] = {}
+        node = node[part]
+    if isinstance(node, list) and last.isdigit() and int(last) < len(node):
+        node[int(last)] = value
+    elif isinstance(node, dict):
+        node[last] = _merge(node[last], value) if merge and isinstance(node.get(last), dict) else value
+    else:
+        raise ConfigError(f"override of `{dotted}`: `{last}` is inside a value that is not a mapping")
+
+
+def _select(tree: Any, dotted: str) -> Any:
+    node = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _has_interpolation(value: Any) -> bool:
+    if isinstance(value, str):
+        return "${" in value
+    if isinstance(value, dict):
+        return any(_has_interpolation(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_interpolation(v) for v in value)
+    return False
 
 
 def _parse_overrides(overrides: typing.Sequence[str]) -> list[tuple[str, Any]]:
@@ -120,7 +183,7 @@ def _parse_overrides(overrides: typing.Sequence[str]) -> list[tuple[str, Any]]:
 def _mapping_fields(tp: Any, prefix: str = "") -> list[str]:
     """Dotted paths of the mapping-valued fields of a schema dataclass (e.g. `cluster.component_placement`)."""
     out = []
-    for name, hint in typing.get_type_hints(tp).items():
+    for name, hint in _hints(tp).items():
         path = f"{prefix}{name}"
         if dataclasses.is_dataclass(hint):
             out += _mapping_fields(hint, f"{path}.")
@@ -130,6 +193,7 @@ def _mapping_fields(tp: Any, prefix: str = "") -> list[str]:
 
 
 MAPPING_FIELDS = _mapping_fields(Config)
+_DEFAULTS = dataclasses.asdict(Config())
 
 
 def _is_mapping_field(key: str) -> bool:
@@ -137,7 +201,7 @@ def _is_mapping_field(key: str) -> bool:
     for part in key.split("."):
         if not dataclasses.is_dataclass(tp):
             return False
-        hints = typing.get_type_hints(tp)
+        hints = _hints(tp)
         if part not in hints:
             return False
         tp = hints[part]
@@ -184,7 +248,7 @@ def _convert_inner(tp: Any, value: Any, path: str, sources: _Sources) -> Any:
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise _Mismatch
-        hints = typing.get_type_hints(tp)
+        hints = _hints(tp)
         fields = {f.name for f in dataclasses.fields(tp)}
         for key in value:
             if key not in fields:

@@ -36,8 +36,9 @@ class ClusterConfig:
     )
     ray_address: str = opt(
         "auto",
-        "`auto`: join the cluster at RAY_ADDRESS, else the one ray_utils/start_ray.sh recorded, else any running "
-        "one Ray finds, else start a local one; `local`: always start a local one; or an explicit `IP:PORT`.",
+        "`auto`: join the cluster at RAY_ADDRESS, else the one ray_utils/start_ray.sh recorded, else start a "
+        "local one for the job (never another cluster Ray would discover on the machine); `local`: always start a "
+        "local one; or an explicit `IP:PORT`. The job prints which cluster it joined.",
     )
     join_timeout_s: float = opt(300.0, "Seconds to wait for `num_nodes` nodes to join before failing.", min=0)
     gpu_memory_gb: float | None = opt(

@@ -21,6 +21,11 @@ def validate_config(cfg: Config, source_of: Callable[[str], str] = lambda _: "th
     _check_bounds(cfg, source_of)
 
     per_node = cfg.cluster.num_gpus_per_node
+    if cfg.cluster.num_nodes > MAX_GPUS:
+        raise ConfigError(
+            f"cluster.num_nodes: {cfg.cluster.num_nodes} (from {source_of('cluster.num_nodes')}) is beyond any cluster "
+            f"this supports ({MAX_GPUS} GPUs in all); give the number of Ray nodes the job runs on"
+        )
     if isinstance(per_node, list) and len(per_node) != cfg.cluster.num_nodes:
         raise ConfigError(
             f"cluster.num_gpus_per_node: the list has {len(per_node)} entries but cluster.num_nodes is "

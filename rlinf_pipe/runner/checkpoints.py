@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,14 @@ async def save_checkpoint(run_dir: Path, next_step: int, actor: WorkerGroup, sam
     (ckpt / RUNNER_STATE).write_text(json.dumps({"next_step": next_step, "sampler": sampler_state}))
     mark_complete(ckpt, {"next_step": next_step, "time": time.time()})
     return ckpt
+
+
+def remove_partial(run_dir: Path, next_step: int) -> None:
+    """Remove the folder of a save of step `next_step` that failed (best effort: it has no marker, so it is never
+    resumed from either way; this gives its space back)."""
+    ckpt = checkpoint_dir(run_dir, next_step)
+    if not (ckpt / COMPLETE).exists():
+        shutil.rmtree(ckpt, ignore_errors=True)
 
 
 def step_of(ckpt: Path) -> int:

@@ -22,18 +22,48 @@ from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.utils.folders import COMPLETE, is_complete
 
 
+MIN_FREE_BYTES = 256 << 20  # below this much free space a run cannot save even the tiny model's checkpoint
+
+
 def create_run_dir(cfg: Config) -> Path:
-    """A fresh, empty run folder (a numeric suffix is added if two runs start in the same second)."""
+    """A fresh, empty run folder (a numeric suffix is added if two runs start in the same second). A folder that
+    cannot be created or written, or a disk that is (nearly) full, is a `ConfigError` naming runner.output_dir."""
     root = Path(cfg.runner.output_dir) / cfg.runner.experiment_name
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for i in range(1000):
         path = root / (stamp if i == 0 else f"{stamp}-{i}")
         try:
             path.mkdir(parents=True, exist_ok=False)
-            return path
         except FileExistsError:
+            if not path.parent.is_dir():  # a file where a folder of the path must be
+                raise _unusable(cfg, path, "a file stands where a folder of this path must be") from None
             continue
-    raise RuntimeError(f"cannot create a run folder under {root}")
+        except OSError as exc:
+            raise _unusable(cfg, path, exc.strerror or str(exc)) from None
+        check_writable(cfg, path)
+        return path
+    raise ConfigError(f"runner.output_dir: cannot find a new run folder name under {root} (1000 taken)")
+
+
+def check_writable(cfg: Config, run_dir: Path) -> None:
+    """Fail now, not at the first checkpoint, when the run folder cannot be written or its disk is full."""
+    import shutil
+
+    probe = run_dir / ".write-test"
+    try:
+        probe.write_text("x")
+        probe.unlink()
+        free = shutil.disk_usage(run_dir).free
+    except OSError as exc:
+        raise _unusable(cfg, run_dir, exc.strerror or str(exc)) from None
+    if free < MIN_FREE_BYTES:
+        raise _unusable(cfg, run_dir, f"its disk has only {free / 2**20:.0f} MiB free (at least "
+                                      f"{MIN_FREE_BYTES >> 20} MiB needed for checkpoints and metrics)")
+
+
+def _unusable(cfg: Config, path: Path, why: str) -> ConfigError:
+    return ConfigError(f"runner.output_dir: the run folder {path} cannot be used: {why}; give runner.output_dir a "
+                       f"writable folder with free space (now {cfg.runner.output_dir!r})")
 
 
 def run_dir_of(ckpt: Path) -> Path | None:
@@ -48,6 +78,7 @@ def open_run_dir(cfg: Config, resume_from: Path | None) -> Path:
     if resume_from is not None and not cfg.runner.resume_new_run_dir:
         existing = run_dir_of(resume_from)
         if existing is not None:
+            check_writable(cfg, existing)
             return existing
     return create_run_dir(cfg)
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from rlinf_pipe.config.schema import Config
-from rlinf_pipe.errors import RunStopped, WorkerLost
+from rlinf_pipe.errors import OutputError, RunStopped, WorkerError, WorkerLost
 from rlinf_pipe.runner import checkpoints
 from rlinf_pipe.runner.components import Components, launch
 from rlinf_pipe.runner.devices import actor_phases
@@ -95,21 +95,40 @@ class Runner:
         try:
             asyncio.run(self.train(writer))
         except RunStopped:
-            self.write_summary()
+            self.write_outputs(quiet=True)
             raise
+        except OSError as exc:  # the driver's own writes: metrics, runner state
+            raise OutputError(f"cannot write the run's outputs in {self.run_dir}: {exc}; "
+                              f"{self.resume_hint()}") from None
         finally:
             writer.close()
             self.spans += self.tracer.drain()  # a failed step's driver spans
-            write_pictures(self.spans, self.run_dir, cfg.experiment_name)
-        summary = self.write_summary()
+            self.write_outputs(quiet=True, pictures_only=True)
+        summary = self.write_outputs()
         if cfg.progress:
             print(Progress.render_summary(summary, self.run_dir))
         return self.run_dir
 
-    def write_summary(self) -> dict:
-        summary = run_summary(self.run_dir, self.spans)
-        (self.run_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, allow_nan=False))
+    def write_outputs(self, quiet: bool = False, pictures_only: bool = False) -> dict:
+        """timeline.json and the pictures, then summary.json; returns the summary. `quiet`: a failure to write
+        (a full disk) is logged, not raised, so it cannot hide the error that ended the run."""
+        summary: dict = {}
+        try:
+            if pictures_only:
+                write_pictures(self.spans, self.run_dir, self.cfg.runner.experiment_name)
+                return summary
+            summary = run_summary(self.run_dir, self.spans)
+            (self.run_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, allow_nan=False))
+        except OSError as exc:
+            if not quiet:
+                raise OutputError(f"cannot write the run's outputs in {self.run_dir}: {exc}") from None
+            log.error("could not write the run's outputs in %s: %s", self.run_dir, exc)
         return summary
+
+    def resume_hint(self) -> str:
+        if self.last_checkpoint is None:
+            return "no checkpoint was saved in this run"
+        return f"the last complete checkpoint is {self.last_checkpoint}: free space, then resume from it"
 
     async def train(self, writer: MetricsWriter) -> None:
         """The run in one event loop (channel waiters live in it): open the weight transport, resume, run the
@@ -171,10 +190,24 @@ class Runner:
 
     # --- checkpoints, restarts, stops --------------------------------------------------------------------------
     async def save(self, next_step: int) -> Path:
-        with self.tracer.span("checkpoint", step=next_step):
-            self.last_checkpoint = await checkpoints.save_checkpoint(self.run_dir, next_step, self.c.actor,
-                                                                     self.schedule.sampler_state())
-        return self.last_checkpoint
+        """Checkpoint the state before step `next_step`. A save that fails for another reason than a lost worker
+        (a full disk) ends the run naming the last complete checkpoint; its partial folder is removed."""
+        try:
+            with self.tracer.span("checkpoint", step=next_step):
+                saved = await checkpoints.save_checkpoint(self.run_dir, next_step, self.c.actor,
+                                                          self.schedule.sampler_state())
+        except WorkerLost:
+            raise
+        except (WorkerError, OSError) as exc:
+            lost = await self.health.find_lost() if isinstance(exc, WorkerError) else []
+            if lost:  # a rank failed because another one is gone: a loss, which a restart may mend
+                raise lost[0] from exc
+            checkpoints.remove_partial(self.run_dir, next_step)
+            cause = str(exc).strip().splitlines()[0]
+            raise OutputError(f"cannot save the checkpoint before step {next_step} in {self.run_dir}: {cause}; "
+                              f"{self.resume_hint()}") from None
+        self.last_checkpoint = saved
+        return saved
 
     async def resume(self, ckpt: Path | None, announce: bool = False) -> int:
         """Continue from checkpoint `ckpt` (None: from the start): actor state, data order; returns the next

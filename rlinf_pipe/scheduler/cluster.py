@@ -80,40 +80,57 @@ def head_ip_file() -> Path:
     return Path(os.environ.get("RAY_HEAD_IP_FILE", "ray_utils/ray_head_ip.txt"))
 
 
-def resolve_address(configured: str) -> str:
-    """`auto` means: RAY_ADDRESS, else the address start_ray.sh wrote, else Ray's own discovery.
+@dataclass(frozen=True)
+class RayAddress:
+    """Where the job's Ray is: `address` (`local`: a cluster of its own; else `IP:PORT` or `ray://...`) and where
+    that came from (`source`), for messages."""
+
+    address: str
+    source: str
+
+
+def resolve_address(configured: str) -> RayAddress:
+    """`auto` means: RAY_ADDRESS, else the address start_ray.sh wrote, else a local cluster of the job's own (never
+    some other cluster Ray's discovery would find on this machine: another user's, or an earlier job's).
 
     Also adopts start_ray.sh's token authentication (its token file next to the address file) when the
     environment does not choose an auth mode itself.
     """
     if configured != "auto":
-        return configured
+        return RayAddress(configured, "cluster.ray_address")
     address_file = head_ip_file()
     token_file = Path(os.environ.get("RAY_AUTH_TOKEN_FILE", address_file.parent / "ray_auth_token"))
     if "RAY_AUTH_MODE" not in os.environ and token_file.is_file():
         os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file.resolve()))
     if os.environ.get("RAY_ADDRESS"):
-        return os.environ["RAY_ADDRESS"]
+        return RayAddress(os.environ["RAY_ADDRESS"], "RAY_ADDRESS")
     if address_file.is_file() and address_file.read_text().strip():
-        return address_file.read_text().strip()
-    return "auto"
+        return RayAddress(address_file.read_text().strip(), f"{address_file} (written by ray_utils/start_ray.sh)")
+    return RayAddress("local", "cluster.ray_address=auto: no RAY_ADDRESS and no cluster recorded by start_ray.sh")
 
 
-def _check_reachable(address: str) -> None:
+def _check_reachable(where: RayAddress) -> None:
     """Fail fast with a clear message when an explicit `IP:PORT` has no Ray head listening (Ray itself retries
     for a long time and then aborts the process)."""
+    address = where.address
     if "://" in address:
         return
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
-        raise ClusterError(f"cluster.ray_address={address}: expected `auto`, `local` or `IP:PORT`")
+        raise ClusterError(f"Ray address {address!r} (from {where.source}): expected `auto`, `local` or `IP:PORT`")
     try:
         socket.create_connection((host, int(port)), timeout=5).close()
     except OSError as exc:
+        if where.source.endswith("(written by ray_utils/start_ray.sh)"):
+            fix = (f"the cluster start_ray.sh recorded there is gone: start it again with `RANK=0 bash "
+                   f"ray_utils/start_ray.sh`, or delete {head_ip_file()} to run on a local cluster of the job's own")
+        elif where.source == "RAY_ADDRESS":
+            fix = "start that cluster, or unset RAY_ADDRESS"
+        else:
+            fix = ("start it with `RANK=0 bash ray_utils/start_ray.sh` (it records its address in "
+                   "ray_utils/ray_head_ip.txt, which cluster.ray_address=auto reads) or use cluster.ray_address=local")
         raise ClusterError(
-            f"cluster.ray_address={address}: no Ray head answers there ({exc.strerror or exc}); start it with "
-            "`RANK=0 bash ray_utils/start_ray.sh` (it writes its address to ray_utils/ray_head_ip.txt) or use "
-            "cluster.ray_address=auto"
+            f"Ray address {address} (from {where.source}): no Ray head answers there ({exc.strerror or exc}); {fix}"
         ) from None
 
 
@@ -148,27 +165,27 @@ class Cluster:
     def _connect_or_start(self) -> bool:
         import ray
 
-        address = resolve_address(self.cfg.cluster.ray_address)
-        if address not in ("auto", "local"):
-            _check_reachable(address)
-        if address != "local":
+        where = resolve_address(self.cfg.cluster.ray_address)
+        if where.address != "local":
+            _check_reachable(where)
             try:
-                ray.init(address=address, log_to_driver=True)
-                return False
+                ray.init(address=where.address, log_to_driver=True)
             except ConnectionError as exc:
-                if address != "auto":
-                    raise ClusterError(
-                        f"cannot connect to the Ray cluster at {address} ({exc}); start it "
-                        "with `RANK=0 bash ray_utils/start_ray.sh` or use cluster.ray_address=auto"
-                    ) from None
+                raise ClusterError(
+                    f"cannot connect to the Ray cluster at {where.address} (from {where.source}): {exc}; start it "
+                    "with `RANK=0 bash ray_utils/start_ray.sh` or use cluster.ray_address=local"
+                ) from None
+            print(f"[rlinf_pipe] Ray: joined the cluster at {where.address} (from {where.source})", flush=True)
+            return False
         if self.cfg.cluster.num_nodes > 1:
             raise ClusterError(
-                f"cluster.num_nodes={self.cfg.cluster.num_nodes} but no running Ray cluster was found; start one "
-                "with `RANK=n bash ray_utils/start_ray.sh` on every node (RANK=0 on the head) and run the job on "
-                "the head node (see docs/multi-node.md)"
+                f"cluster.num_nodes={self.cfg.cluster.num_nodes} but no running Ray cluster was given ({where.source}); "
+                "start one with `RANK=n bash ray_utils/start_ray.sh` on every node (RANK=0 on the head) and run the "
+                "job on the head node (see docs/multi-node.md)"
             )
         num_gpus = None if cuda_available() else self.cfg.gpus_per_node()[0]
         ray.init(address="local", num_gpus=num_gpus, include_dashboard=False, labels={NODE_RANK_LABEL: "0"})
+        print(f"[rlinf_pipe] Ray: started a local cluster for this job ({where.source})", flush=True)
         return True
 
     def _wait_for_nodes(self, poll_interval_s: float) -> list[NodeInfo]:

@@ -144,7 +144,15 @@ def to_chrome_trace(spans: Sequence[Span]) -> dict[str, Any]:
 
 
 def write_chrome_trace(spans: Sequence[Span], path: str | Path) -> None:
-    Path(path).write_text(json.dumps(to_chrome_trace(spans)))
+    """Write `timeline.json` whole or not at all (a temporary sibling renamed into place: a full disk or a kill
+    mid-write leaves the previous file, never a truncated one)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(json.dumps(to_chrome_trace(spans)))
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def read_chrome_trace(path: str | Path) -> list[Span]:
@@ -219,7 +227,13 @@ def timeline_report(run_dir: str | Path, render: bool = True) -> str:
     path = Path(run_dir) / "timeline.json"
     if not path.is_file():
         raise RlinfPipeError(f"{path} does not exist; give a run folder written by a finished (or stopped) run")
-    spans = read_chrome_trace(path)
+    try:
+        spans = read_chrome_trace(path)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RlinfPipeError(
+            f"{path} is not a readable timeline ({type(exc).__name__}: {exc}); it was cut short or edited. Runs "
+            "of this version write it whole; the run's metrics.jsonl and summary.json do not depend on it"
+        ) from None
     s = summarise(analyse(spans))
     lines = [f"{s['steps']} steps, {s['total_step_time_s']:.2f} s in steps", "", "stage busy (share of step time):"]
     lines += [f"  {name:<16} {frac:6.1%}" for name, frac in sorted(s["stage_busy"].items(), key=lambda kv: -kv[1])]

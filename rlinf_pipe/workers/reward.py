@@ -56,7 +56,8 @@ class RewardWorker(Worker):
                 pairs = [(s.text, group.prompt.answer) for s in group.samples]
                 results = await asyncio.to_thread(self.pool.score_batch, pairs)
                 rewards = [r.reward for r in results]
-                tally.add(group, rewards, [r.correct for r in results], [r.parsed for r in results])
+                tally.add(group, rewards, [r.correct for r in results], [r.parsed for r in results],
+                          [r.timed_out for r in results])
                 slot = await self._slot(group, rewards)
                 if slot is None:
                     continue

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,13 +15,13 @@ import ray
 import torch
 
 from rlinf_pipe.config import load_config
-from rlinf_pipe.errors import WorkerLost
+from rlinf_pipe.errors import RunStopped, WorkerLost
 from rlinf_pipe.models.megatron_checkpoint import load_model_shard
 from rlinf_pipe.runner import run as run_config
+from rlinf_pipe.runner.stop import StopSignals
 from rlinf_pipe.utils.metrics import read_metrics
 from rlinf_pipe.utils.timeline import STEP_SPAN, overlaps, read_chrome_trace
-from support.faults import Fault, Saboteur, wait_for
-from support.processes import Sessions
+from support.faults import Fault, Saboteur
 
 REQUIRED_METRICS = {
     "step", "reward/mean", "reward/accuracy", "response_length/mean", "loss", "grad_norm", "kl", "timing/step",
@@ -153,28 +152,28 @@ def test_collocated_timeline_never_overlaps_on_a_device(collocated_run):
 
 @pytest.mark.slow
 def test_sigterm_stops_cleanly_and_the_run_resumes_in_its_own_folder(tmp_path, tiny_model, pipeline_run):
-    """`rlinf-pipe train` gets SIGTERM in step 1 (`stop_grace_s=0`: the step is abandoned, so nothing is saved for
-    it): exit 143, one line naming the checkpoint and how to resume, no process left. `resume_dir=auto` continues
-    the same run folder and trains step 1 as the uninterrupted run did."""
-    sessions = Sessions(tmp_path)
-    proc, log = sessions.start(
-        [sys.executable, "-m", "rlinf_pipe.cli", "train", "--config-name", "tiny-grpo-megatron-pipeline",
-         *common_overrides(tmp_path, tiny_model), *COMPARED, "runner.stop_grace_s=0", "runner.save_on_signal=true"],
-        env={k: v for k, v in os.environ.items() if not k.startswith("RAY_")})
+    """SIGTERM to the driver in step 1 (`stop_grace_s=0`: the step is abandoned, so nothing is saved for it):
+    `RunStopped` (exit 143) with one line naming the checkpoint and how to resume, and no worker left.
+    `resume_dir=auto` then continues the same run folder and trains step 1 as the uninterrupted run did."""
+    saboteur = Saboteur(tmp_path, [Fault("step_000001", os.getpid(), signal.SIGTERM)])
+    saboteur.start()
     try:
-        assert wait_for(lambda: proc.poll() is not None or any(tmp_path.glob("*/*/checkpoints/step_000001/COMPLETE")),
-                        timeout_s=300), "no checkpoint within 300 s"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=120) == 143, log.read_text()[-3000:]
-        assert wait_for(lambda: not sessions.pids(), timeout_s=30), f"left running: {sessions.pids()}"
+        with pytest.raises(RunStopped) as stopped:
+            run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, "runner.stop_grace_s=0",
+                "runner.save_on_signal=true")
     finally:
-        sessions.stop_all()
+        saboteur.stop()
     run_dir = next(tmp_path.glob("*/*/config.yaml")).parent
     ckpt = run_dir / "checkpoints" / "step_000001"
-    (line,) = [x for x in log.read_text().splitlines() if x.startswith("rlinf-pipe: ")]
-    assert line.startswith("rlinf-pipe: stopped by SIGTERM before step 1 of 2") and "Traceback" not in log.read_text()
-    assert f"resume with the same command and runner.resume_dir={ckpt}" in line
+    message = str(stopped.value)
+    assert stopped.value.exit_code == 143 and "\n" not in message
+    assert message.startswith("stopped by SIGTERM before step 1 of 2")
+    assert f"resume with the same command and runner.resume_dir={ckpt}" in message
     assert not (run_dir / "checkpoints" / "step_000002").exists()  # the abandoned step is no step's end
+    for name in ("rollout:0", "inference:0", "reward:0", "actor:0"):  # every worker was stopped
+        with pytest.raises(ValueError):
+            ray.get_actor(f"rlinf_pipe:{name}")
+    assert not isinstance(getattr(signal.getsignal(signal.SIGTERM), "__self__", None), StopSignals)  # restored
     resumed = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, "runner.resume_dir=auto")
     assert resumed == run_dir
     assert [e["event"] for e in json.loads((run_dir / "summary.json").read_text())["events"]] == ["stop", "resume"]

@@ -24,6 +24,7 @@ from support.processes import Sessions
 REPO = Path(__file__).resolve().parents[2]
 START = REPO / "ray_utils" / "start_ray.sh"
 CHECK = REPO / "ray_utils" / "check_ray.sh"
+STOP = REPO / "ray_utils" / "stop_ray.sh"
 
 
 def _script_env(tmp: Path, **extra: str) -> dict[str, str]:
@@ -117,6 +118,36 @@ def test_nodes_carry_rank_labels(cluster):
     assert rc == 0, out
     line = next(x for x in out.splitlines() if x.startswith("NODES="))
     assert line == 'NODES=[["0", 2.0], ["1", 3.0]]'
+
+
+def _node_pids(node_id: str) -> list[int]:
+    """Processes whose environment holds `RLINF_PIPE_RAY_NODE=<node_id>` (what start_ray.sh gives its node)."""
+    wanted = f"RLINF_PIPE_RAY_NODE={node_id}".encode()
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if wanted in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cluster", ["token"], indirect=True)
+def test_stop_ray_stops_its_own_node_and_nothing_else(cluster):  # the last test on this cluster: it stops it
+    tmp, sessions = cluster["tmp"], cluster["sessions"]
+    node_ids = {rank: next(tmp.glob(f"ray_node_{rank}_*.id")).read_text().strip() for rank in (0, 1)}
+    assert all(_node_pids(node_id) for node_id in node_ids.values())
+    rc, out = sessions.run(["bash", str(STOP)], _script_env(tmp, RANK="1", RAY_STOP_GRACE="3"), timeout=60)
+    assert rc == 0 and re.search(r"Ray node rank 1 on \S+ stopped \([1-9]\d* processes\)", out), out
+    assert not _node_pids(node_ids[1]) and _node_pids(node_ids[0])  # the other node (another Ray) lives on
+    rc, out = sessions.run(["bash", str(STOP)], _script_env(tmp, RANK="0", RAY_STOP_GRACE="3"), timeout=60)
+    assert rc == 0, out
+    assert not _node_pids(node_ids[0]) and not sessions.pids()
+    assert not (tmp / "ray_head_ip.txt").exists() and not (tmp / "ray_auth_token").exists()
+    rc, out = sessions.run(["bash", str(STOP)], _script_env(tmp, RANK="0"), timeout=60)
+    assert rc == 1 and "no Ray node of rank 0 started by start_ray.sh" in out
 
 
 def test_worker_without_head_file_fails_clearly(tmp_path):

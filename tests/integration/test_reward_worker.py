@@ -75,6 +75,8 @@ def test_reward_worker_scores_a_step_and_survives_a_hang(local_ray) -> None:
     assert {k: metrics[k] for k in ("items", "correct", "parse_failures", "timeouts", "restarts")} == {
         "items": 6.0, "correct": 3.0, "parse_failures": 1.0, "timeouts": 1.0, "restarts": 1.0,
     }
+    step_metrics = tally.metrics()  # what the step's row of metrics.jsonl holds
+    assert (step_metrics["reward/timeouts"], step_metrics["reward/parse_failures"]) == (1.0, 1.0)
 
 
 def test_dynamic_sampling_keeps_varied_groups_in_slots_up_to_the_target(local_ray) -> None:

@@ -1,5 +1,6 @@
 """Faults injected into a running job from the test process: a thread that, when a checkpoint of the run becomes
-complete, kills (SIGKILL) or stops (SIGSTOP: alive but not answering) a named worker process."""
+complete, kills (SIGKILL) or stops (SIGSTOP: alive but not answering) a named worker process, or signals the
+driver (this process)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ import ray
 
 @dataclass(frozen=True)
 class Fault:
-    """Send `signum` to worker `actor_name` once `checkpoint` (e.g. `step_000001`) of the run is complete."""
+    """Send `signum` to `target` (a worker's actor name, or a pid) once `checkpoint` (e.g. `step_000001`) of the
+    run is complete."""
 
     checkpoint: str
-    actor_name: str
+    target: str | int
     signum: int
 
 
@@ -45,9 +47,10 @@ class Saboteur(threading.Thread):
                 while not self._complete(fault.checkpoint):
                     if self._done.wait(self.poll_s):
                         return
-                pid = self._pid(fault.actor_name)
+                pid = fault.target if isinstance(fault.target, int) else self._pid(fault.target)
                 os.kill(pid, fault.signum)
-                self.pids.append(pid)
+                if pid != os.getpid():
+                    self.pids.append(pid)
         except BaseException as exc:  # reported by stop()
             self.error = exc
 

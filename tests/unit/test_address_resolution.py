@@ -1,4 +1,5 @@
-"""`cluster.ray_address=auto`: RAY_ADDRESS, then the address start_ray.sh recorded, then Ray's discovery."""
+"""`cluster.ray_address=auto`: RAY_ADDRESS, then the address start_ray.sh recorded, then a local cluster of the
+job's own (never a cluster Ray's discovery finds on the machine)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import os
 
 import pytest
 
-from rlinf_pipe.scheduler.cluster import resolve_address
+from rlinf_pipe.errors import ClusterError
+from rlinf_pipe.scheduler.cluster import Cluster, resolve_address
 
 
 @pytest.fixture
@@ -22,30 +24,30 @@ def clean_env(tmp_path):
 
 
 def test_explicit_values_pass_through(clean_env):
-    assert resolve_address("local") == "local"
-    assert resolve_address("10.0.0.1:29500") == "10.0.0.1:29500"
+    assert resolve_address("local").address == "local"
+    assert resolve_address("10.0.0.1:29500").address == "10.0.0.1:29500"
 
 
-def test_auto_without_hints_is_rays_discovery(clean_env):
-    assert resolve_address("auto") == "auto"
+def test_auto_without_hints_is_a_local_cluster_of_its_own(clean_env):
+    assert resolve_address("auto").address == "local"
 
 
 def test_auto_prefers_ray_address(clean_env):
     (clean_env / "ray_head_ip.txt").write_text("10.0.0.2:29500\n")
     os.environ["RAY_ADDRESS"] = "10.0.0.3:6379"
-    assert resolve_address("auto") == "10.0.0.3:6379"
+    assert resolve_address("auto").address == "10.0.0.3:6379"
 
 
 def test_auto_reads_the_head_ip_file(clean_env):
     (clean_env / "ray_head_ip.txt").write_text("10.0.0.2:29500\n")
-    assert resolve_address("auto") == "10.0.0.2:29500"
+    assert resolve_address("auto").address == "10.0.0.2:29500"
     assert "RAY_AUTH_MODE" not in os.environ
 
 
 def test_auto_adopts_token_auth_from_start_ray(clean_env):
     (clean_env / "ray_head_ip.txt").write_text("10.0.0.2:29500\n")
     (clean_env / "ray_auth_token").write_text("secret\n")
-    assert resolve_address("auto") == "10.0.0.2:29500"
+    assert resolve_address("auto").address == "10.0.0.2:29500"
     assert os.environ["RAY_AUTH_MODE"] == "token"
     assert os.environ["RAY_AUTH_TOKEN_PATH"] == str((clean_env / "ray_auth_token").resolve())
 
@@ -55,3 +57,15 @@ def test_explicit_auth_mode_is_respected(clean_env):
     os.environ["RAY_AUTH_MODE"] = "disabled"
     resolve_address("auto")
     assert os.environ["RAY_AUTH_MODE"] == "disabled" and "RAY_AUTH_TOKEN_PATH" not in os.environ
+
+
+def test_a_stale_recorded_address_says_the_recorded_cluster_is_gone(clean_env):
+    from rlinf_pipe.config import load_config
+    from rlinf_pipe.utils.net import free_port
+
+    (clean_env / "ray_head_ip.txt").write_text(f"127.0.0.1:{free_port('127.0.0.1')}\n")  # nothing listens there
+    with pytest.raises(ClusterError) as err:
+        Cluster(load_config(overrides=["cluster.ray_address=auto"]))
+    message = str(err.value)
+    assert "written by ray_utils/start_ray.sh" in message and "the cluster start_ray.sh recorded there is gone" in message
+    assert f"delete {clean_env / 'ray_head_ip.txt'}" in message and "use cluster.ray_address=auto" not in message

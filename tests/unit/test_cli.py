@@ -106,3 +106,16 @@ def test_console_script_exits_2_without_traceback():
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "rule: in the disaggregated pipeline every component needs its own GPUs" in proc.stderr
+
+
+def test_timeline_of_a_cut_short_timeline_json_is_one_clear_error(tmp_path, capsys):
+    from rlinf_pipe.utils.timeline import write_chrome_trace
+    from rlinf_pipe.utils.tracing import Span
+
+    write_chrome_trace([Span("step", "driver", 1.0, 2.0, (), {"step": 0})], tmp_path / "timeline.json")
+    assert [p.name for p in tmp_path.iterdir()] == ["timeline.json"]  # written whole, no temporary left
+    text = (tmp_path / "timeline.json").read_text()
+    (tmp_path / "timeline.json").write_text(text[: len(text) // 2])  # what a full disk used to leave
+    assert main(["timeline", str(tmp_path), "--no-png"]) == 2
+    err = capsys.readouterr().err
+    assert "timeline.json is not a readable timeline" in err and "Traceback" not in err

@@ -50,3 +50,10 @@ def test_docs_example_runs():
     scope = {"tokenizer": tiny_tokenizer()}
     exec(compile(snippet.split("```", 1)[0], "docs/data.md", "exec"), scope)  # noqa: S102 - our own docs
     assert len(scope["prompts"]) == 16 and scope["state"]["position"] == 16
+
+
+def test_a_prompt_length_limit_below_the_generated_prompts_fails_when_the_dataset_is_built():
+    from rlinf_pipe.data.errors import DataError
+
+    with pytest.raises(DataError, match=r"arithmetic: prompt 0 .* over data.max_prompt_length=1; raise it"):
+        build_prompt_dataset(DataConfig(max_prompt_length=1), tiny_tokenizer(), seed=1)

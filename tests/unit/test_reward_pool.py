@@ -146,3 +146,15 @@ def test_docs_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     exec(compile(snippet, "docs/reward.md", "exec"), {"__name__": "__main__"})  # noqa: S102 - our own docs
     printed = capsys.readouterr().out
     assert "'items': 3.0, 'correct': 1.0, 'parse_failures': 1.0, 'timeouts': 1.0" in printed
+
+
+def test_verify_math_keeps_its_time_limit_off_the_main_thread() -> None:
+    """Signals reach the main thread only: from another thread a pathological answer goes to a pool process that
+    is killed at the limit, instead of hanging the caller."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rlinf_pipe.engines.reward import verify_math
+
+    with ThreadPoolExecutor(1) as other_thread:  # without the pool process this call would never return
+        assert other_thread.submit(verify_math, POWER_TOWER, "72", timeout_s=1.0).result(timeout=120) is False
+        assert other_thread.submit(verify_math, "\\boxed{7}", "7", timeout_s=1.0).result(timeout=60) is True

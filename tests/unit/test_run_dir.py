@@ -80,3 +80,23 @@ def test_resume_dir_accepts_a_run_folder_or_a_complete_checkpoint(tmp_path):
         find_resume_checkpoint(cfg_with(tmp_path, str(partial)))
     with pytest.raises(ConfigError, match="runner.resume_dir"):
         find_resume_checkpoint(cfg_with(tmp_path, str(tmp_path / "missing")))
+
+
+def test_an_output_dir_through_a_file_is_refused_before_anything_starts(tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(ConfigError, match=r"runner.output_dir: the run folder .* cannot be used: .*give "):
+        create_run_dir(cfg_with(tmp_path / "file" / "out", None))
+
+
+def test_a_full_disk_is_refused_before_anything_starts(tmp_path):
+    import subprocess
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root in a namespace that allows it)")
+    try:
+        with pytest.raises(ConfigError, match=r"its disk has only \d+ MiB free \(at least 256 MiB needed"):
+            create_run_dir(cfg_with(mount, None))
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)

@@ -91,8 +91,9 @@ def test_score_groups_group_and_batch_scope():
 def test_reward_tally_merges_exactly():
     a, b = RewardTally(), RewardTally()
     a.add(_group("a", [2, 2]), [1.0, 0.0], [True, False], [True, True])
-    b.add(_group("b", [4, 4]), [0.0, 0.0], [False, False], [False, True])
+    b.add(_group("b", [4, 4]), [0.0, 0.0], [False, False], [False, True], [True, False])
     m = a.merge(b).metrics()
+    assert (m["reward/timeouts"], m["reward/parse_failures"]) == (1.0, 0.0)
     assert m["reward/mean"] == 0.25 and m["reward/accuracy"] == 0.25 and m["reward/parsed_frac"] == 0.75
     assert m["reward/uniform_group_frac"] == 0.5 and m["response_length/mean"] == 3.0
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from rlinf_pipe.engines.reward.extract import extract_answer
 from rlinf_pipe.engines.reward.pool import RewardCounters, RewardPool, RewardPoolError
-from rlinf_pipe.engines.reward.verify import ScoreConfig, ScoreResult, score, verify_math
+from rlinf_pipe.engines.reward.verdict import verify_math
+from rlinf_pipe.engines.reward.verify import ScoreConfig, ScoreResult, score
 
 __all__ = [
     "RewardCounters",

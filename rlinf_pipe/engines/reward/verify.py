@@ -1,12 +1,11 @@
 """Verifiable math reward: is the final answer of a response mathematically equal to the reference?
 
-    verify_math("... so the total is \\boxed{\\frac{1}{2}}", "0.5")      # True
     score(response, "72", ScoreConfig(correct_score=1, wrong_score=-1))  # ScoreResult(correct=..., reward=...)
 
 The answer is extracted by `extract.extract_answer`; math-verify parses it and the reference into sympy and
 compares them (numeric tolerance, equivalent forms, sets, intervals, equations like `x = 5`). Its own signal-based
 timeouts are switched off (they fail outside the main thread); time limits come from `deadline` here and, hard,
-from `RewardPool`.
+from `RewardPool`. `verdict.verify_math` gives a yes / no under a limit that holds in any thread.
 """
 
 from __future__ import annotations
@@ -109,14 +108,6 @@ def score(
     return ScoreResult(
         correct=correct, parsed=bool(predicted), timed_out=False, reward=float(base + cfg.format_score), answer=answer
     )
-
-
-def verify_math(
-    response: str, reference: str, *, answer_pattern: str | None = None, timeout_s: float | None = None
-) -> bool:
-    """Whether the final answer of `response` (last `\\boxed{}`, else `answer_pattern`) equals `reference`."""
-    config = DEFAULT_CONFIG if answer_pattern is None else ScoreConfig(answer_pattern=answer_pattern)
-    return score(response, reference, config, timeout_s=timeout_s).correct
 
 
 def parse_answer(answer: str) -> list[Any]:

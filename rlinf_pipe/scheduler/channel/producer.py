@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -35,6 +36,14 @@ log = logging.getLogger(__name__)
 def endpoint_id(role: str) -> str:
     """A readable, unique name for this process's end of a channel (it appears in peer errors)."""
     return f"{role}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def ipc_path(name: str) -> str:
+    """The local socket a producer binds: in Linux's abstract namespace (`@...`: no file, so a killed process leaves
+    nothing behind), elsewhere a file in the temp folder (removed when the producer closes)."""
+    if sys.platform.startswith("linux"):
+        return f"@rlp-{name}"
+    return os.path.join(tempfile.gettempdir(), f"rlp-{name}.sock")
 
 
 @dataclass
@@ -77,7 +86,7 @@ class ProducerEnd:
         self._router = context.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._router.setsockopt(zmq.LINGER, 0)
-        self._ipc_path = os.path.join(tempfile.gettempdir(), f"rlp-{uuid.uuid4().hex[:12]}.sock")
+        self._ipc_path = ipc_path(uuid.uuid4().hex[:12])
         self._router.bind(f"ipc://{self._ipc_path}")
         port = self._router.bind_to_random_port("tcp://*")
         self._wakeup = wire.Wakeup()
@@ -284,10 +293,11 @@ class ProducerEnd:
 
     def _shutdown_sockets(self) -> None:
         self._router.close(linger=0)
-        try:
-            os.unlink(self._ipc_path)
-        except OSError:
-            pass
+        if not self._ipc_path.startswith("@"):
+            try:
+                os.unlink(self._ipc_path)
+            except OSError:
+                pass
         if ray.is_initialized():
             registry().close_producer.remote(self.spec.name, self.id, self._ended_through)
 
