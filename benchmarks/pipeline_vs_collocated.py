@@ -105,8 +105,6 @@ def load(mode: str, args: argparse.Namespace, model: str | None, out: Path) -> A
 def run_mode(mode: str, args: argparse.Namespace, model: str, out: Path) -> dict[str, Any]:
     """Train `mode` for `args.steps` steps in this process; the measured steps' figures."""
     from rlinf_pipe.runner import Runner
-    from rlinf_pipe.utils.metrics import read_metrics
-    from rlinf_pipe.utils.timeline import analyse, read_chrome_trace, summarise
 
     cfg = load(mode, args, model, out)
     start = time.perf_counter()
@@ -119,11 +117,17 @@ def run_mode(mode: str, args: argparse.Namespace, model: str, out: Path) -> dict
         )
     finally:
         runner.shutdown()
-    wall = time.perf_counter() - start
+    return mode_figures(run_dir, receivers, time.perf_counter() - start, args.warmup, args.steps)
 
-    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] >= args.warmup]
+
+def mode_figures(run_dir: Path, receivers: int, wall: float, warmup: int, steps: int) -> dict[str, Any]:
+    """The figures of one finished run folder (its `metrics.jsonl` and `timeline.json`), steps >= `warmup`."""
+    from rlinf_pipe.utils.metrics import read_metrics
+    from rlinf_pipe.utils.timeline import analyse, read_chrome_trace, summarise
+
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] >= warmup]
     spans = read_chrome_trace(run_dir / "timeline.json")
-    analyses = [a for a in analyse(spans) if a.step >= args.warmup]
+    analyses = [a for a in analyse(spans) if a.step >= warmup]
     timeline = summarise(analyses)
     # Sync time of version v: the driver's `weight_sync` span (loading into every receiver) united with the actor's
     # `publish_weights` span of v. The runner may publish inside the sync span or at the end of the previous step
@@ -131,13 +135,13 @@ def run_mode(mode: str, args: argparse.Namespace, model: str, out: Path) -> dict
     sync_s = median([
         union_length([(s.start, s.end) for s in spans if s.args.get("version") == v and (
             (s.name == "weight_sync" and s.track == "driver") or s.name == "publish_weights")]) or float("nan")
-        for v in range(args.warmup, args.steps)
+        for v in range(warmup, steps)
     ])
     sync_bytes = median([r["weight_sync/bytes"] for r in records])
 
     def span_median(name: str, track_prefix: str) -> float:  # per-step time of one part of the sync
         return median([s.duration for s in spans if s.name == name and s.track.startswith(track_prefix)
-                       and s.args.get("version", -1) >= args.warmup])
+                       and s.args.get("version", -1) >= warmup])
 
     return {
         "run_dir": str(run_dir),
@@ -211,59 +215,9 @@ def gloo_bytes_per_s(num_bytes: int, iters: int, receivers: int) -> float:
     return (max(1, num_bytes // 4) * 4) / statistics.median(durations)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=8, help="steps per run (runner.max_steps)")
-    parser.add_argument("--warmup", type=int, default=2, help="first steps of each run left out")
-    parser.add_argument("--repeats", type=int, default=3, help="one pipeline and one collocated run per repeat")
-    parser.add_argument("--rollout-batch-size", type=int, default=12,
-                        help="prompts per step for BOTH modes (x group_size 8 must split over the actor's DP=3)")
-    parser.add_argument("--gloo-iters", type=int, default=50, help="timed broadcasts per baseline measurement")
-    parser.add_argument("--output-dir", default=None, help="keep the run folders here (default: a temp folder)")
-    parser.add_argument("--model", default=None,
-                        help="HF model folder (default: the warm-started tiny model); e.g. a larger "
-                        "`python -m rlinf_pipe.models.tiny` folder to see weight sync where bandwidth dominates")
-    parser.add_argument("--weight-sync", choices=["auto", "object_store", "broadcast", "ipc"], default="auto",
-                        help="runner.weight_sync of both modes (auto: broadcast in the pipeline, ipc collocated; "
-                        "ipc only collocated)")
-    parser.add_argument("--weight-bucket-mb", type=int, default=None,
-                        help="runner.weight_bucket_mb for both modes (default: the config's)")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-    args.warmup = min(args.warmup, args.steps - 1)
-    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
-
-    from rlinf_pipe.models.warmstart import ensure_warm_tiny_model
-
-    # One model for both modes: the warm-started tiny model of the (shared) data config, built once and cached.
-    model = args.model or str(
-        ensure_warm_tiny_model(data=load("pipeline", args, None, Path(tempfile.gettempdir())).data)
-    )
-    tmp = tempfile.TemporaryDirectory(prefix="rlp-pvc-") if args.output_dir is None else None
-    out = Path(args.output_dir or tmp.name)
-
-    started = time.perf_counter()
-    # one local Ray session for every run and baseline (each run's Cluster uses it and leaves it open)
-    ray.init(address="local", num_cpus=2, num_gpus=3, include_dashboard=False, log_to_driver=False)
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
-    gloo: list[float] = []  # raw broadcast to as many receivers as the pipeline's sync has
-    gloo_one: list[float] = []  # raw broadcast to one receiver
-    for repeat in range(args.repeats):
-        order = list(MODES) if repeat % 2 == 0 else list(reversed(MODES))
-        for mode in order:
-            r = run_mode(mode, args, model, out)
-            runs[mode].append(r)
-            print(f"repeat {repeat} {mode:<10}: step {r['step_s']:.3f} s, sync {r['weight_sync_s'] * 1e3:.1f} ms "
-                  f"({r['weight_sync_bytes'] / 2**20:.2f} MiB), bubble {r['bubble_fraction']:.1%}, scheduler "
-                  f"overhead {r['scheduler_overhead_fraction']:.1%}, run {r['wall_s']:.1f} s", flush=True)
-        sync_bytes, receivers = int(runs["pipeline"][-1]["weight_sync_bytes"]), runs["pipeline"][-1]["weight_sync_receivers"]
-        gloo.append(gloo_bytes_per_s(sync_bytes, args.gloo_iters, receivers))
-        gloo_one.append(gloo_bytes_per_s(sync_bytes, args.gloo_iters, 1))
-        print(f"repeat {repeat} gloo broadcast: {gloo[-1] / 2**20:.1f} MiB/s to {receivers} receivers, "
-              f"{gloo_one[-1] / 2**20:.1f} MiB/s to one", flush=True)
-    ray.shutdown()
-    if tmp is not None:
-        tmp.cleanup()
+def summarise_runs(runs: dict[str, list[dict[str, Any]]], gloo: list[float], gloo_one: list[float],
+                   args: argparse.Namespace, started: float) -> dict[str, Any]:
+    """The JSON summary: per mode, the medians over repeats; the ratios paired within a repeat."""
 
     def agg(mode: str, key: str) -> float:
         return median([r[key] for r in runs[mode]])
@@ -328,6 +282,68 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
                    f"torch {torch.__version__}, Ray {ray.__version__}",
     }
+
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=8, help="steps per run (runner.max_steps)")
+    parser.add_argument("--warmup", type=int, default=2, help="first steps of each run left out")
+    parser.add_argument("--repeats", type=int, default=3, help="one pipeline and one collocated run per repeat")
+    parser.add_argument("--rollout-batch-size", type=int, default=12,
+                        help="prompts per step for BOTH modes (x group_size 8 must split over the actor's DP=3)")
+    parser.add_argument("--gloo-iters", type=int, default=50, help="timed broadcasts per baseline measurement")
+    parser.add_argument("--output-dir", default=None, help="keep the run folders here (default: a temp folder)")
+    parser.add_argument("--model", default=None,
+                        help="HF model folder (default: the warm-started tiny model); e.g. a larger "
+                        "`python -m rlinf_pipe.models.tiny` folder to see weight sync where bandwidth dominates")
+    parser.add_argument("--weight-sync", choices=["auto", "object_store", "broadcast", "ipc"], default="auto",
+                        help="runner.weight_sync of both modes (auto: broadcast in the pipeline, ipc collocated; "
+                        "ipc only collocated)")
+    parser.add_argument("--weight-bucket-mb", type=int, default=None,
+                        help="runner.weight_bucket_mb for both modes (default: the config's)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    args.warmup = min(args.warmup, args.steps - 1)
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+
+    from rlinf_pipe.models.warmstart import ensure_warm_tiny_model
+
+    # One model for both modes: the warm-started tiny model of the (shared) data config, built once and cached.
+    model = args.model or str(
+        ensure_warm_tiny_model(data=load("pipeline", args, None, Path(tempfile.gettempdir())).data)
+    )
+    tmp = tempfile.TemporaryDirectory(prefix="rlp-pvc-") if args.output_dir is None else None
+    out = Path(args.output_dir or tmp.name)
+
+    started = time.perf_counter()
+    # one local Ray session for every run and baseline (each run's Cluster uses it and leaves it open)
+    ray.init(address="local", num_cpus=2, num_gpus=3, include_dashboard=False, log_to_driver=False)
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    gloo: list[float] = []  # raw broadcast to as many receivers as the pipeline's sync has
+    gloo_one: list[float] = []  # raw broadcast to one receiver
+    for repeat in range(args.repeats):
+        order = list(MODES) if repeat % 2 == 0 else list(reversed(MODES))
+        for mode in order:
+            r = run_mode(mode, args, model, out)
+            runs[mode].append(r)
+            print(f"repeat {repeat} {mode:<10}: step {r['step_s']:.3f} s, sync {r['weight_sync_s'] * 1e3:.1f} ms "
+                  f"({r['weight_sync_bytes'] / 2**20:.2f} MiB), bubble {r['bubble_fraction']:.1%}, scheduler "
+                  f"overhead {r['scheduler_overhead_fraction']:.1%}, run {r['wall_s']:.1f} s", flush=True)
+        sync_bytes, receivers = int(runs["pipeline"][-1]["weight_sync_bytes"]), runs["pipeline"][-1]["weight_sync_receivers"]
+        gloo.append(gloo_bytes_per_s(sync_bytes, args.gloo_iters, receivers))
+        gloo_one.append(gloo_bytes_per_s(sync_bytes, args.gloo_iters, 1))
+        print(f"repeat {repeat} gloo broadcast: {gloo[-1] / 2**20:.1f} MiB/s to {receivers} receivers, "
+              f"{gloo_one[-1] / 2**20:.1f} MiB/s to one", flush=True)
+    ray.shutdown()
+    if tmp is not None:
+        tmp.cleanup()
+
+    summary = summarise_runs(runs, gloo, gloo_one, args, started)
+    per_mode, step_ratio = summary["modes"], summary["pipeline_over_collocated_step_time"]
+    bw_ratio = summary["weight_sync_bw_ratio_vs_gloo"]
+    bw_ratio_one = summary["weight_sync_bw_ratio_vs_gloo_one_receiver"]
 
     print()
     print(f"{'':<28}{'pipeline':>12}{'collocated':>12}")

@@ -6,7 +6,9 @@ Pure functions, no Ray: `rlinf-pipe plan` and the runner use the same code. Ever
 
 from __future__ import annotations
 
+import bisect
 import re
+from collections import Counter
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Literal, Sequence
@@ -101,10 +103,9 @@ class NodeLayout:
         return self.offsets[-1]
 
     def node_of(self, gpu: int) -> int:
-        for node, end in enumerate(self.offsets[1:]):
-            if gpu < end:
-                return node
-        raise ValueError(f"GPU {gpu} is outside the cluster ({self.world_size} GPUs)")
+        if not 0 <= gpu < self.world_size:
+            raise ValueError(f"GPU {gpu} is outside the cluster ({self.world_size} GPUs)")
+        return bisect.bisect_right(self.offsets, gpu) - 1
 
     def local_id(self, gpu: int) -> int:
         return gpu - self.offsets[self.node_of(gpu)]
@@ -182,7 +183,7 @@ def parse_gpu_ids(key: str, value: object, layout: NodeLayout) -> tuple[int, ...
         ids.extend(range(low, high + 1))
     if not ids:
         raise PlacementError(key, value, "no GPUs given", "write e.g. `0-3` or `all`, or remove the entry")
-    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    duplicates = sorted(i for i, n in Counter(ids).items() if n > 1)
     if duplicates:
         raise PlacementError(
             key, value, f"GPU id(s) {format_ids(duplicates)} listed twice", "list each GPU once"

@@ -58,11 +58,12 @@ class Producer:
 
 @ray.remote(num_cpus=0)
 class Consumer:
-    def __init__(self, channel: Channel, delay_s: float = 0.0):
-        self.channel, self.delay_s = channel, delay_s
+    def __init__(self, channel: Channel, delay_s: float = 0.0, slow_every: int = 1):
+        self.channel, self.delay_s, self.slow_every = channel, delay_s, slow_every
 
     def drain(self) -> list[tuple[int, int, int]]:
-        """Take items until the stream ends (the delay simulates a slow consumer's work)."""
+        """Take items until the stream ends (a pause of `delay_s` every `slow_every` items simulates a slow
+        consumer's work)."""
         seen = []
         while True:
             try:
@@ -71,7 +72,8 @@ class Consumer:
                 return seen
             if not isinstance(item, StepEnd):
                 seen.append((item.producer, item.seq, item.step))
-                time.sleep(self.delay_s)
+                if self.delay_s and len(seen) % self.slow_every == 0:
+                    time.sleep(self.delay_s)
 
     def take(self, n: int) -> list:
         return [self.channel.get(timeout=30) for _ in range(n)]
@@ -245,13 +247,21 @@ def test_a_dying_consumers_untaken_items_go_to_another(nodes):
     assert [t.seq for t in rest[:7]] == [3, 4, 5, 6, 7, 8, 9] and rest[7] == StepEnd(0)
 
 
-def test_a_hundred_thousand_small_items_without_loss(nodes):
-    ch = channel(maxsize=512, prefetch=256)
-    producer = on_node(Producer, ray.get_runtime_context().get_node_id()).remote(ch, 1)
-    done = producer.put_tagged.remote(100_000)
-    seqs = [item.seq for item in ch.iter_step(timeout=60)]
-    assert ray.get(done) == 100_000
-    assert seqs == list(range(100_000))
+def test_a_hundred_thousand_small_items_two_producers_two_consumers_one_slow(nodes):
+    """The stress shape of `benchmarks/channel_stress.py` (which runs it with a million items) at suite size: every
+    item arrives exactly once, each producer's items in order, and the slow consumer gets fewer."""
+    ch = channel(maxsize=512, prefetch=256, num_producers=2)
+    consumers = [on_node(Consumer, nodes[0]).remote(ch, 0.002, 100), on_node(Consumer, nodes[1]).remote(ch)]
+    drained = [c.drain.remote() for c in consumers]
+    producers = [on_node(Producer, nodes[p]).remote(ch, p) for p in range(2)]
+    assert ray.get([p.put_tagged.remote(50_000) for p in producers]) == [50_000, 50_000]
+    slow, fast = ray.get(drained, timeout=300)
+    assert sorted(slow + fast) == [(p, s, 0) for p in range(2) for s in range(50_000)]  # none lost, none twice
+    for received in (slow, fast):
+        for p in range(2):
+            mine = [seq for producer, seq, _ in received if producer == p]
+            assert mine == sorted(mine)
+    assert len(slow) < len(fast)
 
 
 async def test_async_put_and_get(nodes):

@@ -206,6 +206,45 @@ def test_dead_worker_is_reported_by_name(cluster):
         group.shutdown()
 
 
+def test_the_heartbeat_names_a_hung_worker_and_a_peer_failure_is_blamed_on_the_lost_one(cluster):
+    """A stopped (SIGSTOP) rank is reported as hung by `Health` within its timeout, with its group, rank, node and
+    GPUs; a stage that fails because of it (here: a rank of another group that raises) is blamed on the hung one."""
+    import asyncio
+    import signal
+
+    from rlinf_pipe.errors import WorkerLost
+    from rlinf_pipe.runner.health import Health
+
+    cfg = make_config({"rollout": "0-1", "actor": "2-3"})
+    comps = plan_placement(cfg).components
+    stuck = WorkerGroup.launch(Probe, "stuck", comps["actor"], cluster, distributed=False)
+    noticing = WorkerGroup.launch(Probe, "noticing", comps["rollout"], cluster, distributed=False)
+    pid = stuck.rank(1).run(lambda w: os.getpid()).wait()
+    health = Health(lambda: [stuck, noticing], timeout_s=1.0)
+    try:
+        assert asyncio.run(health.find_lost()) == []
+        os.kill(pid, signal.SIGSTOP)
+
+        async def long_stage() -> None:
+            await stuck.rank(1).run(lambda w: w.rank)  # never answers: its process is stopped
+
+        with pytest.raises(WorkerLost) as hung:
+            asyncio.run(health.guard(long_stage()))
+        assert (hung.value.worker, hung.value.how) == ("rlinf_pipe:stuck:1", "hung")
+        assert "stuck rank 1 (node 0, GPUs 3)" in str(hung.value) and "within 1 s" in str(hung.value)
+
+        async def failing_peer() -> None:
+            await noticing.rank(0).fail_on(0)
+
+        with pytest.raises(WorkerLost) as blamed:  # the raise of `noticing` is not what went wrong
+            asyncio.run(health.guard(failing_peer()))
+        assert blamed.value.worker == "rlinf_pipe:stuck:1" and isinstance(blamed.value.__cause__, WorkerError)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        stuck.shutdown(wait_s=10)
+        noticing.shutdown(wait_s=10)
+
+
 def test_constructor_failure_surfaces_with_rank(cluster):
     cfg = make_config({"rollout": "0", "actor": "1"})
     with pytest.raises(WorkerError, match=r"broken rank 0 \(node 0, GPUs 1\) failed in its constructor: "

@@ -19,7 +19,8 @@ def test_local_gpus_index_the_devices_the_node_sees():
 
 
 def test_claiming_twice_keeps_the_node_list(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.delenv(NODE_VISIBLE_ENV, raising=False)
+    monkeypatch.setenv(NODE_VISIBLE_ENV, "")  # recorded, so what claim_devices sets is undone after the test
+    monkeypatch.delenv(NODE_VISIBLE_ENV)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
     monkeypatch.setenv("RLINF_PIPE_LOCAL_GPUS", "2,3")
     claim_devices()

@@ -138,7 +138,10 @@ class Waiter:
         self._condition.notify_all()
         futures, self._futures = self._futures, []
         for loop, future in futures:
-            loop.call_soon_threadsafe(_resolve, future)
+            try:
+                loop.call_soon_threadsafe(_resolve, future)
+            except RuntimeError:  # its loop is closed (the run ended): nobody waits there any more
+                pass
 
     def wait(self, attempt: Callable[[], T], timeout: float | None, what: str) -> T:
         deadline = None if timeout is None else time.monotonic() + timeout
