@@ -95,7 +95,7 @@ class Runner:
         try:
             asyncio.run(self.train(writer))
         except RunStopped:
-            self.write_outputs(quiet=True)
+            self.write_summary(quiet=True)
             raise
         except OSError as exc:  # the driver's own writes: metrics, runner state
             raise OutputError(f"cannot write the run's outputs in {self.run_dir}: {exc}; "
@@ -103,26 +103,29 @@ class Runner:
         finally:
             writer.close()
             self.spans += self.tracer.drain()  # a failed step's driver spans
-            self.write_outputs(quiet=True, pictures_only=True)
-        summary = self.write_outputs()
+            self.write_pictures()
+        summary = self.write_summary()
         if cfg.progress:
             print(Progress.render_summary(summary, self.run_dir))
         return self.run_dir
 
-    def write_outputs(self, quiet: bool = False, pictures_only: bool = False) -> dict:
-        """timeline.json and the pictures, then summary.json; returns the summary. `quiet`: a failure to write
-        (a full disk) is logged, not raised, so it cannot hide the error that ended the run."""
-        summary: dict = {}
+    def write_pictures(self) -> None:
+        """timeline.json, timeline.png and reward.png. A failure to write them (a full disk) is logged, not raised:
+        it must not hide the error that ended the run."""
         try:
-            if pictures_only:
-                write_pictures(self.spans, self.run_dir, self.cfg.runner.experiment_name)
-                return summary
-            summary = run_summary(self.run_dir, self.spans)
+            write_pictures(self.spans, self.run_dir, self.cfg.runner.experiment_name)
+        except OSError as exc:
+            log.error("could not write the timeline and pictures in %s: %s", self.run_dir, exc)
+
+    def write_summary(self, quiet: bool = False) -> dict:
+        """summary.json; returns it. `quiet`: a failure to write it is logged, not raised."""
+        summary = run_summary(self.run_dir, self.spans)
+        try:
             (self.run_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, allow_nan=False))
         except OSError as exc:
             if not quiet:
                 raise OutputError(f"cannot write the run's outputs in {self.run_dir}: {exc}") from None
-            log.error("could not write the run's outputs in %s: %s", self.run_dir, exc)
+            log.error("could not write %s: %s", self.run_dir / "summary.json", exc)
         return summary
 
     def resume_hint(self) -> str:

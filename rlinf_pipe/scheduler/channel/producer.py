@@ -96,9 +96,7 @@ class ProducerEnd:
             ipc=f"ipc://{self._ipc_path}",
             tcp=f"tcp://{ray.util.get_node_ip_address()}:{port}",
         )
-        # Registered without waiting (this may run in an async actor's event loop): the registry runs this
-        # process's calls in order, and consumers look for producers until they find them.
-        self._registered = registry().add_producer.remote(spec.name, self.record)
+        ray.get(registry().add_producer.remote(spec.name, self.record))
         self._thread = threading.Thread(target=self._run, name=f"channel-{spec.name}-producer", daemon=True)
         self._thread.start()
 
