@@ -3,7 +3,7 @@
     python benchmarks/channel_stress.py [--items 1000000] [--repeats 3] [--json]
 
 A local Ray cluster of two nodes (`ray.cluster_utils.Cluster`, one producer and one consumer on each) moves
-`--items` small msgspec items (half from each producer) through one channel (maxsize 512, prefetch 256). The slow
+`--items` small items (`(producer, seq)` tuples) (half from each producer) through one channel (maxsize 512, prefetch 256). The slow
 consumer pauses 2 ms every 100 items. Each repeat checks that every item arrived exactly once and that each
 producer's items arrived in order at each consumer, and reports items/s (the wall time from the first put to the
 last item taken) and the slow consumer's share. The baseline, measured in the same run, is the same number of items
@@ -21,7 +21,6 @@ import statistics
 import sys
 import time
 
-import msgspec
 import ray
 from ray.cluster_utils import Cluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -30,9 +29,7 @@ from rlinf_pipe.errors import ChannelClosed
 from rlinf_pipe.scheduler.channel import Channel, StepEnd
 
 
-class Item(msgspec.Struct, frozen=True):
-    producer: int
-    seq: int
+Item = tuple[int, int]  # (producer, seq): a small item (plain types, so the workers need no class of this script)
 
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -46,7 +43,7 @@ class Producer:
     def put(self, count: int) -> float:
         start = time.time()
         for seq in range(count):
-            self.channel.put(Item(self.producer, seq))
+            self.channel.put((self.producer, seq))
         self.channel.end_step()
         self.channel.close()
         return start
@@ -66,7 +63,7 @@ class Consumer:
                 return seen, time.time()
             if isinstance(item, StepEnd):
                 continue
-            seen.append((item.producer, item.seq))
+            seen.append((item[0], item[1]))
             if self.pause_s and len(seen) % self.every == 0:
                 time.sleep(self.pause_s)
 
