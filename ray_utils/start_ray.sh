@@ -47,8 +47,8 @@ command -v "$RAY_BIN" >/dev/null 2>&1 ||
 
 # Every process of this node's Ray (its daemons and the workers they start) inherits this id, by which
 # ray_utils/stop_ray.sh stops exactly them and no other Ray on the machine.
-node_id_file="$(dirname "$head_ip_file")/ray_node_${RANK}_$(hostname).id"
-export RLINF_PIPE_RAY_NODE="${RANK}-$(hostname)-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')"
+node_id_file="$(dirname "$head_ip_file")/ray_node_${RANK}_${HOSTNAME:-$(uname -n)}.id"
+export RLINF_PIPE_RAY_NODE="${RANK}-${HOSTNAME:-$(uname -n)}-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')"
 
 args=(start --disable-usage-stats --labels "rlinf_pipe/node-rank=${RANK}")
 [ -n "${RAY_NUM_GPUS:-}" ] && args+=("--num-gpus=${RAY_NUM_GPUS}")

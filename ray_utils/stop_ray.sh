@@ -24,10 +24,10 @@ head_ip_file="${RAY_HEAD_IP_FILE:-$script_dir/ray_head_ip.txt}"
 [[ "$head_ip_file" == /* ]] || head_ip_file="$PWD/$head_ip_file"
 token_file="${RAY_AUTH_TOKEN_FILE:-$(dirname "$head_ip_file")/ray_auth_token}"
 [[ "$token_file" == /* ]] || token_file="$PWD/$token_file"
-node_id_file="$(dirname "$head_ip_file")/ray_node_${RANK}_$(hostname).id"
+node_id_file="$(dirname "$head_ip_file")/ray_node_${RANK}_${HOSTNAME:-$(uname -n)}.id"
 
 [ -s "$node_id_file" ] ||
-  die "no Ray node of rank ${RANK} started by start_ray.sh on $(hostname) is recorded (${node_id_file} is missing);" \
+  die "no Ray node of rank ${RANK} started by start_ray.sh on ${HOSTNAME:-$(uname -n)} is recorded (${node_id_file} is missing);" \
     "give the RANK and RAY_HEAD_IP_FILE it was started with."
 node_id="$(tr -d '[:space:]' <"$node_id_file")"
 
@@ -53,4 +53,4 @@ rm -f "$node_id_file"
 if [ "$RANK" -eq 0 ]; then
   rm -f "$head_ip_file" "$token_file"
 fi
-echo "Ray node rank ${RANK} on $(hostname) stopped (${count} processes)"
+echo "Ray node rank ${RANK} on ${HOSTNAME:-$(uname -n)} stopped (${count} processes)"
