@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -47,8 +48,6 @@ def create_run_dir(cfg: Config) -> Path:
 
 def check_writable(cfg: Config, run_dir: Path) -> None:
     """Fail now, not at the first checkpoint, when the run folder cannot be written or its disk is full."""
-    import shutil
-
     probe = run_dir / ".write-test"
     try:
         probe.write_text("x")
@@ -104,12 +103,6 @@ def write_config(cfg: Config, run_dir: Path) -> None:
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"step_{step:06d}"
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The run folder's complete checkpoint of the highest step, if any."""
-    found = _complete_checkpoints(run_dir)
-    return found[-1] if found else None
 
 
 def _complete_checkpoints(folder: Path) -> list[Path]:

@@ -18,11 +18,10 @@ from rlinf_pipe.runner import checkpoints
 from rlinf_pipe.runner.components import Components, launch
 from rlinf_pipe.runner.devices import actor_phases
 from rlinf_pipe.runner.generation import DynamicSampling, PlainGeneration, RolloutSchedule
-from rlinf_pipe.runner.outputs import run_summary, step_metrics, write_pictures
+from rlinf_pipe.runner.health import Health
+from rlinf_pipe.runner.outputs import previous_spans, run_summary, step_metrics, write_pictures
 from rlinf_pipe.runner.plan import plan_run
 from rlinf_pipe.runner.progress import Progress
-from rlinf_pipe.runner.health import Health
-from rlinf_pipe.runner.outputs import previous_spans
 from rlinf_pipe.runner.run_dir import open_run_dir, record_event, write_config
 from rlinf_pipe.runner.steps import CollocatedStep, PipelineStep
 from rlinf_pipe.runner.stop import StepAbandoned, StopSignals
@@ -41,14 +40,15 @@ class Runner:
     """Runs a launched job to `runner.max_steps`; its parts are picked once from the job's `RunPlan`, and again
     after a restart relaunched the job's workers."""
 
-    def __init__(self, cfg: Config, components: Components, run_dir: Path, resume_from: Path | None = None):
+    def __init__(self, cfg: Config, components: Components, run_dir: Path, resume_from: Path | None = None,
+                 stop: StopSignals | None = None):
         self.cfg, self.run_dir, self.resume_from = cfg, run_dir, resume_from
         self.tracer = Tracer("driver")
         self.spans: list[Span] = previous_spans(run_dir)
         self.start_step = 0
         self.last_checkpoint: Path | None = None  # what a restart continues from
         self.restarts: list[dict] = []
-        self.stop = StopSignals(cfg.runner.stop_grace_s)
+        self.stop = stop or StopSignals(cfg.runner.stop_grace_s)
         self.abandoned = False  # a step was cut short by a stop: the actor's state is no step's end
         self.health = Health(lambda: self.c.groups(), cfg.runner.heartbeat_timeout_s)
         self.assemble(components)
@@ -81,9 +81,7 @@ class Runner:
         run_dir = open_run_dir(cfg, resume_from)
         write_config(cfg, run_dir)
         stop = stop or StopSignals(cfg.runner.stop_grace_s)
-        runner = cls(cfg, launch(cfg, on_connect=stop.reinstall), run_dir, resume_from)
-        runner.stop = stop
-        return runner
+        return cls(cfg, launch(cfg, on_connect=stop.reinstall), run_dir, resume_from, stop)
 
     # --- the run -----------------------------------------------------------------------------------------------
     def run(self) -> Path:
@@ -244,7 +242,7 @@ class Runner:
         self.c.stop_workers()
         self.assemble(await asyncio.to_thread(launch, self.cfg, self.c.cluster))
         await self.weights.open()
-        resumed = await self.resume(ckpt) if ckpt is not None else 0
+        resumed = await self.resume(ckpt)
         seconds = time.time() - started
         self.tracer.add("restart", started, time.time(), step=step, worker=lost.worker, how=lost.how,
                         resumed_at=resumed)

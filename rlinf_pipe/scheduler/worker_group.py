@@ -124,10 +124,6 @@ class GroupCall:
         return WorkerError(f"{head} raised {type(exc.cause).__name__}: {exc.cause}\n--- remote traceback ---\n{remote}")
 
 
-async def _awaited(ref: Any) -> Any:
-    return await ref
-
-
 def _shared(value: Any) -> Any:
     """`value` as an argument for several ranks: put into the object store once unless it is a plain scalar."""
     return value if isinstance(value, _INLINE) else ray.put(value)
@@ -351,7 +347,7 @@ class WorkerGroup(Generic[W]):
         async def probe(member: _Member) -> WorkerLost | None:
             where = f"{self.name} rank {member.rank} ({member.where()})"
             try:
-                await asyncio.wait_for(_awaited(member.actor.ping.remote()), timeout_s)
+                await asyncio.wait_for(member.actor.ping.remote(), timeout_s)
             except asyncio.TimeoutError:
                 return WorkerLost(member.name, where, "hung",
                                   f"alive but no answer to a heartbeat within {timeout_s:g} s (stopped, or stuck "
