@@ -35,16 +35,38 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="config file name without .yaml (default: the embedded tiny CPU pipeline config)",
     )
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotlist overrides, e.g. runner.max_steps=5")
+    parser.add_argument(
+        "overrides", nargs="*", metavar="[FILE.yaml] key=value",
+        help="a config file (instead of --config-path/--config-name), then dotlist overrides, e.g. runner.max_steps=5",
+    )
+
+
+def load_cli_config(args: argparse.Namespace) -> Any:
+    """The config named on the command line: `FILE.yaml key=value ...`, or `--config-path/--config-name` and
+    overrides. A first word without `=` is a config file; one that does not exist is a clear error."""
+    from pathlib import Path
+
+    from rlinf_pipe.config import load_config
+    from rlinf_pipe.errors import ConfigError
+
+    overrides = list(args.overrides)
+    if overrides and "=" not in overrides[0]:
+        file = Path(overrides.pop(0))
+        if args.config_name:
+            raise ConfigError(f"{file}: give the config either as a file or with --config-name, not both")
+        if not file.is_file():
+            hint = "" if file.suffix in (".yaml", ".yml") else "; overrides look like key=value"
+            raise ConfigError(f"{file}: no such config file{hint}")
+        return load_config(file.parent, file.name, overrides)
+    return load_config(args.config_path, args.config_name, overrides)
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from rlinf_pipe.config import load_config
     from rlinf_pipe.runner.plan import plan_run
     from rlinf_pipe.scheduler.memory import memory_report
     from rlinf_pipe.scheduler.plan_report import render_plan
 
-    cfg = load_config(args.config_path, args.config_name, args.overrides)
+    cfg = load_cli_config(args)
     placement = plan_run(cfg).placement
     memory = memory_report(cfg, placement)
     if args.json:
@@ -55,9 +77,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from rlinf_pipe.config import load_config
-
-    cfg = load_config(args.config_path, args.config_name, args.overrides)  # a config error shows before the
+    cfg = load_cli_config(args)  # a config error shows before the
     from rlinf_pipe.runner import run  # several seconds the driver stack takes to import
 
     run(cfg)

@@ -74,6 +74,7 @@ def load_config(
             merged = OmegaConf.to_container(loaded, resolve=False)
             whole.update(p for p in MAPPING_FIELDS if _select(merged, p) is not None)
         for key, value in _parse_overrides(overrides):
+            _check_split_placement(key, value)
             # A mapping-valued field (e.g. cluster.component_placement) is replaced by its override, not merged;
             # one of its entries (cluster.component_placement.actor) is merged into it.
             if _is_mapping_field(key):
@@ -178,6 +179,19 @@ def _parse_overrides(overrides: typing.Sequence[str]) -> list[tuple[str, Any]]:
             ) from None
         parsed.append((key, value))
     return parsed
+
+
+def _check_split_placement(key: str, value: Any) -> None:
+    """`cluster.component_placement={actor,rollout: all}` on a command line: YAML splits the flow mapping at the
+    comma into `actor: null` and `rollout: all`. Say so, with the quoting that keeps the joined key."""
+    if key == "cluster.component_placement" and isinstance(value, dict):
+        empty = [name for name, ids in value.items() if ids is None]
+        if empty:
+            raise ConfigError(
+                f"override `{key}=...`: {', '.join(f'`{n}`' for n in empty)} got no GPUs. YAML splits "
+                "`{actor,rollout: all}` at the comma into `actor: null, rollout: all`; quote a joined key inside "
+                "the braces: 'cluster.component_placement={\"actor,rollout\": all}'"
+            )
 
 
 def _mapping_fields(tp: Any, prefix: str = "") -> list[str]:

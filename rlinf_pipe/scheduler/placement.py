@@ -136,15 +136,15 @@ _TOKEN = re.compile(r"^(\d+)(?:\s*-\s*(\d+))?$")
 
 
 def parse_gpu_ids(key: str, value: object, layout: NodeLayout) -> tuple[int, ...]:
-    """Parse one placement value (`all`, `N`, `a-b`, comma lists, or a YAML list of ints) into sorted ids."""
+    """Parse one placement value (`all`, `N`, `a-b`, comma lists with an optional trailing comma, or a YAML list of
+    ints) into sorted ids."""
     world = layout.world_size
     if value is None:
         raise PlacementError(
             key,
             "null",
-            "no GPUs given",
-            "write e.g. `0-3` or `all`. On the command line, quote joined keys inside a flow mapping, since YAML "
-            "splits `{actor,rollout: all}` at the comma: 'cluster.component_placement={\"actor,rollout\": all}'",
+            "no GPUs given: YAML reads an empty value (`actor:`) or `null` as null",
+            "give the GPUs, e.g. `0-3` or `all`, or remove the entry",
         )
     if isinstance(value, bool):
         raise PlacementError(key, value, "a placement value is GPU ids, not a boolean", "write e.g. `0-3` or `all`")
@@ -157,16 +157,19 @@ def parse_gpu_ids(key: str, value: object, layout: NodeLayout) -> tuple[int, ...
         if text.lower() == "all":
             return tuple(range(world))
         tokens = [t.strip() for t in text.split(",")]
+        while tokens and not tokens[-1]:  # `0-3,`: a trailing comma is tolerated
+            tokens.pop()
     ids: list[int] = []
     for token in tokens:
         match = _TOKEN.match(token)
         if not match:
-            raise PlacementError(
-                key,
-                value,
-                f"`{token}` is not a GPU id or an inclusive range a-b (grammar: `all`, `N`, `a-b`, comma lists)",
-                f"write non-negative ids, e.g. `0-3,8-11`; the cluster has ids 0-{world - 1}",
+            rule = (
+                "an empty entry between two commas" if not token
+                else f"`{token}` is not a GPU id or an inclusive range a-b (grammar: `all`, `N`, `a-b`, comma lists)"
             )
+            fix = "remove the extra comma" if not token else (
+                f"write non-negative ids, e.g. `0-3,8-11`; the cluster has ids 0-{world - 1}")
+            raise PlacementError(key, value, rule, fix)
         low = int(match.group(1))
         high = int(match.group(2)) if match.group(2) is not None else low
         if high < low:
@@ -177,7 +180,7 @@ def parse_gpu_ids(key: str, value: object, layout: NodeLayout) -> tuple[int, ...
             raise PlacementError(
                 key,
                 value,
-                f"GPU id {high} is out of range: the cluster has {layout.describe()}",
+                f"GPU id {high} is out of range: the cluster has {layout.describe()}{_base_60_note(value)}",
                 f"use ids up to {world - 1}, or raise cluster.num_nodes / cluster.num_gpus_per_node",
             )
         ids.extend(range(low, high + 1))
@@ -191,8 +194,18 @@ def parse_gpu_ids(key: str, value: object, layout: NodeLayout) -> tuple[int, ...
     return tuple(sorted(ids))
 
 
+def _base_60_note(value: object) -> str:
+    """YAML 1.1 reads an unquoted `1:0` as the base-60 number 60: say so when an int could have come from that."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 60:
+        return (f". If the YAML says `{value // 60}:{value % 60:02d}` (or `{value // 60}:{value % 60}`), YAML read it "
+                f"as the base-60 number {value}: GPU ids are plain global ids or ranges `a-b`, quoted if in doubt")
+    return ""
+
+
 def _split_key(key: str, value: object) -> list[str]:
     names = [n.strip() for n in str(key).split(",")]
+    while len(names) > 1 and not names[-1]:  # `actor,rollout,`: a trailing comma is tolerated
+        names.pop()
     for name in names:
         if name not in COMPONENTS:
             label = f"`{name}`" if name else "an empty name"
@@ -279,13 +292,15 @@ def plan_placement(cfg: Config, gpus_per_node: Sequence[int] | None = None) -> P
 
     if mode == "collocated":
         actor_tp, rollout_tp = components["actor"].tp, components["rollout"].tp
-        if actor_tp % rollout_tp:
+        if actor_tp % rollout_tp and rollout_tp % actor_tp:
             raise PlacementError(
                 keys["rollout"],
                 values["rollout"],
-                f"collocated: actor.tensor_parallel_size ({actor_tp}) is not a multiple of "
-                f"rollout.tensor_parallel_size ({rollout_tp}), so actor TP shards cannot line up with rollout ranks",
-                f"use a rollout.tensor_parallel_size that divides {actor_tp}",
+                f"collocated: rollout.tensor_parallel_size ({rollout_tp}) and actor.tensor_parallel_size "
+                f"({actor_tp}) do not divide one another, so rollout engines cannot line up with actor TP groups",
+                f"use a rollout.tensor_parallel_size that divides {actor_tp} (engines strided inside each actor TP "
+                f"group) or is a multiple of it (each engine spans whole actor TP groups), e.g. "
+                f"{', '.join(map(str, _aligned_sizes(actor_tp, len(components['rollout'].gpus))))}",
             )
 
     warnings: list[str] = []
@@ -317,16 +332,8 @@ def plan_placement(cfg: Config, gpus_per_node: Sequence[int] | None = None) -> P
 
 
 def _derive_mode(keys: dict[str, str], values: dict[str, object], ids: dict[str, tuple[int, ...]]) -> Mode:
+    # reward is a CPU component: its GPU ids (any, shared or not) only choose its nodes and its process count
     actor, rollout = set(ids["actor"]), set(ids["rollout"])
-    if "reward" in ids and not set(ids["reward"]) <= rollout:
-        outside = sorted(set(ids["reward"]) - rollout)
-        raise PlacementError(
-            keys["reward"],
-            values["reward"],
-            f"reward is a CPU component that may only share GPUs with rollout; GPU(s) {format_ids(outside)} "
-            "are not rollout's",
-            "place reward on rollout's GPUs (e.g. the same value as rollout) or write `reward: cpu`",
-        )
     if actor == rollout:
         if "inference" in ids:
             raise PlacementError(
@@ -394,12 +401,10 @@ def _lay_out_processes(
         nodes = sorted({layout.node_of(g) for g in group})
         if len(nodes) > 1:
             raise PlacementError(
-                comp.key,
-                value,
+                comp.key, value,
                 f"{name} process {rank} would get GPUs {format_ids(group)} on nodes "
-                f"{', '.join(map(str, nodes))}; a process never spans nodes",
-                f"make {name}'s GPUs on each node a multiple of its {comp.tp * comp.pp} GPUs per process "
-                f"({layout.describe()})",
+                f"{', '.join(map(str, nodes))}; a process never spans nodes{_strided_cause(name, comp, components)}",
+                _span_fix(name, comp, components, mode, layout),
             )
         processes.append(
             ProcessPlacement(rank, nodes[0], tuple(layout.local_id(g) for g in group), tuple(group))
@@ -407,11 +412,42 @@ def _lay_out_processes(
     return tuple(processes)
 
 
+def _strided(name: str, comp: ComponentPlacement, components: dict[str, ComponentPlacement]) -> bool:
+    actor = components["actor"]
+    return name == "rollout" and comp.gpus == actor.gpus and actor.tp > comp.tp
+
+
+def _strided_cause(name: str, comp: ComponentPlacement, components: dict[str, ComponentPlacement]) -> str:
+    if not _strided(name, comp, components):
+        return ""
+    actor_tp = components["actor"].tp
+    stride = actor_tp // comp.tp
+    return (f". Collocated engines are strided inside each actor TP group of {actor_tp} GPUs (engine j takes "
+            f"the group's GPUs j, j+{stride}, ...), and this actor TP group spans nodes")
+
+
+def _span_fix(name: str, comp: ComponentPlacement, components: dict[str, ComponentPlacement], mode: Mode,
+              layout: NodeLayout) -> str:
+    if _strided(name, comp, components):
+        smallest = min(layout.gpus_per_node)
+        return (f"keep actor TP groups inside a node (actor.tensor_parallel_size <= {smallest}), or use "
+                "rollout.tensor_parallel_size 1 (one engine per GPU)")
+    return (f"make {name}'s GPUs on each node a multiple of its {comp.tp * comp.pp} GPUs per process "
+            f"({layout.describe()})")
+
+
+def _aligned_sizes(actor_tp: int, gpus: int) -> list[int]:
+    """The rollout TP sizes a collocated actor of `actor_tp` accepts on `gpus` GPUs: divisors and multiples."""
+    return [n for n in range(1, gpus + 1) if gpus % n == 0 and (actor_tp % n == 0 or n % actor_tp == 0)]
+
+
 def _rollout_groups(rollout: ComponentPlacement, actor: ComponentPlacement, mode: Mode) -> list[tuple[int, ...]]:
-    """GPUs of each rollout engine. Collocated engines are strided inside each actor TP group so that
-    rollout TP rank r of engine j sits on the device of actor TP shard j + r * stride."""
+    """GPUs of each rollout engine. Disaggregated, or collocated with a rollout TP that is a multiple of the
+    actor's, engines take consecutive GPUs (collocated: each spans whole actor TP groups). Collocated with a
+    smaller rollout TP, engines are strided inside each actor TP group so that rollout TP rank r of engine j sits
+    on the device of actor TP shard j + r * stride."""
     tp = rollout.tp
-    if mode == "disaggregated":
+    if mode == "disaggregated" or tp % actor.tp == 0:
         return [rollout.gpus[i : i + tp] for i in range(0, len(rollout.gpus), tp)]
     stride = actor.tp // tp
     groups = []

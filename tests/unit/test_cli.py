@@ -89,6 +89,7 @@ def test_plan_json(capsys):
         (["cluster.component_placement.actor=9"], "invalid placement `actor: 9`"),
         (["runner.max_step=1"], "unknown key `runner.max_step`"),
         (["--config-name", "nope"], "--config-name nope"),
+        (["cluster.component_placement={actor,rollout: all}"], "YAML splits `{actor,rollout: all}` at the comma"),
     ],
 )
 def test_user_errors_exit_2_with_message(capsys, args, expected):
@@ -119,3 +120,30 @@ def test_timeline_of_a_cut_short_timeline_json_is_one_clear_error(tmp_path, caps
     assert main(["timeline", str(tmp_path), "--no-png"]) == 2
     err = capsys.readouterr().err
     assert "timeline.json is not a readable timeline" in err and "Traceback" not in err
+
+
+def test_plan_and_train_accept_a_config_file_path(capsys, tmp_path):
+    """`rlinf-pipe plan my.yaml key=value`: a path instead of --config-path/--config-name, overrides after it."""
+    file = tmp_path / "mine.yaml"
+    file.write_text("cluster:\n  num_gpus_per_node: 4\n  component_placement:\n    actor,rollout: all\n")
+    code = main(["plan", str(file), "actor.tensor_parallel_size=2", "rollout.tensor_parallel_size=2"])
+    out, err = capsys.readouterr()
+    assert code == 0 and err == "" and out.startswith("mode: collocated")
+    actor_row = next(line.split() for line in out.splitlines() if line.startswith("actor "))
+    assert actor_row[-3:] == ["2", "1", "2"]  # TP PP DP: the override applied on top of the file
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["missing.yaml"], "missing.yaml: no such config file"),
+        (["runner.max_steps"], "runner.max_steps: no such config file; overrides look like key=value"),
+        (["--config-name", "tiny-grpo-megatron", "EXAMPLE"], "either as a file or with --config-name"),
+    ],
+)
+def test_config_file_argument_errors(capsys, args, expected, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    if "EXAMPLE" in args:
+        (tmp_path / "EXAMPLE").write_text("{}\n")
+    code, out, err = run_plan(capsys, *args)
+    assert code == 2 and out == "" and expected in err and "Traceback" not in err

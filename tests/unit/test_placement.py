@@ -41,6 +41,8 @@ def placement_error(placement: dict, **kwargs) -> PlacementError:
         ("4 - 6", [4, 5, 6]),
         ([0, 2, 4], [0, 2, 4]),
         ("ALL", list(range(16))),
+        ("0-3,", [0, 1, 2, 3]),
+        ("1, 2 ,", [1, 2]),
     ],
 )
 def test_grammar(value, expected):
@@ -55,8 +57,10 @@ def test_grammar(value, expected):
         (16, "out of range"),
         ("a-b", "not a GPU id"),
         ("-1", "not a GPU id"),
-        ("0,,1", "not a GPU id"),
-        ("", "not a GPU id"),
+        ("0,,1", "an empty entry between two commas"),
+        ("", "no GPUs given"),
+        (",", "no GPUs given"),
+        (None, "no GPUs given: YAML reads an empty value"),
         ("0-3,2", "listed twice"),
         (True, "not a boolean"),
         ("1.5", "not a GPU id"),
@@ -191,8 +195,22 @@ def test_unknown_component_suggests_closest():
 
 
 def test_empty_name_in_joined_key():
-    err = placement_error({"actor,": "all", "rollout": "all"})
-    assert "empty name" in err.rule
+    err = placement_error({"actor,,rollout": "all"})
+    assert "empty name" in err.rule and "stray comma" in err.fix
+
+
+def test_trailing_comma_in_a_joined_key_is_tolerated():
+    assert plan({"actor,rollout,": "all"}).mode == "collocated"
+
+
+def test_an_unquoted_colon_value_read_as_base_60_is_explained():
+    """YAML 1.1 reads `actor: 1:0` as 60; the error says so instead of only "GPU id 60 out of range"."""
+    import yaml
+
+    assert yaml.safe_load("actor: 1:0") == {"actor": 60}
+    err = placement_error({"rollout": "0-3", "actor": 60}, nodes=1)
+    assert "GPU id 60 is out of range" in err.rule and "`1:00` (or `1:0`)" in err.rule and "base-60" in err.rule
+    assert "base-60" not in placement_error({"rollout": "0-3", "actor": 9}, nodes=1).rule
 
 
 def test_component_placed_twice():
@@ -237,9 +255,31 @@ def test_pipeline_parallel_counts_in_divisibility():
     assert "actor.tensor_parallel_size x actor.pipeline_parallel_size = 4" in err.rule
 
 
-def test_collocated_actor_tp_not_multiple_of_rollout_tp():
-    err = placement_error({"actor,rollout": "all"}, actor__tensor_parallel_size=2, rollout__tensor_parallel_size=4)
-    assert "not a multiple of" in err.rule and "collocated" in err.rule
+def test_collocated_rollout_tp_larger_than_actor_tp_packs_engines_over_whole_actor_tp_groups():
+    p = plan({"actor,rollout": "all"}, nodes=1, actor__tensor_parallel_size=2, rollout__tensor_parallel_size=4)
+    assert [proc.global_gpus for proc in p.components["rollout"].processes] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    p = plan({"actor,rollout": "0-3"}, nodes=1, actor__tensor_parallel_size=1, rollout__tensor_parallel_size=2)
+    assert p.mode == "collocated" and p.components["actor"].dp == 4
+    assert [proc.global_gpus for proc in p.components["rollout"].processes] == [(0, 1), (2, 3)]
+
+
+def test_collocated_tp_sizes_that_do_not_divide_one_another():
+    err = placement_error({"actor,rollout": "0-5"}, nodes=1, actor__tensor_parallel_size=2,
+                          rollout__tensor_parallel_size=3, data__rollout_batch_size=3)
+    assert "do not divide one another" in err.rule and "collocated" in err.rule
+    assert err.fix.endswith("e.g. 1, 2, 6")  # divisors and multiples of 2 that split 6 GPUs
+
+
+def test_strided_engine_across_nodes_names_the_stride_and_a_fix_that_works():
+    """2 nodes x 4, actor TP 8, rollout TP 2: each node holds a multiple of 2 GPUs, so the cause is the stride."""
+    err = placement_error({"actor,rollout": "all"}, nodes=2, gpus=4, actor__tensor_parallel_size=8,
+                          rollout__tensor_parallel_size=2)
+    assert "GPUs 0,4 on nodes 0, 1" in err.rule and "strided" in err.rule and "j+4" in err.rule
+    assert "actor.tensor_parallel_size <= 4" in err.fix and "rollout.tensor_parallel_size 1" in err.fix
+    assert "multiple of" not in err.fix
+    for fixed in ({"actor__tensor_parallel_size": 4}, {"rollout__tensor_parallel_size": 1}):
+        plan({"actor,rollout": "all"}, nodes=2, gpus=4, **{"actor__tensor_parallel_size": 8,
+                                                          "rollout__tensor_parallel_size": 2, **fixed})
 
 
 def test_batch_not_divisible_by_actor_dp():
@@ -248,9 +288,12 @@ def test_batch_not_divisible_by_actor_dp():
     assert err.key == "actor" and "9 samples" in err.rule and "6 data-parallel" in err.rule
 
 
-def test_reward_outside_rollout_gpus():
-    err = placement_error({"rollout": "0-3", "reward": "4", "actor": "4-7"}, nodes=1)
-    assert err.key == "reward" and "only share GPUs with rollout" in err.rule and "reward: cpu" in err.fix
+@pytest.mark.parametrize("reward", ["4", "4-7", "8-9", "0,4"])
+def test_reward_may_go_anywhere(reward):
+    """reward is a CPU component: on the actor's GPUs, on GPUs of its own or across sets; one process per GPU."""
+    p = plan({"rollout": "0-3", "reward": reward, "actor": "4-7"}, nodes=2)
+    assert p.mode == "disaggregated" and p.components["reward"].gpus == parse_gpu_ids("r", reward, NodeLayout([8, 8]))
+    assert len(p.components["reward"].processes) == len(p.components["reward"].gpus)
 
 
 def test_inference_in_collocated_mode():

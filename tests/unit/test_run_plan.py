@@ -33,7 +33,7 @@ def test_the_placement_is_checked():
 
 
 def test_unquoted_joined_key_in_flow_mapping_explains_yaml_gotcha():
-    with pytest.raises(PlacementError, match="quote joined keys"):
+    with pytest.raises(ConfigError, match="YAML splits .* quote a joined key inside the braces"):
         plan("cluster.component_placement={actor,rollout: all}")
 
 

@@ -58,7 +58,7 @@ def test_a_step_that_outlasts_the_grace_is_abandoned():
 
 def test_outside_the_run_loop_and_for_a_second_signal_the_stop_is_immediate():
     before = signal.getsignal(signal.SIGTERM)
-    with StopSignals(grace_s=5) as stop:
+    with StopSignals(grace_s=5):
         with pytest.raises(RunStopped, match="stopped at once by SIGTERM") as first:
             os.kill(os.getpid(), signal.SIGTERM)  # not attached to a loop: the job is still launching
         assert first.value.exit_code == 143
