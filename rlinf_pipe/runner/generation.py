@@ -127,6 +127,11 @@ class RolloutSchedule:
             calls.adopt("reward", self.ahead.result)
             await calls.until(self.ahead.rollout)
 
+    async def engines_idle(self) -> None:
+        """Wait until the engines finished the rollouts started ahead (staleness 1), e.g. before validating."""
+        if self.ahead is not None:
+            await asyncio.shield(self.ahead.rollout)
+
     def start(self, step: int, calls: StageCalls) -> GenerationCalls:
         """This step's generation (started now, or the one started ahead), and the next step's started ahead."""
         current = self.ahead or self.generation.start(step, draw_prompts(self.sampler), calls)

@@ -81,10 +81,15 @@ def write_pictures(spans: list[Span], run_dir: Path, title: str) -> None:
     render_timeline_png(spans, run_dir / "timeline.png", title=title)
     path = run_dir / "metrics.jsonl"
     records = read_metrics(path) if path.exists() else []
-    if records:
-        steps = [r["step"] for r in records]
-        series = {k: [r.get(k) or 0.0 for r in records] for k in ("reward/mean", "reward/accuracy")}
-        render_curve_png(steps, series, run_dir / "reward.png", title="reward")
+    trained = [r for r in records if "reward/mean" in r]
+    if trained:
+        series = {k: ([r["step"] for r in trained], [r.get(k) or 0.0 for r in trained])
+                  for k in ("reward/mean", "reward/accuracy")}
+        validated = [r for r in records if "val/pass@1" in r]
+        for key in ("val/pass@1", "val/pass@k"):
+            if validated:
+                series[key] = ([r["step"] for r in validated], [r[key] for r in validated])
+        render_curve_png(series, run_dir / "reward.png", title="reward")
 
 
 def previous_spans(run_dir: Path) -> list[Span]:
@@ -105,7 +110,9 @@ def previous_spans(run_dir: Path) -> list[Span]:
 def run_summary(run_dir: Path, spans: list[Span]) -> dict[str, Any]:
     """summary.json: learning (first vs last quarter of the steps), speed, where the time went, and the run's
     restarts, resumes and stops (`events.jsonl`)."""
-    records = read_metrics(run_dir / "metrics.jsonl")
+    everything = read_metrics(run_dir / "metrics.jsonl")
+    records = [r for r in everything if "timing/step" in r]  # the training steps (validation-only rows aside)
+    validated = [r for r in everything if "val/pass@1" in r]
     head, tail = records[: max(1, len(records) // 4)], records[-max(1, len(records) // 4):]
 
     def mean(rows: list[dict[str, Any]], key: str) -> float:
@@ -121,6 +128,8 @@ def run_summary(run_dir: Path, spans: list[Span]) -> dict[str, Any]:
         "accuracy_last": mean(tail, "reward/accuracy"),
         "mean_step_s": mean(records, "timing/step"),
         "tokens_per_s": mean(records, "throughput/tokens_per_s"),
+        "validation": [{"step": r["step"], "pass@1": r["val/pass@1"], "pass@k": r["val/pass@k"], "k": r["val/k"]}
+                       for r in validated],
         "timeline": summarise(analyse(spans)) if spans else {},
         "events": read_events(run_dir),
     }

@@ -44,6 +44,11 @@ class Progress:
             f"  reward   {summary['reward_first']:.3f} (first quarter) -> {summary['reward_last']:.3f} (last quarter)",
             f"  accuracy {summary['accuracy_first']:.3f} -> {summary['accuracy_last']:.3f}",
         ]
+        validation = summary.get("validation", [])
+        if validation:
+            first, last = validation[0], validation[-1]
+            lines.append(f"  validation pass@1 {first['pass@1']:.3f} (step {first['step']}) -> {last['pass@1']:.3f} "
+                         f"(step {last['step']}), pass@{last['k']:.0f} {first['pass@k']:.3f} -> {last['pass@k']:.3f}")
         restarts = [e for e in summary.get("events", []) if e.get("event") == "restart"]
         if restarts:
             lost = ", ".join(f"{e['worker']} {e['how']} in step {e['step']}" for e in restarts)

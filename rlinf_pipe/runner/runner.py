@@ -15,6 +15,7 @@ from pathlib import Path
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import OutputError, RunStopped, WorkerError, WorkerLost
 from rlinf_pipe.runner import checkpoints
+from rlinf_pipe.engines.rollout.factory import sampling_params
 from rlinf_pipe.runner.components import Components, launch
 from rlinf_pipe.runner.devices import actor_phases
 from rlinf_pipe.runner.generation import DynamicSampling, PlainGeneration, RolloutSchedule
@@ -25,6 +26,7 @@ from rlinf_pipe.runner.progress import Progress
 from rlinf_pipe.runner.run_dir import open_run_dir, record_event, write_config
 from rlinf_pipe.runner.steps import CollocatedStep, PipelineStep
 from rlinf_pipe.runner.stop import StepAbandoned, StopSignals
+from rlinf_pipe.runner.validation import Validation
 from rlinf_pipe.runner.weight_sync import WeightSync
 from rlinf_pipe.scheduler import traffic
 from rlinf_pipe.scheduler.memory import memory_report
@@ -69,6 +71,8 @@ class Runner:
             CollocatedStep(self.weights, self.schedule, c.actor, phase, r.max_steps) if plan.collocated
             else PipelineStep(self.weights, self.schedule, c.logprob_group, c.actor, r.max_steps)
         )
+        self.validation = Validation(c.val_prompts, r.val_interval, r.val_before_train, r.max_steps, r.val_k,
+                                     sampling_params(cfg.rollout, r.val_k), r.seed, self.run_dir)
 
     @classmethod
     def start(cls, cfg: Config, stop: StopSignals | None = None) -> Runner:
@@ -143,7 +147,8 @@ class Runner:
         try:
             while step < cfg.max_steps and not self.stop.requested:
                 try:
-                    metrics = await self.stop.or_abandon(self.health.guard(self.step(step)))
+                    metrics = await self.stop.or_abandon(self.health.guard(self.validate(step)))
+                    metrics |= await self.stop.or_abandon(self.health.guard(self.step(step)))
                     writer.write(step, metrics)
                     progress.update(step, metrics)
                     step += 1
@@ -161,6 +166,8 @@ class Runner:
                     break
             if self.stop.requested and step < cfg.max_steps:
                 await self.stop_run(step)
+            if step == cfg.max_steps and self.validation.due(step):  # the weights the last step trained
+                writer.write(step, await self.health.guard(self.validate(step)))
             await self.health.guard(self.save(cfg.max_steps))
             self.spans += await self.collect_spans()  # the final checkpoint's spans
         finally:
@@ -181,6 +188,13 @@ class Runner:
         self.spans += spans
         return {**step_metrics(outcome, spans, traffic.total_bytes() - sent_before),
                 "runner/restarts": float(len(self.restarts))}
+
+    async def validate(self, step: int) -> dict[str, float]:
+        """Evaluate version `step` if `runner.val_interval` says so (`rlinf_pipe.runner.validation`); its metrics."""
+        if not self.validation.due(step):
+            return {}
+        return await self.validation.run(step, self.c.rollout, self.c.reward, self.weights, self.schedule,
+                                         self.tracer)
 
     async def collect_spans(self) -> list[Span]:
         spans = self.tracer.drain()

@@ -38,6 +38,7 @@ class WeightSync:
         self.concurrent = needs_rendezvous(transport)
         self.published: WeightVersion | None = None  # object store: the last version published
         self.synced: dict[int, float] = {}  # collocated group transports: versions moved ahead of their step
+        self.loaded: tuple[int, dict[str, float]] | None = None  # the version every receiver holds, and its sync
         self.warned_unverified = False
 
     async def open(self) -> None:
@@ -75,8 +76,13 @@ class WeightSync:
             self.synced[version] = await self._transfer(version)
 
     async def sync(self, version: int) -> dict[str, float]:
-        """Load `version` into every receiver (unless the end of the last actor phase did); checks that each loaded
-        all of it. Returns the bytes per receiver."""
+        """Load `version` into every receiver (unless the end of the last actor phase, or an earlier sync of the
+        same version, did); checks that each loaded all of it. Returns the bytes per receiver."""
+        if self.loaded is None or self.loaded[0] != version:
+            self.loaded = (version, await self._sync(version))
+        return self.loaded[1]
+
+    async def _sync(self, version: int) -> dict[str, float]:
         if version in self.synced:
             return {"bytes": self.synced.pop(version)}
         if self.concurrent:  # (collocated: the first version of a run, in an actor phase of its own)

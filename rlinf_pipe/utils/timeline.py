@@ -201,15 +201,16 @@ def render_timeline_png(spans: Sequence[Span], path: str | Path, title: str = "t
     plt.close(fig)
 
 
-def render_curve_png(steps: Sequence[int], series: dict[str, Sequence[float]], path: str | Path, title: str) -> None:
-    """Line chart of per-step metrics (e.g. reward/mean and reward/accuracy)."""
+def render_curve_png(series: dict[str, tuple[Sequence[int], Sequence[float]]], path: str | Path, title: str) -> None:
+    """Line chart of per-step metrics, each with its own steps (e.g. reward/mean at every step, val/pass@1 at the
+    validated ones)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for name, values in series.items():
+    for name, (steps, values) in series.items():
         ax.plot(list(steps), list(values), marker="o", ms=3, label=name)
     ax.set_xlabel("step")
     ax.set_title(title)

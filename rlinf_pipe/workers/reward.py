@@ -83,3 +83,8 @@ class RewardWorker(Worker):
     def metrics(self) -> dict[str, float]:
         """Counters since start: items, correct, parse_failures, timeouts, errors, restarts, accuracy."""
         return self.pool.metrics()
+
+    async def judge(self, pairs: list[tuple[str, str]]) -> list[bool]:
+        """Whether each (response, reference answer) is correct: evaluation's scoring, outside the channels."""
+        results = await asyncio.to_thread(self.pool.score_batch, pairs)
+        return [r.correct for r in results]

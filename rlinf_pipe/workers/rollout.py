@@ -8,13 +8,15 @@ whole wake -> generate -> sleep phase holds the device lock of its GPUs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import msgspec
 
 from rlinf_pipe.config.schema import RolloutConfig
 from rlinf_pipe.data.structs import PromptItem, RolloutGroup
+from rlinf_pipe.engines.evaluation import EvalOutput, generate_texts
 from rlinf_pipe.engines.rollout.engine import GenerateRequest, SamplingParams, request_seed, to_rollout_samples
 from rlinf_pipe.engines.rollout.factory import build_engine
 from rlinf_pipe.models.convert import read_hf_arch
@@ -51,11 +53,7 @@ class RolloutWorker(Worker):
         version = self.engine.version
         requests = [self._request(i, p) for i, p in enumerate(prompts)]
         tokens = groups = 0
-        collocated = self.locks is not None
-        async with device_lock(self.locks, self.info.global_gpus, self.owner):
-            if collocated:
-                with self.tracer.span("wake", step=step):
-                    await self.engine.wake()
+        async with self._on_devices(step):
             with self.tracer.span("generate", step=step, version=version, prompts=len(prompts)) as args:
                 async for result in self.engine.generate(requests):
                     group = RolloutGroup.of(prompts[int(result.request_id)],
@@ -64,11 +62,27 @@ class RolloutWorker(Worker):
                     tokens += group.num_tokens
                     groups += 1
                 args.update(tokens=tokens)
-            if collocated:
-                with self.tracer.span("sleep", step=step):
-                    await self.engine.sleep()
         self.rollouts.end_step()
         return {"groups": groups, "tokens": tokens}
+
+    async def evaluate(self, requests: Sequence[GenerateRequest], step: int) -> list[EvalOutput]:
+        """Generate evaluation requests (`rlinf_pipe.engines.evaluation`) with the loaded weights; the decoded
+        outputs go back to the driver, not into the rollout channel."""
+        async with self._on_devices(step):
+            with self.tracer.span("evaluate", step=step, version=self.engine.version, requests=len(requests)):
+                return await generate_texts(self.engine, requests)
+
+    @contextlib.asynccontextmanager
+    async def _on_devices(self, step: int) -> AsyncIterator[None]:
+        """Hold the GPUs for a generation: collocated, the device lock and the engine awake inside it."""
+        async with device_lock(self.locks, self.info.global_gpus, self.owner):
+            if self.locks is not None:
+                with self.tracer.span("wake", step=step):
+                    await self.engine.wake()
+            yield
+            if self.locks is not None:
+                with self.tracer.span("sleep", step=step):
+                    await self.engine.sleep()
 
     def weight_group_ranks(self) -> int:
         """Ranks this worker's engine takes in a weight process group (SGLang: its TP size)."""

@@ -19,6 +19,7 @@ import pytest
 import ray
 import torch
 
+from rlinf_pipe.cli import main
 from rlinf_pipe.config import load_config
 from rlinf_pipe.errors import RunStopped
 from rlinf_pipe.models.megatron_checkpoint import load_model_shard
@@ -84,8 +85,12 @@ def pipeline_run(tmp_path_factory, tiny_model) -> Path:
 def collocated_run(tmp_path_factory, tiny_model) -> Path:
     # One device, so rollout batches and actor replicas match the pipeline's exactly (DP=2 exactness is covered by
     # tests/integration/test_actor_trainer.py); what differs is the mode: time-sharing, locks, offload, channels.
+    # It also validates before each step and after the last (which must change nothing of the training).
     return run("tiny-grpo-megatron", tmp_path_factory.mktemp("coll"), tiny_model, "cluster.num_gpus_per_node=1",
-               *COMPARED)
+               *COMPARED, *VALIDATED)
+
+
+VALIDATED = ("runner.val_interval=1", "runner.val_before_train=true", "runner.val_k=2", "data.val_size=4")
 
 
 @pytest.mark.slow
@@ -153,6 +158,32 @@ def test_collocated_timeline_never_overlaps_on_a_device(collocated_run):
     transfers = [(a, b) for a, b in found if {a.name, b.name} == {"publish_weights", "weight_sync"}
                  and a.args.get("version") == b.args.get("version")]
     assert transfers and [pair for pair in found if pair not in transfers] == []
+
+
+@pytest.mark.slow
+def test_validation_between_steps_and_rlinf_pipe_eval_of_the_checkpoint_agree(collocated_run, tmp_path, capsys):
+    """Validation (before training, after each step) takes its own rows' keys and its own file; evaluating the
+    final checkpoint offline with the run's config gives exactly the final validation's responses. (That it
+    changes nothing of the training is `test_collocated_matches_pipeline`: the pipeline run has no validation.)"""
+    rows = read_metrics(collocated_run / "metrics.jsonl")
+    assert [r["step"] for r in rows if "val/pass@1" in r] == [0, 1, 2]
+    assert [r["step"] for r in rows if "reward/mean" in r] == [0, 1]
+    assert all(0 <= r["val/pass@1"] <= 1 and r["val/problems"] == 4 and r["val/k"] == 2 for r in rows
+               if "val/pass@1" in r)
+    summary = json.loads((collocated_run / "summary.json").read_text())
+    assert summary["steps"] == 2 and [v["step"] for v in summary["validation"]] == [0, 1, 2]
+    spans = read_chrome_trace(collocated_run / "timeline.json")
+    assert [s.args["version"] for s in spans if s.name == "evaluate"] == [0, 1, 2]
+    problems = [json.loads(line) for line in (collocated_run / "validation.jsonl").read_text().splitlines()]
+    final = [{k: v for k, v in p.items() if k != "step"} for p in problems if p["step"] == 2]
+    assert len(final) == 4 and all(p["id"].startswith("arithmetic-val-") for p in final)
+    ckpt = sorted((collocated_run / "checkpoints").glob("step_*"))[-1]
+    out = tmp_path / "eval"
+    assert main(["eval", str(collocated_run / "config.yaml"), "--model", str(ckpt), "--heldout", "--out",
+                 str(out)]) == 0  # k, the problem count and the set: the run's config
+    assert "pass@2" in capsys.readouterr().out
+    assert [json.loads(line) for line in (out / "problems.jsonl").read_text().splitlines()] == final
+    assert json.loads((out / "metrics.json").read_text())["val/pass@1"] == rows[-1]["val/pass@1"]
 
 
 @pytest.mark.slow

@@ -147,3 +147,16 @@ def test_config_file_argument_errors(capsys, args, expected, tmp_path, monkeypat
         (tmp_path / "EXAMPLE").write_text("{}\n")
     code, out, err = run_plan(capsys, *args)
     assert code == 2 and out == "" and expected in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--model", "no-such-model"], "--model: unknown model 'no-such-model'"),
+        (["--model", "tiny", "--limit", "0"], "--limit must be >= 1, got 0"),
+    ],
+)
+def test_eval_user_errors_exit_2_with_message(capsys, tmp_path, args, expected):
+    code = main(["eval", *args, "--out", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert code == 2 and expected in err and "Traceback" not in err

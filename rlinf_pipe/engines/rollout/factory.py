@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from rlinf_pipe.config.schema import RolloutConfig
-from rlinf_pipe.engines.rollout.engine import RolloutEngine
+from rlinf_pipe.engines.rollout.engine import RolloutEngine, SamplingParams
 
 BACKENDS = ("torch", "sglang")
 TORCH_MAX_RUNNING = 64
@@ -18,6 +18,12 @@ def memory_fraction(rollout: RolloutConfig, collocated: bool) -> float:
     if rollout.gpu_memory_fraction is not None:
         return rollout.gpu_memory_fraction
     return SGLANG_COLLOCATED_MEMORY_FRACTION if collocated else SGLANG_MEMORY_FRACTION
+
+
+def sampling_params(rollout: RolloutConfig, n: int) -> SamplingParams:
+    """The sampling settings of `rollout`, `n` samples per request."""
+    return SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
+                          max_new_tokens=rollout.max_new_tokens, n=n)
 
 
 def build_engine(rollout: RolloutConfig, model_path: str, seed: int, collocated: bool) -> RolloutEngine:
