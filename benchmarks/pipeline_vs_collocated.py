@@ -125,7 +125,7 @@ def mode_figures(run_dir: Path, receivers: int, wall: float, warmup: int, steps:
     from rlinf_pipe.utils.metrics import read_metrics
     from rlinf_pipe.utils.timeline import analyse, read_chrome_trace, summarise
 
-    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] >= warmup]
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] >= warmup and "timing/step" in r]
     spans = read_chrome_trace(run_dir / "timeline.json")
     analyses = [a for a in analyse(spans) if a.step >= warmup]
     timeline = summarise(analyses)
