@@ -95,6 +95,8 @@ def load(mode: str, args: argparse.Namespace, model: str | None, out: Path) -> A
     ]
     if model is not None:
         overrides.append(f"actor.model_path={model}")
+    if mode == "pipeline" and args.staleness:  # (collocated mode cannot run rollout ahead)
+        overrides.append(f"runner.max_staleness={args.staleness}")
     if args.weight_bucket_mb is not None:
         overrides.append(f"runner.weight_bucket_mb={args.weight_bucket_mb}")
     if args.weight_sync != "ipc" or mode == "collocated":  # ipc reaches engines on the actor's GPUs only
@@ -276,6 +278,7 @@ def summarise_runs(runs: dict[str, list[dict[str, Any]]], gloo: list[float], glo
         "settings": {
             "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "gloo_iters": args.gloo_iters,
             "rollout_batch_size": args.rollout_batch_size, "virtual_gpus": 3,
+            "pipeline_max_staleness": args.staleness,
             "collocated_overrides": MODES["collocated"][1],
         },
         "runtime_s": round(time.perf_counter() - started, 1),
@@ -303,6 +306,8 @@ def main() -> None:
                         "ipc only collocated)")
     parser.add_argument("--weight-bucket-mb", type=int, default=None,
                         help="runner.weight_bucket_mb for both modes (default: the config's)")
+    parser.add_argument("--staleness", type=int, default=0,
+                        help="runner.max_staleness of the pipeline runs (rollout up to N steps ahead)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     args.warmup = min(args.warmup, args.steps - 1)

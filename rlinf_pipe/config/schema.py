@@ -63,6 +63,12 @@ class RunnerConfig:
         "pass@1 and sampled pass@k (`runner.val_k`) into metrics.jsonl as `val/*`. See docs/evaluation.md.", min=0)
     val_before_train: bool = opt(False, "Also evaluate the starting weights, before the first step.")
     val_k: int = opt(4, "Samples per problem for `val/pass@k` (the rollout's sampling settings).", min=1)
+    profile_steps: list[int] = opt(
+        [], "Steps to run under torch.profiler in every worker (e.g. [3, 4]): one trace per worker and step in "
+        "`<run dir>/profile/`, lined up with timeline.json. See docs/profiling.md.")
+    nsight: list[str] = opt(
+        [], "Components whose workers run under Nsight Systems (Ray's `nsight` runtime env; needs `nsys` on the "
+        "nodes), e.g. [actor]; reports land in Ray's session logs folder. See docs/profiling.md.")
     resume_dir: str | None = opt(
         None, "Checkpoint to resume from: a `checkpoints/step_N` folder, a run folder (its highest complete step) or "
         "`auto` (the highest complete step among this experiment's runs). The run continues in the checkpoint's run "
@@ -81,8 +87,9 @@ class RunnerConfig:
         False, "On SIGINT / SIGTERM, save a checkpoint of the last finished step before stopping (when that step "
         "finished within `stop_grace_s`).")
     max_staleness: int = opt(
-        0, "0: every sample comes from the current weights (exact). 1: rollout of step k+1 runs while step k trains "
-        "(pipeline mode only; the loss uses the sampling log-probs, see docs/pipeline.md#staleness).", min=0
+        0, "0: every sample comes from the current weights (exact). N >= 1: the rollouts of steps k+1..k+N run while "
+        "step k trains, so samples lag the trained weights by up to N versions (pipeline mode only; the loss uses "
+        "the sampling log-probs, see docs/pipeline.md#staleness).", min=0
     )
     weight_bucket_mb: int = opt(64, "Size of one weight-sync bucket in MiB.", min=1)
     weight_sync: Literal["auto", "broadcast", "ipc", "object_store"] = opt(

@@ -39,10 +39,17 @@ def validate_config(cfg: Config, source_of: Callable[[str], str] = lambda _: "th
             f"{source_of('cluster.num_gpus_per_node')}): at most {MAX_GPUS_PER_NODE} per node and {MAX_GPUS} in all "
             "are supported; give each node's real GPU count"
         )
-    if cfg.runner.max_staleness > 1:
+    outside = [s for s in cfg.runner.profile_steps if not 0 <= s < cfg.runner.max_steps]
+    if outside:
         raise ConfigError(
-            f"runner.max_staleness: {cfg.runner.max_staleness} is not supported (from "
-            f"{source_of('runner.max_staleness')}); use 0 (exact, default) or 1 (rollout one step ahead)"
+            f"runner.profile_steps: step(s) {outside} (from {source_of('runner.profile_steps')}) are not steps of this "
+            f"run; steps count from 0 to runner.max_steps - 1 = {cfg.runner.max_steps - 1}"
+        )
+    unknown = [name for name in cfg.runner.nsight if name not in ("rollout", "inference", "actor", "reward")]
+    if unknown:
+        raise ConfigError(
+            f"runner.nsight: {unknown} (from {source_of('runner.nsight')}) are not components; name some of rollout, "
+            "inference, actor, reward"
         )
     if cfg.algorithm.clip_ratio_low >= 1:
         raise ConfigError(
@@ -81,7 +88,7 @@ def validate_config(cfg: Config, source_of: Callable[[str], str] = lambda _: "th
         )
     if cfg.algorithm.dynamic_sampling and cfg.runner.max_staleness:
         raise ConfigError(
-            f"algorithm.dynamic_sampling: true cannot run with runner.max_staleness: 1 (from "
+            f"algorithm.dynamic_sampling: true cannot run with runner.max_staleness: {cfg.runner.max_staleness} (from "
             f"{source_of('algorithm.dynamic_sampling')}): a step's extra sampling rounds depend on its own rewards, "
             "so its rollout cannot run a step ahead; set one of them off"
         )

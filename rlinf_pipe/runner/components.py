@@ -148,8 +148,9 @@ def launch(cfg: Config, cluster: Cluster | None = None, on_connect: Callable[[],
     on_connect()
     started: list[WorkerGroup] = []
 
-    def start(*args: Any, **kwargs: Any) -> WorkerGroup:
-        started.append(WorkerGroup.start(*args, **kwargs))
+    def start(worker_cls: type, name: str, *args: Any, **kwargs: Any) -> WorkerGroup:
+        nsight = {"nsight": "default"} if name in cfg.runner.nsight else None  # `runner.nsight`
+        started.append(WorkerGroup.start(worker_cls, name, *args, runtime_env=nsight, **kwargs))
         return started[-1]
 
     try:

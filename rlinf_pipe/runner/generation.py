@@ -2,13 +2,14 @@
 
 `PlainGeneration` runs one rollout call and one scoring call per step; `DynamicSampling` runs rounds of both
 until the step holds enough groups whose rewards vary (`algorithm.dynamic_sampling`). `RolloutSchedule` decides
-when a step's generation starts: in the step (`runner.max_staleness: 0`), or one step ahead, while the previous
-step trains, with the weights one version behind (`max_staleness: 1`).
+when a step's generation starts: in the step (`runner.max_staleness: 0`), or up to N steps ahead, while earlier
+steps train, with weights up to N versions behind (`max_staleness: N`).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -112,34 +113,48 @@ class DynamicSampling:
 
 
 class RolloutSchedule:
-    """Where each step's generation comes from (see the module docstring). `sampler_state()` is the sampler's state
-    before the prompts that were drawn ahead, which a checkpoint saves so a resume draws them again."""
+    """Where each step's generation comes from (see the module docstring). With `staleness` N, the generations of
+    the next N steps are started ahead (each after the one before), so step s trains samples of version s - N or
+    later. `sampler_state()` is the sampler's state before the prompts that were drawn ahead, which a checkpoint
+    saves so a resume draws them again."""
 
     def __init__(self, generation: Generation, sampler: PromptSampler, staleness: int, max_steps: int):
         self.generation, self.sampler, self.staleness, self.max_steps = generation, sampler, staleness, max_steps
-        self.ahead: GenerationCalls | None = None
-        self.state_before_ahead: dict[str, Any] | None = None
+        self.ahead: deque[GenerationCalls] = deque()
+        self.states_before_ahead: deque[dict[str, Any]] = deque()  # the sampler's state before each ahead draw
 
     async def finish_ahead(self, calls: StageCalls) -> None:
-        """Before a weight sync: wait until the engines finished the generation started ahead (staleness 1)."""
-        if self.ahead is not None:
-            calls.adopt("rollout", self.ahead.rollout)
-            calls.adopt("reward", self.ahead.result)
-            await calls.until(self.ahead.rollout)
+        """Before a weight sync: wait until the engines finished every generation started ahead; their calls
+        become this step's (a failure fails it)."""
+        for i, ahead in enumerate(self.ahead):
+            if i == 0:  # this step's generation: its calls are the step's own
+                calls.adopt("rollout", ahead.rollout)
+                calls.adopt("reward", ahead.result)
+            else:  # a later step's: the engines finish it before the sync; its scoring runs on into that step
+                calls.adopt(f"rollout_ahead_{i}", ahead.rollout)
+                calls.watch(f"reward_ahead_{i}", ahead.result)
+        if self.ahead:
+            await calls.until(*(ahead.rollout for ahead in self.ahead))
 
     async def engines_idle(self) -> None:
-        """Wait until the engines finished the rollouts started ahead (staleness 1), e.g. before validating."""
-        if self.ahead is not None:
-            await asyncio.shield(self.ahead.rollout)
+        """Wait until the engines finished the rollouts started ahead, e.g. before validating."""
+        for ahead in list(self.ahead):
+            await asyncio.shield(ahead.rollout)
 
     def start(self, step: int, calls: StageCalls) -> GenerationCalls:
-        """This step's generation (started now, or the one started ahead), and the next step's started ahead."""
-        current = self.ahead or self.generation.start(step, draw_prompts(self.sampler), calls)
-        self.ahead = None
-        if self.staleness and step + 1 < self.max_steps:
-            self.state_before_ahead = self.sampler.state_dict()
-            self.ahead = self.generation.start(step + 1, draw_prompts(self.sampler), calls, after=current, ahead=True)
+        """This step's generation (started now, or the oldest started ahead), and the next steps' started ahead
+        up to `staleness` of them, each with the weights the engines hold when it begins."""
+        if self.ahead:
+            current = self.ahead.popleft()
+            self.states_before_ahead.popleft()
+        else:
+            current = self.generation.start(step, draw_prompts(self.sampler), calls)
+        while len(self.ahead) < self.staleness and step + len(self.ahead) + 1 < self.max_steps:
+            self.states_before_ahead.append(self.sampler.state_dict())
+            previous = self.ahead[-1] if self.ahead else current
+            self.ahead.append(self.generation.start(step + len(self.ahead) + 1, draw_prompts(self.sampler), calls,
+                                                    after=previous, ahead=True))
         return current
 
     def sampler_state(self) -> dict[str, Any]:
-        return self.state_before_ahead if self.ahead is not None else self.sampler.state_dict()
+        return self.states_before_ahead[0] if self.states_before_ahead else self.sampler.state_dict()

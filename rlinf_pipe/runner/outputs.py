@@ -12,6 +12,7 @@ from rlinf_pipe.algorithms.scoring import RewardTally
 from rlinf_pipe.runner.run_dir import read_events
 from rlinf_pipe.runner.steps import StepOutcome
 from rlinf_pipe.utils.metrics import read_metrics
+from rlinf_pipe.utils.profiling import align_profiles
 from rlinf_pipe.utils.timeline import (
     STEP_SPAN,
     analyse,
@@ -78,6 +79,7 @@ def write_pictures(spans: list[Span], run_dir: Path, title: str) -> None:
     if not spans:
         return
     write_chrome_trace(spans, run_dir / "timeline.json")
+    align_profiles(run_dir)  # `runner.profile_steps`' traces onto the timeline's origin
     render_timeline_png(spans, run_dir / "timeline.png", title=title)
     path = run_dir / "metrics.jsonl"
     records = read_metrics(path) if path.exists() else []

@@ -31,6 +31,7 @@ from rlinf_pipe.runner.weight_sync import WeightSync
 from rlinf_pipe.scheduler import traffic
 from rlinf_pipe.scheduler.memory import memory_report
 from rlinf_pipe.utils.metrics import MetricsWriter, json_safe
+from rlinf_pipe.utils.profiling import PROFILE_DIR, write_profile
 from rlinf_pipe.utils.timeline import STEP_SPAN
 from rlinf_pipe.utils.tracing import Span, Tracer
 
@@ -175,7 +176,10 @@ class Runner:
             progress.close()
 
     async def step(self, step: int) -> dict[str, float]:
-        """One step (see `rlinf_pipe.runner.steps`); returns its metrics."""
+        """One step (see `rlinf_pipe.runner.steps`), profiled if `runner.profile_steps` names it; its metrics."""
+        profiled = step in self.cfg.runner.profile_steps
+        if profiled:
+            await asyncio.gather(*(group.all.start_profile(step) for group in self.c.groups()))
         sent_before = traffic.total_bytes()
         started = time.time()
         try:
@@ -183,11 +187,22 @@ class Runner:
         except BaseException:
             self.tracer.add("failed_step", started, time.time(), step=step)
             raise
+        if profiled:
+            await self.write_profiles(step)
         self.tracer.add(STEP_SPAN, started, time.time(), step=step, version=step)
         spans = await self.collect_spans()
         self.spans += spans
         return {**step_metrics(outcome, spans, traffic.total_bytes() - sent_before),
                 "runner/restarts": float(len(self.restarts))}
+
+    async def write_profiles(self, step: int) -> None:
+        """Stop every worker's profiler and write its trace into `<run dir>/profile/`."""
+        groups = self.c.groups()
+        with self.tracer.span("write_profiles", step=step):
+            for group, results in zip(groups, await asyncio.gather(*(g.all.stop_profile() for g in groups)),
+                                      strict=True):
+                for rank, result in enumerate(results):
+                    write_profile(self.run_dir / PROFILE_DIR, f"{group.name}/{rank}", step, result)
 
     async def validate(self, step: int) -> dict[str, float]:
         """Evaluate version `step` if `runner.val_interval` says so (`rlinf_pipe.runner.validation`); its metrics."""

@@ -28,7 +28,10 @@ class StageCalls:
         """Start a call that runs on into the next step: its failure fails this step, but `until_all` leaves it
         out (the next step adopts it)."""
         task = asyncio.ensure_future(call)
-        self.watched[name] = task
+        key, n = name, 1
+        while key in self.watched:  # (several steps started ahead in one step)
+            key, n = f"{name}_{n}", n + 1
+        self.watched[key] = task
         return task
 
     def adopt(self, name: str, task: asyncio.Future) -> asyncio.Future:

@@ -18,6 +18,7 @@ import ray
 
 from rlinf_pipe.errors import ClusterError
 from rlinf_pipe.utils.net import free_port
+from rlinf_pipe.utils.profiling import ProfileResult, StepProfiler
 from rlinf_pipe.utils.tracing import Span, Tracer
 
 ENV_PREFIX = "RLINF_PIPE_"
@@ -143,6 +144,7 @@ class Worker:
         self.info = read_worker_info()
         self.owner = f"{self.info.group}/{self.info.rank}"  # this worker's name in locks and on the timeline
         self.tracer = Tracer(self.owner, self.info.global_gpus)
+        self.profiler = StepProfiler()
         self.backend: str | None = None
         addr = os.environ.get(MASTER_ADDR_ENV)
         if addr:
@@ -168,6 +170,14 @@ class Worker:
     def drain_spans(self) -> list[Span]:
         """The spans this worker's `tracer` recorded since the last call (the driver collects them each step)."""
         return self.tracer.drain()
+
+    def start_profile(self, step: int) -> None:
+        """Start torch.profiler for `step` (`runner.profile_steps`; see `rlinf_pipe.utils.profiling`)."""
+        self.profiler.start(step)
+
+    def stop_profile(self) -> ProfileResult:
+        """Stop the profiler; the trace (and on a GPU the memory snapshot) go back to the driver."""
+        return self.profiler.stop()
 
     def free_port(self) -> tuple[str, int]:
         """An address and a free TCP port on this node (a rendezvous point this worker will listen on)."""

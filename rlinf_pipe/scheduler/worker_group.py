@@ -210,11 +210,13 @@ class WorkerGroup(Generic[W]):
         *args: Any,
         distributed: bool = True,
         env: dict[str, str] | None = None,
+        runtime_env: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> WorkerGroup[W]:
         """Start one actor per placed process on its exact node with its GPUs; with `distributed`, their
-        constructors join one torch.distributed world (rank 0's node hosts the rendezvous). `args` / `kwargs` go
-        to the worker's constructor. Returns at once: the constructors run until `ready()` (so several groups can
+        constructors join one torch.distributed world (rank 0's node hosts the rendezvous). `env` adds environment
+        variables, `runtime_env` other Ray runtime-env fields (e.g. `nsight`). `args` / `kwargs` go to the worker's
+        constructor. Returns at once: the constructors run until `ready()` (so several groups can
         start together)."""
         if not issubclass(worker_cls, Worker):
             raise TypeError(f"{worker_cls.__name__} must subclass rlinf_pipe.scheduler.worker.Worker")
@@ -239,7 +241,7 @@ class WorkerGroup(Generic[W]):
                     num_cpus=0,
                     num_gpus=0,  # the node's GPUs are held by the reservation; devices come from the placement
                     scheduling_strategy=strategy,
-                    runtime_env={"env_vars": {**shared_env, **process_env}},
+                    runtime_env={**(runtime_env or {}), "env_vars": {**shared_env, **process_env}},
                 ).remote(*args, **kwargs)
             except ValueError as exc:
                 group.shutdown()

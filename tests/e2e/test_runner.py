@@ -78,7 +78,9 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def pipeline_run(tmp_path_factory, tiny_model) -> Path:
-    return run("tiny-grpo-megatron-pipeline", tmp_path_factory.mktemp("pipe"), tiny_model, *COMPARED)
+    # Step 1 runs under torch.profiler in every worker (which must change nothing of the training).
+    return run("tiny-grpo-megatron-pipeline", tmp_path_factory.mktemp("pipe"), tiny_model, *COMPARED,
+               "runner.profile_steps=[1]")
 
 
 @pytest.fixture(scope="module")
@@ -188,6 +190,22 @@ def test_validation_between_steps_and_rlinf_pipe_eval_of_the_checkpoint_agree(co
 
 
 @pytest.mark.slow
+def test_a_profiled_step_has_a_trace_per_worker_on_the_timelines_clock(pipeline_run):
+    folder = pipeline_run / "profile"
+    assert sorted(p.name for p in folder.glob("*.step*.json")) == [
+        "actor-0.step1.json", "inference-0.step1.json", "reward-0.step1.json", "rollout-0.step1.json"]
+    timeline = json.loads((pipeline_run / "timeline.json").read_text())
+    step = next(e for e in timeline["traceEvents"] if e.get("name") == STEP_SPAN and e["args"]["step"] == 1)
+    for worker in ("actor-0", "inference-0", "rollout-0"):  # (the reward worker's torch work is nil)
+        trace = json.loads((folder / f"{worker}.step1.json").read_text())
+        ops = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e["name"].startswith("aten::")]
+        assert ops, worker  # the engine and the trainer compute off the thread that started the profiler
+        assert all(step["ts"] - 5e5 <= e["ts"] <= step["ts"] + step["dur"] for e in ops), worker
+    combined = json.loads((folder / "with_timeline.json").read_text())["traceEvents"]
+    assert {e["name"] for e in combined} >= {STEP_SPAN, "train", "aten::mm"}
+
+
+@pytest.mark.slow
 def test_tiny_default_learns(tmp_path, tiny_model):
     """The tiny pipeline default, shortened: accuracy over the last steps is clearly above the first steps."""
     out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, "data.rollout_batch_size=16",
@@ -198,19 +216,22 @@ def test_tiny_default_learns(tmp_path, tiny_model):
 
 
 @pytest.mark.slow
-def test_staleness_one_runs_rollout_ahead(tmp_path, tiny_model):
-    """max_staleness 1: step k+1's generation overlaps step k's training, and step k+1 trains on samples of
-    version k (one behind the actor), with the sampling log-probs as old log-probs."""
-    out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, "runner.max_staleness=1", "runner.max_steps=3")
+def test_staleness_two_runs_rollout_two_steps_ahead_and_never_lags_more(tmp_path, tiny_model):
+    """max_staleness 2: the next two steps' generations overlap step k's training, each with the weights the
+    engines hold when it starts; no step trains samples more than two versions behind its actor, with the sampling
+    log-probs as old log-probs."""
+    out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, "runner.max_staleness=2", "runner.max_steps=4")
     records = read_metrics(out / "metrics.jsonl")
-    assert [r["step"] for r in records] == [0, 1, 2] and all(r["rollout/samples"] == 16 for r in records)
+    assert [r["step"] for r in records] == [0, 1, 2, 3] and all(r["rollout/samples"] == 16 for r in records)
     spans = read_chrome_trace(out / "timeline.json")
     generate = {s.args["step"]: s for s in spans if s.name == "generate"}
-    assert {k: s.args["version"] for k, s in generate.items()} == {0: 0, 1: 0, 2: 1}
-    trained = {s.args["version"] for s in spans if s.name == "train"}
-    assert trained == {0, 1}  # step 0 trains version-0 samples, steps 1 and 2 versions 0 and 1
+    assert {k: s.args["version"] for k, s in generate.items()} == {0: 0, 1: 0, 2: 0, 3: 1}
+    steps = [s for s in spans if s.name == STEP_SPAN]
+    lags = {next(st.args["step"] for st in steps if st.start <= s.start <= st.end) - s.args["version"]
+            for s in spans if s.name == "train"}
+    assert max(lags) == 2 and min(lags) == 0  # step 0 trains its own version; steps 2 and 3 two versions behind
     last_train_of_step0 = max(s.end for s in spans if s.name == "optimizer_step" and s.args["step"] == 0)
-    assert generate[1].start < last_train_of_step0  # step 1's rollout started before step 0 finished training
+    assert generate[2].start < last_train_of_step0  # step 2's rollout started before step 0 finished training
 
 
 @pytest.mark.slow
@@ -363,7 +384,7 @@ def test_the_pipeline_vs_collocated_benchmark_reports_finite_figures(pipeline_ru
             "collocated": [bench.mode_figures(collocated_run, 1, 1.0, 0, 2)]}
     sync_bytes = int(runs["pipeline"][0]["weight_sync_bytes"])
     gloo, gloo_one = [bench.gloo_bytes_per_s(sync_bytes, 2, 2)], [bench.gloo_bytes_per_s(sync_bytes, 2, 1)]
-    args = argparse.Namespace(steps=2, warmup=0, repeats=1, gloo_iters=2, rollout_batch_size=4)
+    args = argparse.Namespace(steps=2, warmup=0, repeats=1, gloo_iters=2, rollout_batch_size=4, staleness=0)
     summary = json.loads(json.dumps(bench.summarise_runs(runs, gloo, gloo_one, args, time.perf_counter())))
     for key in ("pipeline_over_collocated_step_time", "scheduler_overhead_fraction", "weight_sync_bw_ratio_vs_gloo",
                 "weight_sync_bw_ratio_vs_gloo_one_receiver", "bubble_fraction"):

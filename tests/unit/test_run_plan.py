@@ -93,3 +93,13 @@ def test_ipc_routes_pair_each_engine_with_a_gathering_rank_on_its_gpu_or_node():
     split = load_config(overrides=["cluster.num_nodes=2", "cluster.num_gpus_per_node=4",
                                    "cluster.component_placement={rollout: 0-3, inference: 4-5, actor: 6-7}"])
     assert plan_run(split, [4, 4]).weight_transport == "broadcast"
+
+
+def test_packed_collocated_engines_take_weights_from_the_actor_rank_on_their_first_gpu():
+    """Actor TP 1 and rollout TP 2 on four GPUs: two engines of two GPUs each; every actor rank holds a whole
+    replica, and each engine is served over ipc by the rank that shares its first GPU."""
+    p = plan("cluster.num_gpus_per_node=4", 'cluster.component_placement={"actor,rollout": all}',
+             "rollout.tensor_parallel_size=2", "runner.weight_sync=auto")
+    assert p.collocated and p.weight_transport == "ipc" and gathering_ranks(p.placement.components["actor"]) == [
+        0, 1, 2, 3]
+    assert [(r.sender, r.receivers) for r in p.weight_routes] == [(0, (("rollout", 0),)), (2, (("rollout", 1),))]
