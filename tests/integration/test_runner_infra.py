@@ -13,6 +13,7 @@ from rlinf_pipe.scheduler.locks import DeviceLocks, device_lock
 
 @pytest.fixture(scope="module")
 def local_ray():
+    assert not ray.is_initialized(), "another test left Ray running"
     ray.init(address="local", num_cpus=2, include_dashboard=False)
     yield
     ray.shutdown()
