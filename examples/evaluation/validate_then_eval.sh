@@ -9,11 +9,13 @@ PY=${PYTHON:-.venv/bin/python}
 "$PY" -m rlinf_pipe.cli train runner.max_steps=4 runner.val_interval=2 runner.val_before_train=true \
     runner.output_dir="$OUT" runner.experiment_name=validated
 RUN=$(ls -d "$OUT"/validated/*/ | tail -1)
+RUN=${RUN%/}
 echo "validation rows of $RUN/metrics.jsonl:"
-grep '"val/pass@1"' "$RUN/metrics.jsonl" | "$PY" -c 'import json, sys
+grep '"val/pass@1"' "$RUN/metrics.jsonl" | "$PY" -c '
+import json, sys
 for line in sys.stdin:
     r = json.loads(line)
-    print(f"  step {r[\"step\"]}: pass@1 {r[\"val/pass@1\"]:.3f}  pass@{r[\"val/k\"]:.0f} {r[\"val/pass@k\"]:.3f}")'
+    print("  step %d: pass@1 %.3f  pass@%d %.3f" % (r["step"], r["val/pass@1"], r["val/k"], r["val/pass@k"]))'
 CKPT=$(ls -d "$RUN"/checkpoints/step_* | tail -1)
 "$PY" -m rlinf_pipe.cli eval "$RUN/config.yaml" --model "$CKPT" --heldout --out "$RUN/eval-final"
 echo "(the same problems, seeds and weights as the validation after the last step: the same pass@1)"
