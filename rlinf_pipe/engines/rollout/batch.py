@@ -7,6 +7,7 @@ engine calls them off the event loop, under its model lock.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -49,6 +50,7 @@ class DecodeBatch:
         self.temperature = torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=device)
         self.top_k = torch.tensor([r.top_k for r in rows], dtype=torch.long, device=device)
         self.top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=device)
+        self.truncate = any(r.top_k > 0 or r.top_p < 1.0 for r in rows)  # else sampling skips the top-k/p sort
         self.cache: object | None = None
         self.logits: torch.Tensor | None = None
 
@@ -68,7 +70,7 @@ class DecodeBatch:
         """Sample one token for every row; return the rows that finished (removed from the batch)."""
         assert self.logits is not None, "prefill() first"
         tokens, logps = select_tokens(
-            self.logits, self.temperature, self.top_k, self.top_p, [r.generator for r in self.rows]
+            self.logits, self.temperature, self.top_k, self.top_p, [r.generator for r in self.rows], self.truncate
         )
         finished: list[SampleState] = []
         keep: list[int] = []
@@ -96,6 +98,16 @@ class DecodeBatch:
         positions = self.mask.sum(-1, keepdim=True) - 1
         self._forward(tokens.unsqueeze(-1), positions)
         return finished
+
+    def step_until_a_row_finishes(self, stop: Callable[[], bool]) -> list[SampleState]:
+        """`step()` until a row finishes, the batch is done, or `stop()` says so (checked before each step): many
+        tokens per call, so a caller that runs each call in a thread pays the thread hop per finish, not per
+        token."""
+        while self.rows and not stop():
+            finished = self.step()
+            if finished:
+                return finished
+        return []
 
     def abort_all(self) -> list[SampleState]:
         """End every remaining row with finish reason `abort`; return them."""

@@ -34,17 +34,21 @@ def select_tokens(
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     generators: Sequence[torch.Generator],
+    truncate: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row of `logits` [B, V]; return (tokens int64 [B], log-probs float32 [B]).
 
     `temperature`, `top_p` (float) and `top_k` (int) are [B] tensors on the logits' device; `generators` are B
     CPU generators, each advanced by exactly one uniform draw per call (greedy rows too, keeping streams aligned).
+    `truncate` False says no row uses top-k or top-p: the sort they need is skipped (the result is the same).
     """
     logits = logits.float()
     greedy = temperature <= 0
     scale = torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(-1)
     logp = torch.log_softmax(logits / scale, dim=-1)
-    probs = logp.exp() * truncation_mask(logp.exp(), top_k, top_p)
+    probs = logp.exp()
+    if truncate:
+        probs = probs * truncation_mask(probs, top_k, top_p)
     cdf = probs.cumsum(dim=-1)
     u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in generators]).to(logits.device)
     target = (u * cdf[:, -1].double()).unsqueeze(-1)

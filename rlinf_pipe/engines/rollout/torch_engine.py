@@ -1,10 +1,11 @@
 """`TorchEngine`: a `RolloutEngine` over a plain HF causal LM, on any torch device.
 
 Samples (n per request) are queued in request order and run in static batches of up to `max_batch_size`
-rows (`DecodeBatch`): one prefill, then one KV-cached token per step, rows leaving as they finish. Each
-forward pass runs in a worker thread (`asyncio.to_thread`) under a lock, so the event loop stays free, and a
-request's result is yielded as soon as its last sample finishes. There is no continuous batching: a batch's
-freed slots are refilled only when the whole batch is done.
+rows (`DecodeBatch`): one prefill, then one KV-cached token per step, rows leaving as they finish. The forward
+passes run in a worker thread (`asyncio.to_thread`) under a lock, so the event loop stays free: one thread hop for
+the prefill, then one per finishing row (the decode steps in between run in the same hop, an abort checked before
+each), and a request's result is yielded as soon as its last sample finishes. There is no continuous batching: a
+batch's freed slots are refilled only when the whole batch is done.
 """
 
 from __future__ import annotations
@@ -101,6 +102,9 @@ class TorchEngine:
         left = [r.sampling.n for r in requests]
         queue = deque((i, k) for i, r in enumerate(requests) for k in range(r.sampling.n))
 
+        def aborted() -> bool:
+            return self._abort_epoch != epoch
+
         def finish(row: SampleState) -> GenerateResult | None:
             i = row.request_index
             assert row.finish_reason is not None
@@ -116,7 +120,7 @@ class TorchEngine:
             )
 
         while queue:
-            if self._abort_epoch != epoch:
+            if aborted():
                 rows = [self._new_row(requests[i], i, k, seeds[i]) for i, k in queue]
                 queue.clear()
                 for row in rows:
@@ -130,7 +134,8 @@ class TorchEngine:
             )
             await self._run(batch.prefill)
             while batch.active:
-                finished = batch.abort_all() if self._abort_epoch != epoch else await self._run(batch.step)
+                finished = (batch.abort_all() if aborted()
+                            else await self._run(lambda: batch.step_until_a_row_finishes(aborted)))
                 for row in finished:
                     if (result := finish(row)) is not None:
                         yield result
