@@ -82,6 +82,7 @@ def main() -> None:
         "tokens_per_s": {name: round(value) for name, value in medians.items()},
         "ratio_vs_hf_generate": round(medians["torch_engine"] / medians["hf_generate"], 3),
         "batch": args.batch, "new_tokens": args.new_tokens, "arch": args.arch, "repeats": args.repeats,
+        "threads": {"torch_engine (its worker thread)": engine.cpu_threads, "hf_generate": torch.get_num_threads()},
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
     }
     print(f"torch engine {medians['torch_engine']:,.0f} tokens/s, HF generate {medians['hf_generate']:,.0f} "

@@ -48,7 +48,10 @@ class TorchEngine:
     """Generates with an HF `AutoModelForCausalLM` loaded from the local folder `model_path`.
 
     `dtype` is a torch dtype or its name ("float32", "bfloat16", ...). `version` is the weight version of the
-    folder's weights. `seed` seeds the source of request seeds for requests that give none.
+    folder's weights. `seed` seeds the source of request seeds for requests that give none. On a CPU the forward
+    passes use `cpu_threads` torch intra-op threads (default: OMP_NUM_THREADS, else 1), set in the worker thread
+    that runs them (the setting is per thread): there, a team of several OpenMP threads ran several times slower
+    than one (docs/benchmarks.md#rollout-engine).
     """
 
     native_transports: tuple[str, ...] = ()
@@ -61,10 +64,12 @@ class TorchEngine:
         max_batch_size: int = 64,
         version: int = 0,
         seed: int = 0,
+        cpu_threads: int | None = None,
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.device = torch.device(device)
+        self.cpu_threads = cpu_threads or int(os.environ.get("OMP_NUM_THREADS") or 1)
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype).to(self.device).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
@@ -158,6 +163,8 @@ class TorchEngine:
             with self._lock:
                 if self._asleep:
                     raise EngineAsleepError("TorchEngine is asleep: call wake() before generating")
+                if self.device.type == "cpu":
+                    torch.set_num_threads(self.cpu_threads)  # (this thread's own setting)
                 return fn()
 
         return await asyncio.to_thread(locked)
