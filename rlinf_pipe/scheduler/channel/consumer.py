@@ -87,7 +87,10 @@ class ConsumerEnd:
     def _refresh(self) -> None:
         """Connect to producers that registered since the last look (the registry call runs without the lock)."""
         try:
-            records = ray.get(self._registry.list_producers.remote(self.spec.name))
+            # Through the reference's future, not ray.get: a blocking ray.get from this thread, which runs no Ray
+            # task, crashed consumer processes with SIGSEGV inside Ray's task metrics (CoreWorker::Get ->
+            # TaskCounter::UnsetMetricStatus) in benchmarks/channel_bench.py.
+            records = self._registry.list_producers.remote(self.spec.name).future().result()
         except RayActorError:  # the job that owned the registry ended: so does this channel
             self._stopping = True
             return
