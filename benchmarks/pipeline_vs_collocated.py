@@ -124,10 +124,11 @@ def run_mode(mode: str, args: argparse.Namespace, model: str, out: Path) -> dict
 
 def mode_figures(run_dir: Path, receivers: int, wall: float, warmup: int, steps: int) -> dict[str, Any]:
     """The figures of one finished run folder (its `metrics.jsonl` and `timeline.json`), steps >= `warmup`."""
+    from rlinf_pipe.runner.outputs import training_rows
     from rlinf_pipe.utils.metrics import read_metrics
     from rlinf_pipe.utils.timeline import analyse, read_chrome_trace, summarise
 
-    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] >= warmup and "timing/step" in r]
+    records = [r for r in training_rows(read_metrics(run_dir / "metrics.jsonl")) if r["step"] >= warmup]
     spans = read_chrome_trace(run_dir / "timeline.json")
     analyses = [a for a in analyse(spans) if a.step >= warmup]
     timeline = summarise(analyses)

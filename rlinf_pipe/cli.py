@@ -1,5 +1,6 @@
 """`rlinf-pipe` command line: `plan` (validate config + placement, show the GPU grid), `train` (run a config),
-`eval` (a model's pass@1 / pass@k on a dataset), `timeline` (where a run's time went) and `convert` (HF <-> Megatron checkpoint folders)."""
+`eval` (a model's pass@1 / pass@k on a dataset), `timeline` (where a run's time went) and `convert` (HF <->
+Megatron checkpoint folders)."""
 
 from __future__ import annotations
 
@@ -88,7 +89,6 @@ def _eval(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from rlinf_pipe.engines.offline_eval import evaluate_model
-
     from rlinf_pipe.errors import ConfigError
 
     for flag in ("limit", "k"):

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+COMPONENTS = ("rollout", "inference", "actor", "reward")  # the names `cluster.component_placement` places
+
 
 def opt(default: Any, help: str, *, min: float | None = None) -> Any:
     """A schema field: default value (copied if mutable), help text and an optional lower bound."""

@@ -8,7 +8,7 @@ import importlib.util
 import re
 from typing import Callable
 
-from rlinf_pipe.config.schema import Config
+from rlinf_pipe.config.schema import COMPONENTS, Config
 from rlinf_pipe.errors import ConfigError
 
 
@@ -45,11 +45,11 @@ def validate_config(cfg: Config, source_of: Callable[[str], str] = lambda _: "th
             f"runner.profile_steps: step(s) {outside} (from {source_of('runner.profile_steps')}) are not steps of this "
             f"run; steps count from 0 to runner.max_steps - 1 = {cfg.runner.max_steps - 1}"
         )
-    unknown = [name for name in cfg.runner.nsight if name not in ("rollout", "inference", "actor", "reward")]
+    unknown = [name for name in cfg.runner.nsight if name not in COMPONENTS]
     if unknown:
         raise ConfigError(
-            f"runner.nsight: {unknown} (from {source_of('runner.nsight')}) are not components; name some of rollout, "
-            "inference, actor, reward"
+            f"runner.nsight: {unknown} (from {source_of('runner.nsight')}) are not components; name some of "
+            f"{', '.join(COMPONENTS)}"
         )
     if cfg.algorithm.clip_ratio_low >= 1:
         raise ConfigError(

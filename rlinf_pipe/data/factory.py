@@ -8,9 +8,9 @@ from rlinf_pipe.config.schema import DataConfig
 from rlinf_pipe.data.arithmetic import ArithmeticDataset, ArithmeticSpec
 from rlinf_pipe.data.datasets import FileDataset, PromptDataset, load_prompt_dataset
 from rlinf_pipe.data.errors import DataError
-from rlinf_pipe.data.structs import PromptItem
 from rlinf_pipe.data.gsm8k import load_gsm8k
 from rlinf_pipe.data.sampler import PromptSampler
+from rlinf_pipe.data.structs import PromptItem
 from rlinf_pipe.data.templates import PromptRenderer
 
 ARITHMETIC = "arithmetic"

@@ -16,10 +16,15 @@ from transformers import AutoTokenizer
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.data.factory import build_prompt_dataset, first_prompts, split_validation
-from rlinf_pipe.engines.evaluation import eval_metrics, eval_problems, eval_requests, generate_texts, score_pairs
-from rlinf_pipe.engines.evaluation import write_problems
-from rlinf_pipe.engines.reward.pool import RewardPool
-from rlinf_pipe.engines.reward.verify import ScoreConfig
+from rlinf_pipe.engines.evaluation import (
+    eval_metrics,
+    eval_problems,
+    eval_requests,
+    generate_texts,
+    score_pairs,
+    write_problems,
+)
+from rlinf_pipe.engines.reward.pool import reward_pool
 from rlinf_pipe.engines.rollout.factory import build_engine, sampling_params
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.models.convert import convert_megatron_to_hf
@@ -62,9 +67,7 @@ def evaluate_model(cfg: Config, model: str, out_dir: Path, limit: int, k: int, h
     engine = build_engine(cfg.rollout, str(folder), seed=cfg.runner.seed, collocated=False)
     requests = eval_requests(prompts, sampling_params(cfg.rollout, k), k, cfg.runner.seed)
     outputs = asyncio.run(generate_texts(engine, requests))
-    r = cfg.reward
-    pool = RewardPool(r.num_workers, r.timeout_s, ScoreConfig(r.correct_score, r.wrong_score, r.format_score,
-                                                              r.answer_pattern))
+    pool = reward_pool(cfg.reward)
     try:
         scores = pool.score_batch(score_pairs(prompts, outputs))
     finally:

@@ -10,9 +10,8 @@ from typing import Any
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.data.factory import build_prompt_dataset, build_sampler, split_validation
-from rlinf_pipe.data.structs import PromptItem
 from rlinf_pipe.data.sampler import PromptSampler
-from rlinf_pipe.data.structs import RolloutGroup, ScoredGroup, TrainBatch
+from rlinf_pipe.data.structs import PromptItem, RolloutGroup, ScoredGroup, TrainBatch
 from rlinf_pipe.engines.rollout.factory import sampling_params
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.models.resolve import resolve_model_path
@@ -186,5 +185,6 @@ def launch(cfg: Config, cluster: Cluster | None = None, on_connect: Callable[[],
         if owns_cluster:
             cluster.shutdown()
         raise
-    return Components(plan=plan, cluster=cluster, sampler=sampler, val_prompts=val_prompts, rollout=rollout, reward=reward, actor=actor,
-                      inference=inference, channels=channels, locks=locks, sampling_rounds=rounds)
+    return Components(plan=plan, cluster=cluster, sampler=sampler, val_prompts=val_prompts, rollout=rollout,
+                      reward=reward, actor=actor, inference=inference, channels=channels, locks=locks,
+                      sampling_rounds=rounds)

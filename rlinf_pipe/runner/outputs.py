@@ -74,6 +74,16 @@ def step_metrics(outcome: StepOutcome, spans: list[Span], driver_data_bytes: int
     return metrics
 
 
+def training_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The metrics.jsonl rows of training steps (the row after the last step may hold only a validation)."""
+    return [r for r in records if "timing/step" in r]
+
+
+def validation_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The metrics.jsonl rows that carry a validation (`runner.val_interval`)."""
+    return [r for r in records if "val/pass@1" in r]
+
+
 def write_pictures(spans: list[Span], run_dir: Path, title: str) -> None:
     """timeline.json and timeline.png from the run's spans; reward.png from metrics.jsonl."""
     if not spans:
@@ -83,11 +93,11 @@ def write_pictures(spans: list[Span], run_dir: Path, title: str) -> None:
     render_timeline_png(spans, run_dir / "timeline.png", title=title)
     path = run_dir / "metrics.jsonl"
     records = read_metrics(path) if path.exists() else []
-    trained = [r for r in records if "reward/mean" in r]
+    trained = training_rows(records)
     if trained:
         series = {k: ([r["step"] for r in trained], [r.get(k) or 0.0 for r in trained])
                   for k in ("reward/mean", "reward/accuracy")}
-        validated = [r for r in records if "val/pass@1" in r]
+        validated = validation_rows(records)
         for key in ("val/pass@1", "val/pass@k"):
             if validated:
                 series[key] = ([r["step"] for r in validated], [r[key] for r in validated])
@@ -113,8 +123,7 @@ def run_summary(run_dir: Path, spans: list[Span]) -> dict[str, Any]:
     """summary.json: learning (first vs last quarter of the steps), speed, where the time went, and the run's
     restarts, resumes and stops (`events.jsonl`)."""
     everything = read_metrics(run_dir / "metrics.jsonl")
-    records = [r for r in everything if "timing/step" in r]  # the training steps (validation-only rows aside)
-    validated = [r for r in everything if "val/pass@1" in r]
+    records, validated = training_rows(everything), validation_rows(everything)
     head, tail = records[: max(1, len(records) // 4)], records[-max(1, len(records) // 4):]
 
     def mean(rows: list[dict[str, Any]], key: str) -> float:

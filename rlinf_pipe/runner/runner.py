@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 from rlinf_pipe.config.schema import Config
+from rlinf_pipe.engines.rollout.factory import sampling_params
 from rlinf_pipe.errors import OutputError, RunStopped, WorkerError, WorkerLost
 from rlinf_pipe.runner import checkpoints
-from rlinf_pipe.engines.rollout.factory import sampling_params
 from rlinf_pipe.runner.components import Components, launch
 from rlinf_pipe.runner.devices import actor_phases
 from rlinf_pipe.runner.generation import DynamicSampling, PlainGeneration, RolloutSchedule

@@ -13,11 +13,10 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Literal, Sequence
 
-from rlinf_pipe.config.schema import Config
+from rlinf_pipe.config.schema import COMPONENTS, Config
 from rlinf_pipe.errors import PlacementError
 from rlinf_pipe.utils.text import closest
 
-COMPONENTS = ("rollout", "inference", "actor", "reward")
 CPU_ONLY = "cpu"  # `reward: cpu` runs the reward pool without GPUs
 
 Mode = Literal["collocated", "disaggregated"]
@@ -404,7 +403,7 @@ def _lay_out_processes(
                 comp.key, value,
                 f"{name} process {rank} would get GPUs {format_ids(group)} on nodes "
                 f"{', '.join(map(str, nodes))}; a process never spans nodes{_strided_cause(name, comp, components)}",
-                _span_fix(name, comp, components, mode, layout),
+                _span_fix(name, comp, components, layout),
             )
         processes.append(
             ProcessPlacement(rank, nodes[0], tuple(layout.local_id(g) for g in group), tuple(group))
@@ -426,7 +425,7 @@ def _strided_cause(name: str, comp: ComponentPlacement, components: dict[str, Co
             f"the group's GPUs j, j+{stride}, ...), and this actor TP group spans nodes")
 
 
-def _span_fix(name: str, comp: ComponentPlacement, components: dict[str, ComponentPlacement], mode: Mode,
+def _span_fix(name: str, comp: ComponentPlacement, components: dict[str, ComponentPlacement],
               layout: NodeLayout) -> str:
     if _strided(name, comp, components):
         smallest = min(layout.gpus_per_node)

@@ -16,8 +16,7 @@ from rlinf_pipe.algorithms.advantages import advantage_scope
 from rlinf_pipe.algorithms.scoring import RewardTally, score_groups
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.data.structs import RolloutGroup
-from rlinf_pipe.engines.reward.pool import RewardPool
-from rlinf_pipe.engines.reward.verify import ScoreConfig
+from rlinf_pipe.engines.reward.pool import reward_pool
 from rlinf_pipe.scheduler.channel import Channel, StepEnd
 from rlinf_pipe.scheduler.worker import Worker
 
@@ -31,9 +30,7 @@ class RewardWorker(Worker):
 
     def __init__(self, cfg: Config, rollouts: Channel, scored: Channel, sampling_rounds: Any = None):
         super().__init__()
-        r = cfg.reward
-        config = ScoreConfig(r.correct_score, r.wrong_score, r.format_score, r.answer_pattern)
-        self.pool = RewardPool(num_workers=r.num_workers, timeout_s=r.timeout_s, config=config)
+        self.pool = reward_pool(cfg.reward)
         self.rollouts, self.scored, self.sampling_rounds = rollouts, scored, sampling_rounds
         self.estimator, self.adv_options = cfg.algorithm.adv_estimator, advantage_options(cfg)
 

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Self
 
+from rlinf_pipe.config.schema import RewardConfig
 from rlinf_pipe.engines.reward.verify import ScoreConfig, ScoreResult, score
 from rlinf_pipe.errors import RlinfPipeError
 
@@ -345,6 +346,12 @@ def _context(start_method: str | None) -> multiprocessing.context.BaseContext:
     if method == "forkserver":
         ctx.set_forkserver_preload(["__main__", PRELOAD_MODULE])  # no effect once the forkserver runs
     return ctx
+
+
+def reward_pool(reward: RewardConfig) -> RewardPool:
+    """The pool of the `reward` config section: its process count, time limit, reward values and answer pattern."""
+    config = ScoreConfig(reward.correct_score, reward.wrong_score, reward.format_score, reward.answer_pattern)
+    return RewardPool(num_workers=reward.num_workers, timeout_s=reward.timeout_s, config=config)
 
 
 def _kill_all(slots: list[_Slot]) -> None:
