@@ -69,6 +69,9 @@ class MegatronCpuCompatError(RuntimeError):
 
 
 def megatron_core_version() -> str:
+    from rlinf_pipe.models.megatron_import import import_megatron_core
+
+    import_megatron_core()
     from megatron.core import package_info
 
     return package_info.__version__

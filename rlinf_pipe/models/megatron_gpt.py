@@ -14,6 +14,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from rlinf_pipe.models.megatron_import import import_megatron_core
+
 SUPPORTED_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 
@@ -130,6 +132,7 @@ def gpt_config_from_hf(
     hf_config: Any, *, tp: int = 1, pp: int = 1, params_dtype: torch.dtype = torch.float32, recompute: str = "none",
 ) -> Any:
     """The megatron `TransformerConfig` equivalent to `hf_config` for a TP x PP split."""
+    import_megatron_core()
     from megatron.core.transformer import TransformerConfig
 
     arch = hf_arch(hf_config)
@@ -170,6 +173,7 @@ def init_model_parallel(tp: int, pp: int) -> None:
     """Megatron's parallel state over this process's torch.distributed world (tensor-parallel fastest, then data-
     parallel, then pipeline), once. Every Megatron process calls it first: without CUDA it also enables the
     megatron-core CPU patches (`megatron_cpu.enable_cpu_compat`; a no-op with CUDA)."""
+    import_megatron_core()
     from megatron.core import parallel_state as ps
 
     from rlinf_pipe.models.megatron_cpu import enable_cpu_compat

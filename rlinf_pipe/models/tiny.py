@@ -18,20 +18,13 @@ import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
-
-import torch
-from safetensors import safe_open
-from transformers import (
-    AutoModelForCausalLM,
-    GenerationConfig,
-    LlamaConfig,
-    PretrainedConfig,
-    Qwen2Config,
-)
+from typing import TYPE_CHECKING, Literal
 
 from rlinf_pipe.models.tokenizer import DEFAULT_VOCAB_SIZE, train_tiny_tokenizer
 from rlinf_pipe.utils.folders import build_folder_once
+
+if TYPE_CHECKING:  # torch and transformers load only when a model is built: resolving a cached folder is light
+    from transformers import PretrainedConfig
 
 Arch = Literal["qwen2", "llama"]
 ARCHS: tuple[str, ...] = ("qwen2", "llama")
@@ -74,6 +67,8 @@ class TinySpec:
 
 def build_config(spec: TinySpec, vocab_size: int, pad_id: int, bos_id: int, eos_id: int) -> PretrainedConfig:
     """The HF config for `spec` (Qwen2 has q/k/v biases; Llama has none)."""
+    from transformers import LlamaConfig, Qwen2Config
+
     common = {
         "vocab_size": vocab_size,
         "hidden_size": spec.hidden_size,
@@ -95,6 +90,9 @@ def build_config(spec: TinySpec, vocab_size: int, pad_id: int, bos_id: int, eos_
 
 
 def _write_model(spec: TinySpec, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
     tokenizer = train_tiny_tokenizer(vocab_size=spec.vocab_size)
     pad, bos, eos = tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id
     config = build_config(spec, len(tokenizer), pad, bos, eos)
@@ -156,6 +154,8 @@ def ensure_tiny_model(cache_dir: str | os.PathLike[str] | None = None, arch: Arc
 
 def count_parameters(folder: str | os.PathLike[str]) -> int:
     """Number of parameters stored in `folder`'s safetensors files (tied embeddings counted once)."""
+    from safetensors import safe_open
+
     total = 0
     for path in sorted(Path(folder).glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as handle:

@@ -8,12 +8,12 @@ stays 0 there (see docs/pipeline.md).
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 from typing import Any
 
 import msgspec
 import numpy as np
-import torch
 
 _lock = threading.Lock()
 _total = 0
@@ -22,7 +22,8 @@ _total = 0
 def payload_bytes(obj: Any, depth: int = 6) -> int:
     """Bytes of the tensors and arrays inside `obj` (through sequences, mappings, msgspec Structs and dataclasses
     down to `depth` levels)."""
-    if isinstance(obj, torch.Tensor):
+    torch = sys.modules.get("torch")  # not imported: obj holds no tensor
+    if torch is not None and isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if isinstance(obj, np.ndarray):
         return int(obj.nbytes)

@@ -1,4 +1,9 @@
-"""Rollout: generation engines behind one interface (`RolloutEngine`); see docs/rollout.md."""
+"""Rollout: generation engines behind one interface (`RolloutEngine`); see docs/rollout.md. `TorchEngine` loads
+transformers' model classes on first use."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from rlinf_pipe.engines.rollout.engine import (
     EngineAsleepError,
@@ -11,7 +16,10 @@ from rlinf_pipe.engines.rollout.engine import (
     sample_seed,
     to_rollout_samples,
 )
-from rlinf_pipe.engines.rollout.torch_engine import TorchEngine
+from rlinf_pipe.utils.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from rlinf_pipe.engines.rollout.torch_engine import TorchEngine
 
 __all__ = [
     "EngineAsleepError",
@@ -25,3 +33,4 @@ __all__ = [
     "sample_seed",
     "to_rollout_samples",
 ]
+__getattr__ = lazy_exports(__name__, {"TorchEngine": "torch_engine"})

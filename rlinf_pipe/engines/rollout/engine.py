@@ -16,14 +16,16 @@ from __future__ import annotations
 import hashlib
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import msgspec
-import torch
 
 from rlinf_pipe.data.structs import RolloutSample
 from rlinf_pipe.weights import LoadBucket, WeightLayout, WeightReceiver, WeightVersion
 from rlinf_pipe.weights.process_group import Rendezvous
+
+if TYPE_CHECKING:
+    import torch
 
 FinishReason = Literal["stop", "length", "abort"]
 

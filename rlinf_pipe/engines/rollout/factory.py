@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from rlinf_pipe.config.schema import RolloutConfig
 from rlinf_pipe.engines.rollout.engine import RolloutEngine, SamplingParams
 
@@ -30,6 +28,8 @@ def build_engine(rollout: RolloutConfig, model_path: str, seed: int, collocated:
     """The engine of `rollout.backend` (`torch`: any device; `sglang`: GPU only) serving `model_path`; `seed` is
     this engine's own (the run seed plus its rank)."""
     if rollout.backend == "torch":
+        import torch
+
         from rlinf_pipe.engines.rollout.torch_engine import TorchEngine
 
         device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -8,13 +8,13 @@ tensors and arrays that view the received frames (no copy).
 
 from __future__ import annotations
 
+import sys
 import threading
 import warnings
 from typing import Any, Sequence
 
 import msgspec
 import numpy as np
-import torch
 
 from rlinf_pipe.scheduler import traffic
 
@@ -55,7 +55,8 @@ class Codec:
     # --- hooks ----------------------------------------------------------------------------------------------
     def _enc_hook(self, obj: Any) -> Any:
         buffers = self._local.buffers
-        if isinstance(obj, torch.Tensor):
+        torch = sys.modules.get("torch")  # not imported: obj is no tensor (a Ray helper need not load torch)
+        if torch is not None and isinstance(obj, torch.Tensor):
             if obj.device.type != "cpu":
                 raise TypeError(f"channel items carry CPU tensors; got a tensor on {obj.device} (call .cpu() first)")
             tensor = obj.detach().contiguous()
@@ -76,6 +77,8 @@ class Codec:
         buffer = _buffer_of(self._local.frames[index + 1])  # frame 0 is the header
         traffic.record(memoryview(buffer).nbytes)
         if code == EXT_TENSOR:
+            import torch
+
             torch_dtype = getattr(torch, dtype)
             if not len(buffer):
                 return torch.empty(shape, dtype=torch_dtype)

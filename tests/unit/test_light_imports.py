@@ -1,0 +1,27 @@
+"""Processes that need one light module do not load torch or transformers' model classes (each costs seconds of
+CPU per worker at launch, on cores the other workers are starting on)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+CASES = {
+    # the channel registry, a Ray helper actor: sockets and msgpack only
+    "rlinf_pipe.scheduler.channel": ("torch", "transformers"),
+    # resolving the tiny model's cached folder
+    "rlinf_pipe.models.resolve": ("torch", "transformers.models.llama.modeling_llama"),
+    # the driver's sampling settings
+    "rlinf_pipe.engines.rollout.factory": ("transformers",),
+}
+
+
+@pytest.mark.parametrize("module", sorted(CASES))
+def test_module_does_not_load(module):
+    heavy = CASES[module]
+    code = f"import sys, {module}; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", f"importing {module} loaded {out.stdout.strip()}"
