@@ -27,7 +27,7 @@ from rlinf_pipe.runner import run as run_config
 from rlinf_pipe.runner.stop import StopSignals
 from rlinf_pipe.utils.metrics import read_metrics
 from rlinf_pipe.utils.timeline import STEP_SPAN, overlaps, read_chrome_trace
-from support.faults import Fault, Saboteur
+from support.faults import Fault, Saboteur, reward_pool_processes, wait_for
 
 REQUIRED_METRICS = {
     "step", "reward/mean", "reward/accuracy", "response_length/mean", "loss", "grad_norm", "kl", "timing/step",
@@ -312,23 +312,27 @@ def test_two_replicas_over_the_object_store_train_like_one_over_the_broadcast(tm
         torch.testing.assert_close(w1[name], w2[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
+KINDS = ("rollout", "inference", "reward", "actor")
+
+
 @pytest.mark.slow
-def test_a_lost_worker_a_stop_signal_and_a_resume(tmp_path, tiny_model, pipeline_run):
-    """A killed rollout engine in step 1: the job's workers are relaunched on the same GPUs and continue from the
-    checkpoint before the step, which is trained once, on the same data: the weights after step 1 equal the
-    uninterrupted run's. Then SIGTERM to the driver in step 2 (`stop_grace_s=0`: the step is abandoned, so nothing is
-    saved for it): `RunStopped` (exit 143) with one line naming the checkpoint and how to resume, no worker left.
-    `resume_dir=auto` continues in the same run folder and finishes."""
-    saboteur = Saboteur(tmp_path, [Fault("step_000001", "rlinf_pipe:rollout:0", signal.SIGKILL),
-                                   Fault("step_000002", os.getpid(), signal.SIGTERM)])
+def test_lost_workers_of_every_kind_a_stop_signal_and_a_resume(tmp_path, tiny_model, pipeline_run):
+    """A rollout engine killed in step 1: the job's workers are relaunched on the same GPUs and continue from the
+    checkpoint before the step; then, in each retry of the step, the log-prob worker, the reward worker and the
+    actor are killed in turn. Step 1 is trained once, on the same data: the weights after it equal the
+    uninterrupted run's. Then SIGTERM to the driver in step 2 (`stop_grace_s=0`: the step is abandoned, so nothing
+    is saved for it): `RunStopped` (exit 143) with one line naming the checkpoint and how to resume, no worker and
+    no reward-pool process left. `resume_dir=auto` continues in the same run folder and finishes."""
+    kills = [Fault("step_000001", f"rlinf_pipe:{kind}:0", signal.SIGKILL, restarts=i) for i, kind in enumerate(KINDS)]
+    saboteur = Saboteur(tmp_path, [*kills, Fault("step_000002", os.getpid(), signal.SIGTERM, restarts=len(KINDS))])
     saboteur.start()
     try:
         with pytest.raises(RunStopped) as stopped:
             run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, "runner.max_steps=3",
-                "runner.max_restarts=1", "runner.stop_grace_s=0", "runner.save_on_signal=true")
+                f"runner.max_restarts={len(KINDS)}", "runner.stop_grace_s=0", "runner.save_on_signal=true")
     finally:
         saboteur.stop()
-    assert len(saboteur.pids) == 1
+    assert len(saboteur.pids) == len(KINDS)
     run_dir = next(tmp_path.glob("*/*/config.yaml")).parent
     ckpt = run_dir / "checkpoints" / "step_000002"
     message = str(stopped.value)
@@ -336,31 +340,33 @@ def test_a_lost_worker_a_stop_signal_and_a_resume(tmp_path, tiny_model, pipeline
     assert message.startswith("stopped by SIGTERM before step 2 of 3")
     assert f"resume with the same command and runner.resume_dir={ckpt}" in message
     assert not (run_dir / "checkpoints" / "step_000003").exists()  # the abandoned step is no step's end
-    for name in ("rollout:0", "inference:0", "reward:0", "actor:0"):  # every worker was stopped
+    for kind in KINDS:  # every worker was stopped
         with pytest.raises(ValueError):
-            ray.get_actor(f"rlinf_pipe:{name}")
+            ray.get_actor(f"rlinf_pipe:{kind}:0")
+    assert wait_for(lambda: not reward_pool_processes(), timeout_s=30), reward_pool_processes()
     assert not isinstance(getattr(signal.getsignal(signal.SIGTERM), "__self__", None), StopSignals)  # restored
     records = read_metrics(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in records] == [0, 1] and [r["runner/restarts"] for r in records] == [0, 1]
+    assert [r["step"] for r in records] == [0, 1] and [r["runner/restarts"] for r in records] == [0, len(KINDS)]
     for a, b in zip(read_metrics(pipeline_run / "metrics.jsonl"), records, strict=True):
         for key in ("reward/mean", "response_length/mean", "loss", "grad_norm"):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (a["step"], key)
     wa, wb = final_weights(pipeline_run), load_model_shard(ckpt / "actor", 0, 0)
     for name in wa:
         torch.testing.assert_close(wb[name], wa[name], atol=1e-6, rtol=1e-5, msg=name)
-    restart = json.loads((run_dir / "events.jsonl").read_text().splitlines()[0])
-    assert (restart["event"], restart["worker"], restart["how"], restart["step"], restart["resumed_at"]) == (
-        "restart", "rlinf_pipe:rollout:0", "died", 1, 1)
-    assert "rollout rank 0 (node 0, GPUs 0)" in restart["where"] and restart["seconds"] > 0
+    restarts = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()[:len(KINDS)]]
+    assert [(r["event"], r["worker"], r["how"], r["step"], r["resumed_at"]) for r in restarts] == [
+        ("restart", f"rlinf_pipe:{kind}:0", "died", 1, 1) for kind in KINDS]
+    assert "rollout rank 0 (node 0, GPUs 0)" in restarts[0]["where"] and restarts[0]["seconds"] > 0
+    assert "actor rank 0 (node 0, GPUs 2)" in restarts[3]["where"]
 
     resumed = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, "runner.max_steps=3",
                   "runner.resume_dir=auto")
     assert resumed == run_dir
     assert [e["event"] for e in json.loads((run_dir / "summary.json").read_text())["events"]] == [
-        "restart", "stop", "resume"]
+        *["restart"] * len(KINDS), "stop", "resume"]
     assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [0, 1, 2]
     spans = read_chrome_trace(run_dir / "timeline.json")  # the timeline continues across the resume
-    assert [s.args["worker"] for s in spans if s.name == "restart"] == ["rlinf_pipe:rollout:0"]
+    assert [s.args["worker"] for s in spans if s.name == "restart"] == [f"rlinf_pipe:{kind}:0" for kind in KINDS]
     assert sorted(s.args["step"] for s in spans if s.name == STEP_SPAN) == [0, 1, 2]
 
 

@@ -17,11 +17,13 @@ import ray
 @dataclass(frozen=True)
 class Fault:
     """Send `signum` to `target` (a worker's actor name, or a pid) once `checkpoint` (e.g. `step_000001`) of the
-    run is complete."""
+    run is complete and the run has recorded `restarts` restarts (a restart is recorded once the relaunched job has
+    loaded its checkpoint, just before it trains again)."""
 
     checkpoint: str
     target: str | int
     signum: int
+    restarts: int = 0
 
 
 class Saboteur(threading.Thread):
@@ -35,8 +37,12 @@ class Saboteur(threading.Thread):
         self.error: BaseException | None = None
         self._done = threading.Event()
 
-    def _complete(self, checkpoint: str) -> bool:
-        return any(self.output_dir.glob(f"*/*/checkpoints/{checkpoint}/COMPLETE"))
+    def _due(self, fault: Fault) -> bool:
+        if not any(self.output_dir.glob(f"*/*/checkpoints/{fault.checkpoint}/COMPLETE")):
+            return False
+        events = [line for path in self.output_dir.glob("*/*/events.jsonl")
+                  for line in path.read_text().splitlines() if '"restart"' in line]
+        return len(events) >= fault.restarts
 
     def _pid(self, actor_name: str) -> int:
         return ray.get(ray.get_actor(actor_name).ping.remote(), timeout=30)
@@ -44,7 +50,7 @@ class Saboteur(threading.Thread):
     def run(self) -> None:
         try:
             for fault in self.faults:
-                while not self._complete(fault.checkpoint):
+                while not self._due(fault):
                     if self._done.wait(self.poll_s):
                         return
                 pid = fault.target if isinstance(fault.target, int) else self._pid(fault.target)
@@ -75,3 +81,18 @@ def wait_for(predicate, timeout_s: float, poll_s: float = 0.05) -> bool:
             return False
         time.sleep(poll_s)
     return True
+
+
+def reward_pool_processes() -> list[int]:
+    """Pids of the multiprocessing forkservers (the reward pools' process parents) that are not this process's own:
+    a worker's pool must go with the worker."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"multiprocessing.forkserver import main" in cmdline and ppid != os.getpid():
+            found.append(int(proc.name))
+    return found
