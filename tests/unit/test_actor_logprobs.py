@@ -40,7 +40,8 @@ def _weights(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(B, L, generator=g), torch.randn(B, L, generator=g)
 
 
-@pytest.mark.parametrize("chunk_bytes", [CHUNK_BYTES, 4 * PADDED * 2], ids=["one-chunk", "two-positions-a-chunk"])
+@pytest.mark.parametrize("chunk_bytes", [CHUNK_BYTES, 4 * PADDED * (L - 1) * 2, 4 * PADDED * 2],
+                         ids=["one-chunk", "two-sequences-a-chunk", "two-positions-a-chunk"])
 def test_matches_log_softmax_values_and_gradients(chunk_bytes: int):
     logits, ids = _data()
     ref_lp, ref_ent = _reference(logits, ids)
@@ -89,16 +90,17 @@ def test_bad_inputs():
         token_logprobs(logits, ids, 1.0, PADDED + 1)
 
 
-def _tp_worker(rank: int, port: int, out_dir: str) -> None:
+def _tp_worker(rank: int, port: int, out_dir: str, vocab: int) -> None:
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         logits, ids = _data()
         shard = logits[..., rank * (PADDED // 2) : (rank + 1) * (PADDED // 2)].clone().requires_grad_(True)
         group = torch.distributed.group.WORLD
-        lp, ent = token_logprobs_and_entropy(shard, ids, TEMP, VOCAB, tp_group=group)
-        lp_only = token_logprobs(shard.detach(), ids, TEMP, VOCAB, tp_group=group)
-        ent_only = token_entropy(shard.detach(), TEMP, VOCAB, tp_group=group)
+        ids = ids.remainder(vocab)
+        lp, ent = token_logprobs_and_entropy(shard, ids, TEMP, vocab, tp_group=group)
+        lp_only = token_logprobs(shard.detach(), ids, TEMP, vocab, tp_group=group)
+        ent_only = token_entropy(shard.detach(), TEMP, vocab, tp_group=group)
         w_lp, w_ent = _weights()
         ((lp * w_lp).sum() + (ent * w_ent).sum()).backward()
         torch.save(
@@ -109,11 +111,13 @@ def _tp_worker(rank: int, port: int, out_dir: str) -> None:
         torch.distributed.destroy_process_group()
 
 
-def test_tensor_parallel_split_matches_full(tmp_path):
-    mp.spawn(_tp_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+@pytest.mark.parametrize("vocab", [VOCAB, PADDED // 2 - 1], ids=["padding-on-rank-1", "rank-1-all-padding"])
+def test_tensor_parallel_split_matches_full(tmp_path, vocab):
+    mp.spawn(_tp_worker, args=(free_port(), str(tmp_path), vocab), nprocs=2, join=True)
     logits, ids = _data()
+    ids = ids.remainder(vocab)
     x = logits.clone().requires_grad_(True)
-    lp, ent = token_logprobs_and_entropy(x, ids, TEMP, VOCAB)
+    lp, ent = token_logprobs_and_entropy(x, ids, TEMP, vocab)
     w_lp, w_ent = _weights()
     ((lp * w_lp).sum() + (ent * w_ent).sum()).backward()
     half = PADDED // 2

@@ -7,8 +7,8 @@ softmax. With a TP group, the max, the sum of exponentials, the target logit and
 over the group: full logits are never gathered. Every TP rank returns the same values, and each rank's gradient is
 its shard's part of the gradient of a full-vocabulary `log_softmax`.
 
-Memory: the positions are processed a chunk at a time (about `CHUNK_BYTES` of float32 working memory per chunk),
-so no float32 copy of the `[B, L, V]` logits ever exists; the backward pass recomputes each chunk's softmax from
+Memory: the positions are processed a chunk at a time (about `CHUNK_BYTES` of float32 working memory per chunk:
+whole sequences when one fits, else a run of positions of one sequence), so no float32 copy of the `[B, L, V]` logits ever exists; the backward pass recomputes each chunk's softmax from
 the logits (kept in their own dtype) and the per-position log-sum-exp, instead of storing float32 intermediates.
 
 Alignment matches `TrainBatch`: `out[b, t]` is about token `input_ids[b, t]` given `input_ids[b, :t]`, computed
@@ -44,27 +44,40 @@ def _all_reduce(x: Tensor, op: str, tp_group: Any) -> Tensor:
     return x
 
 
-def _chunks(logits: Tensor, chunk_bytes: int) -> Iterator[tuple[int, int, int]]:
-    """(sequence, first position, end position) of each chunk of the positions 0..L-2 that predict a token."""
+def _chunks(logits: Tensor, chunk_bytes: int) -> Iterator[tuple[slice, slice]]:
+    """(sequences, positions) of each chunk of the positions 0..L-2 that predict a token: as many whole sequences
+    as fit in `chunk_bytes` of float32 rows, else runs of positions of one sequence. (Few chunks: the per-chunk
+    Python and op dispatch, not the arithmetic, is what a small vocabulary pays for.)"""
     batch, length, local = logits.shape
     rows = max(1, chunk_bytes // (4 * local))
+    if length - 1 <= rows:
+        per_chunk = rows // (length - 1)
+        for b in range(0, batch, per_chunk):
+            yield slice(b, min(b + per_chunk, batch)), slice(0, length - 1)
+        return
     for b in range(batch):
         for start in range(0, length - 1, rows):
-            yield b, start, min(start + rows, length - 1)
+            yield slice(b, b + 1), slice(start, min(start + rows, length - 1))
+
+
+def _real_columns(local: int, start: int, vocab_size: int) -> int:
+    """How many of a shard's columns (from global column `start`) are real vocabulary: always a prefix."""
+    return max(0, min(local, vocab_size - start))
 
 
 class _Chunk:
-    """One chunk's scaled logits `z` (float32, -inf on padded columns) and its targets within this shard."""
+    """One chunk's scaled logits `z` over the shard's real columns (float32; the padded columns are left out, and a
+    shard of padding only gets one -inf column, which adds nothing to the softmax) and its targets in the shard."""
 
-    def __init__(self, logits: Tensor, targets: Tensor, b: int, i: int, j: int, temperature: float, valid: Tensor,
+    def __init__(self, logits: Tensor, targets: Tensor, b: slice, t: slice, temperature: float, columns: int,
                  start: int):
-        self.z = logits[b, i:j].float() / temperature  # a new tensor (float() of float32 logits is no copy)
-        if not bool(valid.all()):
-            self.z.masked_fill_(~valid, float("-inf"))
-        local = self.z.shape[-1]
-        target = targets[b, i:j].to(self.z.device).long() - start
-        self.in_shard = (target >= 0) & (target < local)
-        self.target = target.clamp(0, local - 1)
+        if columns:
+            self.z = logits[b, t, :columns].float() / temperature  # a new tensor (float() of float32 is no copy)
+        else:
+            self.z = torch.full((*logits[b, t].shape[:-1], 1), float("-inf"), device=logits.device)
+        target = targets[b, t].to(self.z.device).long() - start
+        self.in_shard = (target >= 0) & (target < columns)
+        self.target = target.clamp(0, self.z.shape[-1] - 1)
 
 
 class _LogprobsEntropy(torch.autograd.Function):
@@ -76,24 +89,25 @@ class _LogprobsEntropy(torch.autograd.Function):
         rank, _ = _group_info(tp_group)
         batch, length, local = logits.shape
         start = rank * local
-        valid = (torch.arange(local, device=logits.device) + start) < vocab_size
+        columns = _real_columns(local, start, vocab_size)
         shape = (batch, length - 1)
         lp = torch.empty(shape, dtype=torch.float32, device=logits.device)
         ent, lse = torch.empty_like(lp), torch.empty_like(lp)
-        for b, i, j in _chunks(logits, chunk_bytes):
-            c = _Chunk(logits, targets, b, i, j, temperature, valid, start)
+        for b, t in _chunks(logits, chunk_bytes):
+            c = _Chunk(logits, targets, b, t, temperature, columns, start)
             m = _all_reduce(c.z.amax(dim=-1), "MAX", tp_group)
-            c.z.sub_(m[:, None])  # z - m (-inf on padded columns)
+            c.z.sub_(m[..., None])  # z - m
             e = c.z.exp()
             s = _all_reduce(e.sum(dim=-1), "SUM", tp_group)
-            picked = c.z.gather(-1, c.target[:, None]).squeeze(-1)
+            picked = c.z.gather(-1, c.target[..., None]).squeeze(-1)
             picked = _all_reduce(torch.where(c.in_shard, picked, torch.zeros_like(picked)), "SUM", tp_group)
-            c.z.masked_fill_(~valid, 0.0)
+            if not columns:
+                c.z.zero_()  # (0 * -inf would be nan; the column's weight e is 0)
             ez = _all_reduce((e.mul_(c.z)).sum(dim=-1), "SUM", tp_group)
             log_s = s.log()
-            lp[b, i:j] = picked - log_s
-            ent[b, i:j] = log_s - ez / s
-            lse[b, i:j] = m + log_s
+            lp[b, t] = picked - log_s
+            ent[b, t] = log_s - ez / s
+            lse[b, t] = m + log_s
         ctx.save_for_backward(logits, targets, lse, ent)
         ctx.temperature, ctx.vocab_size, ctx.tp_group, ctx.chunk_bytes = temperature, vocab_size, tp_group, chunk_bytes
         ctx.set_materialize_grads(False)  # an output the loss does not use gets no gradient pass
@@ -105,22 +119,21 @@ class _LogprobsEntropy(torch.autograd.Function):
         rank, _ = _group_info(ctx.tp_group)
         local = logits.shape[-1]
         start = rank * local
-        valid = (torch.arange(local, device=logits.device) + start) < ctx.vocab_size
-        grad = torch.zeros_like(logits)
-        for b, i, j in _chunks(logits, ctx.chunk_bytes):
-            c = _Chunk(logits, targets, b, i, j, ctx.temperature, valid, start)
-            logp = c.z.sub_(lse[b, i:j, None])  # log p (-inf on padded columns)
+        columns = _real_columns(local, start, ctx.vocab_size)
+        grad = torch.zeros_like(logits)  # padded columns get none
+        for b, t in _chunks(logits, ctx.chunk_bytes) if columns else ():
+            c = _Chunk(logits, targets, b, t, ctx.temperature, columns, start)
+            logp = c.z.sub_(lse[b, t, None])  # log p
             p = logp.exp()
             dz = torch.zeros_like(p)
             if grad_ent is not None:  # dH/dz_k = -p_k (log p_k + H)
-                logp.masked_fill_(~valid, 0.0).add_(ent[b, i:j, None])
-                dz.sub_(p * logp * grad_ent[b, i:j, None])
+                logp.add_(ent[b, t, None])
+                dz.sub_(p * logp * grad_ent[b, t, None])
             if grad_lp is not None:  # d log p_t / dz_k = 1[k = t] - p_k
-                g = grad_lp[b, i:j]
-                dz.sub_(p.mul_(g[:, None]))
-                rows = torch.nonzero(c.in_shard).squeeze(-1)
-                dz[rows, c.target[rows]] += g[rows]
-            grad[b, i:j] = dz.div_(ctx.temperature).to(grad.dtype)
+                g = grad_lp[b, t]
+                dz.sub_(p.mul_(g[..., None]))
+                dz.scatter_add_(-1, c.target[..., None], torch.where(c.in_shard, g, 0.0)[..., None])
+            grad[b, t, :columns] = dz.div_(ctx.temperature).to(grad.dtype)
         return grad, None, None, None, None, None
 
 
