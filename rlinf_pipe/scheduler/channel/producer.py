@@ -96,7 +96,9 @@ class ProducerEnd:
             ipc=f"ipc://{self._ipc_path}",
             tcp=f"tcp://{ray.util.get_node_ip_address()}:{port}",
         )
-        ray.get(registry().add_producer.remote(spec.name, self.record))
+        # A one-time registration, often from an async worker's event loop: waited on through the reference's
+        # future (Ray's blocking get would warn on every run that the loop is blocked, here on purpose).
+        registry().add_producer.remote(spec.name, self.record).future().result()
         self._thread = threading.Thread(target=self._run, name=f"channel-{spec.name}-producer", daemon=True)
         self._thread.start()
 
