@@ -25,6 +25,10 @@ Reported (medians over steps, then over repeats; ratios paired within a repeat, 
   until every receiver has loaded the version: the rollout engine and the inference worker in the pipeline, the
   3 rollout engines when collocated) united with the actor's `publish_weights` span of that version (the object
   store path publishes at the end of the previous step), bytes (`weight_sync/bytes`), bandwidth = bytes / time;
+- the ideal step of each mode for its measured work: max(longest stage's busy time, the CPU time every process
+  of the job used per step (driver, workers, the reward pool; from launch to the end of the run, over
+  `--steps`) / the cores this process may use), and `fraction_of_ideal` = ideal / measured step time (1: as fast
+  as the work allows on these cores);
 - the baseline: Ray actors forming a gloo group broadcast a float32 tensor of the same number of bytes from one
   sender to as many receivers as the pipeline's sync has (timed from the sender's start to the last receiver's
   end on the machine-wide monotonic clock, median of `--gloo-iters`); `weight_sync_bw_ratio_vs_gloo` = pipeline
@@ -104,22 +108,60 @@ def load(mode: str, args: argparse.Namespace, model: str | None, out: Path) -> A
     return load_config(CONFIGS, name, overrides)
 
 
+def job_cpu_s(workers: list[int], driver: int | None = None) -> float:
+    """CPU seconds (user + system) used so far by the `driver` process itself (its children are Ray's own
+    processes, which run the workers) and by the `workers` with their live children (the reward pool)."""
+    import psutil
+
+    procs: dict[int, psutil.Process] = {}
+    for pid in workers:
+        try:
+            proc = psutil.Process(pid)
+            procs |= {p.pid: p for p in (proc, *proc.children(recursive=True))}
+        except psutil.NoSuchProcess:
+            continue
+    if driver is not None:
+        procs[driver] = psutil.Process(driver)
+    total = 0.0
+    for proc in procs.values():
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
 def run_mode(mode: str, args: argparse.Namespace, model: str, out: Path) -> dict[str, Any]:
-    """Train `mode` for `args.steps` steps in this process; the measured steps' figures."""
+    """Train `mode` for `args.steps` steps in this process; the measured steps' figures, with the CPU time every
+    process of the job (driver, workers, reward pool) used per step once launched."""
     from rlinf_pipe.runner import Runner
 
     cfg = load(mode, args, model, out)
     start = time.perf_counter()
     runner = Runner.start(cfg)
     try:
+        workers = [pid for group in runner.c.groups() for pid in group.all.ping().wait()]
+        cpu_before = job_cpu_s(workers, os.getpid())
         run_dir = runner.run()
+        cpu_per_step = (job_cpu_s(workers, os.getpid()) - cpu_before) / args.steps
         placement = runner.c.plan.placement
         receivers = len(placement.components["rollout"].processes) + (
             len(placement.components["inference"].processes) if "inference" in placement.components else 0
         )
     finally:
         runner.shutdown()
-    return mode_figures(run_dir, receivers, time.perf_counter() - start, args.warmup, args.steps)
+    figures = mode_figures(run_dir, receivers, time.perf_counter() - start, args.warmup, args.steps)
+    return {**figures, **ideal_step(figures, cpu_per_step, len(os.sched_getaffinity(0)))}
+
+
+def ideal_step(figures: dict[str, Any], cpu_per_step_s: float, cores: int) -> dict[str, float]:
+    """The step time the measured work allows on `cores`: no faster than its longest stage (a stage's busy time),
+    nor than all its CPU time spread perfectly over the cores; `fraction_of_ideal` = ideal / measured step."""
+    longest = max(figures["stage_busy"].values(), default=0.0) * figures["step_s"]
+    ideal = max(longest, cpu_per_step_s / cores)
+    return {"cpu_per_step_s": cpu_per_step_s, "cores": cores, "longest_stage_s": longest, "ideal_step_s": ideal,
+            "fraction_of_ideal": ideal / figures["step_s"]}
 
 
 def mode_figures(run_dir: Path, receivers: int, wall: float, warmup: int, steps: int) -> dict[str, Any]:
@@ -218,6 +260,9 @@ def gloo_bytes_per_s(num_bytes: int, iters: int, receivers: int) -> float:
     return (max(1, num_bytes // 4) * 4) / statistics.median(durations)
 
 
+IDEAL_KEYS = ("cpu_per_step_s", "longest_stage_s", "ideal_step_s", "fraction_of_ideal")
+
+
 def summarise_runs(runs: dict[str, list[dict[str, Any]]], gloo: list[float], gloo_one: list[float],
                    args: argparse.Namespace, started: float) -> dict[str, Any]:
     """The JSON summary: per mode, the medians over repeats; the ratios paired within a repeat."""
@@ -250,6 +295,7 @@ def summarise_runs(runs: dict[str, list[dict[str, Any]]], gloo: list[float], glo
                 for k in runs[mode][0]["weight_sync_parts_s"]
             }),
             "reward_mean": round(agg(mode, "reward_mean"), 4),
+            **{key: round(agg(mode, key), 4) for key in IDEAL_KEYS if key in runs[mode][0]},
             "driver_data_bytes_per_step": int(agg(mode, "driver_data_bytes_per_step")),
             "train_data_bytes_per_step": int(agg(mode, "train_data_bytes_per_step")),
         }
@@ -258,6 +304,8 @@ def summarise_runs(runs: dict[str, list[dict[str, Any]]], gloo: list[float], glo
     summary = {
         "pipeline_over_collocated_step_time": round(step_ratio, 3),
         "pipeline_step_s": per_mode["pipeline"]["step_s"],
+        "fraction_of_ideal": per_mode["pipeline"].get("fraction_of_ideal"),
+        "ideal_step_s": per_mode["pipeline"].get("ideal_step_s"),
         "collocated_step_s": per_mode["collocated"]["step_s"],
         "bubble_fraction": per_mode["pipeline"]["bubble_fraction"],
         "scheduler_overhead_fraction": per_mode["pipeline"]["scheduler_overhead_fraction"],
@@ -362,13 +410,17 @@ def main() -> None:
         ("weight sync MiB/s", "weight_sync_mib_per_s", "{:.1f}"),
         ("driver data bytes/step", "driver_data_bytes_per_step", "{:,}"),
         ("train data bytes/step", "train_data_bytes_per_step", "{:,}"),
+        ("CPU time per step (s)", "cpu_per_step_s", "{:.3f}"), ("longest stage (s)", "longest_stage_s", "{:.3f}"),
+        ("ideal step (s)", "ideal_step_s", "{:.3f}"), ("fraction of ideal", "fraction_of_ideal", "{:.2f}"),
     ]:
         vals = [per_mode[m][key] * (1e3 if key in ("weight_sync_s", "weight_sync_driver_span_s") else 1) for m in MODES]
         print(f"{label:<28}" + "".join(f"{fmt.format(v):>12}" for v in vals))
     for stage in sorted(set(per_mode["pipeline"]["stage_busy"]) | set(per_mode["collocated"]["stage_busy"])):
         vals = [per_mode[m]["stage_busy"].get(stage) for m in MODES]
         print(f"{'busy ' + stage:<28}" + "".join(f"{'-' if v is None else f'{v:.1%}':>12}" for v in vals))
-    print(f"pipeline / collocated step time: {step_ratio:.3f} (< 1: the pipeline is faster)")
+    print(f"pipeline / collocated step time: {step_ratio:.3f} (< 1: the pipeline is faster); the pipeline runs at "
+          f"{summary['fraction_of_ideal']:.2f} of the ideal step its measured work allows on the cores "
+          "(max(longest stage, CPU time / cores))")
     print(f"weight sync {summary['weight_sync_mib_per_s']:.1f} MiB/s vs raw gloo broadcast "
           f"{summary['gloo_broadcast_mib_per_s']:.1f} MiB/s of {summary['weight_sync_bytes']:,} bytes: ratio "
           f"{bw_ratio:.3f} ({bw_ratio_one:.3f} against a broadcast to one receiver). {summary['weight_sync_note']}")

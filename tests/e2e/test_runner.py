@@ -388,6 +388,11 @@ def test_the_pipeline_vs_collocated_benchmark_reports_finite_figures(pipeline_ru
     bench = load_benchmark("pipeline_vs_collocated")
     runs = {"pipeline": [bench.mode_figures(pipeline_run, 2, 1.0, 0, 2)],
             "collocated": [bench.mode_figures(collocated_run, 1, 1.0, 0, 2)]}
+    for mode_runs in runs.values():  # the ideal step: here bound by the longest stage (no CPU time given) ...
+        mode_runs[0] |= bench.ideal_step(mode_runs[0], 0.0, 2)
+    figures = runs["pipeline"][0]
+    assert bench.ideal_step(figures, 10 * figures["step_s"], 2)["fraction_of_ideal"] == pytest.approx(5)  # ... or CPU
+    assert bench.job_cpu_s([], os.getpid()) > 0
     sync_bytes = int(runs["pipeline"][0]["weight_sync_bytes"])
     gloo, gloo_one = [bench.gloo_bytes_per_s(sync_bytes, 2, 2)], [bench.gloo_bytes_per_s(sync_bytes, 2, 1)]
     args = argparse.Namespace(steps=2, warmup=0, repeats=1, gloo_iters=2, rollout_batch_size=4, staleness=0)
@@ -399,6 +404,8 @@ def test_the_pipeline_vs_collocated_benchmark_reports_finite_figures(pipeline_ru
     assert summary["pipeline_over_collocated_step_time"] > 0 and summary["weight_sync_bw_ratio_vs_gloo"] > 0
     assert 0 <= summary["bubble_fraction"] < 1 and 0 <= summary["scheduler_overhead_fraction"] < 1
     assert summary["weight_sync_bytes"] > 0
+    assert summary["fraction_of_ideal"] == pytest.approx(max(figures["stage_busy"].values()), abs=1e-4)
+    assert 0 < summary["fraction_of_ideal"] <= 1
     assert summary["modes"]["pipeline"]["weight_sync_receivers"] == 2
     assert summary["modes"]["collocated"]["weight_sync_receivers"] == 1
     for mode in ("pipeline", "collocated"):  # training data streams worker to worker, never through the driver
