@@ -26,8 +26,8 @@ Reported (medians over steps, then over repeats; ratios paired within a repeat, 
   3 rollout engines when collocated) united with the actor's `publish_weights` span of that version (the object
   store path publishes at the end of the previous step), bytes (`weight_sync/bytes`), bandwidth = bytes / time;
 - the ideal step of each mode for its measured work: max(longest stage's busy time, the CPU time every process
-  of the job used per step (driver, workers, the reward pool; from launch to the end of the run, over
-  `--steps`) / the cores this process may use), and `fraction_of_ideal` = ideal / measured step time (1: as fast
+  of the job used per measured step (driver, workers, the reward pool; from the first measured step's start to
+  the last one's end) / the cores this process may use), and `fraction_of_ideal` = ideal / measured step time (1: as fast
   as the work allows on these cores);
 - the baseline: Ray actors forming a gloo group broadcast a float32 tensor of the same number of bytes from one
   sender to as many receivers as the pipeline's sync has (timed from the sender's start to the last receiver's
@@ -142,9 +142,20 @@ def run_mode(mode: str, args: argparse.Namespace, model: str, out: Path) -> dict
     runner = Runner.start(cfg)
     try:
         workers = [pid for group in runner.c.groups() for pid in group.all.ping().wait()]
-        cpu_before = job_cpu_s(workers, os.getpid())
+        cpu: dict[str, float] = {}
+        train_step = runner.step
+
+        async def measured_step(step: int) -> dict[str, float]:  # CPU time over the measured steps only
+            if step == args.warmup:
+                cpu["start"] = job_cpu_s(workers, os.getpid())
+            metrics = await train_step(step)
+            if step == args.steps - 1:
+                cpu["end"] = job_cpu_s(workers, os.getpid())
+            return metrics
+
+        runner.step = measured_step
         run_dir = runner.run()
-        cpu_per_step = (job_cpu_s(workers, os.getpid()) - cpu_before) / args.steps
+        cpu_per_step = (cpu["end"] - cpu["start"]) / (args.steps - args.warmup)
         placement = runner.c.plan.placement
         receivers = len(placement.components["rollout"].processes) + (
             len(placement.components["inference"].processes) if "inference" in placement.components else 0

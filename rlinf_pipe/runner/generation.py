@@ -141,14 +141,21 @@ class RolloutSchedule:
         for ahead in list(self.ahead):
             await asyncio.shield(ahead.rollout)
 
-    def start(self, step: int, calls: StageCalls) -> GenerationCalls:
-        """This step's generation (started now, or the oldest started ahead), and the next steps' started ahead
-        up to `staleness` of them, each with the weights the engines hold when it begins."""
+    def draw(self) -> list[PromptItem] | None:
+        """The prompts of the step about to start, or None when its generation was started ahead: drawn apart from
+        `start` so that the driver draws them (tokenising each) while the weights sync."""
+        return None if self.ahead else draw_prompts(self.sampler)
+
+    def start(self, step: int, calls: StageCalls, prompts: list[PromptItem] | None = None) -> GenerationCalls:
+        """This step's generation (started now, on `prompts` from `draw()` or drawn here, or the oldest started
+        ahead), and the next steps' started ahead up to `staleness` of them, each with the weights the engines
+        hold when it begins."""
         if self.ahead:
             current = self.ahead.popleft()
             self.states_before_ahead.popleft()
         else:
-            current = self.generation.start(step, draw_prompts(self.sampler), calls)
+            current = self.generation.start(step, prompts if prompts is not None else draw_prompts(self.sampler),
+                                            calls)
         while len(self.ahead) < self.staleness and step + len(self.ahead) + 1 < self.max_steps:
             self.states_before_ahead.append(self.sampler.state_dict())
             previous = self.ahead[-1] if self.ahead else current

@@ -10,8 +10,10 @@ Collocated (`CollocatedStep`): the rollout phase finishes before the actor phase
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
+from rlinf_pipe.data.structs import PromptItem
 from rlinf_pipe.runner.devices import ActorPhase
 from rlinf_pipe.runner.generation import GenerationResult, RolloutSchedule
 from rlinf_pipe.runner.stage_calls import StageCalls
@@ -29,6 +31,18 @@ class StepOutcome:
     train: list[TrainResult]
 
 
+async def synced_and_drawn(weights: WeightSync, schedule: RolloutSchedule,
+                           step: int) -> tuple[dict[str, float], list[PromptItem] | None]:
+    """Sync version `step` into the engines and, meanwhile, draw the step's prompts in a thread (tokenising them
+    takes milliseconds the engines would otherwise wait for after the sync)."""
+    drawing = asyncio.ensure_future(asyncio.to_thread(schedule.draw))
+    try:
+        sync = await weights.sync(version=step)
+    finally:
+        prompts = await drawing  # a failed sync still waits: nothing may draw from the sampler after the step
+    return sync, prompts
+
+
 @dataclass
 class PipelineStep:
     """The disaggregated pipeline's step: every stage at once."""
@@ -42,8 +56,8 @@ class PipelineStep:
     async def run(self, step: int) -> StepOutcome:
         calls = StageCalls()
         await self.schedule.finish_ahead(calls)  # max_staleness 1: the engines finish the rollout started ahead
-        sync = await self.weights.sync(version=step)
-        generation = self.schedule.start(step, calls)
+        sync, prompts = await synced_and_drawn(self.weights, self.schedule, step)
+        generation = self.schedule.start(step, calls, prompts)
         calls.start("logprob", self.logprob.all.logprob_step(step))
         train = calls.start("train", self.actor.replicas.train_step(step))
         await calls.until_all()
@@ -64,8 +78,8 @@ class CollocatedStep:
 
     async def run(self, step: int) -> StepOutcome:
         calls = StageCalls()
-        sync = await self.weights.sync(version=step)
-        generation = self.schedule.start(step, calls)
+        sync, prompts = await synced_and_drawn(self.weights, self.schedule, step)
+        generation = self.schedule.start(step, calls, prompts)
         await calls.until(generation.rollout)  # the engines give the devices back
         async with self.actor_phase(step):
             await calls.until(calls.start("logprob", self.actor.all.logprob_step(step)))  # before any update
