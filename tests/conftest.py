@@ -24,3 +24,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
+
+
+_RAY_LEFT: list[str] = []  # "<module> (before|after)": where a Ray connection was found left over
+
+
+def _disconnect_leftover_ray(where: str) -> None:
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        _RAY_LEFT.append(where)
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_ray_across_modules(request: pytest.FixtureRequest):
+    """Every module starts and ends with this process disconnected from Ray. A connection left over (a module
+    without its own shutdown, or Ray's auto-init from a late call on a stale handle) is shut down here and reported
+    at the end of the run: left in place it failed the next module's Ray fixture, and once its cluster was gone
+    Ray ended this whole process (exit 1, no summary)."""
+    _disconnect_leftover_ray(f"{request.module.__name__} (found before it)")
+    yield
+    _disconnect_leftover_ray(f"{request.module.__name__} (left after it)")
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _RAY_LEFT:
+        terminalreporter.write_line("warning: a Ray connection was left over and shut down: " + "; ".join(_RAY_LEFT))

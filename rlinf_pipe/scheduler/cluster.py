@@ -165,6 +165,9 @@ class Cluster:
     def _connect_or_start(self) -> bool:
         import ray
 
+        from rlinf_pipe.scheduler.ray_guard import disable_auto_init
+
+        disable_auto_init()  # connected explicitly here; a stray call after shutdown must not start a new Ray
         where = resolve_address(self.cfg.cluster.ray_address)
         if where.address != "local":
             _check_reachable(where)

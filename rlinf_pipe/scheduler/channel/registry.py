@@ -7,6 +7,7 @@ import msgspec
 import ray
 
 from rlinf_pipe.errors import ChannelError
+from rlinf_pipe.scheduler.ray_guard import disable_auto_init
 
 REGISTRY_NAME = "rlinf_pipe:channel_registry"
 
@@ -65,6 +66,7 @@ class ChannelRegistry:
 
 
 _handle: tuple[str, "ray.actor.ActorHandle"] | None = None  # (job@node, handle)
+disable_auto_init()  # a channel thread's late call after ray.shutdown() must not start a new Ray
 
 
 def registry() -> "ray.actor.ActorHandle":
