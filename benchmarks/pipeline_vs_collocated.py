@@ -27,8 +27,8 @@ Reported (medians over steps, then over repeats; ratios paired within a repeat, 
   store path publishes at the end of the previous step), bytes (`weight_sync/bytes`), bandwidth = bytes / time;
 - the ideal step of each mode for its measured work: max(longest stage's busy time, the CPU time every process
   of the job used per measured step (driver, workers, the reward pool; from the first measured step's start to
-  the last one's end) / the cores this process may use), and `fraction_of_ideal` = ideal / measured step time (1: as fast
-  as the work allows on these cores);
+  the last one's end) / the cores this process may use), and `fraction_of_ideal` = ideal / measured step time
+  (1: as fast as the work allows on these cores);
 - the baseline: Ray actors forming a gloo group broadcast a float32 tensor of the same number of bytes from one
   sender to as many receivers as the pipeline's sync has (timed from the sender's start to the last receiver's
   end on the machine-wide monotonic clock, median of `--gloo-iters`); `weight_sync_bw_ratio_vs_gloo` = pipeline

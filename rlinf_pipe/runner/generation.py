@@ -146,16 +146,15 @@ class RolloutSchedule:
         `start` so that the driver draws them (tokenising each) while the weights sync."""
         return None if self.ahead else draw_prompts(self.sampler)
 
-    def start(self, step: int, calls: StageCalls, prompts: list[PromptItem] | None = None) -> GenerationCalls:
-        """This step's generation (started now, on `prompts` from `draw()` or drawn here, or the oldest started
-        ahead), and the next steps' started ahead up to `staleness` of them, each with the weights the engines
-        hold when it begins."""
+    def start(self, step: int, calls: StageCalls, prompts: list[PromptItem] | None) -> GenerationCalls:
+        """This step's generation (started now on `prompts`, what `draw()` gave, or the oldest started ahead, when
+        `draw()` gave None), and the next steps' started ahead up to `staleness` of them, each with the weights the
+        engines hold when it begins."""
         if self.ahead:
             current = self.ahead.popleft()
             self.states_before_ahead.popleft()
         else:
-            current = self.generation.start(step, prompts if prompts is not None else draw_prompts(self.sampler),
-                                            calls)
+            current = self.generation.start(step, prompts, calls)
         while len(self.ahead) < self.staleness and step + len(self.ahead) + 1 < self.max_steps:
             self.states_before_ahead.append(self.sampler.state_dict())
             previous = self.ahead[-1] if self.ahead else current

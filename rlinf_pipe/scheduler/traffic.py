@@ -19,11 +19,17 @@ _lock = threading.Lock()
 _total = 0
 
 
+def is_tensor(obj: Any) -> bool:
+    """Whether `obj` is a torch tensor, without importing torch (not imported yet: nothing can be a tensor, and a
+    process that never needs torch, such as the channel registry, never loads it)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
 def payload_bytes(obj: Any, depth: int = 6) -> int:
     """Bytes of the tensors and arrays inside `obj` (through sequences, mappings, msgspec Structs and dataclasses
     down to `depth` levels)."""
-    torch = sys.modules.get("torch")  # not imported: obj holds no tensor
-    if torch is not None and isinstance(obj, torch.Tensor):
+    if is_tensor(obj):
         return obj.numel() * obj.element_size()
     if isinstance(obj, np.ndarray):
         return int(obj.nbytes)

@@ -30,9 +30,8 @@ class RecordingGeneration:
         return self.calls[step]
 
 
-@pytest.mark.parametrize("drawn_apart", [False, True], ids=["drawn-in-start", "drawn-during-the-sync"])
 @pytest.mark.parametrize("staleness", [0, 1, 3])
-def test_n_steps_start_ahead_each_after_the_one_before_and_resume_redraws_them(staleness, drawn_apart):
+def test_n_steps_start_ahead_each_after_the_one_before_and_resume_redraws_them(staleness):
     max_steps = 6
     sampler = PromptSampler(ArithmeticDataset(), batch_size=2, seed=1)
     generation = RecordingGeneration()
@@ -45,10 +44,8 @@ def test_n_steps_start_ahead_each_after_the_one_before_and_resume_redraws_them(s
         for step in range(max_steps):
             calls = StageCalls()
             await schedule.finish_ahead(calls)
-            # the steps draw their prompts apart (`draw()`, while the weights sync); None when started ahead
-            prompts = schedule.draw() if drawn_apart else None
-            if drawn_apart:
-                assert (prompts is None) == bool(schedule.ahead)
+            prompts = schedule.draw()  # as a step does while the weights sync; None when started ahead
+            assert (prompts is None) == bool(schedule.ahead)
             current = schedule.start(step, calls, prompts)
             assert current is generation.calls[step]  # a step always trains its own generation
             assert len(schedule.ahead) == min(staleness, max_steps - 1 - step)

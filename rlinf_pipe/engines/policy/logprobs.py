@@ -8,8 +8,9 @@ over the group: full logits are never gathered. Every TP rank returns the same v
 its shard's part of the gradient of a full-vocabulary `log_softmax`.
 
 Memory: the positions are processed a chunk at a time (about `CHUNK_BYTES` of float32 working memory per chunk:
-whole sequences when one fits, else a run of positions of one sequence), so no float32 copy of the `[B, L, V]` logits ever exists; the backward pass recomputes each chunk's softmax from
-the logits (kept in their own dtype) and the per-position log-sum-exp, instead of storing float32 intermediates.
+whole sequences when one fits, else a run of positions of one sequence), so no float32 copy of the `[B, L, V]`
+logits ever exists; the backward pass recomputes each chunk's softmax from the logits (kept in their own dtype)
+and the per-position log-sum-exp, instead of storing float32 intermediates.
 
 Alignment matches `TrainBatch`: `out[b, t]` is about token `input_ids[b, t]` given `input_ids[b, :t]`, computed
 from the logits at position `t - 1`; `out[:, 0]` is 0.

@@ -8,7 +8,6 @@ tensors and arrays that view the received frames (no copy).
 
 from __future__ import annotations
 
-import sys
 import threading
 import warnings
 from typing import Any, Sequence
@@ -55,8 +54,9 @@ class Codec:
     # --- hooks ----------------------------------------------------------------------------------------------
     def _enc_hook(self, obj: Any) -> Any:
         buffers = self._local.buffers
-        torch = sys.modules.get("torch")  # not imported: obj is no tensor (a Ray helper need not load torch)
-        if torch is not None and isinstance(obj, torch.Tensor):
+        if traffic.is_tensor(obj):
+            import torch  # (already loaded: obj is one of its tensors)
+
             if obj.device.type != "cpu":
                 raise TypeError(f"channel items carry CPU tensors; got a tensor on {obj.device} (call .cpu() first)")
             tensor = obj.detach().contiguous()
