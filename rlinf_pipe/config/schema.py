@@ -34,7 +34,8 @@ class ClusterConfig:
     component_placement: dict[str, str | int | list[int] | None] = opt(
         {"rollout": 0, "inference": 1, "actor": 2},
         "Component -> global GPU ids: `all`, `N`, `a-b`, or comma lists of those; keys may join names "
-        "(`actor,rollout: all` = collocated). See docs/placement.md.",
+        "(`actor,rollout: all` = collocated; components on one GPU set take turns on it, on disjoint sets they "
+        "stream; no `inference` entry: the actor computes the log-probs). See docs/placement.md.",
     )
     ray_address: str = opt(
         "auto",
@@ -90,7 +91,7 @@ class RunnerConfig:
         "finished within `stop_grace_s`).")
     max_staleness: int = opt(
         0, "0: every sample comes from the current weights (exact). N >= 1: the rollouts of steps k+1..k+N run while "
-        "step k trains, so samples lag the trained weights by up to N versions (pipeline mode only; the loss uses "
+        "step k trains, so samples lag the trained weights by up to N versions (rollout on GPUs of its own; the loss uses "
         "the sampling log-probs, see docs/pipeline.md#staleness).", min=0
     )
     weight_bucket_mb: int = opt(64, "Size of one weight-sync bucket in MiB.", min=1)

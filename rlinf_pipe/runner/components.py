@@ -41,8 +41,8 @@ class Channels:
 
 @dataclass
 class Components:
-    """Everything a running job holds (see the module docstring). `inference` is None when collocated: the actor
-    computes the log-probs there."""
+    """Everything a running job holds (see the module docstring). `inference` is None when the actor computes the
+    log-probs (`RunPlan.actor_logprobs`)."""
 
     plan: RunPlan
     cluster: Cluster
@@ -58,7 +58,7 @@ class Components:
 
     @property
     def logprob_group(self) -> WorkerGroup:
-        """Who computes old / reference log-probs: the inference workers, or the actor when collocated."""
+        """Who computes old / reference log-probs: the inference workers, or the actor (`RunPlan.actor_logprobs`)."""
         return self.inference if self.inference is not None else self.actor
 
     @property
@@ -103,12 +103,12 @@ def reward_placement(placement: Placement) -> ComponentPlacement:
 
 
 def create_channels(plan: RunPlan, reward_processes: int) -> Channels:
-    """The step's channels. Collocated, a stage finishes before the next one takes the devices, and with
-    `max_staleness` 1 a whole step's rollouts wait for the next step's log-probs: both buffer a step unbounded."""
+    """The step's channels. Where a consumer starts only once its producer's phase ended (`RunPlan.buffers_steps`:
+    GPUs taken in turns, the actor's log-probs before its training, rollout run ahead) they buffer a step unbounded."""
     run_id = uuid.uuid4().hex[:8]
-    bound = {"maxsize": None} if plan.collocated or plan.staleness else {}
+    bound = {"maxsize": None} if plan.buffers_steps else {}
     comps = plan.placement.components
-    logprob = comps["actor"] if plan.collocated else comps["inference"]
+    logprob = comps["actor"] if plan.actor_logprobs else comps["inference"]
     return Channels(
         rollouts=Channel.create(f"{run_id}-rollouts", RolloutGroup, num_producers=len(comps["rollout"].processes),
                                 **bound),
@@ -123,7 +123,7 @@ def launch(cfg: Config, cluster: Cluster | None = None, on_connect: Callable[[],
     Given a `cluster` (a relaunch after `Components.stop_workers`), the groups go to the same nodes and GPUs, and
     a failure leaves the cluster to its owner. `on_connect` runs once Ray is connected."""
     from rlinf_pipe.scheduler.locks import DeviceLocks
-    from rlinf_pipe.workers.actor import ActorWorker, CollocatedActorWorker
+    from rlinf_pipe.workers.actor import ActorWorker
     from rlinf_pipe.workers.dynamic_sampling import SamplingRounds
     from rlinf_pipe.workers.inference import InferenceWorker
     from rlinf_pipe.workers.reward import RewardWorker
@@ -157,27 +157,25 @@ def launch(cfg: Config, cluster: Cluster | None = None, on_connect: Callable[[],
         comps = plan.placement.components
         reward_place = reward_placement(plan.placement)
         channels = create_channels(plan, len(reward_place.processes))
-        locks = DeviceLocks.remote() if plan.collocated else None
+        locks = DeviceLocks.remote() if plan.engines_share_actor else None
         rounds = SamplingRounds.remote() if plan.dynamic_sampling else None
-        # The groups build their models at once; collocated, the engines start once the actor has built and
-        # offloaded its state (the two share the GPUs).
+        # The groups build their models at once; on shared GPUs, the engines start once the actor has built and
+        # offloaded its state.
         reward = start(RewardWorker, "reward", reward_place, cluster, cfg, channels.rollouts, channels.scored, rounds,
                        distributed=False)
-        if plan.collocated:
-            actor = start(CollocatedActorWorker, "actor", comps["actor"], cluster, cfg, model_path, channels.train,
-                          channels.scored, locks, env=WORKER_ENV).ready()
-            inference = None
-        else:
-            actor = start(ActorWorker, "actor", comps["actor"], cluster, cfg, model_path, channels.train,
-                          env=WORKER_ENV)
-            inference = start(InferenceWorker, "inference", comps["inference"], cluster, cfg, model_path,
-                              channels.scored, channels.train, plan.actor_dp, env=WORKER_ENV)
+        actor = start(ActorWorker, "actor", comps["actor"], cluster, cfg, model_path, channels.train,
+                      channels.scored if plan.actor_logprobs else None, locks, env=WORKER_ENV)
+        if plan.engines_share_actor:
+            actor.ready()
+        inference = None if plan.actor_logprobs else start(
+            InferenceWorker, "inference", comps["inference"], cluster, cfg, model_path, channels.scored,
+            channels.train, plan.actor_dp, env=WORKER_ENV)
         rollout = start(RolloutWorker, "rollout", comps["rollout"], cluster, cfg.rollout, rollout_path,
                         sampling_params(cfg.rollout, cfg.algorithm.group_size), cfg.runner.seed, channels.rollouts,
                         locks, distributed=False)
         for group in started:
             group.ready()
-        if plan.collocated:  # the engines hold the GPUs only while they generate
+        if plan.engines_share_actor:  # the engines hold the GPUs only while they generate
             rollout.all.release_devices().wait()
     except BaseException:
         for group in started:

@@ -1,6 +1,6 @@
-"""The actor's device phases. Collocated, a phase takes the device locks of the actor's GPUs and brings its state
-onto them, and gives both back after: the rollout engines take the same GPUs in between. Disaggregated, the actor
-has its GPUs to itself and a phase does nothing."""
+"""The actor's device phases. With the engines on its GPUs, a phase takes the device locks of the actor's GPUs and
+brings its state onto them, and gives both back after: the engines take the same GPUs in between. Otherwise the
+actor has its GPUs to itself and a phase does nothing."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rlinf_pipe.scheduler.worker_group import WorkerGroup
 ActorPhase = Callable[[int], AbstractAsyncContextManager[None]]
 
 
-def actor_phases(actor: WorkerGroup, collocated: bool) -> ActorPhase:
+def actor_phases(actor: WorkerGroup, shared: bool) -> ActorPhase:
     """`async with phase(step):` holds the actor's devices for the block (see the module docstring)."""
 
     @asynccontextmanager
@@ -27,4 +27,4 @@ def actor_phases(actor: WorkerGroup, collocated: bool) -> ActorPhase:
     async def own_devices(step: int) -> AsyncIterator[None]:
         yield
 
-    return holding_devices if collocated else own_devices
+    return holding_devices if shared else own_devices

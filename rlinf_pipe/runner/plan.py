@@ -1,7 +1,8 @@
 """`RunPlan`: how a run works, decided once from its config and placement, before Ray starts.
 
-Everything that differs between modes is data here (collocated or not, the weight transport, rollout staleness,
-dynamic sampling); the runner picks its parts from it at start-up and never tests a mode flag inside the step.
+Everything that differs between placements is data here (whether the engines take turns with the actor on its
+GPUs, whether the actor computes the log-probs, the weight transport, rollout staleness, dynamic sampling); the runner
+picks its parts from it at start-up and the step takes them as parameters.
 """
 
 from __future__ import annotations
@@ -23,11 +24,23 @@ class RunPlan:
     """The decided shape of a run (see the module docstring)."""
 
     placement: Placement
-    collocated: bool
+    engines_share_actor: bool  # rollout and actor take turns on the same GPUs (`Placement.engines_share_actor`)
+    actor_logprobs: bool  # the actor computes the log-probs: no inference workers (`Placement.actor_logprobs`)
     weight_transport: Transport
     weight_routes: tuple[WeightRoute, ...]
     staleness: int
     dynamic_sampling: bool
+
+    @property
+    def collocated(self) -> bool:
+        """Collocated mode: every GPU component on the same GPUs."""
+        return self.engines_share_actor and self.actor_logprobs
+
+    @property
+    def buffers_steps(self) -> bool:
+        """Some consumer starts only after its producer's phase (a time-shared GPU set, or the actor computing the
+        log-probs before it trains), or rollout runs ahead (staleness): the channels hold a whole step."""
+        return self.engines_share_actor or self.actor_logprobs or self.staleness > 0
 
     @property
     def actor_dp(self) -> int:
@@ -35,8 +48,12 @@ class RunPlan:
 
     @property
     def weight_receivers(self) -> tuple[str, ...]:
-        """The components that load weight versions: the engines, and the log-prob workers when disaggregated."""
-        return ("rollout",) if self.collocated else ("rollout", "inference")
+        """The components that load weight versions: the engines, and the inference workers if there are any."""
+        return weight_receivers(self.placement)
+
+
+def weight_receivers(placement: Placement) -> tuple[str, ...]:
+    return ("rollout",) if placement.actor_logprobs else ("rollout", "inference")
 
 
 def resolve_weight_transport(setting: str, placement: Placement, receivers: Sequence[str]) -> Transport:
@@ -71,17 +88,17 @@ def plan_run(cfg: Config, gpus_per_node: Sequence[int] | None = None) -> RunPlan
     that depend on the mode; every refusal is a `ConfigError` or `PlacementError` naming the key and the fix."""
     check_algorithm(cfg)
     placement = plan_placement(cfg, gpus_per_node)
-    collocated = placement.mode == "collocated"
-    if cfg.runner.max_staleness and collocated:
+    if cfg.runner.max_staleness and placement.engines_share_actor:
         raise ConfigError(
-            f"runner.max_staleness: {cfg.runner.max_staleness} needs the disaggregated pipeline: in collocated mode "
-            "rollout and actor take turns on the same GPUs, so rollout cannot run ahead; use 0, or place rollout "
-            "and actor on different GPUs"
+            f"runner.max_staleness: {cfg.runner.max_staleness} needs the rollout on GPUs of its own: rollout and "
+            "actor take turns on the same GPUs here, so rollout cannot run ahead; use 0, or place rollout and actor "
+            "on different GPUs"
         )
-    receivers = ("rollout",) if collocated else ("rollout", "inference")
+    receivers = weight_receivers(placement)
     transport = resolve_weight_transport(cfg.runner.weight_sync, placement, receivers)
     return RunPlan(
-        placement=placement, collocated=collocated, weight_transport=transport,
+        placement=placement, engines_share_actor=placement.engines_share_actor,
+        actor_logprobs=placement.actor_logprobs, weight_transport=transport,
         weight_routes=tuple(weight_routes(placement, transport, receivers)),
         staleness=cfg.runner.max_staleness, dynamic_sampling=cfg.algorithm.dynamic_sampling,
     )

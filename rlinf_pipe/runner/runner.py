@@ -24,7 +24,7 @@ from rlinf_pipe.runner.outputs import previous_spans, run_summary, step_metrics,
 from rlinf_pipe.runner.plan import plan_run
 from rlinf_pipe.runner.progress import Progress
 from rlinf_pipe.runner.run_dir import open_run_dir, record_event, write_config
-from rlinf_pipe.runner.steps import CollocatedStep, PipelineStep
+from rlinf_pipe.runner.steps import Step
 from rlinf_pipe.runner.stop import StepAbandoned, StopSignals
 from rlinf_pipe.runner.validation import Validation
 from rlinf_pipe.runner.weight_sync import WeightSync
@@ -65,13 +65,11 @@ class Runner:
             if plan.dynamic_sampling else PlainGeneration(c.rollout, c.reward)
         )
         self.schedule = RolloutSchedule(generation, c.sampler, plan.staleness, r.max_steps)
-        phase = actor_phases(c.actor, plan.collocated)
+        phase = actor_phases(c.actor, plan.engines_share_actor)
         self.weights = WeightSync(plan.weight_transport, plan.weight_routes, c.actor, c.weight_receivers, r.verify_weights,
-                                  self.tracer, phase, plan.collocated)
-        self.steps = (
-            CollocatedStep(self.weights, self.schedule, c.actor, phase, r.max_steps) if plan.collocated
-            else PipelineStep(self.weights, self.schedule, c.logprob_group, c.actor, r.max_steps)
-        )
+                                  self.tracer, phase, plan.engines_share_actor)
+        self.steps = Step(self.weights, self.schedule, c.logprob_group, c.actor, phase, plan.engines_share_actor,
+                          r.max_steps)
         self.validation = Validation(c.val_prompts, r.val_interval, r.val_before_train, r.max_steps, r.val_k,
                                      sampling_params(cfg.rollout, r.val_k), r.seed, self.run_dir)
 
@@ -81,6 +79,8 @@ class Runner:
         change), open the run folder, launch the job."""
         plan = plan_run(cfg)
         resume_from = checkpoints.check_resume(cfg)  # one that cannot continue this run fails here, before Ray
+        for warning in plan.placement.warnings:
+            log.warning("placement: %s (rlinf-pipe plan shows the placement; docs/placement.md)", warning)
         for warning in memory_report(cfg, plan.placement).warnings():
             log.warning("memory estimate: %s (rlinf-pipe plan shows the estimate; docs/memory.md)", warning)
         run_dir = open_run_dir(cfg, resume_from)

@@ -4,8 +4,8 @@ and counts go out, metrics come back; the data streams through the channels.
     sync weights (version = step) -> prompts -> rollout -> [rollouts] -> reward -> [scored] -> log-probs
         -> [train/r] -> actor replica r (micro-batches; an optimizer step after each mini-batch)
 
-Disaggregated (`PipelineStep`): every stage runs at once on its own GPUs and the channels stream between them.
-Collocated (`CollocatedStep`): the rollout phase finishes before the actor phase takes the same GPUs.
+Disaggregated: every stage runs at once on its own GPUs and the channels stream between them. Collocated: the
+rollout phase finishes before the actor phase takes the same GPUs. Partly shared placements mix the two (`Step`).
 """
 
 from __future__ import annotations
@@ -44,13 +44,17 @@ async def synced_and_drawn(weights: WeightSync, schedule: RolloutSchedule,
 
 
 @dataclass
-class PipelineStep:
-    """The disaggregated pipeline's step: every stage at once."""
+class Step:
+    """One step of any placement. Stages on GPUs of their own run at once and stream; where the engines take turns
+    with the actor (`engines_share_actor`) the rollout phase ends before the actor's phase takes the GPUs; where
+    the actor computes the log-probs (`logprob` is the actor) it does so before it trains."""
 
     weights: WeightSync
     schedule: RolloutSchedule
     logprob: WorkerGroup
     actor: WorkerGroup
+    actor_phase: ActorPhase
+    engines_share_actor: bool
     max_steps: int
 
     async def run(self, step: int) -> StepOutcome:
@@ -58,33 +62,16 @@ class PipelineStep:
         await self.schedule.finish_ahead(calls)  # max_staleness 1: the engines finish the rollout started ahead
         sync, prompts = await synced_and_drawn(self.weights, self.schedule, step)
         generation = self.schedule.start(step, calls, prompts)
-        calls.start("logprob", self.logprob.all.logprob_step(step))
-        train = calls.start("train", self.actor.replicas.train_step(step))
-        await calls.until_all()
-        if step + 1 < self.max_steps:
-            await self.weights.publish(step + 1)
-        return StepOutcome(sync, await generation.result, train.result())
-
-
-@dataclass
-class CollocatedStep:
-    """Collocated mode's step: the rollout phase, then the actor phase on the same GPUs."""
-
-    weights: WeightSync
-    schedule: RolloutSchedule
-    actor: WorkerGroup
-    actor_phase: ActorPhase
-    max_steps: int
-
-    async def run(self, step: int) -> StepOutcome:
-        calls = StageCalls()
-        sync, prompts = await synced_and_drawn(self.weights, self.schedule, step)
-        generation = self.schedule.start(step, calls, prompts)
-        await calls.until(generation.rollout)  # the engines give the devices back
+        by_actor = self.logprob is self.actor
+        if not by_actor:
+            calls.start("logprob", self.logprob.all.logprob_step(step))
+        if self.engines_share_actor:
+            await calls.until(generation.rollout)  # the engines give the devices back
         async with self.actor_phase(step):
-            await calls.until(calls.start("logprob", self.actor.all.logprob_step(step)))  # before any update
+            if by_actor:  # before any update; meanwhile the engines on other GPUs go on generating
+                await calls.until(calls.start("logprob", self.actor.all.logprob_step(step)))
             train = calls.start("train", self.actor.replicas.train_step(step))
             await calls.until_all()
             if step + 1 < self.max_steps:
-                await self.weights.publish(step + 1)  # while the actor holds its devices
+                await self.weights.publish(step + 1)  # (while the actor holds its devices)
         return StepOutcome(sync, await generation.result, train.result())

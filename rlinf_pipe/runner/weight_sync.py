@@ -4,9 +4,9 @@ worker, along the plan's routes (`weight_routes`). The bytes never pass through 
 
 The object store publishes first (at the end of the step that trained the version, while the actor holds its
 devices, and at the first sync of a run) and receivers fetch what was published. The group transports
-(`broadcast`, `ipc`) send and receive at once: disaggregated at the start of the step; collocated at the end of
-the actor phase that trained the version (the actor's state is on its devices, the engines resume only their
-weights), and for a run's first version inside an actor phase of its own.
+(`broadcast`, `ipc`) send and receive at once: at the start of the step when the engines have GPUs of their own;
+when they share the actor's, at the end of the actor phase that trained the version (the actor's state is on its
+devices, the engines resume only their weights), and for a run's first version inside an actor phase of its own.
 """
 
 from __future__ import annotations
@@ -32,12 +32,13 @@ class WeightSync:
 
     def __init__(self, transport: Transport, routes: Sequence[WeightRoute], actor: WorkerGroup,
                  receivers: dict[str, WorkerGroup], verify: bool, tracer: Tracer, actor_phase: ActorPhase,
-                 collocated: bool):
+                 engines_share_actor: bool):
         self.transport, self.routes, self.actor, self.receivers = transport, list(routes), actor, receivers
-        self.verify, self.tracer, self.actor_phase, self.collocated = verify, tracer, actor_phase, collocated
+        self.verify, self.tracer, self.actor_phase = verify, tracer, actor_phase
+        self.at_phase_end = engines_share_actor  # group transports move a version when the actor phase ends
         self.concurrent = needs_rendezvous(transport)
         self.published: WeightVersion | None = None  # object store: the last version published
-        self.synced: dict[int, float] = {}  # collocated group transports: versions moved ahead of their step
+        self.synced: dict[int, float] = {}  # group transports at phase end: versions moved ahead of their step
         self.loaded: tuple[int, dict[str, float]] | None = None  # the version every receiver holds, and its sync
         self.warned_unverified = False
 
@@ -69,10 +70,11 @@ class WeightSync:
 
     async def publish(self, version: int) -> None:
         """At the end of an actor phase (the actor holds its devices): the object store publishes `version`; when
-        collocated, a group transport moves it into the engines now. Nothing otherwise (`sync` does it)."""
+        engines share the actor's GPUs, a group transport moves it into the receivers now. Nothing otherwise
+        (`sync` does it)."""
         if not self.concurrent:
             self.published = (await self.actor.leader(0).publish_weights(version, self.verify))
-        elif self.collocated:
+        elif self.at_phase_end:
             self.synced[version] = await self._transfer(version)
 
     async def sync(self, version: int) -> dict[str, float]:
@@ -85,7 +87,7 @@ class WeightSync:
     async def _sync(self, version: int) -> dict[str, float]:
         if version in self.synced:
             return {"bytes": self.synced.pop(version)}
-        if self.concurrent:  # (collocated: the first version of a run, in an actor phase of its own)
+        if self.concurrent:  # (shared GPUs: the first version of a run, in an actor phase of its own)
             async with self.actor_phase(version):
                 return {"bytes": await self._transfer(version)}
         if self.published is None or self.published.version != version:  # the first sync of a run

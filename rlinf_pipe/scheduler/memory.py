@@ -16,9 +16,9 @@ The model of the estimate (docs/memory.md walks through it):
 * **kv_cache**: SGLang's share of the GPU (`rollout.gpu_memory_fraction` of the capacity) less its weights; the
   torch engine's cache for `max_running_requests` sequences at full length.
 
-Collocated components take turns on their GPUs, so each is checked on its own (the other's state is offloaded, or
-released by the engine, meanwhile; the other process still holds its CUDA context); the actor's phase also holds
-the reference model.
+Components that share a GPU set take turns on it, so each is checked on its own (the other's state is offloaded, or
+released by the engine, meanwhile; each other process on the set still holds its CUDA context); an actor that
+computes the log-probs (no inference workers) also holds the reference model.
 """
 
 from __future__ import annotations
@@ -125,23 +125,23 @@ def estimate_memory(cfg: Config, placement: Placement, shape: HfArch, capacity_b
     """The estimate of every GPU component of `placement` (see the module docstring)."""
     seq_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
     dtype_bytes = 4 if cfg.actor.params_dtype == "float32" else 2  # auto: bf16 on GPUs
-    collocated = placement.mode == "collocated"
+    sharing = {name: len(gpu_set.components) for gpu_set in placement.gpu_sets() for name in gpu_set.components}
     out: dict[str, ComponentMemory] = {}
     for name, comp in placement.components.items():
         estimate = {"actor": _actor, "inference": _inference, "rollout": _rollout}.get(name)
         if comp.gpus and estimate is not None:
-            kinds = estimate(cfg, comp, shape, seq_len, capacity_bytes, dtype_bytes, collocated)
-            out[name] = ComponentMemory(name, _bytes(kinds, 2 if collocated else 1), capacity_bytes)
+            kinds = estimate(cfg, comp, shape, seq_len, capacity_bytes, dtype_bytes, placement)
+            out[name] = ComponentMemory(name, _bytes(kinds, sharing[name]), capacity_bytes)
     return out
 
 
 def _actor(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, capacity: int, dtype_bytes: int,
-           collocated: bool) -> dict[str, float]:
+           placement: Placement) -> dict[str, float]:
     params = params_per_rank(shape, comp.tp, comp.pp)
     distributed_optimizer = comp.dp > 1
     master = 4 if dtype_bytes < 4 else 0
     tokens = cfg.actor.micro_batch_tokens or cfg.actor.micro_batch_size * seq_len
-    needs_ref = collocated and (cfg.algorithm.kl_coef > 0 or cfg.algorithm.compute_ref_logprobs)
+    needs_ref = placement.actor_logprobs and (cfg.algorithm.kl_coef > 0 or cfg.algorithm.compute_ref_logprobs)
     return {
         "weights": params * dtype_bytes * (2 if needs_ref else 1),
         "grads": params * 4,
@@ -152,7 +152,7 @@ def _actor(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, c
 
 
 def _inference(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, capacity: int,
-               dtype_bytes: int, collocated: bool) -> dict[str, float]:
+               dtype_bytes: int, placement: Placement) -> dict[str, float]:
     params = params_per_rank(shape, comp.tp, comp.pp)
     copies = 2 if cfg.algorithm.kl_coef > 0 or cfg.algorithm.compute_ref_logprobs else 1
     return {
@@ -162,11 +162,11 @@ def _inference(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: in
 
 
 def _rollout(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, capacity: int, dtype_bytes: int,
-             collocated: bool) -> dict[str, float]:
+             placement: Placement) -> dict[str, float]:
     tp = cfg.rollout.tensor_parallel_size
     weights = params_per_rank(shape, tp, 1) * dtype_bytes
     if cfg.rollout.backend == "sglang":
-        fraction = memory_fraction(cfg.rollout, collocated)
+        fraction = memory_fraction(cfg.rollout, placement.engines_share_actor)
         return {"weights": weights, "kv_cache": max(fraction * capacity - weights, 0.0)}
     sequences = cfg.rollout.max_running_requests or TORCH_MAX_RUNNING
     return {"weights": weights, "kv_cache": kv_cache_bytes(shape, sequences, seq_len, tp, dtype_bytes),

@@ -19,7 +19,8 @@ from rlinf_pipe.utils.text import closest
 
 CPU_ONLY = "cpu"  # `reward: cpu` runs the reward pool without GPUs
 
-Mode = Literal["collocated", "disaggregated"]
+Mode = Literal["collocated", "disaggregated", "hybrid"]
+GPU_COMPONENTS = ("rollout", "inference", "actor")  # reward is a CPU component: its GPU ids only pick nodes
 
 
 @dataclass(frozen=True)
@@ -66,9 +67,30 @@ class Placement:
     def world_size(self) -> int:
         return sum(self.gpus_per_node)
 
+    @property
+    def engines_share_actor(self) -> bool:
+        """Rollout engines and actor take turns on the same GPUs (device locks; engines sleep between phases)."""
+        return self.components["rollout"].gpus == self.components["actor"].gpus
+
+    @property
+    def actor_logprobs(self) -> bool:
+        """The actor computes old and reference log-probs itself: no `inference` entry, or one on the actor's GPUs
+        (merged into the actor, with a warning)."""
+        return "inference" not in self.components
+
+    def gpu_sets(self) -> list[GpuSet]:
+        """The GPU components grouped by the GPU set they hold, in GPU order."""
+        sets: dict[tuple[int, ...], list[str]] = {}
+        for name in GPU_COMPONENTS:
+            if name in self.components:
+                sets.setdefault(self.components[name].gpus, []).append(name)
+        return [GpuSet(gpus, tuple(names), self.actor_logprobs) for gpus, names in sorted(sets.items())]
+
     def to_json(self) -> dict:
         return {
             "mode": self.mode,
+            "gpu_sets": [{"gpus": format_ids(s.gpus), "components": list(s.components), "sharing": s.sharing}
+                         for s in self.gpu_sets()],
             "num_nodes": len(self.gpus_per_node),
             "gpus_per_node": list(self.gpus_per_node),
             "components": {
@@ -88,6 +110,24 @@ class Placement:
             },
             "warnings": list(self.warnings),
         }
+
+
+@dataclass(frozen=True)
+class GpuSet:
+    """GPU components that hold the same GPUs. One component has them to itself and streams to the others; several
+    take turns on them (rollout phase, then actor phase, under the device locks)."""
+
+    gpus: tuple[int, ...]
+    components: tuple[str, ...]
+    actor_logprobs: bool
+
+    @property
+    def sharing(self) -> str:
+        """How the set is used, in words (`rlinf-pipe plan`)."""
+        roles = [f"{n} (+ log-probs)" if n == "actor" and self.actor_logprobs else n for n in self.components]
+        if len(self.components) > 1:
+            return f"time-shared by {' and '.join(roles)}: rollout phase, then actor phase"
+        return f"{roles[0]} alone, streaming to the other stages"
 
 
 class NodeLayout:
@@ -274,7 +314,8 @@ def plan_placement(cfg: Config, gpus_per_node: Sequence[int] | None = None) -> P
                 "add e.g. `actor,rollout: all` (collocated) or `rollout: 0-3` and `actor: 4-7` (pipeline)",
             )
 
-    mode = _derive_mode(keys, values, ids)
+    warnings: list[str] = []
+    mode = _derive_mode(keys, values, ids, warnings)
     sizes = _parallel_sizes(cfg)
     components: dict[str, ComponentPlacement] = {}
     for name in keys:
@@ -289,7 +330,7 @@ def plan_placement(cfg: Config, gpus_per_node: Sequence[int] | None = None) -> P
             )
         components[name] = ComponentPlacement(name, keys[name], gpus, tp, pp, ())
 
-    if mode == "collocated":
+    if components["rollout"].gpus == components["actor"].gpus:
         actor_tp, rollout_tp = components["actor"].tp, components["rollout"].tp
         if actor_tp % rollout_tp and rollout_tp % actor_tp:
             raise PlacementError(
@@ -302,9 +343,8 @@ def plan_placement(cfg: Config, gpus_per_node: Sequence[int] | None = None) -> P
                 f"{', '.join(map(str, _aligned_sizes(actor_tp, len(components['rollout'].gpus))))}",
             )
 
-    warnings: list[str] = []
     for name, comp in components.items():
-        processes = _lay_out_processes(name, comp, components, mode, layout, values[name], warnings)
+        processes = _lay_out_processes(name, comp, components, layout, values[name], warnings)
         components[name] = ComponentPlacement(comp.name, comp.key, comp.gpus, comp.tp, comp.pp, processes)
 
     samples = cfg.data.rollout_batch_size * cfg.algorithm.group_size
@@ -330,43 +370,44 @@ def plan_placement(cfg: Config, gpus_per_node: Sequence[int] | None = None) -> P
     return Placement(mode, layout.gpus_per_node, components, tuple(warnings))
 
 
-def _derive_mode(keys: dict[str, str], values: dict[str, object], ids: dict[str, tuple[int, ...]]) -> Mode:
-    # reward is a CPU component: its GPU ids (any, shared or not) only choose its nodes and its process count
-    actor, rollout = set(ids["actor"]), set(ids["rollout"])
-    if actor == rollout:
-        if "inference" in ids:
-            raise PlacementError(
-                keys["inference"],
-                values["inference"],
-                "inference workers only exist in the disaggregated pipeline; with actor and rollout on the same "
-                "GPUs (collocated) the actor computes old and reference log-probs itself",
-                "remove the `inference` entry, or place actor and rollout on disjoint GPUs",
-            )
-        return "collocated"
-    gpu_components = [n for n in ("rollout", "inference", "actor") if n in ids]
-    for i, first in enumerate(gpu_components):
-        for second in gpu_components[i + 1 :]:
-            shared = set(ids[first]) & set(ids[second])
-            if shared:
-                pair = {first, second}
-                if pair == {"actor", "rollout"}:
-                    rule = (
-                        f"actor ({format_ids(ids['actor'])}) and rollout ({format_ids(ids['rollout'])}) share "
-                        f"GPU(s) {format_ids(sorted(shared))} but are not identical: they must be on the same GPUs "
-                        "(collocated) or on disjoint GPUs (disaggregated pipeline)"
-                    )
-                else:
-                    rule = (
-                        f"in the disaggregated pipeline every component needs its own GPUs; {first} and {second} "
-                        f"share GPU(s) {format_ids(sorted(shared))}"
-                    )
+def _derive_mode(keys: dict[str, str], values: dict[str, object], ids: dict[str, tuple[int, ...]],
+                 warnings: list[str]) -> Mode:
+    """Check how the GPU components share GPUs and name the mode. Components hold the same GPU set or disjoint
+    ones; inference on the actor's GPUs is merged into the actor (it computes the log-probs; `ids` loses the
+    entry); inference on the rollout's GPUs alone is refused."""
+    gpu = {name: set(ids[name]) for name in GPU_COMPONENTS if name in ids}
+    names = list(gpu)
+    for i, first in enumerate(names):
+        for second in names[i + 1:]:
+            shared = gpu[first] & gpu[second]
+            if shared and gpu[first] != gpu[second]:
                 raise PlacementError(
-                    keys[second],
-                    values[second],
-                    rule,
-                    "collocated: `actor,rollout: all`; pipeline: disjoint ranges such as "
-                    "`rollout: 0-3`, `inference: 4-5`, `actor: 6-7`",
+                    keys[second], values[second],
+                    f"{first} ({format_ids(ids[first])}) and {second} ({format_ids(ids[second])}) share GPU(s) "
+                    f"{format_ids(sorted(shared))} but are not identical: components that share GPUs take turns on "
+                    "the whole set, so they hold exactly the same GPUs",
+                    f"give both the same GPUs (they take turns, e.g. `{first},{second}: {format_ids(ids[first])}`; "
+                    "`actor,rollout: all` is collocated mode) or disjoint GPUs (they stream to each other, e.g. "
+                    "`rollout: 0-3`, `inference: 4-5`, `actor: 6-7`)",
                 )
+    if "inference" in gpu:
+        if gpu["inference"] == gpu["rollout"] and gpu["inference"] != gpu["actor"]:
+            raise PlacementError(
+                keys["inference"], values["inference"],
+                "inference shares the rollout's GPUs but not the actor's: the log-prob workers would have to take "
+                "turns with the engines inside the rollout phase, which is not supported",
+                "place inference with the actor (`actor,inference: ...`: the actor then computes the log-probs), "
+                "on GPUs of its own, or leave it out (the actor computes them)",
+            )
+        if gpu["inference"] == gpu["actor"]:
+            warnings.append(
+                "inference shares the actor's GPUs: the actor computes the old and reference log-probs itself "
+                "(no separate inference workers, no second copy of the model; inference.* parallel sizes are unused)"
+            )
+            for table in (keys, values, ids):
+                del table["inference"]
+    if gpu["actor"] == gpu["rollout"]:
+        return "hybrid" if "inference" in ids else "collocated"
     return "disaggregated"
 
 
@@ -374,7 +415,6 @@ def _lay_out_processes(
     name: str,
     comp: ComponentPlacement,
     components: dict[str, ComponentPlacement],
-    mode: Mode,
     layout: NodeLayout,
     value: object,
     warnings: list[str],
@@ -383,7 +423,7 @@ def _lay_out_processes(
     if name == "reward" and not comp.gpus:  # `reward: cpu`: one CPU process on the head node
         return (ProcessPlacement(0, 0, (), ()),)
     if name == "rollout":
-        groups = _rollout_groups(comp, components["actor"], mode)
+        groups = _rollout_groups(comp, components["actor"])
     else:  # Megatron components and reward workers: one process per GPU
         groups = [(g,) for g in comp.gpus]
         model_parallel = comp.tp * comp.pp
@@ -440,13 +480,13 @@ def _aligned_sizes(actor_tp: int, gpus: int) -> list[int]:
     return [n for n in range(1, gpus + 1) if gpus % n == 0 and (actor_tp % n == 0 or n % actor_tp == 0)]
 
 
-def _rollout_groups(rollout: ComponentPlacement, actor: ComponentPlacement, mode: Mode) -> list[tuple[int, ...]]:
-    """GPUs of each rollout engine. Disaggregated, or collocated with a rollout TP that is a multiple of the
+def _rollout_groups(rollout: ComponentPlacement, actor: ComponentPlacement) -> list[tuple[int, ...]]:
+    """GPUs of each rollout engine. On GPUs of their own, or on the actor's with a rollout TP that is a multiple of the
     actor's, engines take consecutive GPUs (collocated: each spans whole actor TP groups). Collocated with a
     smaller rollout TP, engines are strided inside each actor TP group so that rollout TP rank r of engine j sits
     on the device of actor TP shard j + r * stride."""
     tp = rollout.tp
-    if mode == "disaggregated" or tp % actor.tp == 0:
+    if rollout.gpus != actor.gpus or tp % actor.tp == 0:
         return [rollout.gpus[i : i + tp] for i in range(0, len(rollout.gpus), tp)]
     stride = actor.tp // tp
     groups = []

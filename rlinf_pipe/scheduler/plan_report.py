@@ -10,6 +10,7 @@ ABBREVIATIONS = {"rollout": "R", "inference": "I", "actor": "A", "reward": "W"}
 MODE_REASONS = {
     "collocated": "actor and rollout share the same GPUs and take turns on them",
     "disaggregated": "components on disjoint GPUs stream to each other, stages overlap",
+    "hybrid": "some components share a GPU set and take turns on it, the others stream on GPUs of their own",
 }
 
 
@@ -25,6 +26,8 @@ def render_plan(placement: Placement, memory: MemoryReport | None = None) -> str
                                if name in placement.components) + ", . = unused",
         "",
         *_table(placement),
+        "",
+        *_gpu_sets(placement),
     ]
     if memory is not None:
         lines += ["", *_memory(memory)]
@@ -70,6 +73,13 @@ def _grid(placement: Placement) -> list[str]:
         rows.append(f"node {node}".ljust(8) + " ".join(c.ljust(width) for c in padded) + f"  global {ids}")
         offset += len(row)
     return rows
+
+
+def _gpu_sets(placement: Placement) -> list[str]:
+    """How each GPU set is used: by one component that streams, or in turns by several."""
+    sets = placement.gpu_sets()
+    width = max(len(format_ids(s.gpus)) for s in sets)
+    return ["GPU sets:", *(f"  {format_ids(s.gpus).ljust(width)}  {s.sharing}" for s in sets)]
 
 
 def _table(placement: Placement) -> list[str]:

@@ -3,9 +3,10 @@
 Each step every replica reads the training batches routed to it from its own train channel and trains them in
 micro-batches, stepping the optimizer after each mini-batch (`train_feed`); the driver only says which step it is.
 The loss is `rlinf_pipe.algorithms.policy_loss` configured from `algorithm.*` (the policy knows nothing about it).
-`publish_weights` sends a version through the weight transport. `CollocatedActorWorker` (`actor,rollout: all`)
-also computes the log-probs and holds its devices' lock for each phase: `begin_phase` (lock + onload) ...
-`end_phase` (offload + unlock).
+`publish_weights` sends a version through the weight transport. Given the `scored` channel (no inference workers,
+or inference placed on the actor's GPUs) the actor also computes the log-probs (`logprob_step`, before it trains).
+Given the device `locks` (rollout on the actor's GPUs) it holds its devices' lock for each phase: `begin_phase`
+(lock + onload) ... `end_phase` (offload + unlock), its state offloaded in between.
 """
 
 from __future__ import annotations
@@ -63,9 +64,12 @@ class TrainResult:
 
 
 class ActorWorker(Worker):
-    """Trains the policy (see the module docstring). `train`: one train channel per actor replica."""
+    """Trains the policy (see the module docstring). `train`: one train channel per actor replica; `scored`: the
+    channel to compute log-probs from (None: inference workers do); `locks`: the device locks of GPUs shared with
+    the engines (None: the actor's own)."""
 
-    def __init__(self, cfg: Config, model_path: str, train: Sequence[Channel]):
+    def __init__(self, cfg: Config, model_path: str, train: Sequence[Channel], scored: Channel | None = None,
+                 locks: Any = None):
         super().__init__()
         a = cfg.actor
         init_model_parallel(a.tensor_parallel_size, a.pipeline_parallel_size)
@@ -84,6 +88,14 @@ class ActorWorker(Worker):
         self.sender: WeightSender | None = None  # the weight transport's sending end, on a sending rank once opened
         self.sending_replicas: set[int] = set()  # the replicas whose gathering rank sends
         self.trailer = True  # whether weight buckets carry the version / CRC32 trailer
+        self.ref = MegatronPolicy(model_path, train=False, **policy_options(cfg)) if (
+            scored is not None and needs_ref(cfg)) else None
+        self.stage = None if scored is None else LogprobStage(
+            self.policy, self.ref, scored, train, self.routing, self.pad_token_id,
+            recompute_old=cfg.runner.max_staleness == 0, tracer=self.tracer)
+        self.locks = locks
+        if locks is not None:
+            self._move("offload")
 
     # --- training ----------------------------------------------------------------------------------------------
     async def _next_op(self, ops: Any) -> TrainOp | None:
@@ -114,7 +126,36 @@ class ActorWorker(Worker):
             elif isinstance(op, OptimizerStep):
                 result.optimizer_steps.append(await asyncio.to_thread(self._optimizer_step, step, op.minibatch))
                 result.data_bytes += op.data_bytes
+        if self.stage is not None:
+            self.stage.version = step + 1  # the log-probs of the next step come from the weights trained now
         return result
+
+    async def logprob_step(self, step: int) -> int:
+        """The step's old (and reference) log-probs, computed with the weights before the step's updates (the
+        actor given the `scored` channel)."""
+        if self.stage is None:
+            raise RuntimeError("this actor computes no log-probs: the inference workers do")
+        return await self.stage.run(step)
+
+    # --- device phases (GPUs shared with the engines) ----------------------------------------------------------
+    def _move(self, direction: str) -> int:
+        return sum(getattr(policy, direction)() for policy in (self.policy, self.ref) if policy is not None)
+
+    async def begin_phase(self, step: int) -> int:
+        """Take this rank's devices and bring the state back onto them; returns the bytes moved."""
+        await self.locks.acquire.remote(list(self.info.global_gpus), self.owner)
+        with self.tracer.span("onload", step=step) as args:
+            args["bytes"] = moved = self._move("onload")
+        return moved
+
+    async def end_phase(self, step: int) -> int:
+        """Move the state off the devices and give them back; returns the bytes moved."""
+        try:
+            with self.tracer.span("offload", step=step) as args:
+                args["bytes"] = moved = self._move("offload")
+        finally:
+            await self.locks.release.remote(list(self.info.global_gpus), self.owner)
+        return moved
 
     # --- weights -----------------------------------------------------------------------------------------------
     def weight_layout(self, trailer: bool = True) -> WeightLayout:
@@ -162,48 +203,5 @@ class ActorWorker(Worker):
         """Restore model, optimizer, schedule and RNG; the restored weights are weight version `version` (the step
         the run resumes at)."""
         self.policy.load_checkpoint(folder)
-
-
-class CollocatedActorWorker(ActorWorker):
-    """The actor of collocated mode: it also computes the log-probs (`LogprobStage`), and each of its phases holds
-    the device lock of its GPUs, its state offloaded in between."""
-
-    def __init__(self, cfg: Config, model_path: str, train: Sequence[Channel], scored: Channel, locks: Any):
-        super().__init__(cfg, model_path, train)
-        self.ref = MegatronPolicy(model_path, train=False, **policy_options(cfg)) if needs_ref(cfg) else None
-        self.locks = locks
-        self.stage = LogprobStage(self.policy, self.ref, scored, train, self.routing, self.pad_token_id,
-                                  recompute_old=True, tracer=self.tracer)
-        self._move("offload")
-
-    def _move(self, direction: str) -> int:
-        return sum(getattr(policy, direction)() for policy in (self.policy, self.ref) if policy is not None)
-
-    async def begin_phase(self, step: int) -> int:
-        """Take this rank's devices and bring the state back onto them; returns the bytes moved."""
-        await self.locks.acquire.remote(list(self.info.global_gpus), self.owner)
-        with self.tracer.span("onload", step=step) as args:
-            args["bytes"] = moved = self._move("onload")
-        return moved
-
-    async def end_phase(self, step: int) -> int:
-        """Move the state off the devices and give them back; returns the bytes moved."""
-        try:
-            with self.tracer.span("offload", step=step) as args:
-                args["bytes"] = moved = self._move("offload")
-        finally:
-            await self.locks.release.remote(list(self.info.global_gpus), self.owner)
-        return moved
-
-    async def logprob_step(self, step: int) -> int:
-        """The step's old (and reference) log-probs, computed with the weights before the step's updates."""
-        return await self.stage.run(step)
-
-    async def train_step(self, step: int) -> TrainResult:
-        result = await super().train_step(step)
-        self.stage.version = step + 1  # the log-probs of the next step come from the weights trained now
-        return result
-
-    def load_checkpoint(self, folder: str, version: int) -> None:
-        super().load_checkpoint(folder, version)
-        self.stage.version = version
+        if self.stage is not None:
+            self.stage.version = version

@@ -106,7 +106,7 @@ def test_console_script_exits_2_without_traceback():
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
-    assert "rule: in the disaggregated pipeline every component needs its own GPUs" in proc.stderr
+    assert "rule: inference (20-23) and actor (20-31) share GPU(s) 20-23 but are not identical" in proc.stderr
 
 
 def test_timeline_of_a_cut_short_timeline_json_is_one_clear_error(tmp_path, capsys):

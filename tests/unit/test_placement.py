@@ -181,7 +181,7 @@ def test_reversed_range():
 
 def test_overlap_between_disaggregated_components():
     err = placement_error({"rollout": "0-19", "inference": "18-23", "actor": "24-31"})
-    assert err.key == "inference" and "rollout and inference share GPU(s) 18-19" in err.rule
+    assert err.key == "inference" and "rollout (0-19) and inference (18-23) share GPU(s) 18-19" in err.rule
 
 
 def test_partial_actor_rollout_overlap():
@@ -296,9 +296,36 @@ def test_reward_may_go_anywhere(reward):
     assert len(p.components["reward"].processes) == len(p.components["reward"].gpus)
 
 
-def test_inference_in_collocated_mode():
-    err = placement_error({"actor,rollout": "0-3", "inference": "4-7"}, nodes=1)
-    assert err.key == "inference" and "disaggregated" in err.rule
+def test_engines_on_the_actor_gpus_with_inference_apart_is_hybrid():
+    p = plan({"actor,rollout": "0-3", "inference": "4-7"}, nodes=1)
+    assert p.mode == "hybrid" and p.engines_share_actor and not p.actor_logprobs
+    assert [(s.gpus, s.components) for s in p.gpu_sets()] == [((0, 1, 2, 3), ("rollout", "actor")),
+                                                              ((4, 5, 6, 7), ("inference",))]
+    assert "time-shared by rollout and actor" in p.gpu_sets()[0].sharing
+    assert p.to_json()["gpu_sets"][1] == {"gpus": "4-7", "components": ["inference"],
+                                          "sharing": "inference alone, streaming to the other stages"}
+
+
+@pytest.mark.parametrize("entries", [{"actor,inference": "4-7", "rollout": "0-3"},
+                                     {"actor": "4-7", "rollout": "0-3"}])
+def test_log_probs_on_the_actor_gpus_merge_into_the_actor(entries):
+    """`actor,inference` on one set, or no inference entry: the actor computes the log-probs; no inference workers."""
+    p = plan(entries, nodes=1)
+    assert p.mode == "disaggregated" and p.actor_logprobs and not p.engines_share_actor
+    assert "inference" not in p.components and "actor (+ log-probs) alone" in p.gpu_sets()[1].sharing
+    assert any("actor computes the old and reference log-probs" in w for w in p.warnings) == ("actor,inference"
+                                                                                            in entries)
+
+
+def test_every_component_on_one_set_is_collocated():
+    p = plan({"actor,rollout,inference": "all"}, nodes=1)
+    assert p.mode == "collocated" and p.actor_logprobs and p.engines_share_actor
+
+
+def test_inference_with_the_rollout_alone_is_refused():
+    err = placement_error({"rollout,inference": "0-3", "actor": "4-7"}, nodes=1)
+    assert err.key == "rollout,inference" and "shares the rollout's GPUs but not the actor's" in err.rule
+    assert "actor,inference" in err.fix
 
 
 def test_error_message_is_one_readable_block():

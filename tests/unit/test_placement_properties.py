@@ -116,4 +116,8 @@ def test_arbitrary_placements_raise_only_placement_errors(gpus_per_node, placeme
     for comp in result.components.values():
         covered = [g for proc in comp.processes for g in proc.global_gpus]
         assert len(covered) == len(set(covered))
-    assert result.mode in ("collocated", "disaggregated")
+    sets = result.gpu_sets()
+    assert all(set(a.gpus).isdisjoint(b.gpus) for i, a in enumerate(sets) for b in sets[i + 1:])
+    expected = ("collocated" if len(sets) == 1 else "disaggregated" if all(len(s.components) == 1 for s in sets)
+                else "hybrid")
+    assert result.mode == expected

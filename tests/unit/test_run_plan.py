@@ -27,6 +27,29 @@ def test_the_default_plan_is_the_tiny_pipeline():
     assert (c.collocated, c.weight_transport, c.weight_receivers) == (True, "ipc", ("rollout",))
 
 
+@pytest.mark.parametrize("placement, shares, by_actor, receivers", [
+    ("{rollout: 0, actor: 1}", False, True, ("rollout",)),
+    ('{"actor,inference": 1, rollout: 0}', False, True, ("rollout",)),
+    ('{"actor,rollout": 0, inference: 1}', True, False, ("rollout", "inference")),
+])
+def test_partly_shared_placements_decide_who_takes_turns_and_who_computes_log_probs(placement, shares, by_actor,
+                                                                                  receivers):
+    p = plan("cluster.num_gpus_per_node=2", f"cluster.component_placement={placement}")
+    assert (p.engines_share_actor, p.actor_logprobs, p.collocated) == (shares, by_actor, False)
+    assert p.weight_receivers == receivers and p.weight_transport == "broadcast"  # auto: some receiver is apart
+    assert p.buffers_steps  # a consumer waits for its producer's phase: the channels hold a step
+    assert [member for route in p.weight_routes for member in route.receivers] == [(n, 0) for n in receivers]
+    assert not plan().buffers_steps and plan("runner.max_staleness=1").buffers_steps
+
+
+def test_staleness_needs_the_rollout_apart_from_the_actor_not_inference_workers():
+    assert plan("cluster.num_gpus_per_node=2", "cluster.component_placement={rollout: 0, actor: 1}",
+                "runner.max_staleness=1").staleness == 1
+    with pytest.raises(ConfigError, match="rollout and actor take turns on the same GPUs"):
+        plan("cluster.num_gpus_per_node=2", 'cluster.component_placement={"actor,rollout": 0, inference: 1}',
+             "runner.max_staleness=1")
+
+
 def test_the_placement_is_checked():
     with pytest.raises(PlacementError, match="out of range"):
         plan("cluster.component_placement.actor=5")
@@ -55,7 +78,7 @@ def test_every_transport_works_collocated_and_ipc_needs_a_sender_on_every_engine
 
 
 def test_staleness_needs_the_disaggregated_pipeline():
-    with pytest.raises(ConfigError, match="runner.max_staleness: 1 needs the disaggregated pipeline"):
+    with pytest.raises(ConfigError, match="runner.max_staleness: 1 needs the rollout on GPUs of its own"):
         plan(*COLLOCATED, "runner.max_staleness=1")
     assert plan("runner.max_staleness=1").staleness == 1
 
