@@ -66,8 +66,8 @@ class Runner:
         )
         self.schedule = RolloutSchedule(generation, c.sampler, plan.staleness, r.max_steps)
         phase = actor_phases(c.actor, plan.engines_share_actor)
-        self.weights = WeightSync(plan.weight_transport, plan.weight_routes, c.actor, c.weight_receivers, r.verify_weights,
-                                  self.tracer, phase, plan.engines_share_actor)
+        self.weights = WeightSync(plan.weight_transport, plan.weight_routes, c.actor, c.weight_receivers,
+                                  r.verify_weights, self.tracer, phase, plan.engines_share_actor)
         self.steps = Step(self.weights, self.schedule, c.logprob_group, c.actor, phase, plan.engines_share_actor,
                           r.max_steps)
         self.validation = Validation(c.val_prompts, r.val_interval, r.val_before_train, r.max_steps, r.val_k,
