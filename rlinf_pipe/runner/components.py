@@ -157,25 +157,28 @@ def launch(cfg: Config, cluster: Cluster | None = None, on_connect: Callable[[],
         comps = plan.placement.components
         reward_place = reward_placement(plan.placement)
         channels = create_channels(plan, len(reward_place.processes))
-        locks = DeviceLocks.remote() if plan.engines_share_actor else None
+        locks = DeviceLocks.remote() if plan.device_locks else None
         rounds = SamplingRounds.remote() if plan.dynamic_sampling else None
-        # The groups build their models at once; on shared GPUs, the engines start once the actor has built and
-        # offloaded its state.
+        # The groups build their models at once; on shared GPUs, the engines start once the actor (or the inference
+        # workers) sharing them have built their state (and the actor offloaded it).
         reward = start(RewardWorker, "reward", reward_place, cluster, cfg, channels.rollouts, channels.scored, rounds,
                        distributed=False)
         actor = start(ActorWorker, "actor", comps["actor"], cluster, cfg, model_path, channels.train,
-                      channels.scored if plan.actor_logprobs else None, locks, env=WORKER_ENV)
+                      channels.scored if plan.actor_logprobs else None, locks if plan.engines_share_actor else None,
+                      env=WORKER_ENV)
         if plan.engines_share_actor:
             actor.ready()
         inference = None if plan.actor_logprobs else start(
             InferenceWorker, "inference", comps["inference"], cluster, cfg, model_path, channels.scored,
-            channels.train, plan.actor_dp, env=WORKER_ENV)
+            channels.train, plan.actor_dp, locks if plan.inference_shares_rollout else None, env=WORKER_ENV)
+        if plan.inference_shares_rollout:
+            inference.ready()
         rollout = start(RolloutWorker, "rollout", comps["rollout"], cluster, cfg.rollout, rollout_path,
                         sampling_params(cfg.rollout, cfg.algorithm.group_size), cfg.runner.seed, channels.rollouts,
                         locks, distributed=False)
         for group in started:
             group.ready()
-        if plan.engines_share_actor:  # the engines hold the GPUs only while they generate
+        if plan.device_locks:  # the engines hold the GPUs only while they generate
             rollout.all.release_devices().wait()
     except BaseException:
         for group in started:

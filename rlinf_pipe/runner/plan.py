@@ -26,6 +26,7 @@ class RunPlan:
     placement: Placement
     engines_share_actor: bool  # rollout and actor take turns on the same GPUs (`Placement.engines_share_actor`)
     actor_logprobs: bool  # the actor computes the log-probs: no inference workers (`Placement.actor_logprobs`)
+    inference_shares_rollout: bool  # inference takes turns with the engines (`Placement.inference_shares_rollout`)
     weight_transport: Transport
     weight_routes: tuple[WeightRoute, ...]
     staleness: int
@@ -38,9 +39,16 @@ class RunPlan:
 
     @property
     def buffers_steps(self) -> bool:
-        """Some consumer starts only after its producer's phase (a time-shared GPU set, or the actor computing the
-        log-probs before it trains), or rollout runs ahead (staleness): the channels hold a whole step."""
-        return self.engines_share_actor or self.actor_logprobs or self.staleness > 0
+        """Some consumer may wait for its producer's phase (a time-shared GPU set, or the actor computing the
+        log-probs before it trains), or rollout runs ahead (staleness): the channels hold a whole step, so that a
+        producer holding the devices never waits for its consumer."""
+        return self.engines_share_actor or self.actor_logprobs or self.inference_shares_rollout or self.staleness > 0
+
+    @property
+    def device_locks(self) -> bool:
+        """Some GPU set is taken in turns: the job needs the device locks, and its engines sleep between
+        generations."""
+        return self.engines_share_actor or self.inference_shares_rollout
 
     @property
     def actor_dp(self) -> int:
@@ -98,7 +106,8 @@ def plan_run(cfg: Config, gpus_per_node: Sequence[int] | None = None) -> RunPlan
     transport = resolve_weight_transport(cfg.runner.weight_sync, placement, receivers)
     return RunPlan(
         placement=placement, engines_share_actor=placement.engines_share_actor,
-        actor_logprobs=placement.actor_logprobs, weight_transport=transport,
+        actor_logprobs=placement.actor_logprobs, inference_shares_rollout=placement.inference_shares_rollout,
+        weight_transport=transport,
         weight_routes=tuple(weight_routes(placement, transport, receivers)),
         staleness=cfg.runner.max_staleness, dynamic_sampling=cfg.algorithm.dynamic_sampling,
     )

@@ -166,7 +166,7 @@ def _rollout(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int,
     tp = cfg.rollout.tensor_parallel_size
     weights = params_per_rank(shape, tp, 1) * dtype_bytes
     if cfg.rollout.backend == "sglang":
-        fraction = memory_fraction(cfg.rollout, placement.engines_share_actor)
+        fraction = memory_fraction(cfg.rollout, placement.rollout_time_shared)
         return {"weights": weights, "kv_cache": max(fraction * capacity - weights, 0.0)}
     sequences = cfg.rollout.max_running_requests or TORCH_MAX_RUNNING
     return {"weights": weights, "kv_cache": kv_cache_bytes(shape, sequences, seq_len, tp, dtype_bytes),

@@ -73,6 +73,17 @@ class Placement:
         return self.components["rollout"].gpus == self.components["actor"].gpus
 
     @property
+    def inference_shares_rollout(self) -> bool:
+        """Inference workers take turns with the engines on the same GPUs (the actor has others): they take the
+        devices group by group, between the engines' generations."""
+        return "inference" in self.components and self.components["inference"].gpus == self.components["rollout"].gpus
+
+    @property
+    def rollout_time_shared(self) -> bool:
+        """The engines share their GPUs with another component: they hold them only while they generate."""
+        return self.engines_share_actor or self.inference_shares_rollout
+
+    @property
     def actor_logprobs(self) -> bool:
         """The actor computes old and reference log-probs itself: no `inference` entry, or one on the actor's GPUs
         (merged into the actor, with a warning)."""
@@ -125,9 +136,11 @@ class GpuSet:
     def sharing(self) -> str:
         """How the set is used, in words (`rlinf-pipe plan`)."""
         roles = [f"{n} (+ log-probs)" if n == "actor" and self.actor_logprobs else n for n in self.components]
-        if len(self.components) > 1:
+        if len(self.components) == 1:
+            return f"{roles[0]} alone, streaming to the other stages"
+        if "actor" in self.components:
             return f"time-shared by {' and '.join(roles)}: rollout phase, then actor phase"
-        return f"{roles[0]} alone, streaming to the other stages"
+        return f"time-shared by {' and '.join(roles)}: inference takes the GPUs group by group between generations"
 
 
 class NodeLayout:
@@ -374,7 +387,7 @@ def _derive_mode(keys: dict[str, str], values: dict[str, object], ids: dict[str,
                  warnings: list[str]) -> Mode:
     """Check how the GPU components share GPUs and name the mode. Components hold the same GPU set or disjoint
     ones; inference on the actor's GPUs is merged into the actor (it computes the log-probs; `ids` loses the
-    entry); inference on the rollout's GPUs alone is refused."""
+    entry)."""
     gpu = {name: set(ids[name]) for name in GPU_COMPONENTS if name in ids}
     names = list(gpu)
     for i, first in enumerate(names):
@@ -391,14 +404,6 @@ def _derive_mode(keys: dict[str, str], values: dict[str, object], ids: dict[str,
                     "`rollout: 0-3`, `inference: 4-5`, `actor: 6-7`)",
                 )
     if "inference" in gpu:
-        if gpu["inference"] == gpu["rollout"] and gpu["inference"] != gpu["actor"]:
-            raise PlacementError(
-                keys["inference"], values["inference"],
-                "inference shares the rollout's GPUs but not the actor's: the log-prob workers would have to take "
-                "turns with the engines inside the rollout phase, which is not supported",
-                "place inference with the actor (`actor,inference: ...`: the actor then computes the log-probs), "
-                "on GPUs of its own, or leave it out (the actor computes them)",
-            )
         if gpu["inference"] == gpu["actor"]:
             warnings.append(
                 "inference shares the actor's GPUs: the actor computes the old and reference log-probs itself "
@@ -408,7 +413,7 @@ def _derive_mode(keys: dict[str, str], values: dict[str, object], ids: dict[str,
                 del table["inference"]
     if gpu["actor"] == gpu["rollout"]:
         return "hybrid" if "inference" in ids else "collocated"
-    return "disaggregated"
+    return "hybrid" if "inference" in ids and gpu["inference"] == gpu["rollout"] else "disaggregated"
 
 
 def _lay_out_processes(

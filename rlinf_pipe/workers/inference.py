@@ -6,12 +6,15 @@ weights of the step's version, reference log-probs with the initial weights (a s
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from typing import Any
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.engines.policy import MegatronPolicy
 from rlinf_pipe.models.megatron_gpt import init_model_parallel
 from rlinf_pipe.scheduler.channel import Channel
+from rlinf_pipe.scheduler.locks import device_lock
 from rlinf_pipe.scheduler.worker import Worker
 from rlinf_pipe.weights import LoadedWeights, WeightLayout, WeightVersion
 from rlinf_pipe.weights.process_group import Rendezvous
@@ -27,9 +30,12 @@ from rlinf_pipe.workers.weight_inbox import WeightInbox
 
 
 class InferenceWorker(Worker):
-    """Old / reference log-probs of scored groups, streamed channel to channel."""
+    """Old / reference log-probs of scored groups, streamed channel to channel. Given the device `locks` (inference
+    on the rollout's GPUs), it holds its devices' lock for each group's log-probs, between the engines'
+    generations."""
 
-    def __init__(self, cfg: Config, model_path: str, scored: Channel, train: Sequence[Channel], actor_dp: int):
+    def __init__(self, cfg: Config, model_path: str, scored: Channel, train: Sequence[Channel], actor_dp: int,
+                 locks: Any = None):
         super().__init__()
         init_model_parallel(cfg.inference.tensor_parallel_size, cfg.inference.pipeline_parallel_size)
         self.policy = MegatronPolicy(model_path, train=False, **policy_options(cfg))
@@ -37,6 +43,7 @@ class InferenceWorker(Worker):
         self.stage = LogprobStage(
             self.policy, ref, scored, train, train_routing(cfg, actor_dp), pad_token_id(model_path),
             recompute_old=cfg.runner.max_staleness == 0, tracer=self.tracer,
+            on_devices=functools.partial(device_lock, locks, self.info.global_gpus, self.owner),
         )
         self.inbox = WeightInbox(self.owner, self.policy.arch, self.tracer)
 

@@ -1,4 +1,4 @@
-"""The log-prob stage shared by the inference workers and the collocated actor: old and reference log-probs of the
+"""The log-prob stage shared by the inference workers and an actor that computes the log-probs: old and reference log-probs of the
 step's scored groups, streamed from the scored channel into the actor replicas' train channels.
 
 Within a model-parallel replica the input rank reads the channel and shares each group with the other ranks; the
@@ -9,8 +9,9 @@ channel of the actor replica that trains it (`rlinf_pipe.data.routing`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import msgspec
@@ -62,8 +63,10 @@ class LogprobStage:
     def __init__(
         self, policy: MegatronPolicy, ref: MegatronPolicy | None, scored: Channel, train: Sequence[Channel],
         routing: TrainRouting, pad_token_id: int, recompute_old: bool, tracer: Tracer,
+        on_devices: Callable[[], AbstractAsyncContextManager[None]] = contextlib.nullcontext,
     ):
         self.policy, self.ref, self.scored, self.train = policy, ref, scored, list(train)
+        self.on_devices = on_devices  # held around each group's log-probs (the device lock of a shared set)
         self.routing, self.pad_token_id, self.recompute_old, self.tracer = routing, pad_token_id, recompute_old, tracer
         self.ranks = ReplicaRanks.current()
         self.version = 0  # the weight version `policy` holds
@@ -103,7 +106,8 @@ class LogprobStage:
             item = await asyncio.to_thread(self.ranks.share, item)
             if isinstance(item, StepEnd):
                 break
-            batch = await asyncio.to_thread(self._logprobs, step, item)
+            async with self.on_devices():
+                batch = await asyncio.to_thread(self._logprobs, step, item)
             if batch is not None:
                 await self.train[self.routing.replica_of(batch.slot)].aput(batch, weight=batch.num_sequences)
                 count += 1

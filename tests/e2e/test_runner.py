@@ -260,9 +260,12 @@ def test_staleness_two_runs_rollout_two_steps_ahead_and_never_lags_more(tmp_path
 @pytest.mark.slow
 def test_dynamic_sampling_trains_only_varied_groups(tmp_path, tiny_model):
     """algorithm.dynamic_sampling: groups whose rewards are all equal never reach the log-prob stage or the actor;
-    extra rounds draw more prompts; every generated group counts in the reward metrics."""
+    extra rounds draw more prompts; every generated group counts in the reward metrics. The inference worker takes
+    turns with the engine on GPU 0 (a hybrid placement): it takes the device group by group between the rounds'
+    generations, and the two never compute on it at once."""
     out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, "algorithm.dynamic_sampling=true",
-              "algorithm.max_extra_rounds=2")
+              "algorithm.max_extra_rounds=2", "cluster.num_gpus_per_node=2",
+              'cluster.component_placement={"rollout,inference": 0, actor: 1}')
     records = read_metrics(out / "metrics.jsonl")
     spans = read_chrome_trace(out / "timeline.json")
     for r in records:
@@ -276,6 +279,10 @@ def test_dynamic_sampling_trains_only_varied_groups(tmp_path, tiny_model):
         trained = [s for s in spans if s.name == "train" and s.args["version"] == step]
         assert sum(s.args["sequences"] for s in logprob) == sum(s.args["sequences"] for s in trained) == kept * 4
         assert r["optimizer_steps"] == float(kept > 0)
+    assert {"wake", "sleep"} <= {s.name for s in spans}
+    assert {s.devices for s in spans if s.name == "logprob"} == {(0,)}
+    found = [(a, b) for a, b in overlaps(spans) if not {a.name, b.name} <= {"weight_sync", "publish_weights"}]
+    assert found == []  # (both receive each version at once, before the step's generation)
 
 
 @pytest.mark.slow

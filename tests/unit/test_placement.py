@@ -322,10 +322,10 @@ def test_every_component_on_one_set_is_collocated():
     assert p.mode == "collocated" and p.actor_logprobs and p.engines_share_actor
 
 
-def test_inference_with_the_rollout_alone_is_refused():
-    err = placement_error({"rollout,inference": "0-3", "actor": "4-7"}, nodes=1)
-    assert err.key == "rollout,inference" and "shares the rollout's GPUs but not the actor's" in err.rule
-    assert "actor,inference" in err.fix
+def test_inference_taking_turns_with_the_engines_is_hybrid():
+    p = plan({"rollout,inference": "0-3", "actor": "4-7"}, nodes=1)
+    assert p.mode == "hybrid" and p.inference_shares_rollout and p.rollout_time_shared and not p.engines_share_actor
+    assert "inference takes the GPUs group by group" in p.gpu_sets()[0].sharing
 
 
 def test_error_message_is_one_readable_block():

@@ -31,11 +31,13 @@ def test_the_default_plan_is_the_tiny_pipeline():
     ("{rollout: 0, actor: 1}", False, True, ("rollout",)),
     ('{"actor,inference": 1, rollout: 0}', False, True, ("rollout",)),
     ('{"actor,rollout": 0, inference: 1}', True, False, ("rollout", "inference")),
+    ('{"rollout,inference": 0, actor: 1}', False, False, ("rollout", "inference")),
 ])
 def test_partly_shared_placements_decide_who_takes_turns_and_who_computes_log_probs(placement, shares, by_actor,
                                                                                   receivers):
     p = plan("cluster.num_gpus_per_node=2", f"cluster.component_placement={placement}")
     assert (p.engines_share_actor, p.actor_logprobs, p.collocated) == (shares, by_actor, False)
+    assert p.device_locks == (shares or "rollout,inference" in placement)
     assert p.weight_receivers == receivers and p.weight_transport == "broadcast"  # auto: some receiver is apart
     assert p.buffers_steps  # a consumer waits for its producer's phase: the channels hold a step
     assert [member for route in p.weight_routes for member in route.receivers] == [(n, 0) for n in receivers]
