@@ -1,9 +1,11 @@
 """Rollout engine throughput: TorchEngine against Hugging Face `generate` on the same model and batch.
 
-    python benchmarks/engine_bench.py [--arch qwen2] [--batch 8] [--new-tokens 64] [--repeats 5] [--json]
+    python benchmarks/engine_bench.py [--model tiny|smollm2] [--arch qwen2] [--batch 8] [--new-tokens 64]
+        [--repeats 5] [--json]
 
 Both sample `batch` prompts (16-23 tokens) for exactly `new_tokens` tokens at temperature 1 on the tiny model
-(created locally on first use), one thread pool, fp32 CPU. Each measurement is repeated; medians and the ratio
+(created locally on first use) or SmolLM2-135M-Instruct (converted into the default cache on first use), one thread
+pool, fp32 CPU. Each measurement is repeated; medians and the ratio
 are reported. With --json the last printed line is one JSON object.
 """
 
@@ -60,14 +62,20 @@ def hf_tokens_per_s(model, batch: list[list[int]], new_tokens: int, pad_id: int)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"])
+    parser.add_argument("--model", default="tiny", choices=["tiny", "smollm2"])
+    parser.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"], help="tiny model only")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    folder = ensure_tiny_model(os.path.join(tempfile.gettempdir(), "rlinf_pipe_bench_models"), arch=args.arch)
+    if args.model == "smollm2":
+        from rlinf_pipe.models.resolve import resolve_model_path
+
+        folder = resolve_model_path("smollm2-135m")
+    else:
+        folder = ensure_tiny_model(os.path.join(tempfile.gettempdir(), "rlinf_pipe_bench_models"), arch=args.arch)
     engine = TorchEngine(str(folder))
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     batch = prompts(args.batch, model.config.vocab_size)
@@ -81,7 +89,8 @@ def main() -> None:
     summary = {
         "tokens_per_s": {name: round(value) for name, value in medians.items()},
         "ratio_vs_hf_generate": round(medians["torch_engine"] / medians["hf_generate"], 3),
-        "batch": args.batch, "new_tokens": args.new_tokens, "arch": args.arch, "repeats": args.repeats,
+        "model": args.model, "batch": args.batch, "new_tokens": args.new_tokens,
+        "arch": args.arch if args.model == "tiny" else "llama", "repeats": args.repeats,
         "threads": {"torch_engine (its worker thread)": engine.cpu_threads, "hf_generate": torch.get_num_threads()},
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
     }

@@ -1,10 +1,12 @@
 """Training step time: our Megatron trainer (`MegatronPolicy`) against plain Hugging Face + torch on one batch.
 
-    python benchmarks/megatron_step_bench.py [--model tiny|warm] [--arch qwen2] [--batch 16] [--seq-len 48]
+    python benchmarks/megatron_step_bench.py [--model tiny|warm|smollm2] [--arch qwen2] [--batch 16] [--seq-len 48]
         [--response-len 16] [--repeats 20] [--threads N] [--json]
 
 Both train the same model folder (the tiny model, created locally on first use, or with --model warm the
-warm-started tiny model from the default model cache, built there on first use), fp32 CPU, on the same fixed `TrainBatch`: `batch` sequences of `seq_len` random token ids,
+warm-started tiny model from the default model cache, built there on first use, or with --model smollm2
+SmolLM2-135M-Instruct, converted into the default cache on first use), fp32 CPU, on the same fixed `TrainBatch`:
+`batch` sequences of `seq_len` random token ids,
 response mask on the last `response_len` tokens, random old log-probs and advantages. One step = forward +
 backward + optimizer step with the whole batch as one micro-batch, the PPO loss `policy_loss` (token-mean):
 
@@ -148,6 +150,10 @@ class HFStep:
 
 
 def model_folder(kind: str, arch: str) -> str:
+    if kind == "smollm2":  # a real model (134.5M parameters, llama): compute dominates the step
+        from rlinf_pipe.models.resolve import resolve_model_path
+
+        return str(resolve_model_path("smollm2-135m"))
     if kind == "warm":  # the default model cache: shared with the tests and examples (building it takes minutes)
         from rlinf_pipe.models.warmstart import ensure_warm_tiny_model
 
@@ -159,7 +165,7 @@ def model_folder(kind: str, arch: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="tiny", choices=["tiny", "warm"])
+    parser.add_argument("--model", default="tiny", choices=["tiny", "warm", "smollm2"])
     parser.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"], help="tiny model only")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=48)
@@ -209,7 +215,8 @@ def main() -> None:
         "megatron_over_hf_forward_time": med["megatron_forward"] / med["hf_forward"],
         "fwd_bwd_s": {"megatron": med["megatron_fwd_bwd"], "hf": med["hf_fwd_bwd"]},
         "optimizer_s": {"megatron": med["megatron_optim"], "hf": med["hf_optim"]},
-        "model": args.model, "arch": args.arch if args.model == "tiny" else "qwen2", "params": n_params,
+        "model": args.model, "arch": args.arch if args.model == "tiny" else {"warm": "qwen2"}.get(args.model, "llama"),
+        "params": n_params,
         "batch": args.batch, "seq_len": args.seq_len, "response_len": args.response_len,
         "repeats": args.repeats, "warmup": args.warmup, "threads": torch.get_num_threads(),
         "runtime_s": time.perf_counter() - start,
