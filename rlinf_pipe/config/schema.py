@@ -91,8 +91,8 @@ class RunnerConfig:
         "finished within `stop_grace_s`).")
     max_staleness: int = opt(
         0, "0: every sample comes from the current weights (exact). N >= 1: the rollouts of steps k+1..k+N run while "
-        "step k trains, so samples lag the trained weights by up to N versions (rollout on GPUs of its own; the loss uses "
-        "the sampling log-probs, see docs/pipeline.md#staleness).", min=0
+        "step k trains, so samples lag the trained weights by up to N versions (rollout on GPUs of its own; the "
+        "loss uses the sampling log-probs, see docs/pipeline.md#staleness).", min=0
     )
     weight_bucket_mb: int = opt(64, "Size of one weight-sync bucket in MiB.", min=1)
     weight_sync: Literal["auto", "broadcast", "ipc", "object_store"] = opt(

@@ -24,13 +24,25 @@ class RunPlan:
     """The decided shape of a run (see the module docstring)."""
 
     placement: Placement
-    engines_share_actor: bool  # rollout and actor take turns on the same GPUs (`Placement.engines_share_actor`)
-    actor_logprobs: bool  # the actor computes the log-probs: no inference workers (`Placement.actor_logprobs`)
-    inference_shares_rollout: bool  # inference takes turns with the engines (`Placement.inference_shares_rollout`)
     weight_transport: Transport
     weight_routes: tuple[WeightRoute, ...]
     staleness: int
     dynamic_sampling: bool
+
+    @property
+    def engines_share_actor(self) -> bool:
+        """Rollout and actor take turns on the same GPUs (`Placement.engines_share_actor`)."""
+        return self.placement.engines_share_actor
+
+    @property
+    def actor_logprobs(self) -> bool:
+        """The actor computes the log-probs: no inference workers (`Placement.actor_logprobs`)."""
+        return self.placement.actor_logprobs
+
+    @property
+    def inference_shares_rollout(self) -> bool:
+        """Inference takes turns with the engines (`Placement.inference_shares_rollout`)."""
+        return self.placement.inference_shares_rollout
 
     @property
     def collocated(self) -> bool:
@@ -47,8 +59,8 @@ class RunPlan:
     @property
     def device_locks(self) -> bool:
         """Some GPU set is taken in turns: the job needs the device locks, and its engines sleep between
-        generations."""
-        return self.engines_share_actor or self.inference_shares_rollout
+        generations (`Placement.rollout_time_shared`)."""
+        return self.placement.rollout_time_shared
 
     @property
     def actor_dp(self) -> int:
@@ -61,6 +73,7 @@ class RunPlan:
 
 
 def weight_receivers(placement: Placement) -> tuple[str, ...]:
+    """The components that load weight versions: the engines, and the inference workers if there are any."""
     return ("rollout",) if placement.actor_logprobs else ("rollout", "inference")
 
 
@@ -105,9 +118,7 @@ def plan_run(cfg: Config, gpus_per_node: Sequence[int] | None = None) -> RunPlan
     receivers = weight_receivers(placement)
     transport = resolve_weight_transport(cfg.runner.weight_sync, placement, receivers)
     return RunPlan(
-        placement=placement, engines_share_actor=placement.engines_share_actor,
-        actor_logprobs=placement.actor_logprobs, inference_shares_rollout=placement.inference_shares_rollout,
-        weight_transport=transport,
+        placement=placement, weight_transport=transport,
         weight_routes=tuple(weight_routes(placement, transport, receivers)),
         staleness=cfg.runner.max_staleness, dynamic_sampling=cfg.algorithm.dynamic_sampling,
     )

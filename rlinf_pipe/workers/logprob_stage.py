@@ -1,5 +1,5 @@
-"""The log-prob stage shared by the inference workers and an actor that computes the log-probs: old and reference log-probs of the
-step's scored groups, streamed from the scored channel into the actor replicas' train channels.
+"""The log-prob stage shared by the inference workers and an actor that computes the log-probs: old and reference
+log-probs of the step's scored groups, streamed from the scored channel into the actor replicas' train channels.
 
 Within a model-parallel replica the input rank reads the channel and shares each group with the other ranks; the
 output rank (last pipeline stage, tensor rank 0) packs the `TrainBatch` and routes it by its slot to the train
