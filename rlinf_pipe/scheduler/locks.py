@@ -53,6 +53,24 @@ class DeviceLocks:
                         del self._owner[d]
             self._cond.notify_all()
 
+    async def forfeit(self, owners: list[str]) -> None:
+        """Free whatever `owners` hold (workers that were lost: they never release)."""
+        async with self._cond:
+            for device, owner in list(self._owner.items()):
+                if owner in owners:
+                    del self._owner[device]
+            for owner in owners:
+                self._depth.pop(owner, None)
+            self._cond.notify_all()
+
+    async def reset(self) -> None:
+        """Forget every holder (after a lost worker: its locks would never be released; the workers that stayed are
+        idle and hold their devices no more)."""
+        async with self._cond:
+            self._owner.clear()
+            self._depth.clear()
+            self._cond.notify_all()
+
     def holders(self) -> dict[int, str]:
         return dict(self._owner)
 

@@ -167,6 +167,20 @@ class Worker:
     def ping(self) -> int:
         return os.getpid()
 
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def abandon_step(self) -> None:
+        """Make the step calls running here end now (a peer was lost; the driver retries the step once every call
+        ended, see `WorkerGroup.settle`): every channel handle this process holds is aborted, so a call waiting on
+        one raises `ChannelClosed`, then `on_abandon` stops the worker's own waits. The worker takes new channels
+        with `use_channels`."""
+        from rlinf_pipe.scheduler.channel.channel import abort_process_handles
+
+        abort_process_handles()
+        self.on_abandon()
+
+    def on_abandon(self) -> None:
+        """Subclasses: end what else a step call may wait on (an engine's requests, a weight transfer)."""
+
     def drain_spans(self) -> list[Span]:
         """The spans this worker's `tracer` recorded since the last call (the driver collects them each step)."""
         return self.tracer.drain()

@@ -4,12 +4,16 @@
     await group.all.train(step)               # every rank; a list of results in rank order
     await group.replicas.metrics()            # every rank; one result per data-parallel replica (its output rank)
     await group.rank(0).free_port()           # one rank; its result
+    await group.some([0, 2]).abandon_step()   # some ranks; their results in the order given
     await group.leader(0).publish(version)    # every rank (a collective); rank 0's result
     await group.sharded.generate(prompts, 3)  # `prompts` split into one contiguous shard per replica
 
 Every verb returns a `GroupCall`: `await` it in asyncio code or `.wait()` elsewhere; the first failing rank raises
 a `WorkerError` at once. An argument other than a number, a string or None that goes to several ranks is put into
 Ray's object store once and shared by reference.
+
+After a lost worker: `group.relaunch(ranks, *args)` starts ranks again on their nodes and GPUs, and `await
+group.settle(timeout_s)` waits until every call made through the verbs has finished.
 """
 
 from __future__ import annotations
@@ -159,6 +163,7 @@ class _Verb:
                                                 *args, **kwargs)
                 for m in members
             ]
+            group._track(members, refs)
             return GroupCall(group, method, members, refs, self._pick)
 
         return call
@@ -178,11 +183,27 @@ def _rendezvous_point(node: Any) -> tuple[str, int]:
     return ray.get(probe.remote())
 
 
+@dataclass(frozen=True)
+class _Recipe:
+    """How a group's actors are started (kept to start some of them again)."""
+
+    remote_cls: Any
+    cluster: Cluster
+    distributed: bool
+    env: dict[str, str]
+    runtime_env: dict[str, Any] | None
+
+
+TRACKED_CALLS = 256  # in-flight calls a group remembers before it forgets the finished ones
+
+
 class WorkerGroup(Generic[W]):
     """The Ray actors of one component and the verbs that call them (see the module docstring)."""
 
-    def __init__(self, name: str, placement: ComponentPlacement, members: list[_Member]):
-        self.name, self.placement, self._members = name, placement, members
+    def __init__(self, name: str, placement: ComponentPlacement, members: list[_Member],
+                 recipe: _Recipe | None = None):
+        self.name, self.placement, self._members, self._recipe = name, placement, members, recipe
+        self._calls: list[tuple[_Member, Any]] = []  # calls made through the verbs, not known to be finished
 
     @classmethod
     def launch(
@@ -221,13 +242,21 @@ class WorkerGroup(Generic[W]):
         if not issubclass(worker_cls, Worker):
             raise TypeError(f"{worker_cls.__name__} must subclass rlinf_pipe.scheduler.worker.Worker")
         remote_cls = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(worker_cls)
-        reservations = cluster.reserve_nodes(sorted({p.node_rank for p in placement.processes if p.global_gpus}))
-        world = len(placement.processes)
-        shared_env = dict(env or {})
-        if distributed and world > 0:
-            shared_env.update(rendezvous_env(*_rendezvous_point(cluster.nodes[placement.processes[0].node_rank])))
-        group = cls(name, placement, [])
-        for proc in placement.processes:
+        group = cls(name, placement, [], _Recipe(remote_cls, cluster, distributed, dict(env or {}), runtime_env))
+        group._members = group._start_members(list(placement.processes), args, kwargs)
+        return group
+
+    def _start_members(self, procs: list[ProcessPlacement], args: tuple, kwargs: dict[str, Any]) -> list[_Member]:
+        """Start an actor for each of `procs` (with the group's recipe and these constructor arguments)."""
+        recipe, name = self._recipe, self.name
+        cluster = recipe.cluster
+        reservations = cluster.reserve_nodes(sorted({p.node_rank for p in procs if p.global_gpus}))
+        world = len(self.placement.processes)
+        shared_env = dict(recipe.env)
+        if recipe.distributed and world > 0:
+            shared_env.update(rendezvous_env(*_rendezvous_point(cluster.nodes[procs[0].node_rank])))
+        started: list[_Member] = []
+        for proc in procs:
             strategy = (
                 PlacementGroupSchedulingStrategy(reservations[proc.node_rank], placement_group_bundle_index=0)
                 if proc.global_gpus
@@ -236,20 +265,78 @@ class WorkerGroup(Generic[W]):
             actor_name = f"rlinf_pipe:{name}:{proc.rank}"
             process_env = placement_env(name, proc.rank, world, proc.node_rank, proc.local_gpus, proc.global_gpus)
             try:
-                actor = remote_cls.options(
+                actor = recipe.remote_cls.options(
                     name=actor_name,
                     num_cpus=0,
                     num_gpus=0,  # the node's GPUs are held by the reservation; devices come from the placement
                     scheduling_strategy=strategy,
-                    runtime_env={**(runtime_env or {}), "env_vars": {**shared_env, **process_env}},
+                    runtime_env={**(recipe.runtime_env or {}), "env_vars": {**shared_env, **process_env}},
                 ).remote(*args, **kwargs)
             except ValueError as exc:
-                group.shutdown()
+                for member in [*started, *self._members]:
+                    ray.kill(member.actor, no_restart=True)
+                self._members = []
                 raise ClusterError(
                     f"cannot start worker {actor_name}: {exc} (is a group named {name!r} running?)"
                 ) from None
-            group._members.append(_Member(proc.rank, proc, actor, actor_name))
-        return group
+            started.append(_Member(proc.rank, proc, actor, actor_name))
+        return started
+
+    def relaunch(self, ranks: Sequence[int], *args: Any, **kwargs: Any) -> WorkerGroup[W]:
+        """Stop `ranks` and start them again on the same nodes and GPUs (constructor arguments `args` / `kwargs`),
+        then wait until they are `ready`. A group with a torch.distributed world is relaunched whole (its ranks
+        form the world at construction)."""
+        ranks = sorted(set(ranks))
+        for rank in ranks:
+            self._check_rank(rank)
+        if self._recipe.distributed and len(ranks) != self.size:
+            raise ValueError(f"{self.name}: a group with a torch.distributed world is relaunched whole, not ranks "
+                             f"{ranks} of 0-{self.size - 1}")
+        self.kill(ranks)
+        procs = [self._members[r].process for r in ranks]
+        started = {m.rank: m for m in self._start_members(procs, args, kwargs)}
+        self._members = [started.get(m.rank, m) for m in self._members]
+        try:
+            self.some(ranks).worker_info().wait()
+        except WorkerError:
+            self.shutdown()
+            raise
+        return self
+
+    def kill(self, ranks: Sequence[int], wait_s: float = 30.0) -> None:
+        """Kill `ranks` (their in-flight calls fail) and wait up to `wait_s` until they are gone, so their names can
+        be taken again."""
+        members = [self._members[r] for r in ranks]
+        for member in members:
+            ray.kill(member.actor, no_restart=True)
+        if wait_s > 0 and members:
+            gone = [m.actor.ping.remote() for m in members]
+            ray.wait(gone, num_returns=len(gone), timeout=wait_s)
+        killed = {id(m) for m in members}
+        self._calls = [(m, ref) for m, ref in self._calls if id(m) not in killed]
+
+    # --- in-flight calls --------------------------------------------------------------------------------------
+    def _track(self, members: Sequence[_Member], refs: Sequence[Any]) -> None:
+        self._calls.extend(zip(members, refs, strict=True))
+        if len(self._calls) > TRACKED_CALLS:
+            self._calls = self._unfinished(self._calls, 0.0)
+
+    @staticmethod
+    def _unfinished(calls: list[tuple[_Member, Any]], timeout_s: float, drain: bool = False
+                    ) -> list[tuple[_Member, Any]]:
+        refs = [ref for _, ref in calls]
+        finished, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s, fetch_local=False)
+        if drain:  # calls of an abandoned step: their errors are expected, not to be logged as unhandled
+            GroupCall._drain_finished(finished)
+        pending_set = set(pending)
+        return [(m, ref) for m, ref in calls if ref in pending_set]
+
+    async def settle(self, timeout_s: float) -> list[int]:
+        """Wait up to `timeout_s` until every call made through the verbs has finished (failed ones included, their
+        errors dropped); returns the ranks with calls still running."""
+        if self._calls:
+            self._calls = await asyncio.to_thread(self._unfinished, self._calls, timeout_s, True)
+        return sorted({m.rank for m, _ in self._calls})
 
     def ready(self) -> WorkerGroup[W]:
         """Wait until every rank's constructor finished. A rank failing there raises a `WorkerError` naming it, and
@@ -283,6 +370,12 @@ class WorkerGroup(Generic[W]):
         """Every rank (a collective led by `rank`); the result is the leader's result."""
         self._check_rank(rank)
         return _Verb(self, self._members, lambda results: results[rank])
+
+    def some(self, ranks: Sequence[int]) -> Any:
+        """Some ranks; the result is the list of their results, in the order given."""
+        for rank in ranks:
+            self._check_rank(rank)
+        return _Verb(self, [self._members[r] for r in ranks], list)
 
     def rank(self, rank: int) -> Any:
         """One rank; the result is its result."""
@@ -363,9 +456,5 @@ class WorkerGroup(Generic[W]):
     def shutdown(self, wait_s: float = 0.0) -> None:
         """Kill every rank; with `wait_s`, wait up to that long until they are gone (so their names can be taken
         again by a relaunched group)."""
-        for member in self._members:
-            ray.kill(member.actor, no_restart=True)
-        if wait_s > 0 and self._members:
-            gone = [m.actor.ping.remote() for m in self._members]
-            ray.wait(gone, num_returns=len(gone), timeout=wait_s)
+        self.kill(range(self.size), wait_s)
         self._members = []

@@ -59,6 +59,10 @@ class WeightSender(ABC):
 
     transport: ClassVar[str]
 
+    def cancel(self) -> None:
+        """From another thread: make a `publish` blocked on a lost peer fail now (a step abandoned after a lost
+        worker); the end is unusable afterwards and the transport is opened anew. Nothing blocks by default."""
+
     @abstractmethod
     def publish(self, version: int, tensors: Iterable[tuple[str, torch.Tensor]], checksum: bool = False) -> WeightVersion:
         """Send `version`: the HF-named `tensors` in layout order (views of live parameters are fine: each is copied
@@ -70,6 +74,9 @@ class WeightReceiver(ABC):
     """The receiving end of a transport, on an engine or log-prob worker."""
 
     transport: ClassVar[str]
+
+    def cancel(self) -> None:
+        """From another thread: make a `receive` blocked on a lost peer fail now (see `WeightSender.cancel`)."""
 
     @abstractmethod
     async def receive(self, published: WeightVersion, load_bucket: LoadBucket, verify: bool = False) -> LoadedWeights:

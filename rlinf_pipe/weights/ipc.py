@@ -35,7 +35,7 @@ from rlinf_pipe.weights.layout import (
     pack_bucket,
     tensor_views,
 )
-from rlinf_pipe.weights.process_group import Rendezvous, join_group
+from rlinf_pipe.weights.process_group import GroupWaits, Rendezvous, join_group
 from rlinf_pipe.weights.record import VersionRecord
 
 
@@ -183,13 +183,13 @@ class Handle:
     data: bytes
 
 
-def _broadcast_bytes(group: Any, header: torch.Tensor, data: bytes | None) -> bytes:
+def _broadcast_bytes(waits: GroupWaits, header: torch.Tensor, data: bytes | None) -> bytes:
     """Broadcast `header` (`[version, length, cuda]`) then the bytes from rank 0 (`data` None on receivers);
     returns the bytes."""
-    group.broadcast(header, 0).wait()
+    waits.wait(waits.group.broadcast(header, 0))
     buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data is not None else (
         torch.empty(int(header[1]), dtype=torch.uint8))
-    group.broadcast(buffer, 0).wait()
+    waits.wait(waits.group.broadcast(buffer, 0))
     return data if data is not None else buffer.numpy().tobytes()
 
 
@@ -199,7 +199,7 @@ class IpcSender(WeightSender):
     transport = "ipc"
 
     def __init__(self, rendezvous: Rendezvous, layout: WeightLayout, device: torch.device):
-        self.group = _control(rendezvous, 0)
+        self.waits = GroupWaits(_control(rendezvous, 0), "gloo")
         self.layout = layout
         self.slots = [_SharedSlot(layout.max_bucket_bytes, device) for _ in range(2)]
 
@@ -212,20 +212,23 @@ class IpcSender(WeightSender):
             for index, bucket in enumerate(layout.buckets):
                 slot = self.slots[index % 2]
                 if done[index % 2] is not None:
-                    done[index % 2].wait()
+                    self.waits.wait(done[index % 2])
                 buffer = slot.tensor[: bucket.nbytes]
                 record.packed(bucket, buffer, pack_bucket(bucket, buffer, stream, layout.torch_dtype, version,
                                                           checksum))
                 handle = slot.handle(bucket, layout.torch_dtype)
                 header = torch.tensor([version, len(handle), slot.shm is None], dtype=torch.int64)
-                _broadcast_bytes(self.group, header, handle)
-                done[index % 2] = self.group.barrier()
+                _broadcast_bytes(self.waits, header, handle)
+                done[index % 2] = self.waits.group.barrier()
             end_of_stream(stream)
         finally:
             for work in done:
                 if work is not None:
-                    work.wait()
+                    self.waits.wait(work)
         return record.version(version)
+
+    def cancel(self) -> None:
+        self.waits.cancel()
 
     def close(self) -> None:
         for slot in self.slots:
@@ -241,13 +244,13 @@ class IpcReceiver(WeightReceiver):
     def __init__(self, rendezvous: Rendezvous, rank: int, layout: WeightLayout):
         if rank < 1:
             raise ValueError(f"receivers have ranks >= 1 (rank 0 sends), got {rank}")
-        self.group = _control(rendezvous, rank)
+        self.waits = GroupWaits(_control(rendezvous, rank), "gloo")
         self.layout = layout
         self.mapped = _Mapped()
 
     async def _next(self) -> Handle:
         header = torch.empty(3, dtype=torch.int64)
-        data = await asyncio.to_thread(_broadcast_bytes, self.group, header, None)
+        data = await asyncio.to_thread(_broadcast_bytes, self.waits, header, None)
         return Handle(int(header[0]), bool(header[2]), data)
 
     async def load_handle(self, index: int, bucket: BucketLayout, handle: Handle, load_bucket: LoadBucket,
@@ -281,8 +284,11 @@ class IpcReceiver(WeightReceiver):
                     errors.append(error)
                 elif crc is not None:
                     crcs.append(crc)
-            await asyncio.to_thread(lambda: self.group.barrier().wait())  # done with this bucket
+            await asyncio.to_thread(lambda: self.waits.wait(self.waits.group.barrier()))  # done with this bucket
         if errors:
             raise WeightSyncError(f"weight IPC of version {version}: " + "; ".join(errors))
         return LoadedWeights(version, layout.num_bytes, layout.num_tensors, len(layout.buckets), tuple(crcs),
                              "crc32" if verify else "")
+
+    def cancel(self) -> None:
+        self.waits.cancel()

@@ -13,6 +13,7 @@ while bucket i+1 arrives, and posts bucket i+2 into the slot of bucket i only af
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -71,6 +72,38 @@ def join_group(rendezvous: Rendezvous, rank: int) -> Any:
     return dist.ProcessGroupNCCL(keys, rank, rendezvous.world, options)
 
 
+WAIT_SLICE = timedelta(seconds=0.25)  # how often a gloo wait looks whether it was cancelled
+
+
+class GroupWaits:
+    """Waits on a weight group's collectives that another thread can cancel (`cancel()`): a member whose peer was
+    lost would otherwise block until the group's timeout. Gloo waits in slices and gives up once cancelled (a
+    timed-out gloo wait can be waited on again); NCCL's communicator is aborted, which fails its pending work."""
+
+    def __init__(self, group: Any, backend: str):
+        self.group, self.backend = group, backend
+        self.cancelled = threading.Event()
+
+    def wait(self, work: Any) -> None:
+        if self.backend != "gloo":
+            work.wait()
+            return
+        while True:
+            try:
+                work.wait(WAIT_SLICE)
+                return
+            except RuntimeError as exc:
+                if "timed out" not in str(exc):
+                    raise
+                if self.cancelled.is_set():
+                    raise WeightSyncError("weight transfer abandoned: a member of the weight group was lost") from None
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        if self.backend == "nccl":
+            self.group.abort()
+
+
 def ring_device(backend: str) -> torch.device:
     """Where a member's bucket buffers live: the GPU for NCCL, host memory for gloo."""
     return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
@@ -81,6 +114,7 @@ class _Ring:
 
     def __init__(self, rendezvous: Rendezvous, rank: int, layout: WeightLayout):
         self.group = join_group(rendezvous, rank)
+        self.waits = GroupWaits(self.group, rendezvous.backend)
         self.layout = layout
         device = ring_device(rendezvous.backend)
         self.slots = [torch.empty(layout.max_bucket_bytes, dtype=torch.uint8, device=device) for _ in range(2)]
@@ -108,7 +142,7 @@ class ProcessGroupSender(WeightSender):
         try:
             for index, bucket in enumerate(layout.buckets):
                 if in_flight[index % 2] is not None:
-                    in_flight[index % 2].wait()
+                    self.ring.waits.wait(in_flight[index % 2])
                 buffer = self.ring.buffer(index)
                 record.packed(bucket, buffer, pack_bucket(bucket, buffer, stream, layout.torch_dtype, version,
                                                           checksum))
@@ -117,8 +151,11 @@ class ProcessGroupSender(WeightSender):
         finally:
             for work in in_flight:
                 if work is not None:
-                    work.wait()
+                    self.ring.waits.wait(work)
         return record.version(version)
+
+    def cancel(self) -> None:
+        self.ring.waits.cancel()
 
 
 class ProcessGroupReceiver(WeightReceiver):
@@ -138,7 +175,7 @@ class ProcessGroupReceiver(WeightReceiver):
         errors: list[str] = []
         crcs: list[int] = []
         for index, bucket in enumerate(buckets):
-            await asyncio.to_thread(posted[index].wait)
+            await asyncio.to_thread(self.ring.waits.wait, posted[index])
             buffer = self.ring.buffer(index)
             error = check_bucket(index, bucket, buffer, version, verify)
             if error:
@@ -153,3 +190,6 @@ class ProcessGroupReceiver(WeightReceiver):
             raise WeightSyncError(f"weight broadcast of version {version}: " + "; ".join(errors))
         return LoadedWeights(version, layout.num_bytes, layout.num_tensors, len(buckets), tuple(crcs),
                              "crc32" if verify else "")
+
+    def cancel(self) -> None:
+        self.ring.waits.cancel()

@@ -12,8 +12,9 @@ Given the device `locks` (rollout on the actor's GPUs) it holds its devices' loc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,8 +24,10 @@ from rlinf_pipe.config.schema import Config
 from rlinf_pipe.data.packing import MicroBatcher
 from rlinf_pipe.data.structs import TrainBatch
 from rlinf_pipe.engines.policy import MegatronPolicy, ReplicaRanks
+from rlinf_pipe.engines.policy.checkpoint import TrainerState
 from rlinf_pipe.models.megatron_gpt import init_model_parallel
 from rlinf_pipe.scheduler.channel import Channel
+from rlinf_pipe.scheduler.locks import device_lock
 from rlinf_pipe.scheduler.worker import Worker
 from rlinf_pipe.weights import WeightLayout, WeightSender, WeightVersion, plan_weight_layout
 from rlinf_pipe.weights.process_group import Rendezvous
@@ -36,6 +39,8 @@ from rlinf_pipe.workers.logprob_stage import (
     policy_options,
     train_routing,
 )
+from rlinf_pipe.workers.replica_input import ReplicaInputFailed, read_shared
+from rlinf_pipe.workers.step_channels import StepChannels
 from rlinf_pipe.workers.train_feed import OptimizerStep, TrainMicroBatch, TrainOp, train_ops
 
 
@@ -94,14 +99,18 @@ class ActorWorker(Worker):
             self.policy, self.ref, scored, train, self.routing, self.pad_token_id,
             recompute_old=cfg.runner.max_staleness == 0, tracer=self.tracer)
         self.locks = locks
+        self.phase_held = False  # between begin_phase and end_phase: the devices' lock held, the state onloaded
         if locks is not None:
             self._move("offload")
+        # With restarts allowed (and rollout in step), each step's training starts from a copy of the state taken
+        # first, in host memory: a step abandoned after a lost worker is retried from it (`rollback`).
+        self.keep_rollback = cfg.runner.max_restarts > 0 and cfg.runner.max_staleness == 0
+        self.rollback_point: tuple[int, TrainerState] | None = None
 
     # --- training ----------------------------------------------------------------------------------------------
     async def _next_op(self, ops: Any) -> TrainOp | None:
         """The replica's next op: read on the input rank, shared with the replica's other ranks (None: the end)."""
-        op = await anext(ops, None) if ops is not None else None
-        return await asyncio.to_thread(self.ranks.share, op)
+        return await read_shared(self.ranks, lambda: anext(ops, None))
 
     def _train(self, batch: TrainBatch) -> None:
         with self.tracer.span("train", version=batch.version, sequences=batch.num_sequences,
@@ -113,22 +122,79 @@ class ActorWorker(Worker):
             return self.policy.optimizer_step(allow_empty=True)
 
     async def train_step(self, step: int) -> TrainResult:
-        """Train the step's batches routed to this replica (collective over every rank of the actor)."""
+        """Train the step's batches routed to this replica (collective over every rank of the actor).
+
+        Before each optimizer step the replicas vote (`ReplicaRanks.agree`): a replica that fails (its channel
+        aborted when the step is abandoned, or an error) votes no at its next vote, so no other replica is left
+        waiting in the optimizer's collectives, and every replica ends the step."""
+        if self.keep_rollback:
+            with self.tracer.span("rollback_point", step=step):
+                self.rollback_point = (step, await asyncio.to_thread(self.policy.capture_state))
         ops = None
         if self.ranks.is_input:
             batcher = MicroBatcher(self.micro_batch_size, self.micro_batch_tokens)
             channel = self.train_channels[self.ranks.dp_rank]
             ops = train_ops(channel, self.routing, self.ranks.dp_rank, batcher, self.pad_token_id)
         result = TrainResult()
-        while (op := await self._next_op(ops)) is not None:
-            if isinstance(op, TrainMicroBatch):
-                await asyncio.to_thread(self._train, op.batch)
-            elif isinstance(op, OptimizerStep):
-                result.optimizer_steps.append(await asyncio.to_thread(self._optimizer_step, step, op.minibatch))
-                result.data_bytes += op.data_bytes
+        votes, voted_no = 0, False
+        try:
+            while (op := await self._next_op(ops)) is not None:
+                if isinstance(op, TrainMicroBatch):
+                    await asyncio.to_thread(self._train, op.batch)
+                elif isinstance(op, OptimizerStep):
+                    votes += 1
+                    if not await asyncio.to_thread(self.ranks.agree, True):
+                        voted_no = True
+                        raise ReplicaInputFailed(f"step {step} ended by another actor replica (it failed)")
+                    result.optimizer_steps.append(await asyncio.to_thread(self._optimizer_step, step, op.minibatch))
+                    result.data_bytes += op.data_bytes
+        except Exception:
+            if not voted_no and votes < self.routing.n_minibatches:
+                await asyncio.to_thread(self.ranks.agree, False)
+            raise
         if self.stage is not None:
             self.stage.version = step + 1  # the log-probs of the next step come from the weights trained now
         return result
+
+    async def rollback(self, step: int) -> bool:
+        """Go back to the state before step `step`'s training (the step is retried after a lost worker): the copy
+        taken when its training began, if it began; otherwise the state is that already. Gradients and loss terms
+        of the abandoned step are dropped. Returns whether a copy was restored."""
+        restored = self.rollback_point is not None and self.rollback_point[0] == step
+        with self.tracer.span("rollback", step=step, restored=restored):
+            if restored:
+                async with self._state_on_devices():
+                    self.policy.restore_state(self.rollback_point[1])
+            else:
+                self.policy.require_optimizer().zero_grads()
+        if self.stage is not None:
+            self.stage.version = step
+        return restored
+
+    @contextlib.asynccontextmanager
+    async def _state_on_devices(self) -> AsyncIterator[None]:
+        """The training state on the devices for the block: with the engines on the actor's GPUs (state offloaded
+        between phases), the devices' lock and an onload / offload around it."""
+        if self.locks is None:
+            yield
+            return
+        async with device_lock(self.locks, self.info.global_gpus, self.owner):
+            self._move("onload")
+            try:
+                yield
+            finally:
+                self._move("offload")
+
+    def use_channels(self, channels: StepChannels) -> None:
+        """Train from `channels.train` (and compute log-probs from `channels.scored`) from now on (new channels
+        after a lost worker)."""
+        self.train_channels = list(channels.train)
+        if self.stage is not None:
+            self.stage.use_channels(channels.scored, channels.train)
+
+    def on_abandon(self) -> None:
+        if self.sender is not None:
+            self.sender.cancel()
 
     async def logprob_step(self, step: int) -> int:
         """The step's old (and reference) log-probs, computed with the weights before the step's updates (the
@@ -144,6 +210,7 @@ class ActorWorker(Worker):
     async def begin_phase(self, step: int) -> int:
         """Take this rank's devices and bring the state back onto them; returns the bytes moved."""
         await self.locks.acquire.remote(list(self.info.global_gpus), self.owner)
+        self.phase_held = True
         with self.tracer.span("onload", step=step) as args:
             args["bytes"] = moved = self._move("onload")
         return moved
@@ -155,7 +222,13 @@ class ActorWorker(Worker):
                 args["bytes"] = moved = self._move("offload")
         finally:
             await self.locks.release.remote(list(self.info.global_gpus), self.owner)
+            self.phase_held = False
         return moved
+
+    async def settle_devices(self) -> None:
+        """After an abandoned step: end a phase it left open (state offloaded, the devices given back)."""
+        if self.phase_held:
+            await self.end_phase(-1)
 
     # --- weights -----------------------------------------------------------------------------------------------
     def weight_layout(self, trailer: bool = True) -> WeightLayout:
@@ -199,9 +272,10 @@ class ActorWorker(Worker):
         with self.tracer.span("save_checkpoint"):
             return str(self.policy.save_checkpoint(folder, record))
 
-    def load_checkpoint(self, folder: str, version: int) -> None:
+    async def load_checkpoint(self, folder: str, version: int) -> None:
         """Restore model, optimizer, schedule and RNG; the restored weights are weight version `version` (the step
         the run resumes at)."""
-        self.policy.load_checkpoint(folder)
+        async with self._state_on_devices():
+            await asyncio.to_thread(self.policy.load_checkpoint, folder)
         if self.stage is not None:
             self.stage.version = version

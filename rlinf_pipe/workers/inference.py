@@ -26,6 +26,7 @@ from rlinf_pipe.workers.logprob_stage import (
     policy_options,
     train_routing,
 )
+from rlinf_pipe.workers.step_channels import StepChannels
 from rlinf_pipe.workers.weight_inbox import WeightInbox
 
 
@@ -46,6 +47,17 @@ class InferenceWorker(Worker):
             on_devices=functools.partial(device_lock, locks, self.info.global_gpus, self.owner),
         )
         self.inbox = WeightInbox(self.owner, self.policy.arch, self.tracer)
+
+    def use_channels(self, channels: StepChannels) -> None:
+        """Stream from `channels.scored` into `channels.train` from now on (new channels after a lost worker)."""
+        self.stage.use_channels(channels.scored, channels.train)
+
+    def on_abandon(self) -> None:
+        self.inbox.cancel()
+
+    def rewind_weights(self) -> None:
+        """The actor went back to a checkpoint: accept an older weight version next."""
+        self.inbox.rewind()
 
     async def logprob_step(self, step: int) -> int:
         """The step's log-probs (see `LogprobStage.run`)."""

@@ -25,6 +25,7 @@ from rlinf_pipe.engines.policy import MegatronPolicy, ReplicaRanks
 from rlinf_pipe.scheduler.channel import Channel, StepEnd
 from rlinf_pipe.utils.tracing import Tracer
 from rlinf_pipe.weights import LoadBucket
+from rlinf_pipe.workers.replica_input import read_shared
 
 
 def logprob_temperature(cfg: Config) -> float:
@@ -71,6 +72,10 @@ class LogprobStage:
         self.ranks = ReplicaRanks.current()
         self.version = 0  # the weight version `policy` holds
 
+    def use_channels(self, scored: Channel, train: Sequence[Channel]) -> None:
+        """Read `scored` and write `train` from now on (new channels after a lost worker)."""
+        self.scored, self.train = scored, list(train)
+
     @asynccontextmanager
     async def weight_update(self, version: int) -> AsyncIterator[LoadBucket]:
         """The policy's weight-update session for `WeightInbox`: buckets load into this rank's shard."""
@@ -102,8 +107,7 @@ class LogprobStage:
         output rank ends the step on every one of them); returns the batches this rank put."""
         count = 0
         while True:
-            item = (await self.scored.aget()) if self.ranks.is_input else None
-            item = await asyncio.to_thread(self.ranks.share, item)
+            item = await read_shared(self.ranks, self.scored.aget)
             if isinstance(item, StepEnd):
                 break
             async with self.on_devices():

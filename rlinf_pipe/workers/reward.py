@@ -19,6 +19,7 @@ from rlinf_pipe.data.structs import RolloutGroup
 from rlinf_pipe.engines.reward.pool import reward_pool
 from rlinf_pipe.scheduler.channel import Channel, StepEnd
 from rlinf_pipe.scheduler.worker import Worker
+from rlinf_pipe.workers.step_channels import StepChannels
 
 
 def advantage_options(cfg: Config) -> dict[str, Any]:
@@ -33,6 +34,10 @@ class RewardWorker(Worker):
         self.pool = reward_pool(cfg.reward)
         self.rollouts, self.scored, self.sampling_rounds = rollouts, scored, sampling_rounds
         self.estimator, self.adv_options = cfg.algorithm.adv_estimator, advantage_options(cfg)
+
+    def use_channels(self, channels: StepChannels) -> None:
+        """Score from `channels.rollouts` into `channels.scored` from now on (new channels after a lost worker)."""
+        self.rollouts, self.scored = channels.rollouts, channels.scored
 
     async def _slot(self, group: RolloutGroup, rewards: list[float]) -> int | None:
         """Where the group trains: its prompt's slot, or with dynamic sampling the slot it is kept in (None:

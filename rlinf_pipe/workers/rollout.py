@@ -26,6 +26,7 @@ from rlinf_pipe.scheduler.worker import Worker
 from rlinf_pipe.weights import LoadedWeights, WeightLayout, WeightVersion
 from rlinf_pipe.weights.process_group import Rendezvous
 from rlinf_pipe.weights.transports import Transport
+from rlinf_pipe.workers.step_channels import StepChannels
 from rlinf_pipe.workers.weight_inbox import WeightInbox
 
 
@@ -38,6 +39,18 @@ class RolloutWorker(Worker):
         self.engine = build_engine(rollout, model_path, seed=run_seed + self.rank, collocated=locks is not None)
         self.sampling, self.run_seed, self.rollouts, self.locks = sampling, run_seed, rollouts, locks
         self.inbox = WeightInbox(self.owner, read_hf_arch(model_path), self.tracer)
+
+    def use_channels(self, channels: StepChannels) -> None:
+        """Put the step's groups into `channels.rollouts` from now on (new channels after a lost worker)."""
+        self.rollouts = channels.rollouts
+
+    def on_abandon(self) -> None:
+        self.engine.abort()
+        self.inbox.cancel()
+
+    def rewind_weights(self) -> None:
+        """The actor went back to a checkpoint: accept an older weight version next."""
+        self.inbox.rewind()
 
     async def release_devices(self) -> None:
         """Collocated: put the engine to sleep until its first generation (the actor shares its GPUs)."""
@@ -79,10 +92,12 @@ class RolloutWorker(Worker):
             if self.locks is not None:
                 with self.tracer.span("wake", step=step):
                     await self.engine.wake()
-            yield
-            if self.locks is not None:
-                with self.tracer.span("sleep", step=step):
-                    await self.engine.sleep()
+            try:
+                yield
+            finally:  # (an abandoned step too: the lock goes, so the memory must)
+                if self.locks is not None:
+                    with self.tracer.span("sleep", step=step):
+                        await self.engine.sleep()
 
     def weight_group_ranks(self) -> int:
         """Ranks this worker's engine takes in a weight process group (SGLang: its TP size)."""

@@ -24,6 +24,7 @@ class WeightInbox:
     def __init__(self, owner: str, arch: Any, tracer: Tracer):
         self.owner, self.arch, self.tracer = owner, arch, tracer
         self.receiver: WeightReceiver | None = None  # opened by `open` once the actor's layout is known
+        self.any_version = False  # the next version may be older than the loaded one (`rewind`)
 
     async def open(self, transport: Transport, layout: WeightLayout, rendezvous: Rendezvous | None, rank: int,
                    native: NativeReceiver | None = None) -> None:
@@ -40,9 +41,20 @@ class WeightInbox:
         """Load `published` (newer than or equal to the `current` version) through `session`."""
         if self.receiver is None:
             raise RuntimeError(f"{self.owner}: weight sync before the weight transport was opened")
-        check_version(current, published.version, self.owner)
+        if not self.any_version:
+            check_version(current, published.version, self.owner)
         with self.tracer.span("weight_sync", version=published.version) as args:
             async with session(published.version) as load:
                 loaded = await self.receiver.receive(published, load, verify)
             args["bytes"] = loaded.num_bytes
+        self.any_version = False
         return loaded
+
+    def rewind(self) -> None:
+        """The actor went back to a checkpoint: the next version received may be older than the loaded one."""
+        self.any_version = True
+
+    def cancel(self) -> None:
+        """From another thread: fail a transfer blocked on a lost peer (the transport is opened anew after)."""
+        if self.receiver is not None:
+            self.receiver.cancel()

@@ -55,6 +55,11 @@ class Producer:
     def untaken(self) -> float:
         return self.channel.stats()["untaken_items"]
 
+    def abort_handles(self) -> int:
+        from rlinf_pipe.scheduler.channel.channel import abort_process_handles
+
+        return abort_process_handles()
+
 
 @ray.remote(num_cpus=0)
 class Consumer:
@@ -78,13 +83,26 @@ class Consumer:
     def take(self, n: int) -> list:
         return [self.channel.get(timeout=30) for _ in range(n)]
 
+    def wait_for_one(self) -> str:
+        """Block in a get (nothing comes) until this process's handles are aborted; what ended it."""
+        try:
+            self.channel.get(timeout=60)
+        except ChannelError as exc:
+            return type(exc).__name__
+        return "an item"
+
+    def abort_handles(self) -> int:
+        from rlinf_pipe.scheduler.channel.channel import abort_process_handles
+
+        return abort_process_handles()
+
     def open(self) -> None:
         self.channel.qsize()  # creates this process's consuming end (it starts granting credit)
 
 
 
-def on_node(actor_cls, node_id: str):
-    return actor_cls.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+def on_node(actor_cls, node_id: str, **options):
+    return actor_cls.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False), **options)
 
 
 @pytest.fixture(scope="module")
@@ -298,3 +316,25 @@ def test_delivery_is_at_least_once_when_a_consumer_dies(nodes):
         more += [t.seq for t in rest if isinstance(t, Tagged)]
     assert set(more) >= set(range(30)) - set(taken)  # nothing lost
     assert len(more) == len(set(more))  # the survivor gets each item once; a repeat can only be of `taken`
+
+
+def test_aborting_a_process_handles_ends_its_waiting_get_and_put_at_once(nodes):
+    """What a worker abandoning a step does (`Worker.abandon_step`): a get waiting in another thread raises
+    ChannelClosed at once (it would wait for its producer forever), and so does a put waiting for credit."""
+    ch = channel(maxsize=4, **FAST_FAILURE)
+    consumer = on_node(Consumer, nodes[1], max_concurrency=2).remote(ch)
+    waiting = consumer.wait_for_one.remote()
+    assert ray.wait([waiting], timeout=0.5)[0] == []  # blocked: nothing was put
+    start = time.monotonic()
+    assert ray.get(consumer.abort_handles.remote()) == 1
+    assert ray.get(waiting, timeout=30) == "ChannelClosed" and time.monotonic() - start < 5
+
+    blocked = channel(maxsize=1, **FAST_FAILURE)
+    taker = on_node(Consumer, nodes[1]).remote(blocked)
+    ray.get(taker.open.remote())  # a live consumer that takes nothing: the producer runs out of credit
+    producer = on_node(Producer, nodes[0], max_concurrency=2).remote(blocked)
+    putting = producer.put_until_blocked.remote(10, 60.0)
+    assert ray.wait([putting], timeout=1.0)[0] == []  # one item went in, the next put waits
+    ray.get(producer.abort_handles.remote())
+    with pytest.raises(ray.exceptions.RayTaskError, match="ChannelClosed"):
+        ray.get(putting, timeout=30)

@@ -53,6 +53,21 @@ def test_device_lock_context_manager_releases_on_error(local_ray):
     assert ray.get(locks.holders.remote()) == {}
 
 
+def test_forfeit_and_reset_free_the_devices_of_owners_that_are_gone(local_ray):
+    """A worker lost while holding its devices never releases them: the recovery forfeits what the lost one held
+    (whoever waited gets the devices), and once the others settled, resets the table."""
+    locks = DeviceLocks.remote()
+    ray.get(locks.acquire.remote([0, 1], "rollout/0"))  # ... and then rollout/0 is killed
+    ray.get(locks.acquire.remote([2], "inference/0"))
+    waiting = locks.acquire.remote([0], "actor/0")
+    assert queued(locks, 1)
+    ray.get(locks.forfeit.remote(["rollout/0"]))
+    ray.get(waiting, timeout=30)
+    assert ray.get(locks.holders.remote()) == {0: "actor/0", 2: "inference/0"}
+    ray.get(locks.reset.remote())
+    assert ray.get(locks.holders.remote()) == {}
+
+
 @ray.remote
 class StepProducer:
     def produce(self, channel: Channel, step: int, count: int) -> int:

@@ -52,6 +52,12 @@ class Probe(Worker):
     def crash(self) -> None:
         os._exit(3)
 
+    def hold(self, seconds: float) -> int:
+        import time
+
+        time.sleep(seconds)
+        return self.rank
+
 
 class BrokenInit(Worker):
     def __init__(self):
@@ -243,6 +249,37 @@ def test_the_heartbeat_names_a_hung_worker_and_a_peer_failure_is_blamed_on_the_l
         os.kill(pid, signal.SIGCONT)
         stuck.shutdown(wait_s=10)
         noticing.shutdown(wait_s=10)
+
+
+def test_a_relaunched_rank_returns_on_its_gpus_and_settle_waits_for_the_calls(cluster):
+    """What a recovery does with a group: wait until the calls of the abandoned step are over (`settle`: finished,
+    failed or killed), then start the lost rank again on the same node and GPUs, with new constructor arguments,
+    the other rank untouched. A group with a torch.distributed world is only relaunched whole."""
+    import asyncio
+
+    cfg = make_config({"rollout": "0-1", "actor": "2-3"})
+    group = WorkerGroup.launch(Probe, "relaunched", plan_placement(cfg).components["actor"], cluster, "old",
+                               distributed=False)
+    distributed = WorkerGroup.launch(Probe, "whole", plan_placement(cfg).components["rollout"], cluster)
+    try:
+        before = group.infos()
+        group.rank(0).hold(3.0)
+        group.rank(1).hold(60.0)
+        assert asyncio.run(group.settle(0.2)) == [0, 1]  # both still in their calls
+        group.kill([1])  # its call fails: finished, as far as `settle` is concerned
+        assert asyncio.run(group.settle(30)) == []
+        group.relaunch([1], "new")
+        after = group.infos()
+        assert after[0].pid == before[0].pid and after[1].pid != before[1].pid
+        assert (after[1].node_rank, after[1].global_gpus) == (before[1].node_rank, before[1].global_gpus) == (0, (3,))
+        assert group.all.tagged().wait() == [("old", 0), ("new", 1)]
+        with pytest.raises(ValueError, match="relaunched whole"):
+            distributed.relaunch([0])
+        distributed.relaunch([0, 1])
+        assert distributed.all.all_reduce_rank().wait() == [(1.0, "gloo")] * 2  # a new world, both ranks in it
+    finally:
+        group.shutdown(wait_s=10)
+        distributed.shutdown(wait_s=10)
 
 
 def test_constructor_failure_surfaces_with_rank(cluster):

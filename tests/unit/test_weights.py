@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -248,3 +249,19 @@ def test_our_group_meets_a_member_that_joins_the_way_sglang_does():
     buffer = torch.empty(layout.buckets[0].data_bytes, dtype=torch.uint8)
     run_members(lambda: sender.publish(0, weights), lambda: _receive_broadcast(member, buffer, True))
     assert torch.equal(buffer, torch.cat([t.reshape(-1).view(torch.uint8) for _, t in weights]))
+
+
+@pytest.mark.parametrize("transport", ["broadcast", "ipc"])
+def test_a_receiver_waiting_for_a_lost_sender_gives_up_once_cancelled(transport):
+    """A receiver whose sender never sends (lost with the step) would wait until the group's timeout (minutes); a
+    `cancel()` from another thread (a worker abandoning the step) ends its receive within a wait slice."""
+    arch = make_arch(num_layers=2)
+    layout = plan_weight_layout(arch, torch.float32, 2_000)
+    rendezvous = Rendezvous("127.0.0.1", free_port(), 2)
+    _sender, receiver = run_members(lambda: open_sender(transport, layout, rendezvous),
+                                    lambda: open_receiver(transport, layout, arch, "receiver", rendezvous, 1))
+    threading.Timer(0.5, receiver.cancel).start()
+    started = time.monotonic()
+    (error,) = run_members(lambda: receive_all(receiver, 0))
+    assert isinstance(error, WeightSyncError) and "abandoned" in str(error)
+    assert 0.5 <= time.monotonic() - started < 10

@@ -15,6 +15,7 @@ import json
 import os
 import random
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -109,6 +110,47 @@ def read_trainer_state(folder: str | os.PathLike[str]) -> dict[str, Any]:
     return json.loads((path / TRAINER_SUBDIR / STATE_FILE).read_text())
 
 
+@dataclass
+class TrainerState:
+    """A rank's training state in host memory, as a checkpoint holds it: model tensors, optimizer state (fp32
+    master weights and moments), optimizer steps taken, RNG states. `capture_state` takes one (a step's rollback
+    point), `restore_state` puts it back."""
+
+    model: dict[str, torch.Tensor]
+    optimizer: list[dict[str, Any]]
+    steps: int
+    rng: dict[str, Any]
+
+
+def _model_tensors(policy: MegatronPolicy) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in policy.module.state_dict(keep_vars=True).items()
+            if isinstance(v, torch.Tensor) and not k.endswith("._extra_state")}
+
+
+def capture_state(policy: MegatronPolicy) -> TrainerState:
+    """A copy of this rank's training state in host memory (no collective)."""
+    optimizer = policy.require_optimizer()
+    model = {k: v.detach().to("cpu", copy=True) for k, v in _model_tensors(policy).items()}
+    return TrainerState(model, optimizer.state_dict(), optimizer.steps_taken, _rng_state())
+
+
+def restore_state(policy: MegatronPolicy, state: TrainerState) -> None:
+    """Put `state` back into this rank's model and optimizer (the device storage must be in place: not offloaded);
+    gradients and the loss terms since the last optimizer step are dropped."""
+    optimizer = policy.require_optimizer()
+    targets = _model_tensors(policy)
+    if set(state.model) != set(targets):
+        raise ValueError(f"saved model tensors differ from the model's: missing {sorted(set(targets) - set(state.model))}"
+                         f", unexpected {sorted(set(state.model) - set(targets))}")
+    with torch.no_grad():
+        for name, dst in targets.items():
+            dst.data.copy_(state.model[name])
+    optimizer.load_state_dict(state.optimizer)
+    _set_rng_state(state.rng)
+    optimizer.steps_taken = state.steps
+    optimizer.zero_grads()
+
+
 def load_checkpoint(policy: MegatronPolicy, folder: str | os.PathLike[str]) -> None:
     """Restore a folder written by `save_checkpoint` with the same TP / PP / DP layout: weights, optimizer state,
     step and this rank's RNG states. Collective over all ranks."""
@@ -116,7 +158,6 @@ def load_checkpoint(policy: MegatronPolicy, folder: str | os.PathLike[str]) -> N
 
     from rlinf_pipe.models.megatron_checkpoint import load_model_shard
 
-    optimizer = policy.require_optimizer()
     path = Path(folder)
     state = read_trainer_state(path)
     layout = _layout(policy)
@@ -124,20 +165,12 @@ def load_checkpoint(policy: MegatronPolicy, folder: str | os.PathLike[str]) -> N
     if saved != layout:
         raise ValueError(f"checkpoint {path} was saved with {saved}, this job runs {layout}; resume with the same "
                          "parallel layout")
-    shard = load_model_shard(path, policy.tp_rank, policy.pp_rank)
-    targets = {k: v for k, v in policy.module.state_dict(keep_vars=True).items()
-               if isinstance(v, torch.Tensor) and not k.endswith("._extra_state")}
-    if set(shard) != set(targets):
-        raise ValueError(f"checkpoint shard tensors differ from the model's: missing {sorted(set(targets) - set(shard))}, "
-                         f"unexpected {sorted(set(shard) - set(targets))}")
-    with torch.no_grad():
-        for name, dst in targets.items():
-            dst.data.copy_(shard[name])
-    optim = torch.load(path / TRAINER_SUBDIR / _optim_file(policy), map_location="cpu", weights_only=False)
-    optimizer.load_state_dict(optim)
-    _set_rng_state(torch.load(path / TRAINER_SUBDIR / _rng_file(dist.get_rank()), weights_only=False))
-    optimizer.steps_taken = int(state["step"])
-    optimizer.zero_grads()
+    restore_state(policy, TrainerState(
+        model=load_model_shard(path, policy.tp_rank, policy.pp_rank),
+        optimizer=torch.load(path / TRAINER_SUBDIR / _optim_file(policy), map_location="cpu", weights_only=False),
+        steps=int(state["step"]),
+        rng=torch.load(path / TRAINER_SUBDIR / _rng_file(dist.get_rank()), weights_only=False),
+    ))
     dist.barrier()
 
 

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from rlinf_pipe.algorithms.terms import LossTerms, Stat, finalize, finalize_metrics, merge
+from rlinf_pipe.engines.policy.parallel import dp_object_group
 
 
 def warmup_lr(step: int, peak_lr: float, warmup_steps: int) -> float:
@@ -24,17 +25,6 @@ def warmup_lr(step: int, peak_lr: float, warmup_steps: int) -> float:
     if warmup_steps <= 0 or step >= warmup_steps:
         return peak_lr
     return peak_lr * (step + 1) / warmup_steps
-
-
-def _dp_object_group() -> Any:
-    """The DP group for pickled-object collectives: its gloo twin when Megatron made one (no device copies)."""
-    from megatron.core import parallel_state as ps
-
-    try:
-        group = ps.get_data_parallel_group_gloo()
-    except (AssertionError, RuntimeError):
-        group = None
-    return group if group is not None else ps.get_data_parallel_group()
 
 
 def _cpu_terms(t: LossTerms) -> LossTerms:
@@ -109,7 +99,7 @@ class PolicyOptimizer:
             gathered: list[Any] = [local]
             if dp_size > 1:  # one replica: nothing to gather (saves pickling every metric each step)
                 gathered = [None] * dp_size
-                dist.all_gather_object(gathered, local, group=_dp_object_group())
+                dist.all_gather_object(gathered, local, group=dp_object_group())
             terms = [g[0] for g in gathered if g[0] is not None]
             merged = merge(terms) if terms else None
             summary = {

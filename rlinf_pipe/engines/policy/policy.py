@@ -395,3 +395,11 @@ class MegatronPolicy:
     def load_checkpoint(self, folder: str | os.PathLike[str]) -> None:
         """Restore a folder written by `save_checkpoint` (collective; see `checkpoint.load_checkpoint`)."""
         checkpoint.load_checkpoint(self, folder)
+
+    def capture_state(self) -> checkpoint.TrainerState:
+        """This rank's training state, copied to host memory (a rollback point; see `checkpoint.TrainerState`)."""
+        return checkpoint.capture_state(self)
+
+    def restore_state(self, state: checkpoint.TrainerState) -> None:
+        """Go back to `state` (taken by `capture_state` on this rank; the state must be onloaded)."""
+        checkpoint.restore_state(self, state)

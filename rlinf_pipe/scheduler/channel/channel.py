@@ -41,6 +41,17 @@ def _process_handle(spec: ChannelSpec, item_type: Any) -> "Channel":
         return handle
 
 
+def abort_process_handles() -> int:
+    """Abort every channel handle this process received (a worker abandoning a step: whatever waits on one of them
+    raises `ChannelClosed` at once); returns how many. Handles received afterwards are new ones."""
+    with _HANDLES_LOCK:
+        handles = list(_HANDLES.values())
+        _HANDLES.clear()
+    for handle in handles:
+        handle.abort()
+    return len(handles)
+
+
 class Channel(Generic[T]):
     """A handle on a named socket channel; see the module docstring."""
 

@@ -18,7 +18,7 @@ import ray
 import zmq
 from ray.exceptions import RayActorError
 
-from rlinf_pipe.errors import ChannelPeerError
+from rlinf_pipe.errors import ChannelClosed, ChannelPeerError
 from rlinf_pipe.scheduler.channel import wire
 from rlinf_pipe.scheduler.channel.buffer import Entry, StepBuffer, Waiter
 from rlinf_pipe.scheduler.channel.producer import endpoint_id
@@ -64,6 +64,8 @@ class ConsumerEnd:
     def check(self) -> None:
         if self._error is not None:
             raise ChannelPeerError(f"channel {self.spec.name!r}: consumer I/O failed: {self._error}")
+        if self._stopping:
+            raise ChannelClosed(f"channel {self.spec.name!r}: this process's end was closed or aborted")
 
     def credit(self, entries: list[Entry]) -> None:
         """Entries were taken out of the buffer: their producers get as much new credit, free the capacity, and
@@ -200,5 +202,6 @@ class ConsumerEnd:
                 return
             self._stopping = True
             self._wakeup.wake()
+            self._waiter.notify()  # a get waiting here raises ChannelClosed at once
         self._thread.join(timeout=5)
         self._wakeup.close()

@@ -109,6 +109,8 @@ class ProducerEnd:
     def _check(self) -> None:
         if self._error is not None:
             raise ChannelPeerError(f"channel {self.spec.name!r}: producer I/O failed: {self._error}")
+        if self._stopping:
+            raise ChannelClosed(f"channel {self.spec.name!r}: this process's end was aborted")
         if self._closing:
             raise ChannelClosed(f"channel {self.spec.name!r}: put() after close()")
 
@@ -310,5 +312,6 @@ class ProducerEnd:
                 return
             self._closing = self._stopping = True
             self._wake()
+            self._waiter.notify()  # a put waiting here for credit raises ChannelClosed at once
         self._thread.join(timeout=5)
         self._wakeup.close()
