@@ -4,8 +4,9 @@
 
 Runs the tiny CPU pipeline (6 steps, a checkpoint after every step, `runner.max_restarts=1`) and, once the
 checkpoint before step 2 is complete, sends SIGKILL (or SIGSTOP: a hung worker, found by the heartbeat) to one
-worker. The job's workers are relaunched on the same GPUs, continue from that checkpoint, and the run finishes.
-It prints the restart as `events.jsonl` recorded it and the steps of `metrics.jsonl` (each once).
+worker. That worker is relaunched on its GPUs while the others stay; the step is retried (from the actor's state
+before it, or from that checkpoint when the actor was lost) and the run finishes. It prints the restart as
+`events.jsonl` recorded it and the steps of `metrics.jsonl` (each once).
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def main() -> int:
     print(f"\nfinished in {time.time() - started:.0f} s; run folder {run_dir}")
     for event in (json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()):
         print(f"event: {event['event']} - {event['worker']} {event['how']} in step {event['step']} "
-              f"({event['where']}), continued at step {event['resumed_at']} after {event['seconds']:.1f} s")
+              f"({event['where']}); relaunched {event['relaunched']}, continued at step {event['resumed_at']} from "
+              f"{event['resumed_from']} after {event['seconds']:.1f} s")
     print("steps in metrics.jsonl:", [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")])
     return 0
 

@@ -20,23 +20,9 @@ from rlinf_pipe.scheduler.channel import Channel
 from rlinf_pipe.scheduler.cluster import Cluster
 from rlinf_pipe.scheduler.placement import ComponentPlacement, Placement, ProcessPlacement
 from rlinf_pipe.scheduler.worker_group import WorkerGroup
+from rlinf_pipe.workers.step_channels import StepChannels
 
 WORKER_ENV = {"PYTHONWARNINGS": "ignore::UserWarning,ignore::FutureWarning"}  # apex/TE fallbacks, deprecations
-
-
-@dataclass
-class Channels:
-    """The step's streams: rollouts (engines -> reward), scored (reward -> log-probs) and one train channel per
-    actor replica (log-probs -> that replica)."""
-
-    rollouts: Channel
-    scored: Channel
-    train: list[Channel]
-
-    def abort(self) -> None:
-        """Stop this process's channel threads (before Ray goes: they would call into it)."""
-        for channel in (self.rollouts, self.scored, *self.train):
-            channel.abort()
 
 
 @dataclass
@@ -52,9 +38,10 @@ class Components:
     reward: WorkerGroup
     actor: WorkerGroup
     inference: WorkerGroup | None
-    channels: Channels
+    channels: StepChannels
     locks: Any
     sampling_rounds: Any
+    recipes: GroupRecipes
 
     @property
     def logprob_group(self) -> WorkerGroup:
@@ -68,6 +55,25 @@ class Components:
 
     def groups(self) -> list[WorkerGroup]:
         return [self.rollout, self.reward, self.actor, *([self.inference] if self.inference is not None else [])]
+
+    def group(self, name: str) -> WorkerGroup:
+        found = {g.name: g for g in self.groups()}
+        if name not in found:
+            raise ValueError(f"this job has no worker group {name!r} (it has {', '.join(found)})")
+        return found[name]
+
+    def renew_channels(self) -> None:
+        """New step channels for the driver and every worker alive (after a lost worker: the broken step's items
+        stay behind in the old ones, which are aborted here)."""
+        self.channels.abort()
+        self.channels = create_channels(self.plan, self.reward.size)
+
+    def relaunch(self, name: str, ranks: list[int]) -> None:
+        """Start `ranks` of group `name` again on their GPUs, with the job's current channels (blocking)."""
+        args, kwargs = self.recipes.arguments(name, self.channels)
+        self.group(name).relaunch(ranks, *args, **kwargs)
+        if name == "rollout" and self.plan.device_locks:  # as at launch: the engines sleep until they generate
+            self.rollout.some(ranks).release_devices().wait()
 
     def stop_workers(self) -> None:
         """Stop every worker and helper actor of the job and this process's channel ends; the cluster (its
@@ -102,20 +108,49 @@ def reward_placement(placement: Placement) -> ComponentPlacement:
     return ComponentPlacement("reward", "reward", (), 1, 1, (ProcessPlacement(0, 0, (), ()),))
 
 
-def create_channels(plan: RunPlan, reward_processes: int) -> Channels:
+def create_channels(plan: RunPlan, reward_processes: int) -> StepChannels:
     """The step's channels. Where a consumer starts only once its producer's phase ended (`RunPlan.buffers_steps`:
     GPUs taken in turns, the actor's log-probs before its training, rollout run ahead) they buffer a step unbounded."""
     run_id = uuid.uuid4().hex[:8]
     bound = {"maxsize": None} if plan.buffers_steps else {}
     comps = plan.placement.components
     logprob = comps["actor"] if plan.actor_logprobs else comps["inference"]
-    return Channels(
+    return StepChannels(
         rollouts=Channel.create(f"{run_id}-rollouts", RolloutGroup, num_producers=len(comps["rollout"].processes),
                                 **bound),
         scored=Channel.create(f"{run_id}-scored", ScoredGroup, num_producers=reward_processes, **bound),
         train=[Channel.create(f"{run_id}-train-{replica}", TrainBatch, num_producers=logprob.dp, **bound)
                for replica in range(plan.actor_dp)],
     )
+
+
+@dataclass
+class GroupRecipes:
+    """What each group's workers are constructed with, given the job's channels (at launch, and again for the ranks
+    relaunched after a lost worker)."""
+
+    cfg: Config
+    plan: RunPlan
+    model_path: str
+    rollout_path: str
+    locks: Any
+    rounds: Any
+
+    def arguments(self, name: str, channels: StepChannels) -> tuple[tuple, dict[str, Any]]:
+        """The constructor arguments of group `name`'s workers."""
+        cfg, plan, locks = self.cfg, self.plan, self.locks
+        if name == "reward":
+            return (cfg, channels.rollouts, channels.scored, self.rounds), {}
+        if name == "actor":
+            return (cfg, self.model_path, channels.train, channels.scored if plan.actor_logprobs else None,
+                    locks if plan.engines_share_actor else None), {}
+        if name == "inference":
+            return (cfg, self.model_path, channels.scored, channels.train, plan.actor_dp,
+                    locks if plan.inference_shares_rollout else None), {}
+        if name == "rollout":
+            return (cfg.rollout, self.rollout_path, sampling_params(cfg.rollout, cfg.algorithm.group_size),
+                    cfg.runner.seed, channels.rollouts, locks), {}
+        raise ValueError(f"no worker group {name!r}")
 
 
 def launch(cfg: Config, cluster: Cluster | None = None, on_connect: Callable[[], None] = lambda: None) -> Components:
@@ -159,23 +194,22 @@ def launch(cfg: Config, cluster: Cluster | None = None, on_connect: Callable[[],
         channels = create_channels(plan, len(reward_place.processes))
         locks = DeviceLocks.remote() if plan.device_locks else None
         rounds = SamplingRounds.remote() if plan.dynamic_sampling else None
+        recipes = GroupRecipes(cfg, plan, model_path, rollout_path, locks, rounds)
         # The groups build their models at once; on shared GPUs, the engines start once the actor (or the inference
         # workers) sharing them have built their state (and the actor offloaded it).
-        reward = start(RewardWorker, "reward", reward_place, cluster, cfg, channels.rollouts, channels.scored, rounds,
+        reward = start(RewardWorker, "reward", reward_place, cluster, *recipes.arguments("reward", channels)[0],
                        distributed=False)
-        actor = start(ActorWorker, "actor", comps["actor"], cluster, cfg, model_path, channels.train,
-                      channels.scored if plan.actor_logprobs else None, locks if plan.engines_share_actor else None,
+        actor = start(ActorWorker, "actor", comps["actor"], cluster, *recipes.arguments("actor", channels)[0],
                       env=WORKER_ENV)
         if plan.engines_share_actor:
             actor.ready()
         inference = None if plan.actor_logprobs else start(
-            InferenceWorker, "inference", comps["inference"], cluster, cfg, model_path, channels.scored,
-            channels.train, plan.actor_dp, locks if plan.inference_shares_rollout else None, env=WORKER_ENV)
+            InferenceWorker, "inference", comps["inference"], cluster, *recipes.arguments("inference", channels)[0],
+            env=WORKER_ENV)
         if plan.inference_shares_rollout:
             inference.ready()
-        rollout = start(RolloutWorker, "rollout", comps["rollout"], cluster, cfg.rollout, rollout_path,
-                        sampling_params(cfg.rollout, cfg.algorithm.group_size), cfg.runner.seed, channels.rollouts,
-                        locks, distributed=False)
+        rollout = start(RolloutWorker, "rollout", comps["rollout"], cluster, *recipes.arguments("rollout", channels)[0],
+                        distributed=False)
         for group in started:
             group.ready()
         if plan.device_locks:  # the engines hold the GPUs only while they generate
@@ -188,4 +222,4 @@ def launch(cfg: Config, cluster: Cluster | None = None, on_connect: Callable[[],
         raise
     return Components(plan=plan, cluster=cluster, sampler=sampler, val_prompts=val_prompts, rollout=rollout,
                       reward=reward, actor=actor, inference=inference, channels=channels, locks=locks,
-                      sampling_rounds=rounds)
+                      sampling_rounds=rounds, recipes=recipes)

@@ -18,10 +18,10 @@ def actor_phases(actor: WorkerGroup, shared: bool) -> ActorPhase:
     @asynccontextmanager
     async def holding_devices(step: int) -> AsyncIterator[None]:
         await actor.all.begin_phase(step)
-        try:
-            yield
-        finally:
-            await actor.all.end_phase(step)
+        yield
+        # Not in a `finally`: a phase cut short (a lost worker, a stop) is ended by `ActorWorker.settle_devices`
+        # once the actor's calls are over, never while its training may still run.
+        await actor.all.end_phase(step)
 
     @asynccontextmanager
     async def own_devices(step: int) -> AsyncIterator[None]:

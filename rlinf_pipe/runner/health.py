@@ -15,6 +15,7 @@ from rlinf_pipe.errors import WorkerError, WorkerLost
 from rlinf_pipe.scheduler.worker_group import WorkerGroup
 
 T = TypeVar("T")
+UNWIND_S = 5.0  # how long a cancelled guarded call may take to unwind
 
 
 class Health:
@@ -58,3 +59,5 @@ class Health:
         finally:
             task.cancel()
             beat.cancel()
+            if not task.done():  # let the call unwind (its prompt draw, its stage tasks) before whatever follows
+                await asyncio.wait({task}, timeout=UNWIND_S)

@@ -23,6 +23,7 @@ from rlinf_pipe.runner.health import Health
 from rlinf_pipe.runner.outputs import previous_spans, run_summary, step_metrics, write_pictures
 from rlinf_pipe.runner.plan import plan_run
 from rlinf_pipe.runner.progress import Progress
+from rlinf_pipe.runner.recovery import RecoveryFailed, lost_unit, replace_unit
 from rlinf_pipe.runner.run_dir import open_run_dir, record_event, write_config
 from rlinf_pipe.runner.steps import Step
 from rlinf_pipe.runner.stop import StepAbandoned, StopSignals
@@ -54,6 +55,8 @@ class Runner:
         self.stop = stop or StopSignals(cfg.runner.stop_grace_s)
         self.abandoned = False  # a step was cut short by a stop: the actor's state is no step's end
         self.health = Health(lambda: self.c.groups(), cfg.runner.heartbeat_timeout_s)
+        self.initial_sampler = components.sampler.state_dict()  # a recovery with no checkpoint goes back here
+        self.sampler_at_step = self.initial_sampler  # ... and one that retries a step, to its start
         self.assemble(components)
 
     def assemble(self, components: Components) -> None:
@@ -148,6 +151,7 @@ class Runner:
         try:
             while step < cfg.max_steps and not self.stop.requested:
                 try:
+                    self.sampler_at_step = self.c.sampler.state_dict()
                     metrics = await self.stop.or_abandon(self.health.guard(self.validate(step)))
                     metrics |= await self.stop.or_abandon(self.health.guard(self.step(step)))
                     writer.write(step, metrics)
@@ -159,7 +163,7 @@ class Runner:
                     if self.stop.requested:  # a signal to the whole process group also reaches the workers
                         self.abandoned = True
                         break
-                    step = await self.restart(lost, step)
+                    step = await self.recover(lost, step)
                     writer.truncate(step)
                     progress.rewind(step)
                 except StepAbandoned:
@@ -243,6 +247,7 @@ class Runner:
         """Continue from checkpoint `ckpt` (None: from the start): actor state, data order; returns the next
         step."""
         if ckpt is None:
+            self.c.sampler.load_state_dict(self.initial_sampler)
             return 0
         state = await checkpoints.load_checkpoint(ckpt, self.c.actor)
         self.c.sampler.load_state_dict(state["sampler"])
@@ -252,9 +257,12 @@ class Runner:
             print(f"[rlinf_pipe] resumed from {ckpt} at step {state['next_step']}")
         return int(state["next_step"])
 
-    async def restart(self, lost: WorkerLost, step: int) -> int:
-        """After `lost`: stop the job's workers, relaunch them on the same GPUs, continue from the last complete
-        checkpoint of the run (the start, before the first). Returns the step to continue at; with
+    async def recover(self, lost: WorkerLost, step: int) -> int:
+        """After `lost`: relaunch what was lost on the same GPUs, keep the other workers (`rlinf_pipe.runner.recovery`)
+        and continue. A lost engine, reward or log-prob worker: step `step` is retried from the actor's state before
+        it. A lost actor: the run continues from its last complete checkpoint (the start, before the first). With
+        rollout running ahead (`runner.max_staleness`), or when replacing does not work out, every worker is
+        relaunched and the run continues from the checkpoint. Returns the step to continue at; with
         `runner.max_restarts` spent, raises `lost`."""
         limit = self.cfg.runner.max_restarts
         if len(self.restarts) >= limit:
@@ -265,20 +273,38 @@ class Runner:
         started = time.time()
         self.spans += self.tracer.drain()  # the failed step's driver spans
         ckpt = self.last_checkpoint
-        log.warning("worker %s %s (%s) in step %d: restart %d of %d, relaunching the workers on the same GPUs to "
-                    "continue from %s", lost.worker, lost.how, lost.where, step, len(self.restarts) + 1, limit,
-                    ckpt or "the start")
-        self.c.stop_workers()
-        self.assemble(await asyncio.to_thread(launch, self.cfg, self.c.cluster))
+        unit = None if self.c.plan.staleness else lost_unit(self.c, lost.worker)
+        log.warning("worker %s %s (%s) in step %d: restart %d of %d, relaunching %s on the same GPUs", lost.worker,
+                    lost.how, lost.where, step, len(self.restarts) + 1, limit,
+                    unit.describe() if unit else "every worker")
+        if unit is not None:
+            try:
+                await replace_unit(self.c, unit, self.cfg.runner.heartbeat_timeout_s)
+            except RecoveryFailed as exc:
+                log.warning("replacing %s did not work out (%s): relaunching every worker", unit.describe(), exc)
+                unit = None
+        if unit is None:
+            self.c.stop_workers()
+            self.c = await asyncio.to_thread(launch, self.cfg, self.c.cluster)
+        self.assemble(self.c)
         await self.weights.open()
-        resumed = await self.resume(ckpt)
+        if unit is not None and unit.group != "actor":  # the actor stayed: back to where the step began
+            restored = await self.c.actor.all.rollback(step)
+            self.c.sampler.load_state_dict(self.sampler_at_step)
+            resumed, origin = step, "the actor's state before the step" if any(restored) else "the actor's state"
+        else:
+            if unit is not None:  # the engines stayed, with newer weights than the checkpoint's
+                await asyncio.gather(*(group.all.rewind_weights() for group in self.c.weight_receivers.values()))
+            resumed, origin = await self.resume(ckpt), str(ckpt or "the start")
         seconds = time.time() - started
+        relaunched = unit.describe() if unit else "every worker"
         self.tracer.add("restart", started, time.time(), step=step, worker=lost.worker, how=lost.how,
-                        resumed_at=resumed)
+                        resumed_at=resumed, relaunched=relaunched)
         self.restarts.append(record_event(self.run_dir, "restart", step=step, worker=lost.worker, how=lost.how,
-                                          where=lost.where, resumed_at=resumed, seconds=seconds))
-        log.warning("restart %d of %d took %.1f s; continuing at step %d", len(self.restarts), limit, seconds,
-                    resumed)
+                                          where=lost.where, relaunched=relaunched, resumed_at=resumed,
+                                          resumed_from=origin, seconds=seconds))
+        log.warning("restart %d of %d took %.1f s; continuing at step %d from %s", len(self.restarts), limit,
+                    seconds, resumed, origin)
         return resumed
 
     async def stop_run(self, step: int) -> None:

@@ -157,10 +157,20 @@ def test_collocated_matches_pipeline(pipeline_run, collocated_run):
 def test_engines_taking_turns_with_the_actor_and_inference_apart_train_like_the_pipeline(tmp_path, tiny_model,
                                                                                          pipeline_run):
     """A hybrid placement: the engine and the actor take turns on GPU 0 (locks, sleep / wake, offload / onload)
-    while the inference worker on GPU 1 computes the log-probs outside those turns. It trains exactly like the
-    pipeline."""
-    out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, "cluster.num_gpus_per_node=2",
-              'cluster.component_placement={"actor,rollout": 0, inference: 1}')
+    while the inference worker on GPU 1 computes the log-probs outside those turns. The engine is killed in step 1
+    (it may hold GPU 0's lock then): only it is relaunched, the others abandon the step and retry it, and the run
+    still trains exactly like the pipeline."""
+    saboteur = Saboteur(tmp_path, [Fault("step_000001", "rlinf_pipe:rollout:0", signal.SIGKILL)])
+    saboteur.start()
+    try:
+        out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, "cluster.num_gpus_per_node=2",
+                  'cluster.component_placement={"actor,rollout": 0, inference: 1}', "runner.max_restarts=1")
+    finally:
+        saboteur.stop()
+    assert len(saboteur.pids) == 1
+    (restart,) = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    assert (restart["worker"], restart["relaunched"], restart["step"], restart["resumed_at"]) == (
+        "rlinf_pipe:rollout:0", "rollout rank 0", 1, 1)
     assert_trains_like(pipeline_run, out)
     spans = read_chrome_trace(out / "timeline.json")
     assert {s.track for s in spans if s.name == "logprob"} == {"inference/0"}
@@ -259,6 +269,24 @@ def test_staleness_two_runs_rollout_two_steps_ahead_and_never_lags_more(tmp_path
 
 
 @pytest.mark.slow
+def test_a_loss_with_rollout_running_ahead_relaunches_every_worker_from_the_checkpoint(tmp_path, tiny_model):
+    """With `runner.max_staleness: 1` the engines generate the next step with weights that no worker holds once the
+    actor has trained on: a lost reward worker relaunches every worker, and the run goes on from the checkpoint."""
+    saboteur = Saboteur(tmp_path, [Fault("step_000001", "rlinf_pipe:reward:0", signal.SIGKILL)])
+    saboteur.start()
+    try:
+        out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, "runner.max_staleness=1",
+                  "runner.save_interval=1", "runner.max_restarts=1", "runner.max_steps=3")
+    finally:
+        saboteur.stop()
+    (restart,) = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    assert (restart["worker"], restart["relaunched"]) == ("rlinf_pipe:reward:0", "every worker")
+    assert restart["resumed_at"] in (1, 2)  # the checkpoint before the step that found the loss
+    assert restart["resumed_from"] == str(out / "checkpoints" / f"step_{restart['resumed_at']:06d}")
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2]
+
+
+@pytest.mark.slow
 def test_dynamic_sampling_trains_only_varied_groups(tmp_path, tiny_model):
     """algorithm.dynamic_sampling: groups whose rewards are all equal never reach the log-prob stage or the actor;
     extra rounds draw more prompts; every generated group counts in the reward metrics. The inference worker takes
@@ -352,14 +380,16 @@ KINDS = ("rollout", "inference", "reward", "actor")
 
 @pytest.mark.slow
 def test_lost_workers_of_every_kind_a_stop_signal_and_a_resume(tmp_path, tiny_model, pipeline_run):
-    """A rollout engine killed in step 1: the job's workers are relaunched on the same GPUs and continue from the
-    checkpoint before the step; then, in each retry of the step, the log-prob worker, the reward worker and the
-    actor are killed in turn. Step 1 is trained once, on the same data: the weights after it equal the
-    uninterrupted run's. Then SIGTERM to the driver in step 2 (`stop_grace_s=0`: the step is abandoned, so nothing
+    """A rollout engine killed in step 1: it is relaunched on its GPU, the other workers abandon the step, and the
+    actor retries it from its state before the step; then, in each retry, the log-prob worker and the reward worker
+    are killed (each relaunched alone, the actor staying), and the actor (relaunched, from the checkpoint before
+    the step). Step 1 is trained once, on the same data: the weights after it equal the uninterrupted run's. Then SIGTERM to the driver in step 2 (`stop_grace_s=0`: the step is abandoned, so nothing
     is saved for it): `RunStopped` (exit 143) with one line naming the checkpoint and how to resume, no worker and
     no reward-pool process left. `resume_dir=auto` continues in the same run folder and finishes."""
     kills = [Fault("step_000001", f"rlinf_pipe:{kind}:0", signal.SIGKILL, restarts=i) for i, kind in enumerate(KINDS)]
-    saboteur = Saboteur(tmp_path, [*kills, Fault("step_000002", os.getpid(), signal.SIGTERM, restarts=len(KINDS))])
+    actor_at_start = Fault("step_000001", "rlinf_pipe:actor:0", 0)  # (signal 0: only its pid is recorded)
+    saboteur = Saboteur(tmp_path, [actor_at_start, *kills,
+                                   Fault("step_000002", os.getpid(), signal.SIGTERM, restarts=len(KINDS))])
     saboteur.start()
     try:
         with pytest.raises(RunStopped) as stopped:
@@ -367,7 +397,8 @@ def test_lost_workers_of_every_kind_a_stop_signal_and_a_resume(tmp_path, tiny_mo
                 f"runner.max_restarts={len(KINDS)}", "runner.stop_grace_s=0", "runner.save_on_signal=true")
     finally:
         saboteur.stop()
-    assert len(saboteur.pids) == len(KINDS)
+    assert len(saboteur.pids) == 1 + len(KINDS)
+    assert saboteur.pids[0] == saboteur.pids[-1]  # the actor outlived the other three losses: only they relaunched
     run_dir = next(tmp_path.glob("*/*/config.yaml")).parent
     ckpt = run_dir / "checkpoints" / "step_000002"
     message = str(stopped.value)
@@ -389,10 +420,12 @@ def test_lost_workers_of_every_kind_a_stop_signal_and_a_resume(tmp_path, tiny_mo
     for name in wa:
         torch.testing.assert_close(wb[name], wa[name], atol=1e-6, rtol=1e-5, msg=name)
     restarts = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()[:len(KINDS)]]
-    assert [(r["event"], r["worker"], r["how"], r["step"], r["resumed_at"]) for r in restarts] == [
-        ("restart", f"rlinf_pipe:{kind}:0", "died", 1, 1) for kind in KINDS]
+    assert [(r["event"], r["worker"], r["how"], r["step"], r["resumed_at"], r["relaunched"]) for r in restarts] == [
+        ("restart", f"rlinf_pipe:{kind}:0", "died", 1, 1, f"{kind} rank 0") for kind in KINDS]
     assert "rollout rank 0 (node 0, GPUs 0)" in restarts[0]["where"] and restarts[0]["seconds"] > 0
     assert "actor rank 0 (node 0, GPUs 2)" in restarts[3]["where"]
+    assert restarts[3]["resumed_from"] == str(run_dir / "checkpoints" / "step_000001")  # the lost actor's state
+    assert all(r["resumed_from"].startswith("the actor's state") for r in restarts[:3])  # the others: in memory
 
     resumed = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, "runner.max_steps=3",
                   "runner.resume_dir=auto")

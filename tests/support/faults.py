@@ -16,9 +16,9 @@ import ray
 
 @dataclass(frozen=True)
 class Fault:
-    """Send `signum` to `target` (a worker's actor name, or a pid) once `checkpoint` (e.g. `step_000001`) of the
-    run is complete and the run has recorded `restarts` restarts (a restart is recorded once the relaunched job has
-    loaded its checkpoint, just before it trains again)."""
+    """Send `signum` (0: none, only the pid is recorded) to `target` (a worker's actor name, or a pid) once
+    `checkpoint` (e.g. `step_000001`) of the run is complete and the run has recorded `restarts` restarts (a
+    restart is recorded once the relaunched workers are ready, just before the run trains again)."""
 
     checkpoint: str
     target: str | int
