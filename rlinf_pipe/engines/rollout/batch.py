@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from rlinf_pipe.engines.rollout.engine import FinishReason
+from rlinf_pipe.engines.rollout.llama_forward import LlamaForward
 from rlinf_pipe.engines.rollout.sampling import select_tokens
 
 
@@ -36,10 +38,12 @@ class SampleState:
 
 
 class DecodeBatch:
-    """Runs `rows` together on `model` until each hits a stop token or its token limit."""
+    """Runs `rows` together on `model` until each hits a stop token or its token limit: through `lean` (the
+    lean forward of a Llama-family model, with a preallocated cache) when given, else transformers' forward."""
 
-    def __init__(self, model: torch.nn.Module, rows: list[SampleState], pad_id: int, device: torch.device):
-        self.model, self.rows, self.device = model, list(rows), device
+    def __init__(self, model: torch.nn.Module, rows: list[SampleState], pad_id: int, device: torch.device,
+                 lean: LlamaForward | None = None):
+        self.model, self.rows, self.device, self.lean = model, list(rows), device, lean
         width = max(len(r.prompt_ids) for r in rows)
         ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -51,7 +55,7 @@ class DecodeBatch:
         self.top_k = torch.tensor([r.top_k for r in rows], dtype=torch.long, device=device)
         self.top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=device)
         self.truncate = any(r.top_k > 0 or r.top_p < 1.0 for r in rows)  # else sampling skips the top-k/p sort
-        self.cache: object | None = None
+        self.cache: Any = lean.new_cache(len(rows), width + max(r.max_new_tokens for r in rows)) if lean else None
         self.logits: torch.Tensor | None = None
 
     @property
@@ -93,7 +97,10 @@ class DecodeBatch:
             self.rows = [self.rows[i] for i in keep]
             self.mask, tokens = self.mask[index], tokens[index]
             self.temperature, self.top_k, self.top_p = self.temperature[index], self.top_k[index], self.top_p[index]
-            self.cache.batch_select_indices(index)  # type: ignore[union-attr]
+            if self.lean is not None:
+                self.cache.select(index)
+            else:
+                self.cache.batch_select_indices(index)
         self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=-1)
         positions = self.mask.sum(-1, keepdim=True) - 1
         self._forward(tokens.unsqueeze(-1), positions)
@@ -118,6 +125,9 @@ class DecodeBatch:
         return rows
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, logits_to_keep: int = 0) -> None:
+        if self.lean is not None:
+            self.logits = self.lean(ids, positions, self.mask, self.cache)
+            return
         kwargs = {"logits_to_keep": logits_to_keep} if logits_to_keep else {}
         out = self.model(
             input_ids=ids, attention_mask=self.mask, position_ids=positions,

@@ -25,6 +25,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from rlinf_pipe.engines.rollout.batch import DecodeBatch, SampleState
+from rlinf_pipe.engines.rollout.llama_forward import LlamaForward
 from rlinf_pipe.engines.rollout.engine import (
     EngineAsleepError,
     GenerateRequest,
@@ -72,6 +73,7 @@ class TorchEngine:
         self.cpu_threads = cpu_threads or int(os.environ.get("OMP_NUM_THREADS") or 1)
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype).to(self.device).eval()
+        self.lean = LlamaForward.build(self.model)  # None: transformers' forward (not a Llama-family model)
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         self.max_batch_size = max_batch_size
         self.eos_ids = frozenset(self._find_eos_ids(str(model_path)))
@@ -135,7 +137,8 @@ class TorchEngine:
                 break
             chunk = [queue.popleft() for _ in range(min(self.max_batch_size, len(queue)))]
             batch = DecodeBatch(
-                self.model, [self._new_row(requests[i], i, k, seeds[i]) for i, k in chunk], self.pad_id, self.device
+                self.model, [self._new_row(requests[i], i, k, seeds[i]) for i, k in chunk], self.pad_id, self.device,
+                self.lean,
             )
             await self._run(batch.prefill)
             while batch.active:

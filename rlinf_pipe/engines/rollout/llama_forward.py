@@ -1,0 +1,152 @@
+"""A lean forward pass for Llama-family decoders (Llama, Qwen2: the tiny models, SmolLM2, Qwen2.5) in `TorchEngine`.
+
+It runs the Hugging Face model's own modules' weights (so weight updates, sleep and wake apply unchanged) through
+the same math as transformers' forward: RMSNorm, rotary embeddings from the model's own rotary module, grouped-query
+attention with a key/value cache, SiLU-gated MLP. What it leaves out is transformers' per-call machinery (cache
+objects, mask builders, output capturing, keyword plumbing), which on a small model costs more than the tensor
+work: the cache is one preallocated tensor per layer for the whole batch, filled in place, and the mask comes from
+the batch's 2D padding mask. Results equal transformers' within float rounding (tests/unit/test_llama_forward.py).
+
+    forward = LlamaForward.build(model)   # None: the model is another kind; use model(...) instead
+    cache = forward.new_cache(batch, capacity)
+    logits = forward(ids, positions, mask, cache)   # last position's logits; the cache grows by ids.shape[1]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+MODEL_TYPES = ("llama", "qwen2")
+
+
+@dataclass
+class _Layer:
+    norm1: torch.Tensor
+    norm2: torch.Tensor
+    eps: float
+    q: tuple[torch.Tensor, torch.Tensor | None]
+    k: tuple[torch.Tensor, torch.Tensor | None]
+    v: tuple[torch.Tensor, torch.Tensor | None]
+    o: tuple[torch.Tensor, torch.Tensor | None]
+    gate: tuple[torch.Tensor, torch.Tensor | None]
+    up: tuple[torch.Tensor, torch.Tensor | None]
+    down: tuple[torch.Tensor, torch.Tensor | None]
+
+
+class KVCache:
+    """Keys and values of every layer for a batch, `[rows, kv_heads, capacity, head_dim]` each; `length` positions
+    are filled (the same for every row: prompts are left-padded)."""
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]):
+        self.keys, self.values = keys, values
+        self.length = 0
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` (those still generating)."""
+        self.keys = [k.index_select(0, rows) for k in self.keys]
+        self.values = [v.index_select(0, rows) for v in self.values]
+
+
+def _linear(module: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return module.weight, module.bias
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' Llama / Qwen2 RMSNorm: normalised in float32, cast back, then scaled."""
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaForward:
+    """The forward pass of one Llama-family model (see the module docstring)."""
+
+    def __init__(self, model: Any):
+        config = model.config
+        inner = model.model
+        self.model = model
+        self.embed = inner.embed_tokens.weight
+        self.rotary = inner.rotary_emb
+        self.final_norm, self.final_eps = inner.norm.weight, inner.norm.variance_epsilon
+        self.lm_head = model.lm_head.weight
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.scaling = self.head_dim ** -0.5
+        self.layers = [
+            _Layer(
+                norm1=layer.input_layernorm.weight, norm2=layer.post_attention_layernorm.weight,
+                eps=layer.input_layernorm.variance_epsilon,
+                q=_linear(layer.self_attn.q_proj), k=_linear(layer.self_attn.k_proj),
+                v=_linear(layer.self_attn.v_proj), o=_linear(layer.self_attn.o_proj),
+                gate=_linear(layer.mlp.gate_proj), up=_linear(layer.mlp.up_proj), down=_linear(layer.mlp.down_proj),
+            )
+            for layer in inner.layers
+        ]
+
+    @classmethod
+    def build(cls, model: Any) -> LlamaForward | None:
+        """The lean forward for `model`, or None when it is not a plain Llama-family decoder (another model type,
+        sliding-window attention, another activation): the caller then uses transformers' forward."""
+        config = model.config
+        if getattr(config, "model_type", None) not in MODEL_TYPES or getattr(config, "hidden_act", None) != "silu":
+            return None
+        if getattr(config, "use_sliding_window", False) or getattr(config, "sliding_window", None) and any(
+                t == "sliding_attention" for t in getattr(config, "layer_types", None) or ()):
+            return None
+        if getattr(config, "pretraining_tp", 1) != 1:
+            return None
+        return cls(model)
+
+    def new_cache(self, rows: int, capacity: int) -> KVCache:
+        shape = (rows, self.kv_heads, capacity, self.head_dim)
+        like = self.embed
+        return KVCache([like.new_empty(shape) for _ in self.layers], [like.new_empty(shape) for _ in self.layers])
+
+    @torch.no_grad()
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Logits `[rows, vocab]` at the last of `ids`' positions. `ids`, `positions`: `[rows, new]` (the new
+        tokens, written into the cache after its `length`); `mask`: `[rows, length + new]`, 1 where a position
+        holds a real token (0: left padding)."""
+        rows, new = ids.shape
+        start, end = cache.length, cache.length + new
+        x = F.embedding(ids, self.embed)
+        cos, sin = self.rotary(x, positions)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        attend = self._attention_mask(mask.bool(), new)
+        for layer, keys, values in zip(self.layers, cache.keys, cache.values, strict=True):
+            h = _rms_norm(x, layer.norm1, layer.eps)
+            q = F.linear(h, *layer.q).view(rows, new, self.heads, self.head_dim).transpose(1, 2)
+            k = F.linear(h, *layer.k).view(rows, new, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = F.linear(h, *layer.v).view(rows, new, self.kv_heads, self.head_dim).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            keys[:, :, start:end] = k * cos + _rotate_half(k) * sin
+            values[:, :, start:end] = v
+            a = F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end], attn_mask=attend,
+                                               scale=self.scaling, enable_gqa=self.heads != self.kv_heads)
+            x = x + F.linear(a.transpose(1, 2).reshape(rows, new, self.heads * self.head_dim), *layer.o)
+            h = _rms_norm(x, layer.norm2, layer.eps)
+            x = x + F.linear(F.silu(F.linear(h, *layer.gate)) * F.linear(h, *layer.up), *layer.down)
+        cache.length = end
+        return F.linear(_rms_norm(x[:, -1], self.final_norm, self.final_eps), self.lm_head)
+
+    @staticmethod
+    def _attention_mask(valid: torch.Tensor, new: int) -> torch.Tensor:
+        """Which keys each new query sees, `[rows, 1, new, keys]`: real tokens at or before it. A query at a padding
+        position also sees itself, so that no row of the softmax is empty (its output is never used)."""
+        keys = valid.shape[1]
+        if new == 1:
+            return valid[:, None, None, :]
+        query_pos = torch.arange(keys - new, keys, device=valid.device)[:, None]
+        causal = torch.arange(keys, device=valid.device)[None, :] <= query_pos
+        itself = torch.arange(keys, device=valid.device)[None, :] == query_pos
+        return ((causal & valid[:, None, :]) | itself[None]).unsqueeze(1)
