@@ -70,6 +70,9 @@ class StepBuffer:
         self.weight += entry.weight
 
     def _current_queue(self) -> deque[Entry] | None:
+        queue = self.by_step.get(self.step)
+        if queue and len(self.by_step) == 1:  # the common case: items of the current step only
+            return queue
         for step in sorted(s for s in self.by_step if s <= self.step):
             if self.by_step[step]:
                 return self.by_step[step]

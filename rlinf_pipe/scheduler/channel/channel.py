@@ -109,6 +109,9 @@ class Channel(Generic[T]):
 
     # --- consumer -------------------------------------------------------------------------------------------
     def _consumer(self) -> tuple[Waiter, StepBuffer]:
+        end = self._consumer_end
+        if end is not None and not self._closed:  # (the hot path: no lock once the end exists)
+            return end._waiter, end.buffer
         with self._lock:
             if self._closed:
                 raise ChannelClosed(f"channel {self.name!r}: used after close()")
@@ -121,8 +124,7 @@ class Channel(Generic[T]):
         end.check()
         if end.buffer.peek() is not None:
             entry = end.buffer.pop()
-            end.credit([entry])
-            end.ack([entry])  # get() hands it over at once: no separate acknowledgement step
+            end.hand_over(entry)  # get() hands it over at once: credit and acknowledgement together
             return entry
         return end.buffer.next_marker()
 

@@ -47,8 +47,7 @@ class ConsumerEnd:
         self.buffer = StepBuffer(spec.name, expected_producers=spec.num_producers)
         self._links: dict[str, _ProducerLink] = {}
         self._by_socket: dict[zmq.Socket, str] = {}
-        self._taken: dict[str, list[int]] = {}  # producer -> seqs taken from the buffer, not yet reported
-        self._acks: dict[str, list[int]] = {}  # producer -> seqs handed to the app, not yet reported
+        self._handed: dict[str, list[int]] = {}  # producer -> seqs handed to the app, not yet reported
         self._node_id = ray.get_runtime_context().get_node_id()
         self._registry = registry()
         self._stopping = False
@@ -67,17 +66,10 @@ class ConsumerEnd:
         if self._stopping:
             raise ChannelClosed(f"channel {self.spec.name!r}: this process's end was closed or aborted")
 
-    def credit(self, entries: list[Entry]) -> None:
-        """Entries were taken out of the buffer: their producers get as much new credit, free the capacity, and
-        count them toward the end of their step."""
-        for entry in entries:
-            self._taken.setdefault(entry.producer, []).append(entry.seq)
-        self._wakeup.wake()
-
-    def ack(self, entries: list[Entry]) -> None:
-        """Entries were handed to the app: their producers may drop the copies kept for redelivery."""
-        for entry in entries:
-            self._acks.setdefault(entry.producer, []).append(entry.seq)
+    def hand_over(self, entry: Entry) -> None:
+        """An entry was taken out of the buffer and handed to the app (`get`): its producer gets one more credit,
+        frees the capacity, counts it toward the end of its step, and may drop the copy kept for redelivery."""
+        self._handed.setdefault(entry.producer, []).append(entry.seq)
         self._wakeup.wake()
 
     def endpoints(self) -> list[str]:
@@ -128,13 +120,12 @@ class ConsumerEnd:
                     expected = self.spec.num_producers
                     missing = not self._links or (expected is not None and len(self._links) < expected)
                     next_refresh = now + (EAGER_REFRESH_S if missing else REFRESH_S)
+                received = self._receive(events)  # (outside the lock: the app thread takes items meanwhile)
                 with self._waiter.lock:
                     if self._wakeup.rx in events:
                         self._wakeup.drain()
-                    for sock in events:
-                        producer = self._by_socket.get(sock)
-                        while producer is not None and sock.poll(0):
-                            self._on_message(producer, sock.recv_multipart(copy=False))
+                    for producer, frames in received:
+                        self._on_message(producer, frames)
                     self._flush_updates()
                     if now >= next_housekeeping:  # heartbeats and peer expiry, a few times per heartbeat
                         for link in self._links.values():
@@ -151,15 +142,26 @@ class ConsumerEnd:
         finally:
             self._close_sockets()
 
+    def _receive(self, events: dict[zmq.Socket, int]) -> list[tuple[str, list[Any]]]:
+        """Every message waiting on the producer sockets that `events` names (this thread owns the sockets)."""
+        received = []
+        for sock in events:
+            producer = self._by_socket.get(sock)
+            while producer is not None:
+                try:
+                    received.append((producer, sock.recv_multipart(zmq.NOBLOCK, copy=False)))
+                except zmq.Again:
+                    break
+        return received
+
     def _flush_updates(self) -> None:
-        """One CREDIT message per producer carries everything taken and delivered since the last."""
-        for producer in set(self._taken) | set(self._acks):
+        """One CREDIT message per producer carries everything handed over since the last (taken out of the buffer
+        and delivered, which the wire protocol reports as two lists)."""
+        for producer, seqs in self._handed.items():
             link = self._links.get(producer)
             if link is not None:
-                payload = wire.pack([self._taken.get(producer, []), self._acks.get(producer, [])])
-                link.sock.send_multipart([wire.CREDIT, payload])
-        self._taken.clear()
-        self._acks.clear()
+                link.sock.send_multipart([wire.CREDIT, wire.pack([seqs, seqs])])
+        self._handed.clear()
 
     def _on_message(self, producer: str, frames: list[Any]) -> None:
         link = self._links[producer]
