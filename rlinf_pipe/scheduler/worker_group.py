@@ -19,9 +19,7 @@ group.settle(timeout_s)` waits until every call made through the verbs has finis
 from __future__ import annotations
 
 import asyncio
-import re
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -30,143 +28,13 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from rlinf_pipe.errors import ClusterError, WorkerError, WorkerLost
-from rlinf_pipe.scheduler import traffic
 from rlinf_pipe.scheduler.cluster import Cluster
-from rlinf_pipe.scheduler.placement import ComponentPlacement, ProcessPlacement, format_ids
+from rlinf_pipe.scheduler.group_call import ANSI_ESCAPES, GroupCall, Member, Verb
+from rlinf_pipe.scheduler.placement import ComponentPlacement, ProcessPlacement
 from rlinf_pipe.scheduler.worker import CONTROL_GROUP, Worker, WorkerInfo, placement_env, rendezvous_env
 from rlinf_pipe.utils.net import free_port
 
 W = TypeVar("W", bound=Worker)
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_INLINE = (int, float, bool, str, bytes, type(None))
-
-
-@dataclass(frozen=True)
-class _Member:
-    rank: int
-    process: ProcessPlacement
-    actor: Any
-    name: str
-
-    def where(self) -> str:
-        gpus = format_ids(self.process.global_gpus) if self.process.global_gpus else "none"
-        return f"node {self.process.node_rank}, GPUs {gpus}"
-
-
-class GroupCall:
-    """A call running on some ranks of a group. `await call` or `call.wait(timeout_s)` gives its result: what the
-    verb makes of the ranks' results (see the module docstring)."""
-
-    def __init__(self, group: WorkerGroup, method: str, members: Sequence[_Member], refs: Sequence[Any],
-                 pick: Callable[[list[Any]], Any]):
-        self.group, self.method, self.members, self.refs, self.pick = group, method, list(members), list(refs), pick
-
-    def wait(self, timeout_s: float | None = None) -> Any:
-        """Block until every rank finished; the first failure raises a `WorkerError` at once."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        pending = list(self.refs)
-        while pending:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            done, pending = ray.wait(pending, num_returns=1, timeout=left)
-            if not done:
-                running = [m.rank for m, r in zip(self.members, self.refs, strict=True) if r in pending]
-                raise WorkerError(
-                    f"{self.group.name}.{self.method}: ranks {running} still running after {timeout_s:g} s"
-                )
-            try:
-                self._result(done[0])
-            except WorkerError:
-                self._drain_finished(pending)
-                raise
-        return self.pick([self._result(ref) for ref in self.refs])
-
-    @staticmethod
-    def _drain_finished(pending: list[Any]) -> None:
-        """Fetch the other ranks' finished errors so Ray does not log each of them again as unhandled."""
-        finished, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
-        for ref in finished:
-            try:
-                ray.get(ref)
-            except (RayTaskError, RayActorError):
-                pass
-
-    async def _gather(self) -> Any:
-        tasks = [asyncio.ensure_future(self._await_one(ref)) for ref in self.refs]
-        try:
-            return self.pick(list(await asyncio.gather(*tasks)))
-        finally:
-            for task in tasks:
-                task.cancel()
-
-    def __await__(self):
-        return self._gather().__await__()
-
-    async def _await_one(self, ref: Any) -> Any:
-        try:
-            return await ref
-        except (RayTaskError, RayActorError) as exc:
-            raise self._error(ref, exc) from None
-
-    def _result(self, ref: Any) -> Any:
-        try:
-            return ray.get(ref)
-        except (RayTaskError, RayActorError) as exc:
-            raise self._error(ref, exc) from None
-
-    def _error(self, ref: Any, exc: Exception) -> WorkerError:
-        member = self.members[self.refs.index(ref)]
-        head = f"{self.group.name} rank {member.rank} ({member.where()}) in {self.method}()"
-        remote = _ANSI.sub("", str(exc))
-        if isinstance(exc, RayActorError):
-            if exc.actor_init_failed:
-                last_line = remote.strip().splitlines()[-1]
-                return WorkerError(
-                    f"{self.group.name} rank {member.rank} ({member.where()}) failed in its constructor: {last_line}"
-                    f"\n--- remote traceback ---\n{remote}"
-                )
-            return WorkerLost(member.name, head, "died", remote)
-        return WorkerError(f"{head} raised {type(exc.cause).__name__}: {exc.cause}\n--- remote traceback ---\n{remote}")
-
-
-def _shared(value: Any) -> Any:
-    """`value` as an argument for several ranks: put into the object store once unless it is a plain scalar."""
-    return value if isinstance(value, _INLINE) else ray.put(value)
-
-
-class _Verb:
-    """Calls methods of the worker class on `members`; `pick` turns their results into the call's result.
-    `sharded`: the first argument is split into one contiguous shard per data-parallel replica."""
-
-    def __init__(self, group: WorkerGroup, members: Sequence[_Member], pick: Callable[[list[Any]], Any],
-                 sharded: bool = False):
-        self._group, self._members, self._pick, self._sharded = group, list(members), pick, sharded
-
-    def __getattr__(self, method: str) -> Callable[..., GroupCall]:
-        if method.startswith("_"):
-            raise AttributeError(method)
-
-        def call(*args: Any, **kwargs: Any) -> GroupCall:
-            members, group = self._members, self._group
-            traffic.record(traffic.payload_bytes((args, kwargs)))
-            shards: list[Any] = []
-            if self._sharded:
-                batch, *rest = args
-                args = tuple(rest)
-                shards = group._shards(batch)
-                if len(members) > group.dp_size:  # several ranks per replica: one copy of each shard
-                    shards = [_shared(shard) for shard in shards]
-            if len(members) > 1:
-                args = tuple(_shared(a) for a in args)
-                kwargs = {k: _shared(v) for k, v in kwargs.items()}
-            refs = [
-                getattr(m.actor, method).remote(*([shards[group.dp_rank_of(m.rank)]] if self._sharded else []),
-                                                *args, **kwargs)
-                for m in members
-            ]
-            group._track(members, refs)
-            return GroupCall(group, method, members, refs, self._pick)
-
-        return call
 
 
 def _free_port_on_node() -> tuple[str, int]:
@@ -200,10 +68,10 @@ TRACKED_CALLS = 256  # in-flight calls a group remembers before it forgets the f
 class WorkerGroup(Generic[W]):
     """The Ray actors of one component and the verbs that call them (see the module docstring)."""
 
-    def __init__(self, name: str, placement: ComponentPlacement, members: list[_Member],
+    def __init__(self, name: str, placement: ComponentPlacement, members: list[Member],
                  recipe: _Recipe | None = None):
         self.name, self.placement, self._members, self._recipe = name, placement, members, recipe
-        self._calls: list[tuple[_Member, Any]] = []  # calls made through the verbs, not known to be finished
+        self._calls: list[tuple[Member, Any]] = []  # calls made through the verbs, not known to be finished
 
     @classmethod
     def launch(
@@ -246,7 +114,7 @@ class WorkerGroup(Generic[W]):
         group._members = group._start_members(list(placement.processes), args, kwargs)
         return group
 
-    def _start_members(self, procs: list[ProcessPlacement], args: tuple, kwargs: dict[str, Any]) -> list[_Member]:
+    def _start_members(self, procs: list[ProcessPlacement], args: tuple, kwargs: dict[str, Any]) -> list[Member]:
         """Start an actor for each of `procs` (with the group's recipe and these constructor arguments)."""
         recipe, name = self._recipe, self.name
         cluster = recipe.cluster
@@ -255,7 +123,7 @@ class WorkerGroup(Generic[W]):
         shared_env = dict(recipe.env)
         if recipe.distributed and world > 0:
             shared_env.update(rendezvous_env(*_rendezvous_point(cluster.nodes[procs[0].node_rank])))
-        started: list[_Member] = []
+        started: list[Member] = []
         for proc in procs:
             strategy = (
                 PlacementGroupSchedulingStrategy(reservations[proc.node_rank], placement_group_bundle_index=0)
@@ -279,7 +147,7 @@ class WorkerGroup(Generic[W]):
                 raise ClusterError(
                     f"cannot start worker {actor_name}: {exc} (is a group named {name!r} running?)"
                 ) from None
-            started.append(_Member(proc.rank, proc, actor, actor_name))
+            started.append(Member(proc.rank, proc, actor, actor_name))
         return started
 
     def relaunch(self, ranks: Sequence[int], *args: Any, **kwargs: Any) -> WorkerGroup[W]:
@@ -316,18 +184,18 @@ class WorkerGroup(Generic[W]):
         self._calls = [(m, ref) for m, ref in self._calls if id(m) not in killed]
 
     # --- in-flight calls --------------------------------------------------------------------------------------
-    def _track(self, members: Sequence[_Member], refs: Sequence[Any]) -> None:
+    def _track(self, members: Sequence[Member], refs: Sequence[Any]) -> None:
         self._calls.extend(zip(members, refs, strict=True))
         if len(self._calls) > TRACKED_CALLS:
             self._calls = self._unfinished(self._calls, 0.0)
 
     @staticmethod
-    def _unfinished(calls: list[tuple[_Member, Any]], timeout_s: float, drain: bool = False
-                    ) -> list[tuple[_Member, Any]]:
+    def _unfinished(calls: list[tuple[Member, Any]], timeout_s: float, drain: bool = False
+                    ) -> list[tuple[Member, Any]]:
         refs = [ref for _, ref in calls]
         finished, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s, fetch_local=False)
         if drain:  # calls of an abandoned step: their errors are expected, not to be logged as unhandled
-            GroupCall._drain_finished(finished)
+            GroupCall.drain_finished(finished)
         pending_set = set(pending)
         return [(m, ref) for m, ref in calls if ref in pending_set]
 
@@ -352,35 +220,35 @@ class WorkerGroup(Generic[W]):
     @property
     def all(self) -> Any:
         """Every rank; the call's result is the list of the ranks' results, in rank order."""
-        return _Verb(self, self._members, list)
+        return Verb(self, self._members, list)
 
     @property
     def replicas(self) -> Any:
         """Every rank (a collective over the group); the result is one value per data-parallel replica, from the
         replica's output rank (tensor rank 0 of its last pipeline stage), in replica order."""
-        return _Verb(self, self._members, self._pick_outputs)
+        return Verb(self, self._members, self._pick_outputs)
 
     @property
     def sharded(self) -> Any:
         """Like `replicas`, with the first argument split into one contiguous shard per replica (every rank of a
         replica gets its replica's shard)."""
-        return _Verb(self, self._members, self._pick_outputs, sharded=True)
+        return Verb(self, self._members, self._pick_outputs, sharded=True)
 
     def leader(self, rank: int = 0) -> Any:
         """Every rank (a collective led by `rank`); the result is the leader's result."""
         self._check_rank(rank)
-        return _Verb(self, self._members, lambda results: results[rank])
+        return Verb(self, self._members, lambda results: results[rank])
 
     def some(self, ranks: Sequence[int]) -> Any:
         """Some ranks; the result is the list of their results, in the order given."""
         for rank in ranks:
             self._check_rank(rank)
-        return _Verb(self, [self._members[r] for r in ranks], list)
+        return Verb(self, [self._members[r] for r in ranks], list)
 
     def rank(self, rank: int) -> Any:
         """One rank; the result is its result."""
         self._check_rank(rank)
-        return _Verb(self, [self._members[rank]], lambda results: results[0])
+        return Verb(self, [self._members[rank]], lambda results: results[0])
 
     def _check_rank(self, rank: int) -> None:
         if not 0 <= rank < len(self._members):
@@ -439,7 +307,7 @@ class WorkerGroup(Generic[W]):
         """The ranks that are gone (their ping fails) or hung (no answer within `timeout_s`; the ping runs in the
         control thread, so a rank busy with a long method still answers)."""
 
-        async def probe(member: _Member) -> WorkerLost | None:
+        async def probe(member: Member) -> WorkerLost | None:
             where = f"{self.name} rank {member.rank} ({member.where()})"
             try:
                 await asyncio.wait_for(member.actor.ping.remote(), timeout_s)
@@ -448,7 +316,7 @@ class WorkerGroup(Generic[W]):
                                   f"alive but no answer to a heartbeat within {timeout_s:g} s (stopped, or stuck "
                                   "holding the Python interpreter lock)")
             except (RayActorError, RayTaskError) as exc:
-                return WorkerLost(member.name, where, "died", _ANSI.sub("", str(exc)).strip().splitlines()[0])
+                return WorkerLost(member.name, where, "died", ANSI_ESCAPES.sub("", str(exc)).strip().splitlines()[0])
             return None
 
         return [lost for lost in await asyncio.gather(*(probe(m) for m in self._members)) if lost is not None]
