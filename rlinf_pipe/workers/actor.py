@@ -35,8 +35,10 @@ from rlinf_pipe.weights.transports import Transport, open_sender
 from rlinf_pipe.workers.logprob_stage import (
     LogprobStage,
     needs_ref,
+    old_is_current,
     pad_token_id,
     policy_options,
+    recomputes_old,
     train_routing,
 )
 from rlinf_pipe.workers.replica_input import ReplicaInputFailed, read_shared
@@ -52,9 +54,11 @@ def make_loss_fn(cfg: Config) -> Any:
         kl_coef=a.kl_coef, kl_estimator=a.kl_estimator, entropy_coef=a.entropy_coef, loss_agg=a.loss_agg,
     )
 
+    current = old_is_current(cfg)
+
     def loss_fn(logprobs: Any, entropy: Any, batch: TrainBatch) -> LossTerms:
-        return loss(logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages, batch.response_mask,
-                    entropy=entropy)
+        old = logprobs.detach() if current else batch.old_logprobs
+        return loss(logprobs, old, batch.ref_logprobs, batch.advantages, batch.response_mask, entropy=entropy)
 
     return loss_fn
 
@@ -97,7 +101,7 @@ class ActorWorker(Worker):
             scored is not None and needs_ref(cfg)) else None
         self.stage = None if scored is None else LogprobStage(
             self.policy, self.ref, scored, train, self.routing, self.pad_token_id,
-            recompute_old=cfg.runner.max_staleness == 0, tracer=self.tracer)
+            recompute_old=recomputes_old(cfg), tracer=self.tracer)
         self.locks = locks
         self.phase_held = False  # between begin_phase and end_phase: the devices' lock held, the state onloaded
         if locks is not None:

@@ -24,6 +24,7 @@ from rlinf_pipe.workers.logprob_stage import (
     needs_ref,
     pad_token_id,
     policy_options,
+    recomputes_old,
     train_routing,
 )
 from rlinf_pipe.workers.step_channels import StepChannels
@@ -43,7 +44,7 @@ class InferenceWorker(Worker):
         ref = MegatronPolicy(model_path, train=False, **policy_options(cfg)) if needs_ref(cfg) else None
         self.stage = LogprobStage(
             self.policy, ref, scored, train, train_routing(cfg, actor_dp), pad_token_id(model_path),
-            recompute_old=cfg.runner.max_staleness == 0, tracer=self.tracer,
+            recompute_old=recomputes_old(cfg), tracer=self.tracer,
             on_devices=functools.partial(device_lock, locks, self.info.global_gpus, self.owner),
         )
         self.inbox = WeightInbox(self.owner, self.policy.arch, self.tracer)

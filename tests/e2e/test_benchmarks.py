@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,3 +31,19 @@ def test_weight_broadcast_bench_reports_finite_figures():
     result = summary["by_bucket_mb"]["1"]
     assert summary["receivers"] == 2 and result["bytes"] > 0 and result["buckets"] >= 1
     assert all(math.isfinite(result[k]) and result[k] > 0 for k in ("raw_s", "protocol_s", "protocol_over_raw_bw"))
+
+
+def test_the_single_process_baseline_loop_trains_a_step():
+    """benchmarks/single_process_grpo.py's plain loop (the baseline of the default run) generates, scores and
+    updates the warm-started tiny model on the default config; the comparison itself is the script's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_single", ROOT / "benchmarks" / "single_process_grpo.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cfg = bench.default_config(2, ["data.rollout_batch_size=4"])
+    loop = bench.PlainLoop(cfg)
+    before = {k: v.clone() for k, v in loop.model.state_dict().items()}
+    seconds, reward = loop.step()
+    assert seconds > 0 and 0.0 <= reward <= 1.0
+    assert any(not torch.equal(before[k], v) for k, v in loop.model.state_dict().items())  # it updated
