@@ -41,9 +41,10 @@ def _disconnect_leftover_ray(where: str) -> None:
 @pytest.fixture(scope="module", autouse=True)
 def _no_ray_across_modules(request: pytest.FixtureRequest):
     """Every module starts and ends with this process disconnected from Ray. A connection left over (a module
-    without its own shutdown, or Ray's auto-init from a late call on a stale handle) is shut down here and reported
-    at the end of the run: left in place it failed the next module's Ray fixture, and once its cluster was gone
-    Ray ended this whole process (exit 1, no summary)."""
+    without its own shutdown) is shut down here and reported at the end of the run: left in place it would fail
+    the next module's Ray fixture. (The suite's earlier silent exits, status 1 with no summary, came from a channel
+    thread calling into Ray while a module's `ray.shutdown()` tore it down; `rlinf_pipe.scheduler.ray_guard` now
+    stops those threads first.)"""
     _disconnect_leftover_ray(f"{request.module.__name__} (found before it)")
     yield
     _disconnect_leftover_ray(f"{request.module.__name__} (left after it)")

@@ -22,7 +22,7 @@ from rlinf_pipe.errors import ChannelClosed, ChannelPeerError
 from rlinf_pipe.scheduler.channel import wire
 from rlinf_pipe.scheduler.channel.buffer import Entry, StepBuffer, Waiter
 from rlinf_pipe.scheduler.channel.producer import endpoint_id
-from rlinf_pipe.scheduler.channel.registry import ChannelSpec, ProducerRecord, registry
+from rlinf_pipe.scheduler.channel.registry import ChannelSpec, ProducerRecord, registry, track_end
 
 REFRESH_S = 1.0  # how often the registry is asked for new producers
 EAGER_REFRESH_S = 0.02  # ... while producers are still missing
@@ -58,6 +58,7 @@ class ConsumerEnd:
         self._refresh()
         self._thread = threading.Thread(target=self._run, name=f"channel-{spec.name}-consumer", daemon=True)
         self._thread.start()
+        track_end(self)
 
     # --- app side (call with the waiter lock held) ----------------------------------------------------------
     def check(self) -> None:

@@ -28,7 +28,7 @@ from rlinf_pipe.errors import ChannelClosed, ChannelPeerError
 from rlinf_pipe.scheduler.channel import wire
 from rlinf_pipe.scheduler.channel.buffer import PENDING, Waiter
 from rlinf_pipe.scheduler.channel.codec import Codec
-from rlinf_pipe.scheduler.channel.registry import ChannelSpec, ProducerRecord, registry
+from rlinf_pipe.scheduler.channel.registry import ChannelSpec, ProducerRecord, registry, track_end
 
 log = logging.getLogger(__name__)
 COPY_THRESHOLD = 512 * 1024  # bytes: smaller frames are copied when sent (see `ProducerEnd.__init__`)
@@ -106,6 +106,7 @@ class ProducerEnd:
         registry().add_producer.remote(spec.name, self.record).future().result()
         self._thread = threading.Thread(target=self._run, name=f"channel-{spec.name}-producer", daemon=True)
         self._thread.start()
+        track_end(self)
 
     # --- app side -------------------------------------------------------------------------------------------
     def _wake(self) -> None:

@@ -3,11 +3,14 @@ payloads never pass through it."""
 
 from __future__ import annotations
 
+import weakref
+from typing import Any
+
 import msgspec
 import ray
 
 from rlinf_pipe.errors import ChannelError
-from rlinf_pipe.scheduler.ray_guard import disable_auto_init
+from rlinf_pipe.scheduler.ray_guard import disable_auto_init, stop_before_shutdown
 
 REGISTRY_NAME = "rlinf_pipe:channel_registry"
 
@@ -66,7 +69,23 @@ class ChannelRegistry:
 
 
 _handle: tuple[str, "ray.actor.ActorHandle"] | None = None  # (job@node, handle)
+_LIVE_ENDS: weakref.WeakSet = weakref.WeakSet()  # this process's producing and consuming ends (their I/O threads)
+
+
+def track_end(end: Any) -> None:
+    """Remember a channel end (anything with `stop()`) so that it is stopped before Ray shuts down."""
+    _LIVE_ENDS.add(end)
+
+
+def stop_live_ends() -> None:
+    """Stop the I/O threads of every channel end of this process: they call into Ray, which must not happen while
+    it shuts down (`rlinf_pipe.scheduler.ray_guard`)."""
+    for end in list(_LIVE_ENDS):
+        end.stop()
+
+
 disable_auto_init()  # a channel thread's late call after ray.shutdown() must not start a new Ray
+stop_before_shutdown(stop_live_ends)  # nor may one land while it shuts down: that ends the process
 
 
 def registry() -> "ray.actor.ActorHandle":
