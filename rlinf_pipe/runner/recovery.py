@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from rlinf_pipe.errors import RlinfPipeError, WorkerError
+from rlinf_pipe.errors import ClusterError, RlinfPipeError, WorkerError
 from rlinf_pipe.runner.components import Components
 
 
@@ -74,5 +74,5 @@ async def replace_unit(components: Components, unit: LostUnit, settle_s: float) 
         components.renew_channels()
         await asyncio.gather(*(group.some(ranks).use_channels(components.channels) for group, ranks in survivors))
         await asyncio.to_thread(components.relaunch, unit.group, list(unit.ranks))
-    except WorkerError as exc:
+    except (ClusterError, WorkerError) as exc:
         raise RecoveryFailed(f"relaunching {unit.describe()} failed: {exc}") from None

@@ -141,9 +141,8 @@ class WorkerGroup(Generic[W]):
                     runtime_env={**(recipe.runtime_env or {}), "env_vars": {**shared_env, **process_env}},
                 ).remote(*args, **kwargs)
             except ValueError as exc:
-                for member in [*started, *self._members]:
+                for member in started:
                     ray.kill(member.actor, no_restart=True)
-                self._members = []
                 raise ClusterError(
                     f"cannot start worker {actor_name}: {exc} (is a group named {name!r} running?)"
                 ) from None
@@ -162,11 +161,11 @@ class WorkerGroup(Generic[W]):
                              f"{ranks} of 0-{self.size - 1}")
         self.kill(ranks)
         procs = [self._members[r].process for r in ranks]
-        started = {m.rank: m for m in self._start_members(procs, args, kwargs)}
-        self._members = [started.get(m.rank, m) for m in self._members]
         try:
+            started = {m.rank: m for m in self._start_members(procs, args, kwargs)}
+            self._members = [started.get(m.rank, m) for m in self._members]
             self.some(ranks).worker_info().wait()
-        except WorkerError:
+        except (ClusterError, WorkerError):
             self.shutdown()
             raise
         return self

@@ -27,7 +27,6 @@ from rlinf_pipe.engines.policy import MegatronPolicy, ReplicaRanks
 from rlinf_pipe.engines.policy.checkpoint import TrainerState
 from rlinf_pipe.models.megatron_gpt import init_model_parallel
 from rlinf_pipe.scheduler.channel import Channel
-from rlinf_pipe.scheduler.locks import device_lock
 from rlinf_pipe.scheduler.worker import Worker
 from rlinf_pipe.weights import WeightLayout, WeightSender, WeightVersion, plan_weight_layout
 from rlinf_pipe.weights.process_group import Rendezvous
@@ -167,7 +166,7 @@ class ActorWorker(Worker):
         restored = self.rollback_point is not None and self.rollback_point[0] == step
         with self.tracer.span("rollback", step=step, restored=restored):
             if restored:
-                async with self._state_on_devices():
+                async with self._state_on_devices(step):
                     self.policy.restore_state(self.rollback_point[1])
             else:
                 self.policy.require_optimizer().zero_grads()
@@ -176,18 +175,17 @@ class ActorWorker(Worker):
         return restored
 
     @contextlib.asynccontextmanager
-    async def _state_on_devices(self) -> AsyncIterator[None]:
+    async def _state_on_devices(self, step: int) -> AsyncIterator[None]:
         """The training state on the devices for the block: with the engines on the actor's GPUs (state offloaded
-        between phases), the devices' lock and an onload / offload around it."""
+        between phases), a device phase of its own around it."""
         if self.locks is None:
             yield
             return
-        async with device_lock(self.locks, self.info.global_gpus, self.owner):
-            self._move("onload")
-            try:
-                yield
-            finally:
-                self._move("offload")
+        await self.begin_phase(step)
+        try:
+            yield
+        finally:
+            await self.end_phase(step)
 
     def use_channels(self, channels: StepChannels) -> None:
         """Train from `channels.train` (and compute log-probs from `channels.scored`) from now on (new channels
@@ -279,7 +277,7 @@ class ActorWorker(Worker):
     async def load_checkpoint(self, folder: str, version: int) -> None:
         """Restore model, optimizer, schedule and RNG; the restored weights are weight version `version` (the step
         the run resumes at)."""
-        async with self._state_on_devices():
+        async with self._state_on_devices(version):
             await asyncio.to_thread(self.policy.load_checkpoint, folder)
         if self.stage is not None:
             self.stage.version = version
