@@ -1,12 +1,14 @@
 """Rollout engine throughput: TorchEngine against Hugging Face `generate` on the same model and batch.
 
     python benchmarks/engine_bench.py [--model tiny|smollm2] [--arch qwen2] [--batch 8] [--new-tokens 64]
-        [--repeats 5] [--json]
+        [--repeats 5] [--threads N] [--json]
 
 Both sample `batch` prompts (16-23 tokens) for exactly `new_tokens` tokens at temperature 1 on the tiny model
-(created locally on first use) or SmolLM2-135M-Instruct (converted into the default cache on first use), one thread
-pool, fp32 CPU. Each measurement is repeated; medians and the ratio
-are reported. With --json the last printed line is one JSON object.
+(created locally on first use) or SmolLM2-135M-Instruct (converted into the default cache on first use), fp32 CPU,
+with `threads` torch intra-op threads (default: torch's default, one per core). Both run in the same thread, the
+process's compute thread (`rlinf_pipe.utils.compute_thread`), the main thread keeping one torch thread: two
+threads of a process with OpenMP teams of their own slow each other down. Each measurement is repeated; medians
+and the ratio are reported. With --json the last printed line is one JSON object.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from transformers import AutoModelForCausalLM
 
 from rlinf_pipe.engines.rollout import GenerateRequest, SamplingParams, TorchEngine
 from rlinf_pipe.models import ensure_tiny_model
+from rlinf_pipe.utils.compute_thread import compute_thread
 
 
 def prompts(batch: int, vocab: int) -> list[list[int]]:
@@ -67,8 +70,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    threads = args.threads or torch.get_num_threads()
+    torch.set_num_threads(1)  # this thread; the measured work runs in the compute thread
+    compute = compute_thread(threads)
 
     if args.model == "smollm2":
         from rlinf_pipe.models.resolve import resolve_model_path
@@ -76,22 +83,22 @@ def main() -> None:
         folder = resolve_model_path("smollm2-135m")
     else:
         folder = ensure_tiny_model(os.path.join(tempfile.gettempdir(), "rlinf_pipe_bench_models"), arch=args.arch)
-    engine = TorchEngine(str(folder))
+    engine = TorchEngine(str(folder), cpu_threads=threads)
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     batch = prompts(args.batch, model.config.vocab_size)
     engine_tokens_per_s(engine, batch, args.new_tokens)  # warm-up
-    hf_tokens_per_s(model, batch, args.new_tokens, engine.pad_id)
+    compute.call(hf_tokens_per_s, model, batch, args.new_tokens, engine.pad_id)
     runs: dict[str, list[float]] = {"torch_engine": [], "hf_generate": []}
     for _ in range(args.repeats):
         runs["torch_engine"].append(engine_tokens_per_s(engine, batch, args.new_tokens))
-        runs["hf_generate"].append(hf_tokens_per_s(model, batch, args.new_tokens, engine.pad_id))
+        runs["hf_generate"].append(compute.call(hf_tokens_per_s, model, batch, args.new_tokens, engine.pad_id))
     medians = {name: statistics.median(values) for name, values in runs.items()}
     summary = {
         "tokens_per_s": {name: round(value) for name, value in medians.items()},
         "ratio_vs_hf_generate": round(medians["torch_engine"] / medians["hf_generate"], 3),
         "model": args.model, "batch": args.batch, "new_tokens": args.new_tokens,
         "arch": args.arch if args.model == "tiny" else "llama", "repeats": args.repeats,
-        "threads": {"torch_engine (its worker thread)": engine.cpu_threads, "hf_generate": torch.get_num_threads()},
+        "threads": threads,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
     }
     print(f"torch engine {medians['torch_engine']:,.0f} tokens/s, HF generate {medians['hf_generate']:,.0f} "

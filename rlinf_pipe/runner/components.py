@@ -15,10 +15,12 @@ from rlinf_pipe.data.structs import PromptItem, RolloutGroup, ScoredGroup, Train
 from rlinf_pipe.engines.rollout.factory import sampling_params
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.models.resolve import resolve_model_path
+from rlinf_pipe.runner.cpu_shares import node_procs
 from rlinf_pipe.runner.plan import RunPlan, plan_run
 from rlinf_pipe.scheduler.channel import Channel
 from rlinf_pipe.scheduler.cluster import Cluster
 from rlinf_pipe.scheduler.placement import ComponentPlacement, Placement, ProcessPlacement
+from rlinf_pipe.scheduler.worker import node_procs_env
 from rlinf_pipe.scheduler.worker_group import WorkerGroup
 from rlinf_pipe.workers.step_channels import StepChannels
 
@@ -42,6 +44,11 @@ class Components:
     locks: Any
     sampling_rounds: Any
     recipes: GroupRecipes
+
+    def stages(self) -> dict[str, WorkerGroup]:
+        """The compute stages' groups in pipeline order (rollout, inference if any, actor)."""
+        return {"rollout": self.rollout, **({"inference": self.inference} if self.inference else {}),
+                "actor": self.actor}
 
     @property
     def logprob_group(self) -> WorkerGroup:
@@ -182,14 +189,17 @@ def launch(cfg: Config, cluster: Cluster | None = None, on_connect: Callable[[],
     on_connect()
     started: list[WorkerGroup] = []
 
-    def start(worker_cls: type, name: str, *args: Any, **kwargs: Any) -> WorkerGroup:
+    def start(worker_cls: type, name: str, *args: Any, env: dict[str, str] | None = None,
+              **kwargs: Any) -> WorkerGroup:
         nsight = {"nsight": "default"} if name in cfg.runner.nsight else None  # `runner.nsight`
-        started.append(WorkerGroup.start(worker_cls, name, *args, runtime_env=nsight, **kwargs))
+        started.append(WorkerGroup.start(worker_cls, name, *args, runtime_env=nsight, env={**cpus, **(env or {})},
+                                         **kwargs))
         return started[-1]
 
     try:
         plan = plan_run(cfg, cluster.gpus_per_node)
         comps = plan.placement.components
+        cpus = node_procs_env(node_procs(comps[name] for name in ("rollout", "inference", "actor") if name in comps))
         reward_place = reward_placement(plan.placement)
         channels = create_channels(plan, len(reward_place.processes))
         locks = DeviceLocks.remote() if plan.device_locks else None

@@ -14,6 +14,7 @@ import asyncio
 from dataclasses import dataclass
 
 from rlinf_pipe.data.structs import PromptItem
+from rlinf_pipe.runner.cpu_shares import CpuLending
 from rlinf_pipe.runner.devices import ActorPhase
 from rlinf_pipe.runner.generation import GenerationResult, RolloutSchedule
 from rlinf_pipe.runner.stage_calls import StageCalls
@@ -47,7 +48,8 @@ async def synced_and_drawn(weights: WeightSync, schedule: RolloutSchedule,
 class Step:
     """One step of any placement. Stages on GPUs of their own run at once and stream; where the engines take turns
     with the actor (`engines_share_actor`) the rollout phase ends before the actor's phase takes the GPUs; where
-    the actor computes the log-probs (`logprob` is the actor) it does so before it trains."""
+    the actor computes the log-probs (`logprob` is the actor) it does so before it trains. With `cpus`, a stage
+    done with the step lends its CPUs to those still working."""
 
     weights: WeightSync
     schedule: RolloutSchedule
@@ -56,6 +58,7 @@ class Step:
     actor_phase: ActorPhase
     engines_share_actor: bool
     max_steps: int
+    cpus: CpuLending | None = None
 
     async def run(self, step: int) -> StepOutcome:
         calls = StageCalls()
@@ -63,8 +66,12 @@ class Step:
         sync, prompts = await synced_and_drawn(self.weights, self.schedule, step)
         generation = self.schedule.start(step, calls, prompts)
         by_actor = self.logprob is self.actor
-        if not by_actor:
-            calls.start("logprob", self.logprob.all.logprob_step(step))
+        logprob = None if by_actor else calls.start("logprob", self.logprob.all.logprob_step(step))
+        if self.cpus is not None:
+            self.cpus.start_step()
+            for name, call in (("rollout", generation.rollout), ("inference", logprob)):
+                if call is not None:
+                    call.add_done_callback(lambda _, name=name: self.cpus.done(name))
         if self.engines_share_actor:
             await calls.until(generation.rollout)  # the engines give the devices back
         async with self.actor_phase(step):

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import ray
 
 from rlinf_pipe.errors import ClusterError
+from rlinf_pipe.utils.compute_thread import ComputeThread, compute_thread
 from rlinf_pipe.utils.net import free_port
 from rlinf_pipe.utils.profiling import ProfileResult, StepProfiler
 from rlinf_pipe.utils.tracing import Span, Tracer
@@ -26,6 +27,7 @@ NODE_VISIBLE_ENV = f"{ENV_PREFIX}NODE_VISIBLE_DEVICES"  # the GPUs the node's Ra
 CONTROL_GROUP = "control"  # liveness/metadata calls run in their own thread, answered while a long method runs
 MASTER_ADDR_ENV = f"{ENV_PREFIX}MASTER_ADDR"
 MASTER_PORT_ENV = f"{ENV_PREFIX}MASTER_PORT"
+NODE_PROCS_ENV = f"{ENV_PREFIX}NODE_PROCS"  # "node:count,...": the compute processes sharing each node's CPUs
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,25 @@ def read_worker_info() -> WorkerInfo:
     )
 
 
+def node_procs_env(node_procs: dict[int, int]) -> dict[str, str]:
+    """The environment that tells a worker how many compute processes share each node's CPUs (`cpu_share`);
+    OMP_NUM_THREADS=1 keeps every thread but the compute thread at one torch thread."""
+    return {NODE_PROCS_ENV: ",".join(f"{node}:{n}" for node, n in sorted(node_procs.items())), "OMP_NUM_THREADS": "1"}
+
+
+def read_node_procs() -> dict[int, int]:
+    """`node_procs_env` read back (empty when unset: a worker launched outside the runner)."""
+    text = os.environ.get(NODE_PROCS_ENV, "")
+    return {int(node): int(n) for node, n in (item.split(":") for item in text.split(",") if item)}
+
+
+def cpu_share(node_procs: dict[int, int], node_rank: int) -> int:
+    """Torch intra-op threads for one of the `node_procs[node_rank]` compute processes that share this machine's
+    CPUs (those this process may run on), at least 1; 1 when the node is not in `node_procs`."""
+    procs = node_procs.get(node_rank)
+    return max(1, len(os.sched_getaffinity(0)) // procs) if procs else 1
+
+
 def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, timeout_s: float = 300.0) -> str:
     """Join a torch.distributed world: nccl with CUDA, gloo otherwise. Returns the backend."""
     import torch
@@ -127,7 +148,7 @@ def init_distributed(rank: int, world_size: int, master_addr: str, master_port: 
         torch.cuda.set_device(0)  # CUDA_VISIBLE_DEVICES holds exactly this process's GPUs
         backend = "nccl"
     else:
-        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", 1))))
+        torch.set_num_threads(1)  # torch work runs in the compute thread (`Worker.compute`), with the worker's share
         backend = "gloo"
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
     return backend
@@ -137,7 +158,8 @@ class Worker:
     """Base class of rlinf_pipe workers: subclass it, call `super().__init__()` first, add methods; launch it with
     `WorkerGroup.launch`. `self.info` is the placement; `self.backend` the torch.distributed backend of the
     group's world (None for a group launched with `distributed=False`); `self.tracer` records its spans for the
-    timeline under `self.owner` (`<group>/<rank>`)."""
+    timeline under `self.owner` (`<group>/<rank>`); `self.compute` runs its torch work with its share of the node's
+    CPUs (docs/workers.md#cpu-threads)."""
 
     def __init__(self) -> None:
         claim_devices()
@@ -145,6 +167,9 @@ class Worker:
         self.owner = f"{self.info.group}/{self.info.rank}"  # this worker's name in locks and on the timeline
         self.tracer = Tracer(self.owner, self.info.global_gpus)
         self.profiler = StepProfiler()
+        # Torch work runs in the process's compute thread with the worker's CPU share as intra-op threads; every
+        # other thread (this one builds the models) keeps one, so the process has one OpenMP team.
+        self.compute: ComputeThread = compute_thread(cpu_share(read_node_procs(), self.info.node_rank))
         self.backend: str | None = None
         addr = os.environ.get(MASTER_ADDR_ENV)
         if addr:
@@ -166,6 +191,13 @@ class Worker:
     @ray.method(concurrency_group=CONTROL_GROUP)
     def ping(self) -> int:
         return os.getpid()
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def share_cpus(self, node_procs: dict[int, int]) -> int:
+        """Take this node's share of CPUs among `node_procs[node]` compute processes as the compute thread's
+        intra-op threads, from its next call on (the driver lends the CPUs of the stages done with a step to those
+        still working, `rlinf_pipe.runner.cpu_shares`). Returns the thread count."""
+        return compute_thread(cpu_share(node_procs, self.info.node_rank)).threads
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     def abandon_step(self) -> None:

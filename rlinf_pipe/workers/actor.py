@@ -117,7 +117,7 @@ class ActorWorker(Worker):
 
     def _train(self, batch: TrainBatch) -> None:
         with self.tracer.span("train", version=batch.version, sequences=batch.num_sequences,
-                              tokens=batch.num_tokens):
+                              tokens=batch.num_tokens, cpu_threads=self.compute.threads):
             self.policy.train_micro_batch(batch, self.loss_fn)
 
     def _optimizer_step(self, step: int, minibatch: int) -> dict[str, float] | None:
@@ -132,7 +132,7 @@ class ActorWorker(Worker):
         waiting in the optimizer's collectives, and every replica ends the step."""
         if self.keep_rollback:
             with self.tracer.span("rollback_point", step=step):
-                self.rollback_point = (step, await asyncio.to_thread(self.policy.capture_state))
+                self.rollback_point = (step, await self.compute.run(self.policy.capture_state))
         ops = None
         if self.ranks.is_input:
             batcher = MicroBatcher(self.micro_batch_size, self.micro_batch_tokens)
@@ -143,13 +143,13 @@ class ActorWorker(Worker):
         try:
             while (op := await self._next_op(ops)) is not None:
                 if isinstance(op, TrainMicroBatch):
-                    await asyncio.to_thread(self._train, op.batch)
+                    await self.compute.run(self._train, op.batch)
                 elif isinstance(op, OptimizerStep):
                     votes += 1
                     if not await asyncio.to_thread(self.ranks.agree, True):
                         voted_no = True
                         raise ReplicaInputFailed(f"step {step} ended by another actor replica (it failed)")
-                    result.optimizer_steps.append(await asyncio.to_thread(self._optimizer_step, step, op.minibatch))
+                    result.optimizer_steps.append(await self.compute.run(self._optimizer_step, step, op.minibatch))
                     result.data_bytes += op.data_bytes
         except Exception:
             if not voted_no and votes < self.routing.n_minibatches:
@@ -267,7 +267,7 @@ class ActorWorker(Worker):
                 args["bytes"] = published.num_bytes
                 return published
 
-        return await asyncio.to_thread(publish)
+        return await self.compute.run(publish)
 
     # --- checkpoints -------------------------------------------------------------------------------------------
     def save_checkpoint(self, folder: str, record: dict[str, Any] | None = None) -> str:
@@ -278,6 +278,6 @@ class ActorWorker(Worker):
         """Restore model, optimizer, schedule and RNG; the restored weights are weight version `version` (the step
         the run resumes at)."""
         async with self._state_on_devices(version):
-            await asyncio.to_thread(self.policy.load_checkpoint, folder)
+            await self.compute.run(self.policy.load_checkpoint, folder)
         if self.stage is not None:
             self.stage.version = version

@@ -8,7 +8,6 @@ channel of the actor replica that trains it (`rlinf_pipe.data.routing`).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -23,6 +22,7 @@ from rlinf_pipe.data.routing import TrainRouting
 from rlinf_pipe.data.structs import ScoredGroup, TrainBatch
 from rlinf_pipe.engines.policy import MegatronPolicy, ReplicaRanks
 from rlinf_pipe.scheduler.channel import Channel, StepEnd
+from rlinf_pipe.utils.compute_thread import compute_thread
 from rlinf_pipe.utils.tracing import Tracer
 from rlinf_pipe.weights import LoadBucket
 from rlinf_pipe.workers.replica_input import read_shared
@@ -50,6 +50,11 @@ def old_is_current(cfg: Config) -> bool:
 def needs_ref(cfg: Config) -> bool:
     """Whether the step needs reference log-probs (a KL term, or the `kl` metric)."""
     return cfg.algorithm.kl_coef > 0 or cfg.algorithm.compute_ref_logprobs
+
+
+def computes_logprobs(cfg: Config) -> bool:
+    """Whether the log-prob stage computes anything (old or reference log-probs); else it only packs batches."""
+    return recomputes_old(cfg) or needs_ref(cfg)
 
 
 def policy_options(cfg: Config) -> dict[str, Any]:
@@ -95,7 +100,7 @@ class LogprobStage:
         """The policy's weight-update session for `WeightInbox`: buckets load into this rank's shard."""
 
         async def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
-            await asyncio.to_thread(self.policy.load_hf_weights, bucket)
+            await compute_thread().run(self.policy.load_hf_weights, bucket)
 
         yield load
         self.version = version
@@ -125,7 +130,7 @@ class LogprobStage:
             if isinstance(item, StepEnd):
                 break
             async with self.on_devices():
-                batch = await asyncio.to_thread(self._logprobs, step, item)
+                batch = await compute_thread().run(self._logprobs, step, item)
             if batch is not None:
                 await self.train[self.routing.replica_of(batch.slot)].aput(batch, weight=batch.num_sequences)
                 count += 1

@@ -1,13 +1,18 @@
 """The engine's lean Llama-family forward (`rlinf_pipe.engines.rollout.llama_forward`) against transformers' own:
 prefill of left-padded prompts of different lengths, then decode steps through its preallocated cache (rows
-dropped on the way, as the engine does when rows finish), for both architectures and grouped-query attention."""
+dropped on the way, as the engine does when rows finish), for both architectures and grouped-query attention, with
+the projections on `F.linear` and on oneDNN copies of the weights (`Projection`: forced for every weight here,
+the tiny model's being under the size where the engine packs them)."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from rlinf_pipe.engines.rollout import GenerateRequest, SamplingParams, TorchEngine, llama_forward
 from rlinf_pipe.engines.rollout.llama_forward import LlamaForward
 from rlinf_pipe.models import ensure_tiny_model
 
@@ -20,12 +25,23 @@ def reference_logits(model, sequence: list[int]) -> torch.Tensor:
         return model(input_ids=torch.tensor([sequence])).logits[0, -1]
 
 
+def pack_everything(monkeypatch) -> None:
+    """Every float32 CPU projection goes through oneDNN, whatever its size."""
+    monkeypatch.setattr(llama_forward, "PACK_BYTES", 0)
+    monkeypatch.setattr(llama_forward, "PACK_MIN_IN", 0)
+
+
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("arch,kv_heads", [("qwen2", 2), ("llama", 2), ("qwen2", 4)])
-def test_lean_forward_matches_transformers_through_prefill_decode_and_dropped_rows(tmp_path, arch, kv_heads):
+def test_lean_forward_matches_transformers_through_prefill_decode_and_dropped_rows(tmp_path, arch, kv_heads, packed,
+                                                                                   monkeypatch):
+    if packed:
+        pack_everything(monkeypatch)
     folder = ensure_tiny_model(tmp_path, arch=arch, num_heads=4, num_kv_heads=kv_heads)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     lean = LlamaForward.build(model)
     assert lean is not None and (lean.heads, lean.kv_heads) == (4, kv_heads)
+    assert (lean.lm_head.packed is not None) == packed
     width, steps = max(map(len, PROMPTS)), 5
     ids = torch.tensor([[0] * (width - len(p)) + p for p in PROMPTS])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in PROMPTS])
@@ -52,3 +68,36 @@ def test_other_models_keep_transformers_forward(tmp_path):
     assert LlamaForward.build(model) is None
     model.config.hidden_act, model.config.model_type = "silu", "gpt2"
     assert LlamaForward.build(model) is None
+
+
+def test_default_packing_takes_only_large_cpu_float32_weights():
+    wide = llama_forward.Projection(torch.zeros(1536, 576))  # 3.4 MiB, 576 inputs: packed
+    assert wide.packed is not None and wide.packed[0].is_mkldnn
+    assert llama_forward.Projection(torch.zeros(151936, 64)).packed is None  # large, but 64 inputs
+    assert llama_forward.Projection(torch.zeros(192, 576)).packed is None  # 0.4 MiB
+    assert llama_forward.Projection(torch.zeros(1536, 576, dtype=torch.bfloat16)).packed is None
+
+
+def test_packed_weights_follow_a_weight_update(tmp_path, monkeypatch):
+    pack_everything(monkeypatch)
+    engine = TorchEngine(ensure_tiny_model(tmp_path), cpu_threads=1)
+    assert engine.lean is not None and engine.lean.lm_head.packed is not None
+    generator = torch.Generator().manual_seed(3)
+    new = [(name, torch.randn(t.shape, generator=generator) * 0.1) for name, t in engine.model.state_dict().items()]
+
+    def greedy(prompt: list[int]) -> list[int]:
+        params = SamplingParams(temperature=0.0, max_new_tokens=6, ignore_eos=True)
+        request = GenerateRequest(request_id="r", prompt_ids=prompt, sampling=params)
+
+        async def run():
+            return [r async for r in engine.generate([request])]
+
+        return asyncio.run(run())[0].samples[0].response_ids
+
+    before = greedy(PROMPTS[0])
+    asyncio.run(engine.update_weights(new, version=1))
+    sequence = list(PROMPTS[0])
+    for token in greedy(PROMPTS[0]):  # each greedy token is the argmax of transformers' logits on the new weights
+        assert token == int(reference_logits(engine.model, sequence).argmax())
+        sequence.append(token)
+    assert sequence[len(PROMPTS[0]):] != before

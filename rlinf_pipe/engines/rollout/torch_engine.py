@@ -2,7 +2,7 @@
 
 Samples (n per request) are queued in request order and run in static batches of up to `max_batch_size`
 rows (`DecodeBatch`): one prefill, then one KV-cached token per step, rows leaving as they finish. The forward
-passes run in a worker thread (`asyncio.to_thread`) under a lock, so the event loop stays free: one thread hop for
+passes run in the process's compute thread under a lock, so the event loop stays free: one thread hop for
 the prefill, then one per finishing row (the decode steps in between run in the same hop, an abort checked before
 each), and a request's result is yielded as soon as its last sample finishes. There is no continuous batching: a
 batch's freed slots are refilled only when the whole batch is done.
@@ -10,7 +10,6 @@ batch's freed slots are refilled only when the whole batch is done.
 
 from __future__ import annotations
 
-import asyncio
 import difflib
 import gc
 import os
@@ -33,6 +32,7 @@ from rlinf_pipe.engines.rollout.engine import (
     SampleOutput,
     sample_seed,
 )
+from rlinf_pipe.utils.compute_thread import compute_thread
 from rlinf_pipe.weights import LoadBucket, WeightLayout, WeightReceiver, WeightVersion
 from rlinf_pipe.weights.process_group import Rendezvous
 
@@ -49,10 +49,10 @@ class TorchEngine:
     """Generates with an HF `AutoModelForCausalLM` loaded from the local folder `model_path`.
 
     `dtype` is a torch dtype or its name ("float32", "bfloat16", ...). `version` is the weight version of the
-    folder's weights. `seed` seeds the source of request seeds for requests that give none. On a CPU the forward
-    passes use `cpu_threads` torch intra-op threads (default: OMP_NUM_THREADS, else 1), set in the worker thread
-    that runs them (the setting is per thread): there, a team of several OpenMP threads ran several times slower
-    than one (docs/benchmarks.md#rollout-engine).
+    folder's weights. `seed` seeds the source of request seeds for requests that give none. The forward passes
+    run in the process's compute thread (`rlinf_pipe.utils.compute_thread`), so the event loop stays free and
+    torch's intra-op threads form one OpenMP team; `cpu_threads` sets its thread count (default: what the worker
+    set, else 1).
     """
 
     native_transports: tuple[str, ...] = ()
@@ -70,7 +70,7 @@ class TorchEngine:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.device = torch.device(device)
-        self.cpu_threads = cpu_threads or int(os.environ.get("OMP_NUM_THREADS") or 1)
+        self.compute = compute_thread(cpu_threads)
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype).to(self.device).eval()
         self.lean = LlamaForward.build(self.model)  # None: transformers' forward (not a Llama-family model)
@@ -92,6 +92,11 @@ class TorchEngine:
         except OSError:  # no generation_config.json
             pass
         return ids
+
+    @property
+    def cpu_threads(self) -> int:
+        """Torch intra-op threads of the forward passes (CPU)."""
+        return self.compute.threads
 
     @property
     def version(self) -> int:
@@ -166,11 +171,9 @@ class TorchEngine:
             with self._lock:
                 if self._asleep:
                     raise EngineAsleepError("TorchEngine is asleep: call wake() before generating")
-                if self.device.type == "cpu":
-                    torch.set_num_threads(self.cpu_threads)  # (this thread's own setting)
                 return fn()
 
-        return await asyncio.to_thread(locked)
+        return await self.compute.run(locked)
 
     def abort(self) -> None:
         """End all requests of the `generate` calls now in flight with `abort` (tokens so far are kept)."""
@@ -201,10 +204,18 @@ class TorchEngine:
                     target.data.copy_(tensor)
 
         async def load(named_tensors: list[tuple[str, torch.Tensor]]) -> None:
-            await asyncio.to_thread(copy, named_tensors)
+            await self.compute.run(copy, named_tensors)
 
-        yield load
+        try:
+            yield load
+        finally:  # the lean forward's oneDNN copies of large weights follow what was loaded, even in part
+            if self.lean is not None:
+                await self.compute.run(self._refresh_lean)
         self._version = version
+
+    def _refresh_lean(self) -> None:
+        with self._lock:
+            self.lean.refresh()
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Load HF-named tensors (any subset of the state dict) and set `version`; tensors before a bad one are
@@ -229,7 +240,7 @@ class TorchEngine:
         """Release device memory: off CPU, move the weights to CPU, collect garbage and empty the CUDA allocator
         cache; on CPU there is nothing to release (no KV cache outlives a batch), so only `generate` is refused
         until `wake`."""
-        await asyncio.to_thread(self._sleep)
+        await self.compute.run(self._sleep)
 
     def _sleep(self) -> None:
         with self._lock:
@@ -242,7 +253,7 @@ class TorchEngine:
 
     async def wake(self) -> None:
         """Undo `sleep`: move the weights back to the device (CUDA) and accept `generate` again."""
-        await asyncio.to_thread(self._wake)
+        await self.compute.run(self._wake)
 
     def _wake(self) -> None:
         with self._lock:

@@ -1,0 +1,59 @@
+"""How the stages share each node's CPUs: torch intra-op threads follow the placement.
+
+Every compute process (rollout engine, log-prob worker, actor rank) runs its torch work in one compute thread
+(`Worker.compute`) whose intra-op threads are its share of its node's CPUs: the node's CPUs divided by the
+compute processes placed there, where processes on the same GPUs count once (they take turns). Within a step the
+stages finish one after another; with the rollout in the step (`runner.max_staleness: 0`) a finished stage's CPUs
+go to the stages still working on the same node (`CpuLending`), and the next step starts from the placement's
+shares again. On 2 cores this gives the actor both cores for the micro-batches left once generation is done.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+from rlinf_pipe.scheduler.placement import ComponentPlacement
+from rlinf_pipe.scheduler.worker_group import WorkerGroup
+
+
+def node_procs(placements: Iterable[ComponentPlacement]) -> dict[int, int]:
+    """Compute processes per node among `placements`: processes on the same GPUs take turns and count once, a
+    process without GPUs counts alone."""
+    seats: dict[int, set[object]] = defaultdict(set)
+    for placement in placements:
+        for proc in placement.processes:
+            seats[proc.node_rank].add(proc.global_gpus or (placement.name, proc.rank))
+    return {node: len(s) for node, s in seats.items()}
+
+
+class CpuLending:
+    """Lends the CPUs of the stages that are done with a step to those still working (see the module docstring).
+    `stages` maps a stage's name to its group, in pipeline order; the calls go out without waiting (a control
+    call each, ordered before the group's next calls)."""
+
+    def __init__(self, stages: dict[str, WorkerGroup]) -> None:
+        self.stages = stages
+        self.busy: list[str] = list(stages)
+        self.lent = False  # whether shares differ from the placement's now
+
+    def _share(self, names: list[str]) -> None:
+        procs = node_procs(self.stages[name].placement for name in names)
+        for name in names:
+            self.stages[name].all.share_cpus(procs)
+
+    def start_step(self) -> None:
+        """Every stage works again: back to the placement's shares (if they were lent)."""
+        self.busy = list(self.stages)
+        if self.lent:
+            self._share(self.busy)
+            self.lent = False
+
+    def done(self, name: str) -> None:
+        """Stage `name` is done with this step: its CPUs go to the stages still working on the same nodes."""
+        if name not in self.busy:
+            return
+        self.busy.remove(name)
+        if self.busy:
+            self._share(self.busy)
+            self.lent = True
