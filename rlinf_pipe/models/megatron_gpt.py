@@ -206,9 +206,14 @@ def build_gpt_model(
         params_dtype=params_dtype,
         recompute=recompute,
     )
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    if not torch.cuda.is_available():  # CPU: attention on torch's fused kernel (megatron_sdpa.py)
+        from rlinf_pipe.models.megatron_sdpa import SdpaAttention
+
+        spec.submodules.self_attention.submodules.core_attention = SdpaAttention
     model = GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        transformer_layer_spec=spec,
         vocab_size=padded_vocab_size(arch.vocab_size, ps.get_tensor_model_parallel_world_size()),
         max_sequence_length=arch.max_position_embeddings,
         pre_process=ps.is_pipeline_first_stage() if pre_process is None else pre_process,

@@ -1,0 +1,70 @@
+"""`SdpaAttention` (rlinf_pipe/models/megatron_sdpa.py) against megatron-core's own `DotProductAttention`: the same
+context and the same gradients for a causal mask, with and without grouped-query attention, and Megatron's path
+where SDPA does not apply (attention dropout in training)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from rlinf_pipe.models.megatron_gpt import init_model_parallel
+from rlinf_pipe.models.megatron_sdpa import SdpaAttention
+from rlinf_pipe.utils.net import free_port
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU attention")
+
+
+@pytest.fixture(scope="module")
+def model_parallel_of_one():
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                                         world_size=1)
+    init_model_parallel(1, 1)  # (with the CPU patches)
+    tensor_parallel.model_parallel_cuda_manual_seed(0)  # the RNG tracker that Megatron's dropout forks
+    try:
+        yield
+    finally:
+        parallel_state.destroy_model_parallel()
+        torch.distributed.destroy_process_group()
+
+
+def _pair(groups: int, dropout: float = 0.0) -> tuple[DotProductAttention, SdpaAttention]:
+    config = TransformerConfig(num_layers=1, hidden_size=32, num_attention_heads=4, num_query_groups=groups,
+                               attention_dropout=dropout, params_dtype=torch.float32)
+    return tuple(cls(config, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self")
+                 for cls in (DotProductAttention, SdpaAttention))
+
+
+def _inputs(groups: int, s: int = 7, b: int = 3) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(groups)
+    return [torch.randn(s, b, heads, 8, generator=generator, requires_grad=True) for heads in (4, groups, groups)]
+
+
+@pytest.mark.parametrize("groups", [4, 2])
+def test_sdpa_attention_equals_megatrons_in_context_and_gradients(model_parallel_of_one, groups):
+    megatron, ours = _pair(groups)
+    causal = torch.triu(torch.ones(1, 1, 7, 7, dtype=torch.bool), diagonal=1)  # True = masked, as the policy gives
+    results = []
+    for module in (megatron, ours):
+        inputs = _inputs(groups)
+        context = module(*inputs, attention_mask=causal)
+        (context * torch.linspace(-1, 1, context.numel()).view_as(context)).sum().backward()
+        results.append((context.detach(), [t.grad for t in inputs]))
+    (ref, ref_grads), (out, grads) = results
+    assert out.shape == ref.shape == (7, 3, 32)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-5)
+    for grad, ref_grad in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(grad, ref_grad, atol=1e-6, rtol=1e-5)
+
+
+def test_dropout_in_training_takes_megatrons_path(model_parallel_of_one, monkeypatch):
+    _, ours = _pair(4, dropout=0.5)
+    calls = []
+    monkeypatch.setattr(DotProductAttention, "forward", lambda self, *args: calls.append(args) or args[0])
+    ours.train()
+    ours(*_inputs(4), attention_mask=None)
+    ours.eval()  # no dropout outside training: SDPA again
+    assert ours(*_inputs(4), attention_mask=None).shape == (7, 3, 32) and len(calls) == 1
