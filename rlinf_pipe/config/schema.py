@@ -126,7 +126,8 @@ class AlgorithmConfig:
     dual_clip_c: float | None = opt(None, "Dual-clip constant c > 1 for negative advantages (null: off).")
     kl_coef: float = opt(0.0, "Weight of the KL penalty against the reference policy (0 disables it).", min=0)
     compute_ref_logprobs: bool = opt(
-        True, "Compute reference log-probs (for the `kl` metric) even when kl_coef is 0; always on when kl_coef > 0."
+        False, "Compute reference log-probs for the `kl` metric when kl_coef is 0 (a forward pass of a second model "
+        "per sample); always on when kl_coef > 0."
     )
     kl_estimator: Literal["k1", "k2", "mse", "k3", "low_var_kl"] = opt("k3", "KL estimator of the penalty.")
     entropy_coef: float = opt(0.0, "Weight of the entropy bonus (0 disables it).", min=0)

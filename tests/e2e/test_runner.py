@@ -68,7 +68,7 @@ def run(config_name: str, out: Path, model: str, *overrides: str) -> Path:
 
 # The runs compared with `pipeline_run` take two optimizer steps per step (the groups' slots fix which share
 # one) and save after every step (the resume test starts from the first).
-COMPARED = ("algorithm.n_minibatches=2", "runner.save_interval=1")
+COMPARED = ("algorithm.n_minibatches=2", "algorithm.compute_ref_logprobs=true", "runner.save_interval=1")
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:

@@ -113,8 +113,9 @@ def test_sglang_takes_its_memory_fraction_and_less_when_collocated():
 
 
 def test_collocated_actor_phase_holds_the_reference_model_only_when_it_is_used():
-    with_ref = _estimate("qwen2.5-1.5b-grpo-megatron")["actor"].per_gpu_bytes["weights"]
-    without = _estimate("qwen2.5-1.5b-grpo-megatron", "algorithm.compute_ref_logprobs=false")
+    with_ref = _estimate("qwen2.5-1.5b-grpo-megatron", "algorithm.compute_ref_logprobs=true")["actor"].per_gpu_bytes[
+        "weights"]
+    without = _estimate("qwen2.5-1.5b-grpo-megatron")  # kl_coef 0: no reference model by default
     assert with_ref == 2 * without["actor"].per_gpu_bytes["weights"]
 
 
