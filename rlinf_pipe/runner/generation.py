@@ -55,7 +55,7 @@ async def _after(previous: asyncio.Future | None, call: Callable[[], Awaitable[A
 
 class Generation(Protocol):
     def start(self, step: int, prompts: list[PromptItem], calls: StageCalls, after: GenerationCalls | None = None,
-              ahead: bool = False) -> GenerationCalls: ...
+              ahead: bool = False, weights: int | None = None) -> GenerationCalls: ...
 
 
 class PlainGeneration:
@@ -65,12 +65,13 @@ class PlainGeneration:
         self.rollout, self.reward = rollout, reward
 
     def start(self, step: int, prompts: list[PromptItem], calls: StageCalls, after: GenerationCalls | None = None,
-              ahead: bool = False) -> GenerationCalls:
-        """Start the step's calls; each follows its counterpart of `after` (the step before, when started ahead)."""
+              ahead: bool = False, weights: int | None = None) -> GenerationCalls:
+        """Start the step's calls; each follows its counterpart of `after` (the step before, when started ahead).
+        With `weights` the engines first wait until they hold that version (its sync may still be loading)."""
         launch = calls.watch if ahead else calls.start
         suffix = "_ahead" if ahead else ""
         rollout = launch("rollout" + suffix, _after(after and after.rollout,
-                                                    lambda: self.rollout.sharded.generate_step(prompts, step)))
+                                                    lambda: self.rollout.sharded.generate_step(prompts, step, weights)))
         scoring = launch("reward" + suffix, _after(after and after.result, lambda: self.reward.all.score_step(step)))
 
         async def result() -> GenerationResult:
@@ -89,13 +90,13 @@ class DynamicSampling:
         self.rollout, self.reward, self.rounds = rollout, reward, rounds
         self.sampler, self.max_extra_rounds = sampler, max_extra_rounds
 
-    async def _run(self, step: int, prompts: list[PromptItem]) -> GenerationResult:
+    async def _run(self, step: int, prompts: list[PromptItem], weights: int | None) -> GenerationResult:
         await self.rounds.reset.remote(len(prompts), self.max_extra_rounds)
         result = GenerationResult()
         while not await self.rounds.done.remote():
             wanted = await self.rounds.start_round.remote()
             round_prompts = prompts if not result.tallies else draw_prompts(self.sampler, wanted)
-            _, tallies = await asyncio.gather(self.rollout.sharded.generate_step(round_prompts, step),
+            _, tallies = await asyncio.gather(self.rollout.sharded.generate_step(round_prompts, step, weights),
                                               self.reward.all.score_step(step, end_step=False))
             result.tallies += tallies
         await self.reward.all.end_step()
@@ -103,12 +104,12 @@ class DynamicSampling:
         return result
 
     def start(self, step: int, prompts: list[PromptItem], calls: StageCalls, after: GenerationCalls | None = None,
-              ahead: bool = False) -> GenerationCalls:
+              ahead: bool = False, weights: int | None = None) -> GenerationCalls:
         """Start the rounds; the engines are idle again only when the last round is scored (`rollout` and
         `result` finish together)."""
         if after is not None or ahead:
             raise ValueError("dynamic sampling cannot run a step ahead (runner.max_staleness must be 0)")
-        rounds = calls.start("generate", self._run(step, prompts))
+        rounds = calls.start("generate", self._run(step, prompts, weights))
         return GenerationCalls(rounds, rounds)
 
 
@@ -146,20 +147,22 @@ class RolloutSchedule:
         `start` so that the driver draws them (tokenising each) while the weights sync."""
         return None if self.ahead else draw_prompts(self.sampler)
 
-    def start(self, step: int, calls: StageCalls, prompts: list[PromptItem] | None) -> GenerationCalls:
+    def start(self, step: int, calls: StageCalls, prompts: list[PromptItem] | None,
+              weights: int | None = None) -> GenerationCalls:
         """This step's generation (started now on `prompts`, what `draw()` gave, or the oldest started ahead, when
-        `draw()` gave None), and the next steps' started ahead up to `staleness` of them, each with the weights the
-        engines hold when it begins."""
+        `draw()` gave None), and the next steps' started ahead up to `staleness` of them. With `weights` (the version
+        this step syncs, which may still be loading) the generations started now begin once the engines hold it:
+        those started ahead too, so that each uses the newest weights when it begins."""
         if self.ahead:
             current = self.ahead.popleft()
             self.states_before_ahead.popleft()
         else:
-            current = self.generation.start(step, prompts, calls)
+            current = self.generation.start(step, prompts, calls, weights=weights)
         while len(self.ahead) < self.staleness and step + len(self.ahead) + 1 < self.max_steps:
             self.states_before_ahead.append(self.sampler.state_dict())
             previous = self.ahead[-1] if self.ahead else current
             self.ahead.append(self.generation.start(step + len(self.ahead) + 1, draw_prompts(self.sampler), calls,
-                                                    after=previous, ahead=True))
+                                                    after=previous, ahead=True, weights=weights))
         return current
 
     def sampler_state(self) -> dict[str, Any]:

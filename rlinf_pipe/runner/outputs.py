@@ -48,7 +48,7 @@ def step_metrics(outcome: StepOutcome, spans: list[Span], driver_data_bytes: int
         "loss": last.get("loss", math.nan),
         "grad_norm": last.get("grad_norm", math.nan),
         "lr": last.get("lr", math.nan),
-        "kl": last.get("loss/kl", 0.0),
+        **({"kl": last["loss/kl"]} if "loss/kl" in last else {}),  # with reference log-probs only
         "timing/step": analysis.duration,
         "timing/rollout": stage_time("generate"),
         "timing/reward": stage_time("reward"),

@@ -13,10 +13,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from rlinf_pipe.data.structs import PromptItem
 from rlinf_pipe.runner.cpu_shares import CpuLending
 from rlinf_pipe.runner.devices import ActorPhase
-from rlinf_pipe.runner.generation import GenerationResult, RolloutSchedule
+from rlinf_pipe.runner.generation import GenerationCalls, GenerationResult, RolloutSchedule
 from rlinf_pipe.runner.stage_calls import StageCalls
 from rlinf_pipe.runner.weight_sync import WeightSync
 from rlinf_pipe.scheduler.worker_group import WorkerGroup
@@ -32,16 +31,20 @@ class StepOutcome:
     train: list[TrainResult]
 
 
-async def synced_and_drawn(weights: WeightSync, schedule: RolloutSchedule,
-                           step: int) -> tuple[dict[str, float], list[PromptItem] | None]:
-    """Sync version `step` into the engines and, meanwhile, draw the step's prompts in a thread (tokenising them
-    takes milliseconds the engines would otherwise wait for after the sync)."""
-    drawing = asyncio.ensure_future(asyncio.to_thread(schedule.draw))
+async def sync_and_generate(weights: WeightSync, schedule: RolloutSchedule, step: int,
+                            calls: StageCalls) -> tuple[dict[str, float], GenerationCalls]:
+    """Sync version `step` into the engines and start the step's generation at once: the driver draws the step's
+    prompts in a thread while the weights sync (tokenising them takes milliseconds) and asks for the generation as
+    soon as they are drawn; each engine starts it once it holds version `step` (`weights=step`), a Ray round trip
+    sooner than if the driver waited for the sync's answer first. A failed sync fails the engines' wait too."""
+    syncing = asyncio.ensure_future(weights.sync(version=step))
     try:
-        sync = await weights.sync(version=step)
-    finally:
-        prompts = await drawing  # a failed sync still waits: nothing may draw from the sampler after the step
-    return sync, prompts
+        prompts = await asyncio.to_thread(schedule.draw)
+        generation = schedule.start(step, calls, prompts, weights=step)
+    except BaseException:
+        await asyncio.gather(syncing, return_exceptions=True)
+        raise
+    return await syncing, generation
 
 
 @dataclass
@@ -63,8 +66,7 @@ class Step:
     async def run(self, step: int) -> StepOutcome:
         calls = StageCalls()
         await self.schedule.finish_ahead(calls)  # max_staleness 1: the engines finish the rollout started ahead
-        sync, prompts = await synced_and_drawn(self.weights, self.schedule, step)
-        generation = self.schedule.start(step, calls, prompts)
+        sync, generation = await sync_and_generate(self.weights, self.schedule, step, calls)
         by_actor = self.logprob is self.actor
         logprob = None if by_actor else calls.start("logprob", self.logprob.all.logprob_step(step))
         if self.cpus is not None:

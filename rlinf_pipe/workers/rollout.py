@@ -61,8 +61,12 @@ class RolloutWorker(Worker):
         return GenerateRequest(request_id=str(index), prompt_ids=list(prompt.prompt_ids),
                                sampling=msgspec.structs.replace(self.sampling, seed=seed))
 
-    async def generate_step(self, prompts: Sequence[PromptItem], step: int) -> dict[str, float]:
-        """Generate `prompts`' groups into the rollout channel as each finishes, then end the step; returns counts."""
+    async def generate_step(self, prompts: Sequence[PromptItem], step: int,
+                            weights: int | None = None) -> dict[str, float]:
+        """Generate `prompts`' groups into the rollout channel as each finishes, then end the step; returns counts.
+        With `weights`, first wait until the engine holds that weight version (its sync may still be loading)."""
+        if weights is not None:
+            await self.inbox.wait_for(weights, lambda: self.engine.version)
         version = self.engine.version
         requests = [self._request(i, p) for i, p in enumerate(prompts)]
         tokens = groups = 0
