@@ -36,10 +36,15 @@ async def sync_and_generate(weights: WeightSync, schedule: RolloutSchedule, step
     """Sync version `step` into the engines and start the step's generation at once: the driver draws the step's
     prompts in a thread while the weights sync (tokenising them takes milliseconds) and asks for the generation as
     soon as they are drawn; each engine starts it once it holds version `step` (`weights=step`), a Ray round trip
-    sooner than if the driver waited for the sync's answer first. A failed sync fails the engines' wait too."""
+    sooner than if the driver waited for the sync's answer first. A failed sync fails the engines' wait too. The
+    first sync of a run (or after a relaunch) completes first: it may move the version the engines already hold,
+    which a generation beside it would not wait for (`WeightSync.versions_known`)."""
+    beside = weights.versions_known()
     syncing = asyncio.ensure_future(weights.sync(version=step))
     try:
         prompts = await asyncio.to_thread(schedule.draw)
+        if not beside:
+            await asyncio.shield(syncing)
         generation = schedule.start(step, calls, prompts, weights=step)
     except BaseException:
         await asyncio.gather(syncing, return_exceptions=True)

@@ -77,6 +77,12 @@ class WeightSync:
         elif self.at_phase_end:
             self.synced[version] = await self._transfer(version)
 
+    def versions_known(self) -> bool:
+        """Whether the driver knows which version every receiver holds (after the first sync since `open`): then a
+        sync either moves a version they do not hold, or nothing, and a generation may be asked for beside it (the
+        engines wait for the version). The first sync may move the version they were built with once more."""
+        return self.loaded is not None
+
     async def sync(self, version: int) -> dict[str, float]:
         """Load `version` into every receiver (unless the end of the last actor phase, or an earlier sync of the
         same version, did); checks that each loaded all of it. Returns the bytes per receiver."""
