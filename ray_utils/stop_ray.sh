@@ -46,8 +46,14 @@ if [ -n "$pids" ]; then
     sleep 0.1
     waited=$((waited + 1))
   done
-  left="$(node_pids)"
-  [ -z "$left" ] || kill -KILL $left 2>/dev/null || true
+  # Then kill what is left, again until nothing is: a process the raylet started while it was being stopped (it
+  # restarts its agents) was not in the first list.
+  tries=0
+  while left="$(node_pids)" && [ -n "$left" ] && [ "$tries" -lt 50 ]; do
+    kill -KILL $left 2>/dev/null || true
+    sleep 0.1
+    tries=$((tries + 1))
+  done
 fi
 rm -f "$node_id_file"
 if [ "$RANK" -eq 0 ]; then

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,9 +116,10 @@ class ActorWorker(Worker):
         """The replica's next op: read on the input rank, shared with the replica's other ranks (None: the end)."""
         return await read_shared(self.ranks, lambda: anext(ops, None))
 
-    def _train(self, batch: TrainBatch) -> None:
-        with self.tracer.span("train", version=batch.version, sequences=batch.num_sequences,
-                              tokens=batch.num_tokens, cpu_threads=self.compute.threads):
+    def _train(self, op: TrainMicroBatch) -> None:
+        with self.tracer.span("train", cpu_threads=self.compute.threads) as args:
+            batch = op.batch
+            args.update(version=batch.version, sequences=batch.num_sequences, tokens=batch.num_tokens)
             self.policy.train_micro_batch(batch, self.loss_fn)
 
     def _optimizer_step(self, step: int, minibatch: int) -> dict[str, float] | None:
@@ -140,11 +142,19 @@ class ActorWorker(Worker):
             ops = train_ops(channel, self.routing, self.ranks.dp_rank, batcher, self.pad_token_id)
         result = TrainResult()
         votes, voted_no = 0, False
+        # Without model-parallel peers (whose collectives must not overlap the input rank's next read) the next
+        # micro-batch waits in the compute thread's queue while one trains: no hand-off back and forth between them.
+        ahead = 1 if self.ranks.mp_size == 1 else 0
+        queued: deque[asyncio.Future] = deque()
         try:
             while (op := await self._next_op(ops)) is not None:
                 if isinstance(op, TrainMicroBatch):
-                    await self.compute.run(self._train, op.batch)
+                    queued.append(asyncio.ensure_future(self.compute.run(self._train, op)))
+                    while len(queued) > ahead:
+                        await queued.popleft()
                 elif isinstance(op, OptimizerStep):
+                    while queued:
+                        await queued.popleft()
                     votes += 1
                     if not await asyncio.to_thread(self.ranks.agree, True):
                         voted_no = True
@@ -152,6 +162,7 @@ class ActorWorker(Worker):
                     result.optimizer_steps.append(await self.compute.run(self._optimizer_step, step, op.minibatch))
                     result.data_bytes += op.data_bytes
         except Exception:
+            await asyncio.gather(*queued, return_exceptions=True)  # nothing trains on once the step failed
             if not voted_no and votes < self.routing.n_minibatches:
                 await asyncio.to_thread(self.ranks.agree, False)
             raise

@@ -10,6 +10,7 @@ replica trained anything in is skipped inside the step.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -23,9 +24,15 @@ from rlinf_pipe.scheduler.traffic import payload_bytes
 
 @dataclass(frozen=True)
 class TrainMicroBatch:
-    """Forward and backward of one micro-batch."""
+    """Forward and backward of one micro-batch: the groups in `parts`, padded into one batch when `batch` is first
+    read (by the actor, in its compute thread and its train span: packing is training work)."""
 
-    batch: TrainBatch
+    parts: tuple[TrainBatch, ...]
+    pad_token_id: int
+
+    @functools.cached_property
+    def batch(self) -> TrainBatch:
+        return concat_train_batches(list(self.parts), self.pad_token_id)
 
 
 @dataclass(frozen=True)
@@ -56,7 +63,7 @@ async def train_ops(
         while True:
             for batch in ready:
                 for micro_batch in batcher.add(batch):
-                    yield TrainMicroBatch(concat_train_batches(micro_batch, pad_token_id))
+                    yield TrainMicroBatch(tuple(micro_batch), pad_token_id)
             ready = []
             if ended or arrived[minibatch] >= routing.expected(minibatch, replica):
                 break
@@ -69,7 +76,7 @@ async def train_ops(
             data_bytes += payload_bytes(item)
             (ready if target == minibatch else waiting[target]).append(item)
         if rest := batcher.flush():
-            yield TrainMicroBatch(concat_train_batches(rest, pad_token_id))
+            yield TrainMicroBatch(tuple(rest), pad_token_id)
         yield OptimizerStep(minibatch, data_bytes)
     if not ended and not isinstance(item := await channel.aget(), StepEnd):
         raise TrainFeedError(f"actor replica {replica} got a group (slot {item.slot}) beyond the step's "
