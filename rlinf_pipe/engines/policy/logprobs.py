@@ -68,12 +68,15 @@ def _real_columns(local: int, start: int, vocab_size: int) -> int:
 
 class _Chunk:
     """One chunk's scaled logits `z` over the shard's real columns (float32; the padded columns are left out, and a
-    shard of padding only gets one -inf column, which adds nothing to the softmax) and its targets in the shard."""
+    shard of padding only gets one -inf column, which adds nothing to the softmax) and its targets in the shard.
+    At temperature 1 and float32, `z` is a view of the logits: read it, never write it (the first pass over it
+    makes the new tensor, `z - m`, instead of a copy that is then shifted in place)."""
 
     def __init__(self, logits: Tensor, targets: Tensor, b: slice, t: slice, temperature: float, columns: int,
                  start: int):
         if columns:
-            self.z = logits[b, t, :columns].float() / temperature  # a new tensor (float() of float32 is no copy)
+            z = logits[b, t, :columns].float()  # (float() of float32 is no copy)
+            self.z = z if temperature == 1.0 else z / temperature
         else:
             self.z = torch.full((*logits[b, t].shape[:-1], 1), float("-inf"), device=logits.device)
         target = targets[b, t].to(self.z.device).long() - start
@@ -97,14 +100,14 @@ class _LogprobsEntropy(torch.autograd.Function):
         for b, t in _chunks(logits, chunk_bytes):
             c = _Chunk(logits, targets, b, t, temperature, columns, start)
             m = _all_reduce(c.z.amax(dim=-1), "MAX", tp_group)
-            c.z.sub_(m[..., None])  # z - m
-            e = c.z.exp()
+            z = c.z - m[..., None]
+            e = z.exp()
             s = _all_reduce(e.sum(dim=-1), "SUM", tp_group)
-            picked = c.z.gather(-1, c.target[..., None]).squeeze(-1)
+            picked = z.gather(-1, c.target[..., None]).squeeze(-1)
             picked = _all_reduce(torch.where(c.in_shard, picked, torch.zeros_like(picked)), "SUM", tp_group)
             if not columns:
-                c.z.zero_()  # (0 * -inf would be nan; the column's weight e is 0)
-            ez = _all_reduce((e.mul_(c.z)).sum(dim=-1), "SUM", tp_group)
+                z.zero_()  # (0 * -inf would be nan; the column's weight e is 0)
+            ez = _all_reduce((e.mul_(z)).sum(dim=-1), "SUM", tp_group)
             log_s = s.log()
             lp[b, t] = picked - log_s
             ent[b, t] = log_s - ez / s
@@ -124,7 +127,7 @@ class _LogprobsEntropy(torch.autograd.Function):
         grad = torch.zeros_like(logits)  # padded columns get none
         for b, t in _chunks(logits, ctx.chunk_bytes) if columns else ():
             c = _Chunk(logits, targets, b, t, ctx.temperature, columns, start)
-            logp = c.z.sub_(lse[b, t, None])  # log p
+            logp = c.z - lse[b, t, None]  # log p
             p = logp.exp()
             dz = torch.zeros_like(p)
             if grad_ent is not None:  # dH/dz_k = -p_k (log p_k + H)
