@@ -15,7 +15,7 @@ from rlinf_pipe.data.structs import PromptItem, RolloutGroup, ScoredGroup, Train
 from rlinf_pipe.engines.rollout.factory import sampling_params
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.models.resolve import resolve_model_path
-from rlinf_pipe.runner.cpu_shares import node_procs
+from rlinf_pipe.runner.cpu_shares import cpu_stages, node_procs
 from rlinf_pipe.runner.plan import RunPlan, plan_run
 from rlinf_pipe.scheduler.channel import Channel
 from rlinf_pipe.scheduler.cluster import Cluster
@@ -45,10 +45,11 @@ class Components:
     sampling_rounds: Any
     recipes: GroupRecipes
 
-    def stages(self) -> dict[str, WorkerGroup]:
-        """The compute stages' groups in pipeline order (rollout, inference if any, actor)."""
-        return {"rollout": self.rollout, **({"inference": self.inference} if self.inference else {}),
-                "actor": self.actor}
+    def stages(self, names: tuple[str, ...]) -> dict[str, WorkerGroup]:
+        """The groups of the stages `names` that run in groups of their own (no inference group when the actor
+        computes the log-probs)."""
+        groups = {"rollout": self.rollout, "inference": self.inference, "actor": self.actor}
+        return {name: groups[name] for name in names if groups[name] is not None}
 
     @property
     def logprob_group(self) -> WorkerGroup:
@@ -199,7 +200,7 @@ def launch(cfg: Config, cluster: Cluster | None = None, on_connect: Callable[[],
     try:
         plan = plan_run(cfg, cluster.gpus_per_node)
         comps = plan.placement.components
-        cpus = node_procs_env(node_procs(comps[name] for name in ("rollout", "inference", "actor") if name in comps))
+        cpus = node_procs_env(node_procs(comps[name] for name in cpu_stages(cfg) if name in comps))
         reward_place = reward_placement(plan.placement)
         channels = create_channels(plan, len(reward_place.processes))
         locks = DeviceLocks.remote() if plan.device_locks else None

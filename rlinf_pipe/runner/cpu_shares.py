@@ -13,8 +13,16 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
+from rlinf_pipe.config.schema import Config
 from rlinf_pipe.scheduler.placement import ComponentPlacement
 from rlinf_pipe.scheduler.worker_group import WorkerGroup
+from rlinf_pipe.workers.logprob_stage import computes_logprobs
+
+
+def cpu_stages(cfg: Config) -> tuple[str, ...]:
+    """The stages whose processes share their nodes' CPUs, in pipeline order: the log-prob workers only when they
+    compute something (by default they only pass batches on)."""
+    return ("rollout", "inference", "actor") if computes_logprobs(cfg) else ("rollout", "actor")
 
 
 def node_procs(placements: Iterable[ComponentPlacement]) -> dict[int, int]:

@@ -17,7 +17,7 @@ from rlinf_pipe.engines.rollout.factory import sampling_params
 from rlinf_pipe.errors import OutputError, RunStopped, WorkerError, WorkerLost
 from rlinf_pipe.runner import checkpoints
 from rlinf_pipe.runner.components import Components, launch
-from rlinf_pipe.runner.cpu_shares import CpuLending
+from rlinf_pipe.runner.cpu_shares import CpuLending, cpu_stages
 from rlinf_pipe.runner.devices import actor_phases
 from rlinf_pipe.runner.generation import DynamicSampling, PlainGeneration, RolloutSchedule
 from rlinf_pipe.runner.health import Health
@@ -36,7 +36,6 @@ from rlinf_pipe.utils.metrics import MetricsWriter, json_safe
 from rlinf_pipe.utils.profiling import PROFILE_DIR, write_profile
 from rlinf_pipe.utils.timeline import STEP_SPAN
 from rlinf_pipe.utils.tracing import Span, Tracer
-from rlinf_pipe.workers.logprob_stage import computes_logprobs
 
 
 log = logging.getLogger(__name__)
@@ -73,8 +72,7 @@ class Runner:
         phase = actor_phases(c.actor, plan.engines_share_actor)
         self.weights = WeightSync(plan.weight_transport, plan.weight_routes, c.actor, c.weight_receivers,
                                   r.verify_weights, self.tracer, phase, plan.engines_share_actor)
-        lending = None if plan.staleness or plan.engines_share_actor else CpuLending(
-            {name: g for name, g in c.stages().items() if name != "inference" or computes_logprobs(cfg)})
+        lending = None if plan.staleness or plan.engines_share_actor else CpuLending(c.stages(cpu_stages(cfg)))
         self.steps = Step(self.weights, self.schedule, c.logprob_group, c.actor, phase, plan.engines_share_actor,
                           r.max_steps, lending)
         self.validation = Validation(c.val_prompts, r.val_interval, r.val_before_train, r.max_steps, r.val_k,

@@ -71,11 +71,12 @@ class Step:
     async def run(self, step: int) -> StepOutcome:
         calls = StageCalls()
         await self.schedule.finish_ahead(calls)  # max_staleness 1: the engines finish the rollout started ahead
+        if self.cpus is not None:
+            self.cpus.start_step()  # (before the step's calls go out)
         sync, generation = await sync_and_generate(self.weights, self.schedule, step, calls)
         by_actor = self.logprob is self.actor
         logprob = None if by_actor else calls.start("logprob", self.logprob.all.logprob_step(step))
         if self.cpus is not None:
-            self.cpus.start_step()
             for name, call in (("rollout", generation.rollout), ("inference", logprob)):
                 if call is not None:
                     call.add_done_callback(lambda _, name=name: self.cpus.done(name))

@@ -10,7 +10,8 @@ import threading
 import pytest
 import torch
 
-from rlinf_pipe.runner.cpu_shares import CpuLending, node_procs
+from rlinf_pipe.config import load_config
+from rlinf_pipe.runner.cpu_shares import CpuLending, cpu_stages, node_procs
 from rlinf_pipe.scheduler.placement import ComponentPlacement, ProcessPlacement
 from rlinf_pipe.scheduler.worker import cpu_share, node_procs_env, read_node_procs
 from rlinf_pipe.utils.compute_thread import ComputeThread
@@ -73,6 +74,12 @@ def test_processes_on_the_same_gpus_take_turns_and_count_once():
     inference = _placement("inference", [(1, (6,))])
     assert node_procs([rollout, actor, inference]) == {0: 2, 1: 3}
     assert node_procs([_placement("reward", [(0, ()), (0, ())])]) == {0: 2}  # without GPUs: one each
+
+
+def test_log_prob_workers_share_cpus_only_when_they_compute_something():
+    assert cpu_stages(load_config()) == ("rollout", "actor")  # old log-probs the policy's own, no reference model
+    for override in ("algorithm.compute_ref_logprobs=true", "algorithm.n_minibatches=2", "algorithm.kl_coef=0.1"):
+        assert cpu_stages(load_config(overrides=[override])) == ("rollout", "inference", "actor"), override
 
 
 def test_cpu_share_divides_the_cpus_this_process_may_use(monkeypatch):
