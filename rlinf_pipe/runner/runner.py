@@ -74,7 +74,7 @@ class Runner:
                                   r.verify_weights, self.tracer, phase, plan.engines_share_actor)
         lending = None if plan.staleness or plan.engines_share_actor else CpuLending(c.stages(cpu_stages(cfg)))
         self.steps = Step(self.weights, self.schedule, c.logprob_group, c.actor, phase, plan.engines_share_actor,
-                          r.max_steps, lending)
+                          r.max_steps, lending, generate_beside_sync=not plan.inference_shares_rollout)
         self.validation = Validation(c.val_prompts, r.val_interval, r.val_before_train, r.max_steps, r.val_k,
                                      sampling_params(cfg.rollout, r.val_k), r.seed, self.run_dir)
 

@@ -31,15 +31,16 @@ class StepOutcome:
     train: list[TrainResult]
 
 
-async def sync_and_generate(weights: WeightSync, schedule: RolloutSchedule, step: int,
-                            calls: StageCalls) -> tuple[dict[str, float], GenerationCalls]:
+async def sync_and_generate(weights: WeightSync, schedule: RolloutSchedule, step: int, calls: StageCalls,
+                            beside: bool = True) -> tuple[dict[str, float], GenerationCalls]:
     """Sync version `step` into the engines and start the step's generation at once: the driver draws the step's
     prompts in a thread while the weights sync (tokenising them takes milliseconds) and asks for the generation as
     soon as they are drawn; each engine starts it once it holds version `step` (`weights=step`), a Ray round trip
     sooner than if the driver waited for the sync's answer first. A failed sync fails the engines' wait too. The
     first sync of a run (or after a relaunch) completes first: it may move the version the engines already hold,
-    which a generation beside it would not wait for (`WeightSync.versions_known`)."""
-    beside = weights.versions_known()
+    which a generation beside it would not wait for (`WeightSync.versions_known`); so does every sync without
+    `beside` (other receivers load on the engines' GPUs, which they must not share while the engines generate)."""
+    beside = beside and weights.versions_known()
     syncing = asyncio.ensure_future(weights.sync(version=step))
     try:
         prompts = await asyncio.to_thread(schedule.draw)
@@ -67,13 +68,15 @@ class Step:
     engines_share_actor: bool
     max_steps: int
     cpus: CpuLending | None = None
+    generate_beside_sync: bool = True  # false: inference takes turns with the engines (it loads on their GPUs)
 
     async def run(self, step: int) -> StepOutcome:
         calls = StageCalls()
         await self.schedule.finish_ahead(calls)  # max_staleness 1: the engines finish the rollout started ahead
         if self.cpus is not None:
             self.cpus.start_step()  # (before the step's calls go out)
-        sync, generation = await sync_and_generate(self.weights, self.schedule, step, calls)
+        sync, generation = await sync_and_generate(self.weights, self.schedule, step, calls,
+                                                   self.generate_beside_sync)
         by_actor = self.logprob is self.actor
         logprob = None if by_actor else calls.start("logprob", self.logprob.all.logprob_step(step))
         if self.cpus is not None:
