@@ -1,18 +1,21 @@
 """Training step time: our Megatron trainer (`MegatronPolicy`) against plain Hugging Face + torch on one batch.
 
     python benchmarks/megatron_step_bench.py [--model tiny|warm|smollm2] [--arch qwen2] [--batch 16] [--seq-len 48]
-        [--response-len 16] [--repeats 20] [--threads N] [--json]
+        [--response-len 16] [--ragged] [--padded] [--repeats 20] [--threads N] [--json]
 
 Both train the same model folder (the tiny model, created locally on first use, or with --model warm the
 warm-started tiny model from the default model cache, built there on first use, or with --model smollm2
 SmolLM2-135M-Instruct, converted into the default cache on first use), fp32 CPU, on the same fixed `TrainBatch`:
 `batch` sequences of `seq_len` random token ids,
-response mask on the last `response_len` tokens, random old log-probs and advantages. One step = forward +
-backward + optimizer step with the whole batch as one micro-batch, the PPO loss `policy_loss` (token-mean):
+response mask on the last `response_len` tokens, random old log-probs and advantages; with --ragged, rows of
+random lengths as the default run's arithmetic rollouts have them (a prompt of 10-16 tokens and a response of 1-32,
+right-padded to the longest: about 60% of the positions hold real tokens). One step = forward + backward +
+optimizer step with the whole batch as one micro-batch, the PPO loss `policy_loss` (token-mean):
 
 - megatron: `MegatronPolicy.train_micro_batch(batch, loss_fn)` then `optimizer_step()` (gloo, world size 1,
-  TP = PP = 1; Megatron DDP + Megatron optimizer, AdamW, grad clipping at 1.0).
-- hf: `AutoModelForCausalLM` forward, `log_softmax` of the logits gathered at the next tokens, the same
+  TP = PP = 1; Megatron DDP + Megatron optimizer, AdamW, grad clipping at 1.0), on packed sequences (the
+  default, `actor.pack_sequences`) or with --padded on the padded batch.
+- hf: `AutoModelForCausalLM` forward on the padded batch (what a plain loop does), `log_softmax` of the logits gathered at the next tokens, the same
   `policy_loss` through `finalize(terms)`, `loss.backward()`, grad clipping at 1.0, `torch.optim.AdamW.step()`,
   `zero_grad()`.
 
@@ -44,16 +47,22 @@ LR = 1e-5
 CLIP = 1.0
 
 
-def make_batch(batch: int, seq_len: int, response_len: int, vocab: int) -> TrainBatch:
+def make_batch(batch: int, seq_len: int, response_len: int, vocab: int, ragged: bool = False) -> TrainBatch:
     g = torch.Generator().manual_seed(0)
-    input_ids = torch.randint(3, vocab, (batch, seq_len), generator=g)
-    response_mask = torch.zeros(batch, seq_len, dtype=torch.bool)
-    response_mask[:, seq_len - response_len:] = True
+    if ragged:  # a prompt of 10-16 tokens, a response of 1-32 (right-padded to the longest row)
+        prompts, responses = torch.randint(10, 17, (batch,), generator=g), torch.randint(1, 33, (batch,), generator=g)
+        seq_len = int((prompts + responses).max())
+    else:
+        prompts, responses = torch.full((batch,), seq_len - response_len), torch.full((batch,), response_len)
+    columns = torch.arange(seq_len)[None, :]
+    valid = columns < (prompts + responses)[:, None]
+    response_mask = valid & (columns >= prompts[:, None])
+    input_ids = torch.randint(3, vocab, (batch, seq_len), generator=g).masked_fill(~valid, 0)
     old_logprobs = (-torch.rand(batch, seq_len, generator=g) * 6.0).masked_fill(~response_mask, 0.0)
     adv = torch.randn(batch, generator=g)
     advantages = adv[:, None].expand(batch, seq_len).masked_fill(~response_mask, 0.0).contiguous()
     return TrainBatch(
-        input_ids=input_ids, attention_mask=torch.ones(batch, seq_len, dtype=torch.bool),
+        input_ids=input_ids, attention_mask=valid,
         response_mask=response_mask, old_logprobs=old_logprobs, advantages=advantages,
         rewards=(adv > 0).float(), version=0, num_sequences=batch, num_tokens=int(response_mask.sum()),
     )
@@ -82,10 +91,10 @@ def init_megatron() -> None:
 
 
 class MegatronStep:
-    def __init__(self, folder: str, batch: TrainBatch) -> None:
+    def __init__(self, folder: str, batch: TrainBatch, packed: bool) -> None:
         from rlinf_pipe.engines.policy.policy import MegatronPolicy
 
-        self.policy = MegatronPolicy(folder, lr=LR, clip_grad=CLIP, params_dtype="float32")
+        self.policy = MegatronPolicy(folder, lr=LR, clip_grad=CLIP, params_dtype="float32", pack_sequences=packed)
         self.batch, self.loss_fn = batch, make_loss_fn()
 
     def step(self) -> tuple[float, float, float]:
@@ -101,14 +110,14 @@ class MegatronStep:
 
     def forward(self) -> float:
         """Forward alone (model + token log-probs + loss, autograd recording, no backward)."""
-        from rlinf_pipe.engines.policy.logprobs import token_logprobs
+        from rlinf_pipe.engines.policy.model_inputs import packed_inputs, padded_inputs
 
-        p = self.policy
+        p, b = self.policy, self.batch
         t0 = time.perf_counter()
-        ids, pos, mask = p._model_inputs(self.batch.input_ids)
-        logits = p.model(ids, pos, mask)
-        lp = token_logprobs(logits, ids, 1.0, p.vocab_size)
-        finalize(self.loss_fn(lp, None, self.batch))
+        inputs = (packed_inputs(b.input_ids, b.attention_mask, p.device) if p.pack_sequences
+                  else padded_inputs(b.input_ids, p.device))
+        lp, _ = p._token_values(inputs.run(p.model), inputs, 1.0, False)
+        finalize(self.loss_fn(lp, None, b))
         return time.perf_counter() - t0
 
 
@@ -170,6 +179,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=48)
     parser.add_argument("--response-len", type=int, default=16)
+    parser.add_argument("--ragged", action="store_true", help="rows of random lengths (see the module docstring)")
+    parser.add_argument("--padded", action="store_true", help="megatron on the padded batch (no packing)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
@@ -186,8 +197,8 @@ def main() -> None:
     from transformers import AutoConfig
 
     vocab = AutoConfig.from_pretrained(folder).vocab_size
-    batch = make_batch(args.batch, args.seq_len, args.response_len, vocab)
-    megatron, hf = MegatronStep(folder, batch), HFStep(folder, batch)
+    batch = make_batch(args.batch, args.seq_len, args.response_len, vocab, args.ragged)
+    megatron, hf = MegatronStep(folder, batch, packed=not args.padded), HFStep(folder, batch)
     n_params = sum(p.numel() for p in hf.model.parameters())
     for _ in range(args.warmup):
         megatron.step()
@@ -217,7 +228,9 @@ def main() -> None:
         "optimizer_s": {"megatron": med["megatron_optim"], "hf": med["hf_optim"]},
         "model": args.model, "arch": args.arch if args.model == "tiny" else {"warm": "qwen2"}.get(args.model, "llama"),
         "params": n_params,
-        "batch": args.batch, "seq_len": args.seq_len, "response_len": args.response_len,
+        "batch": args.batch, "seq_len": int(batch.input_ids.shape[1]), "response_len": args.response_len,
+        "ragged": args.ragged, "packed": not args.padded,
+        "real_token_fraction": round(float(batch.attention_mask.float().mean()), 3),
         "repeats": args.repeats, "warmup": args.warmup, "threads": torch.get_num_threads(),
         "runtime_s": time.perf_counter() - start,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
@@ -227,7 +240,8 @@ def main() -> None:
                        ("forward alone", "forward")):
         m, h = med[f"megatron_{key}"], med[f"hf_{key}"]
         print(f"{label:<22}{m * 1e3:>10.2f}ms{h * 1e3:>10.2f}ms{m / h:>7.2f}x")
-    print(f"{args.model} model ({n_params:,} parameters), batch {args.batch} x {args.seq_len} tokens, "
+    print(f"{args.model} model ({n_params:,} parameters), batch {args.batch} x {summary['seq_len']} tokens "
+          f"({summary['real_token_fraction']:.0%} real, megatron {'packed' if not args.padded else 'padded'}), "
           f"{args.repeats} repeats, {torch.get_num_threads()} threads, {summary['runtime_s']:.1f} s")
     if args.json:
         for key in ("step_s", "forward_s", "fwd_bwd_s", "optimizer_s"):

@@ -193,9 +193,16 @@ class ActorConfig:
         min=1)
     micro_batch_tokens: int | None = opt(
         None,
-        "Dynamic micro-batches: at most this many padded tokens (rows x longest row) per micro-batch; null: fixed "
-        "micro_batch_size. A group over the budget is split by rows; a single row over it trains alone.",
+        "Dynamic micro-batches: at most this many tokens per micro-batch (real tokens with pack_sequences, rows x "
+        "longest row without); null: fixed micro_batch_size. A group over the budget is split by rows; a single row "
+        "over it trains alone.",
         min=1,
+    )
+    pack_sequences: bool = opt(
+        True,
+        "Run every Megatron forward of the run (training and log-probs) on each micro-batch's real tokens as one "
+        "stream, with no padding (Megatron's packed `thd` layout): the same results within float rounding, no compute "
+        "spent on padding. false: right-padded micro-batches.",
     )
     recompute: Literal["none", "selective", "full"] = opt(
         "none", "Activation recompute in the backward pass: `selective` (the attention scores, most of the memory at "

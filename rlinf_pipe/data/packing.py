@@ -56,30 +56,39 @@ def pack_train_batch(groups: Sequence[ScoredGroup], pad_token_id: int) -> TrainB
     )
 
 
-def row_chunks(lengths: Sequence[int], max_rows: int, max_tokens: int | None = None) -> list[range]:
+def tokens_of(rows: int, width: int, real: int, packed: bool) -> int:
+    """The tokens a micro-batch computes: its real tokens when packed, rows x longest row when padded."""
+    return real if packed else rows * width
+
+
+def row_chunks(lengths: Sequence[int], max_rows: int, max_tokens: int | None = None, packed: bool = False
+               ) -> list[range]:
     """Consecutive runs of rows, each of at most `max_rows` rows and, when `max_tokens` is set, at most that many
-    padded tokens (rows x the run's longest row); a row longer than the budget is a run of its own."""
+    tokens (`tokens_of`: real tokens when `packed`, else rows x the run's longest row); a row longer than the
+    budget is a run of its own."""
     if max_rows < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {max_rows}")
-    runs, start, width = [], 0, 0
+    runs, start, width, real = [], 0, 0, 0
     for row, length in enumerate(lengths):
         rows, wider = row - start, max(width, length)
-        if rows and (rows >= max_rows or (max_tokens is not None and (rows + 1) * wider > max_tokens)):
+        over = max_tokens is not None and tokens_of(rows + 1, wider, real + length, packed) > max_tokens
+        if rows and (rows >= max_rows or over):
             runs.append(range(start, row))
-            start, wider = row, length
-        width = wider
+            start, wider, real = row, length, 0
+        width, real = wider, real + length
     if lengths:
         runs.append(range(start, len(lengths)))
     return runs
 
 
-def split_train_batch(batch: TrainBatch, micro_batch_size: int, max_tokens: int | None = None) -> list[TrainBatch]:
-    """Consecutive micro-batches of at most `micro_batch_size` rows (and `max_tokens` padded tokens, see
-    `row_chunks`), each trimmed to its own longest row. A run of rows without response tokens joins the run before
+def split_train_batch(batch: TrainBatch, micro_batch_size: int, max_tokens: int | None = None, packed: bool = False
+                      ) -> list[TrainBatch]:
+    """Consecutive micro-batches of at most `micro_batch_size` rows (and `max_tokens` tokens, see `row_chunks`),
+    each trimmed to its own longest row. A run of rows without response tokens joins the run before
     it (or after it, when first), so every micro-batch has something to train on (unless the whole batch has not).
     Their num_sequences / num_tokens add up to the batch's; the version is the batch's."""
     lengths = batch.attention_mask.sum(dim=1).tolist()
-    runs = row_chunks(lengths, micro_batch_size, max_tokens)
+    runs = row_chunks(lengths, micro_batch_size, max_tokens, packed)
     answered = [bool(batch.response_mask[r.start:r.stop].any()) for r in runs]
     merged: list[range] = []
     merged_has_tokens = False
@@ -115,38 +124,45 @@ def _rows_of(batch: TrainBatch, rows: slice) -> TrainBatch:
 @dataclass
 class MicroBatcher:
     """Collects arriving `TrainBatch`es into micro-batches: at most `micro_batch_size` sequences and, when
-    `max_tokens` is set, at most that many padded tokens (rows x longest row). A batch over either limit on its
-    own (a group of long responses) is split by rows first (`split_train_batch`); a single row over the token
-    budget still trains, alone."""
+    `max_tokens` is set, at most that many tokens (`tokens_of`: real tokens when `packed`, else rows x longest
+    row). A batch over either limit on its own (a group of long responses) is split by rows first
+    (`split_train_batch`); a single row over the token budget still trains, alone."""
 
     micro_batch_size: int
     max_tokens: int | None = None
+    packed: bool = False
     pending: list[TrainBatch] = field(default_factory=list)
     pending_sequences: int = 0
     pending_width: int = 0
+    pending_real: int = 0
 
     def add(self, batch: TrainBatch) -> list[list[TrainBatch]]:
         """Add a batch; returns the micro-batches (lists of batches) now complete."""
-        width = int(batch.input_ids.shape[1])
+        width, real = int(batch.input_ids.shape[1]), int(batch.attention_mask.sum())
         too_many = batch.num_sequences > self.micro_batch_size
-        if too_many or (self.max_tokens is not None and batch.num_sequences * width > self.max_tokens):
-            pieces = split_train_batch(batch, self.micro_batch_size, self.max_tokens)
+        if too_many or self._over(batch.num_sequences, width, real):
+            pieces = split_train_batch(batch, self.micro_batch_size, self.max_tokens, self.packed)
             if len(pieces) > 1:
                 return [ready for piece in pieces for ready in self.add(piece)]
         ready = []
-        if self.pending and self.max_tokens is not None:
-            if (self.pending_sequences + batch.num_sequences) * max(self.pending_width, width) > self.max_tokens:
-                ready.append(self.flush())  # the new batch would break the token budget: send what is pending
+        if self.pending and self._over(self.pending_sequences + batch.num_sequences, max(self.pending_width, width),
+                                       self.pending_real + real):
+            ready.append(self.flush())  # the new batch would break the token budget: send what is pending
         self.pending.append(batch)
         self.pending_sequences += batch.num_sequences
         self.pending_width = max(self.pending_width, width)
+        self.pending_real += real
         if self.pending_sequences >= self.micro_batch_size:
             ready.append(self.flush())
         return ready
 
+    def _over(self, rows: int, width: int, real: int) -> bool:
+        return self.max_tokens is not None and tokens_of(rows, width, real, self.packed) > self.max_tokens
+
     def flush(self) -> list[TrainBatch]:
         """The pending batches (possibly none) as one micro-batch."""
-        out, self.pending, self.pending_sequences, self.pending_width = self.pending, [], 0, 0
+        out, self.pending = self.pending, []
+        self.pending_sequences = self.pending_width = self.pending_real = 0
         return out
 
 

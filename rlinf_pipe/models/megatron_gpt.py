@@ -196,6 +196,8 @@ def build_gpt_model(
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+    from rlinf_pipe.models.megatron_sdpa import SdpaAttention
+
     if not ps.model_parallel_is_initialized():
         raise RuntimeError("build_gpt_model: call rlinf_pipe.models.megatron_gpt.init_model_parallel(tp, pp) first")
     arch = hf_arch(hf_config)
@@ -207,10 +209,8 @@ def build_gpt_model(
         recompute=recompute,
     )
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
-    if not torch.cuda.is_available():  # CPU: attention on torch's fused kernel (megatron_sdpa.py)
-        from rlinf_pipe.models.megatron_sdpa import SdpaAttention
-
-        spec.submodules.self_attention.submodules.core_attention = SdpaAttention
+    # attention on torch's fused kernel, which also takes packed sequences (megatron_sdpa.py)
+    spec.submodules.self_attention.submodules.core_attention = SdpaAttention
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,

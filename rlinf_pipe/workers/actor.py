@@ -137,7 +137,7 @@ class ActorWorker(Worker):
                 self.rollback_point = (step, await self.compute.run(self.policy.capture_state))
         ops = None
         if self.ranks.is_input:
-            batcher = MicroBatcher(self.micro_batch_size, self.micro_batch_tokens)
+            batcher = MicroBatcher(self.micro_batch_size, self.micro_batch_tokens, self.policy.pack_sequences)
             channel = self.train_channels[self.ranks.dp_rank]
             ops = train_ops(channel, self.routing, self.ranks.dp_rank, batcher, self.pad_token_id)
         result = TrainResult()

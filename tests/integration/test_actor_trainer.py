@@ -1,5 +1,5 @@
-"""MegatronPolicy on CPU (gloo): HF-exact log-probs, streaming-exact gradients, DP=2 == DP=1, offload round trip,
-checkpoint resume. Each scenario runs in freshly spawned processes (see tests/support/actor_run.py)."""
+"""MegatronPolicy on CPU (gloo): HF-exact log-probs, streaming-exact gradients, packed == padded micro-batches,
+DP=2 == DP=1, offload round trip, checkpoint resume. Each scenario runs in freshly spawned processes (see tests/support/actor_run.py)."""
 
 from __future__ import annotations
 
@@ -75,6 +75,7 @@ def _single_process(rank: int, model_path: str) -> dict:
         ref_lp, ref_ent = _hf_reference(model_path, batch, temp)
         out[f"lp_err_{temp}"] = float((lp.double() - ref_lp).abs().max())
         out[f"ent_err_{temp}"] = float((ent.double() - ref_ent).abs().max())
+        out[f"packed_{temp}"] = (lp, ent)
     # the HF weight stream reproduces the HF checkpoint
     hf_state = load_file(f"{model_path}/model.safetensors")
     streamed = dict(a.hf_weights())
@@ -99,6 +100,14 @@ def _single_process(rank: int, model_path: str) -> dict:
     out["metrics_streamed"] = _train(b, fixed, stream_split)
     out["grads_streamed"] = dict(grads_b)
     out["params_streamed"] = params_of(b)
+
+    # padded micro-batches (pack_sequences=False): the packed ones' log-probs, entropies and gradients
+    padded = _policy(model_path, logprob_max_tokens=40, pack_sequences=False)
+    out["packing"] = (a.pack_sequences, padded.pack_sequences)
+    out["padded_0.7"] = padded.compute_logprobs(batch, temperature=0.7, with_entropy=True)
+    grads_padded = capture_grads(padded)
+    out["metrics_padded"] = _train(padded, fixed, stream_split)
+    out["grads_padded"] = dict(grads_padded)
 
     # 4. offload / onload round trip: training continues bit for bit
     c = _policy(model_path)
@@ -224,6 +233,17 @@ def test_streaming_order_and_split_invariance(single):
     assert whole["micro_batches"] == 1 and streamed["micro_batches"] == 3
     assert whole["tokens"] == streamed["tokens"] == whole["num_tokens"]
     assert whole["lr"] == LR
+
+
+def test_packed_micro_batches_equal_padded_ones(single):
+    assert single["packing"] == (True, False)
+    for packed, padded in zip(single["packed_0.7"], single["padded_0.7"], strict=True):
+        assert packed.shape == padded.shape
+        torch.testing.assert_close(packed, padded, atol=1e-6, rtol=1e-5)
+    assert max(float(g.abs().max()) for g in single["grads_padded"].values()) > 0
+    for name, g in single["grads_padded"].items():
+        torch.testing.assert_close(single["grads_streamed"][name], g, atol=1e-7, rtol=1e-5, msg=name)
+    assert single["metrics_padded"]["loss"] == pytest.approx(single["metrics_streamed"]["loss"], abs=1e-6)
 
 
 def test_clear_errors(single):

@@ -1,6 +1,6 @@
 """`SdpaAttention` (rlinf_pipe/models/megatron_sdpa.py) against megatron-core's own `DotProductAttention`: the same
 context and the same gradients for a causal mask, with and without grouped-query attention, and Megatron's path
-where SDPA does not apply (attention dropout in training)."""
+where SDPA does not apply (attention dropout in training); packed sequences against the same rows padded."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from rlinf_pipe.models.megatron_gpt import init_model_parallel
-from rlinf_pipe.models.megatron_sdpa import SdpaAttention
+from rlinf_pipe.models.megatron_sdpa import SdpaAttention, model_supports_packing, packed_params
+from rlinf_pipe.models.packed_rows import PackedRows
 from rlinf_pipe.utils.net import free_port
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU attention")
@@ -68,3 +69,45 @@ def test_dropout_in_training_takes_megatrons_path(model_parallel_of_one, monkeyp
     ours(*_inputs(4), attention_mask=None)
     ours.eval()  # no dropout outside training: SDPA again
     assert ours(*_inputs(4), attention_mask=None).shape == (7, 3, 32) and len(calls) == 1
+
+
+@pytest.mark.parametrize("groups", [4, 2])
+def test_packed_sequences_equal_the_same_rows_padded(model_parallel_of_one, groups):
+    _, ours = _pair(groups)
+    lengths = [7, 3, 5]
+    valid = torch.arange(7)[None, :] < torch.tensor(lengths)[:, None]  # [b, s], right-padded
+    rows = PackedRows.of(valid, total=17)  # 15 real tokens and a filler sequence of 2
+    padded = [t.detach() for t in _inputs(groups)]  # [s, b, heads, d]
+    causal = torch.triu(torch.ones(1, 1, 7, 7, dtype=torch.bool), diagonal=1)
+    weights = torch.linspace(-1, 1, 7 * 3 * 32).view(7, 3, 32)
+    results = []
+    for packed in (False, True):
+        if packed:  # [t, heads, d]: the real tokens row after row, then the filler
+            inputs = [rows.pack(t.transpose(0, 1)).requires_grad_() for t in padded]
+            context = ours(*inputs, attention_mask=None, packed_seq_params=packed_params(rows, None))
+            assert context.shape == (17, 32)
+            context = rows.unpack(context).transpose(0, 1)  # -> [s, b, hidden]
+            grads = lambda: [rows.unpack(t.grad).transpose(0, 1) for t in inputs]  # noqa: E731
+        else:
+            inputs = [t.clone().requires_grad_() for t in padded]
+            context = ours(*inputs, attention_mask=causal).masked_fill(~valid.T[..., None], 0)
+            grads = lambda: [t.grad.masked_fill(~valid.T[..., None, None], 0) for t in inputs]  # noqa: E731
+        (context * weights).sum().backward()
+        results.append((context.detach(), grads()))
+    (ref, ref_grads), (out, out_grads) = results
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-5)
+    for grad, ref_grad in zip(out_grads, ref_grads, strict=True):
+        torch.testing.assert_close(grad, ref_grad, atol=1e-6, rtol=1e-5)
+
+
+def test_packing_needs_the_sdpa_path(model_parallel_of_one):
+    megatron, ours = _pair(4)
+    assert model_supports_packing(torch.nn.ModuleList([ours]))
+    assert not model_supports_packing(torch.nn.ModuleList([megatron, ours]))
+    _, dropping = _pair(4, dropout=0.5)
+    dropping.train()
+    assert not model_supports_packing(torch.nn.ModuleList([dropping]))
+    rows = PackedRows.of(torch.ones(1, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="packed sequences only"):
+        dropping(*[t[:, 0] for t in _inputs(4, s=3, b=1)], attention_mask=None,
+                 packed_seq_params=packed_params(rows, None))

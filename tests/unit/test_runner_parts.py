@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlinf_pipe.algorithms.scoring import RewardTally, score_groups
-from rlinf_pipe.data.packing import MicroBatcher, concat_train_batches, pack_train_batch
+from rlinf_pipe.data.packing import MicroBatcher, concat_train_batches, pack_train_batch, row_chunks
 from rlinf_pipe.data.routing import TrainRouting
 from rlinf_pipe.data.structs import PromptItem, RolloutGroup, RolloutSample, ScoredGroup, TrainBatch
 from rlinf_pipe.scheduler.channel import StepEnd
@@ -133,6 +133,34 @@ def test_micro_batcher_and_concat_keep_every_row():
     torch.testing.assert_close(cat.input_ids[2, :4], batches[1].input_ids[0, :4])
     assert cat.slot == -1 and pack_train_batch([ScoredGroup(group=_group("e", [1]), rewards=[1.0],
                                                             advantages=[0.0], version=0, slot=7)], 0).slot == 7
+
+
+def _ragged(lengths: list[int]) -> TrainBatch:
+    """A right-padded TrainBatch whose rows hold `lengths` real tokens (the last one a response token)."""
+    width = max(lengths)
+    valid = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
+    response = torch.zeros_like(valid)
+    response[torch.arange(len(lengths)), torch.tensor(lengths) - 1] = True
+    rows = len(lengths)
+    return TrainBatch(input_ids=torch.ones(rows, width, dtype=torch.long), attention_mask=valid,
+                      response_mask=response, old_logprobs=torch.zeros(rows, width),
+                      advantages=torch.zeros(rows, width), rewards=torch.zeros(rows), version=0,
+                      num_sequences=rows, num_tokens=rows)
+
+
+def test_packed_micro_batches_count_real_tokens():
+    # rows of 10, 2, 2, 2 real tokens: 16 real tokens, 40 padded (4 x 10)
+    group = _ragged([10, 2, 2, 2])
+    assert [[p.num_sequences for p in mb] for mb in MicroBatcher(100, max_tokens=16, packed=True).add(group)] == []
+    padded = MicroBatcher(100, max_tokens=16)
+    assert [[p.num_sequences for p in mb] for mb in padded.add(group)] == [[1]]  # the long row alone, then 3 x 2
+    assert padded.flush()[0].num_sequences == 3
+    assert row_chunks([10, 2, 2, 2, 5], 100, 16, packed=True) == [range(0, 4), range(4, 5)]
+    assert row_chunks([10, 2, 2, 2, 5], 100, 16) == [range(0, 1), range(1, 4), range(4, 5)]
+    # a pending micro-batch closes when the next batch's real tokens would break the budget
+    budget = MicroBatcher(100, max_tokens=16, packed=True)
+    a, b = _ragged([6, 6]), _ragged([3, 2])
+    assert budget.add(a) == [] and budget.add(b) == [[a]] and budget.flush() == [b]
 
 
 def test_routing_gives_every_slot_one_minibatch_and_replica():

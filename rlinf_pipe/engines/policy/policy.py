@@ -30,6 +30,12 @@ from rlinf_pipe.algorithms.terms import LossTerms
 from rlinf_pipe.data.structs import TrainBatch
 from rlinf_pipe.engines.policy import checkpoint
 from rlinf_pipe.engines.policy.logprobs import token_logprobs, token_logprobs_and_entropy
+from rlinf_pipe.engines.policy.model_inputs import (
+    ModelInputs,
+    logprob_micro_batches,
+    packed_inputs,
+    padded_inputs,
+)
 from rlinf_pipe.engines.policy.optimizer import DeviceState, PolicyOptimizer
 
 __all__ = ["LossFn", "MegatronPolicy", "resolve_dtype"]
@@ -66,7 +72,10 @@ class MegatronPolicy:
             (every layer); see `models.megatron_gpt.recompute_options`.
         temperature: default temperature of the training log-probs (the sampling temperature).
         train_entropy: compute per-token entropy for `loss_fn` by default.
-        logprob_max_tokens: token budget (rows x padded length) of a forward-only micro-batch.
+        logprob_max_tokens: token budget of a forward-only micro-batch (real tokens packed; rows x padded length
+            otherwise).
+        pack_sequences: run the model on each micro-batch's real tokens as one stream (`model_inputs`: the same
+            values within float rounding, no compute spent on padding); padded when False.
         seed: torch / Megatron model-parallel RNG seed.
         load_weights: False keeps the random initialisation (the folder then needs only `config.json`; for
             memory and speed measurements at a real model's shape).
@@ -91,6 +100,7 @@ class MegatronPolicy:
         seed: int = 1234,
         recompute: str = "none",
         load_weights: bool = True,
+        pack_sequences: bool = True,
     ) -> None:
         if logprob_max_tokens < 1:
             raise ValueError(f"logprob_max_tokens must be >= 1, got {logprob_max_tokens}")
@@ -111,6 +121,7 @@ class MegatronPolicy:
 
         from rlinf_pipe.models.convert import load_hf_checkpoint
         from rlinf_pipe.models.megatron_gpt import build_gpt_model, hf_arch
+        from rlinf_pipe.models.megatron_sdpa import model_supports_packing
 
         if not dist.is_initialized() or not ps.model_parallel_is_initialized():
             raise RuntimeError(
@@ -140,6 +151,7 @@ class MegatronPolicy:
                                  recompute=recompute if train else "none")
         self.arch = load_hf_checkpoint(module, path) if load_weights else hf_arch(hf_config)
         self.vocab_size = self.arch.vocab_size
+        self.pack_sequences = pack_sequences and model_supports_packing(module)
         self.config = module.config
         self.config.finalize_model_grads_func = None  # gradients are finalised once, in optimizer_step
         self.use_distributed_optimizer = (self.dp_size > 1) if use_distributed_optimizer is None else (
@@ -196,31 +208,35 @@ class MegatronPolicy:
             advantages=move(batch.advantages),
         )
 
-    def _model_inputs(self, input_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Token ids, position ids and the causal mask (True = masked) of a right-padded [B, L] batch: with right
-        padding a causal mask alone gives every real token exactly its real prefix."""
-        b, length = input_ids.shape
-        ids = input_ids.to(self.device, dtype=torch.long)
-        pos = torch.arange(length, device=self.device).unsqueeze(0).expand(b, length)
-        mask = torch.triu(torch.ones(1, 1, length, length, dtype=torch.bool, device=self.device), diagonal=1)
-        return ids, pos, mask
+    def _token_values(self, logits: Tensor, inputs: ModelInputs, temperature: float, with_entropy: bool
+                      ) -> tuple[Tensor, Tensor | None]:
+        """Log-probs (and entropies) `[B, L]` of the micro-batch's tokens from the model's logits; 0 at each row's
+        first position (nothing predicts it) and, packed, on padding."""
+        if with_entropy:
+            lp, ent = token_logprobs_and_entropy(logits, inputs.ids, temperature, self.vocab_size, self.tp_group)
+        else:
+            lp, ent = token_logprobs(logits, inputs.ids, temperature, self.vocab_size, self.tp_group), None
+        if inputs.rows is None:
+            return lp, ent
+        first = torch.zeros(inputs.rows.valid.shape, dtype=torch.bool, device=lp.device)
+        first[:, 0] = True  # (packed, the stream's value there came from the row before)
+        return (inputs.per_token(lp).masked_fill(first, 0.0),
+                None if ent is None else inputs.per_token(ent).masked_fill(first, 0.0))
 
     def _run_schedule(
-        self, micro_batches: list[Tensor], forward_only: bool, loss_func_factory: Callable[[int], Callable]
+        self, micro_batches: list[ModelInputs], forward_only: bool, loss_func_factory: Callable[[int], Callable]
     ) -> list[Any]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        shapes = {tuple(m.shape) for m in micro_batches}
+        shapes = {m.shape for m in micro_batches}
         if len(shapes) != 1:
             raise ValueError(f"micro-batches of one schedule call must share their shape, got {sorted(shapes)}")
         b, length = micro_batches[0].shape
         counter = iter(range(len(micro_batches)))
 
-        def forward_step(data_iterator: Iterator[Tensor], model: Any) -> tuple[Tensor, Callable]:
-            ids = next(data_iterator)
-            index = next(counter)
-            ids, pos, mask = self._model_inputs(ids)
-            return model(ids, pos, mask), loss_func_factory(index)
+        def forward_step(data_iterator: Iterator[ModelInputs], model: Any) -> tuple[Tensor, Callable]:
+            inputs = next(data_iterator)
+            return inputs.run(model), loss_func_factory(next(counter))
 
         return get_forward_backward_func()(
             forward_step_func=forward_step,
@@ -245,21 +261,13 @@ class MegatronPolicy:
         input_ids = batch.input_ids
         if input_ids.dim() != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must be a non-empty [batch, seq] tensor, got {tuple(input_ids.shape)}")
-        b, length = input_ids.shape
-        rows = max(1, min(b, self.logprob_max_tokens // length))
-        chunks = [input_ids[i : i + rows] for i in range(0, b, rows)]
-        if chunks[-1].shape[0] < rows:  # equal shapes for the pipeline: pad with copies of the last row
-            last = chunks[-1]
-            chunks[-1] = torch.cat([last, last[-1:].expand(rows - last.shape[0], length)])
+        chunks, micro_batches = logprob_micro_batches(batch, self.logprob_max_tokens, self.pack_sequences, self.device)
 
         def factory(index: int) -> Callable:
-            ids = chunks[index].to(self.device)
+            inputs = micro_batches[index]
 
             def loss_func(logits: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-                if with_entropy:
-                    lp, ent = token_logprobs_and_entropy(logits, ids, temperature, self.vocab_size, self.tp_group)
-                else:
-                    lp, ent = token_logprobs(logits, ids, temperature, self.vocab_size, self.tp_group), None
+                lp, ent = self._token_values(logits, inputs, temperature, with_entropy)
                 out = {"logprobs": lp.float().cpu()}
                 if ent is not None:
                     out["entropy"] = ent.float().cpu()
@@ -267,15 +275,17 @@ class MegatronPolicy:
 
             return loss_func
 
-        outputs = self._run_schedule(chunks, forward_only=True, loss_func_factory=factory)
+        outputs = self._run_schedule(micro_batches, forward_only=True, loss_func_factory=factory)
         if not self.is_last_stage:
             return None
         valid = batch.attention_mask.bool().cpu()
-        lp = torch.cat([o["logprobs"] for o in outputs])[:b].masked_fill(~valid, 0.0)
-        if not with_entropy:
-            return lp
-        ent = torch.cat([o["entropy"] for o in outputs])[:b].masked_fill(~valid, 0.0)
-        return lp, ent
+
+        def gathered(key: str) -> Tensor:  # the chunks' rows in order
+            parts = [o[key][: len(rows)] for o, rows in zip(outputs, chunks, strict=True)]
+            return torch.cat(parts).masked_fill(~valid, 0.0)
+
+        lp = gathered("logprobs")
+        return (lp, gathered("entropy")) if with_entropy else lp
 
     # ------------------------------------------------------------------ training
 
@@ -304,16 +314,13 @@ class MegatronPolicy:
         temperature = self.temperature if temperature is None else temperature
         entropy_on = self.train_entropy if with_entropy is None else with_entropy
         dev_batch = self._to_device(batch)
+        inputs = (packed_inputs(dev_batch.input_ids, dev_batch.attention_mask, self.device) if self.pack_sequences
+                  else padded_inputs(dev_batch.input_ids, self.device))
         kept: list[LossTerms] = []
 
         def factory(index: int) -> Callable:
-            ids = dev_batch.input_ids
-
             def loss_func(logits: Tensor) -> tuple[Tensor, Tensor, dict[str, Any]]:
-                if entropy_on:
-                    lp, ent = token_logprobs_and_entropy(logits, ids, temperature, self.vocab_size, self.tp_group)
-                else:
-                    lp, ent = token_logprobs(logits, ids, temperature, self.vocab_size, self.tp_group), None
+                lp, ent = self._token_values(logits, inputs, temperature, entropy_on)
                 terms = loss_fn(lp, ent, dev_batch)
                 if not isinstance(terms, LossTerms):
                     raise TypeError(f"loss_fn must return LossTerms, got {type(terms).__name__}")
@@ -325,7 +332,7 @@ class MegatronPolicy:
 
             return loss_func
 
-        self._run_schedule([batch.input_ids], forward_only=False, loss_func_factory=factory)
+        self._run_schedule([inputs], forward_only=False, loss_func_factory=factory)
         optimizer.accumulate(kept, int(batch.response_mask.sum()))
 
     def optimizer_step(self, expected_micro_batches: int | None = None, allow_empty: bool = False

@@ -1,0 +1,105 @@
+"""One micro-batch as the Megatron model takes it, padded or packed, and the per-token results back in the batch's
+`[B, L]` layout.
+
+Padded, the model runs on the right-padded `[B, L]` ids with a causal mask (right padding: every real token sees
+exactly its real prefix). Packed (`rlinf_pipe.models.packed_rows`), it runs on the `[1, T]` stream of the real
+tokens with Megatron's packed-sequence parameters: the same values at every real position, within float rounding,
+for the compute of T tokens instead of B x L. Either way `per_token` turns a `[b, s]` result of the model's layout
+into the batch's `[B, L]`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlinf_pipe.models.packed_rows import PackedRows
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """The model's arguments for one micro-batch: ids and position ids `[b, s]`, the attention mask (padded; None
+    when packed), and the packing (`rows`, with Megatron's `packed_seq_params`) when packed."""
+
+    ids: Tensor
+    positions: Tensor
+    mask: Tensor | None
+    rows: PackedRows | None = None
+    packed_seq_params: Any = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """`(micro-batch size, sequence length)` as the pipeline schedule sees them."""
+        return int(self.ids.shape[0]), int(self.ids.shape[1])
+
+    def run(self, model: Any) -> Tensor:
+        """The model's output (logits `[b, s, V]` on the last pipeline stage)."""
+        if self.rows is None:
+            return model(self.ids, self.positions, self.mask)
+        return model(self.ids, self.positions, None, packed_seq_params=self.packed_seq_params)
+
+    def per_token(self, values: Tensor) -> Tensor:
+        """A `[b, s]` per-position result of the model's layout -> `[B, L]` of the batch (packed: unpacked, 0 on
+        padding). Differentiable."""
+        return values if self.rows is None else self.rows.unpack(values[0])
+
+
+def padded_inputs(input_ids: Tensor, device: torch.device) -> ModelInputs:
+    """A right-padded `[B, L]` micro-batch as it is, with the causal mask (True = masked)."""
+    b, length = input_ids.shape
+    ids = input_ids.to(device, dtype=torch.long)
+    positions = torch.arange(length, device=device).unsqueeze(0).expand(b, length)
+    mask = torch.triu(torch.ones(1, 1, length, length, dtype=torch.bool, device=device), diagonal=1)
+    return ModelInputs(ids, positions, mask)
+
+
+def packed_inputs(input_ids: Tensor, attention_mask: Tensor, device: torch.device, total: int | None = None
+                  ) -> ModelInputs:
+    """The real tokens of a right-padded micro-batch as one stream (`total`: its length with filler)."""
+    from megatron.core import parallel_state
+
+    from rlinf_pipe.models.megatron_sdpa import packed_params
+
+    rows = PackedRows.of(attention_mask.to(device), total)
+    ids = rows.pack(input_ids.to(device, dtype=torch.long))[None]
+    return ModelInputs(ids, rows.positions[None], None, rows,
+                       packed_params(rows, parallel_state.get_context_parallel_group()))
+
+
+def token_chunks(lengths: Sequence[int], budget: int) -> list[range]:
+    """Consecutive runs of rows of at most `budget` real tokens each (a longer row alone): the forward-only
+    micro-batches of a packed log-prob pass."""
+    runs, start, used = [], 0, 0
+    for row, length in enumerate(lengths):
+        if row > start and used + length > budget:
+            runs.append(range(start, row))
+            start, used = row, 0
+        used += length
+    runs.append(range(start, len(lengths)))
+    return runs
+
+
+def logprob_micro_batches(batch: Any, budget: int, packed: bool, device: torch.device
+                          ) -> tuple[list[range], list[ModelInputs]]:
+    """The forward-only micro-batches of a `TrainBatch` (their rows, and their model inputs), all of one shape for
+    the pipeline schedule: packed, runs of rows of at most `budget` real tokens, each stream as long as the longest;
+    padded, runs of at most `budget // length` rows, the last one filled up with copies of its last row."""
+    input_ids, mask = batch.input_ids, batch.attention_mask
+    b, length = input_ids.shape
+    if packed:
+        lengths = mask.sum(dim=1).tolist()
+        chunks = token_chunks(lengths, budget)
+        total = max(sum(lengths[r.start:r.stop]) for r in chunks)
+        return chunks, [packed_inputs(input_ids[r.start:r.stop], mask[r.start:r.stop], device, total)
+                        for r in chunks]
+    rows = max(1, min(b, budget // length))
+    chunks = [range(i, min(i + rows, b)) for i in range(0, b, rows)]
+    ids = [input_ids[r.start:r.stop] for r in chunks]
+    if ids[-1].shape[0] < rows:  # equal shapes for the pipeline: pad with copies of the last row
+        last = ids[-1]
+        ids[-1] = torch.cat([last, last[-1:].expand(rows - last.shape[0], length)])
+    return chunks, [padded_inputs(i, device) for i in ids]
