@@ -1,17 +1,18 @@
-"""Step time of the disaggregated pipeline against collocated mode on the same 3 virtual GPUs; weight-sync bandwidth
+"""Step time of the disaggregated pipeline against collocated mode on the same virtual GPUs; weight-sync bandwidth
 against a raw torch.distributed gloo broadcast.
 
-    python benchmarks/pipeline_vs_collocated.py [--steps 8] [--warmup 2] [--repeats 3] [--json]
+    python benchmarks/pipeline_vs_collocated.py [--gpus 2] [--steps 8] [--warmup 2] [--repeats 3] [--json]
 
 Each repeat trains, in one process and one after the other (order alternating between repeats), with the same
-warm-started tiny model, data, seed and batch:
-- pipeline: examples/math/config/tiny-grpo-megatron-pipeline.yaml (rollout: 0, inference: 1, actor: 2);
-- collocated: examples/math/config/tiny-grpo-megatron.yaml with `cluster.num_gpus_per_node=3` and
-  `cluster.component_placement={"actor,rollout": all}` (actor DP=3, rollout DP=3, time-sharing the GPUs).
-The example batch (16 prompts x 8 samples = 128) does not split over the collocated actor's 3 data-parallel
-ranks, so BOTH runs use `data.rollout_batch_size=12` (96 samples; `--rollout-batch-size`).
+warm-started tiny model, data, seed and batch, on `--gpus` N virtual GPUs:
+- pipeline: examples/math/config/tiny-grpo-megatron-pipeline.yaml, the default (N = 2: rollout: 0, actor: 1;
+  otherwise rollout: 0, actor: 1-(N-1));
+- collocated: examples/math/config/tiny-grpo-megatron.yaml with `cluster.num_gpus_per_node=N` and
+  `cluster.component_placement={"actor,rollout": all}` (actor DP=N, rollout DP=N, time-sharing the GPUs).
+Both use `data.rollout_batch_size` (`--rollout-batch-size`, default the example's 16), whose samples must split over
+each actor's data-parallel ranks.
 Each run goes through `rlinf_pipe.runner.Runner.start(cfg)` (`.run()`, `.shutdown()`) in one local Ray session
-(3 virtual GPUs) that the script starts once; its
+(N virtual GPUs) that the script starts once; its
 `metrics.jsonl` and `timeline.json` are read back and the first `--warmup` steps are dropped.
 
 Reported (medians over steps, then over repeats; ratios paired within a repeat, then the median):
@@ -22,8 +23,7 @@ Reported (medians over steps, then over repeats; ratios paired within a repeat, 
   worker-group calls and its channel ends; the training data streams from worker to worker, so this is 0), beside
   the bytes of training batches the actor replicas read from their train channels (`train_data_bytes_per_step`);
 - weight sync per version: time = the driver's `weight_sync` span (`timing/weight_sync`: from the calls going out
-  until every receiver has loaded the version: the rollout engine and the inference worker in the pipeline, the
-  3 rollout engines when collocated) united with the actor's `publish_weights` span of that version (the object
+  until every receiver has loaded the version: the rollout engines, and inference workers if any run) united with the actor's `publish_weights` span of that version (the object
   store path publishes at the end of the previous step), bytes (`weight_sync/bytes`), bandwidth = bytes / time;
 - the ideal step of each mode for its measured work: max(longest stage's busy time, the CPU time every process
   of the job used per measured step (driver, workers, the reward pool; from the first measured step's start to
@@ -57,13 +57,15 @@ from rlinf_pipe.utils.net import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "examples" / "math" / "config"
-MODES = {
-    "pipeline": ("tiny-grpo-megatron-pipeline", []),
-    "collocated": (
-        "tiny-grpo-megatron",
-        ["cluster.num_gpus_per_node=3", 'cluster.component_placement={"actor,rollout": all}'],
-    ),
-}
+MODES = ("pipeline", "collocated")
+
+
+def mode_config(mode: str, gpus: int) -> tuple[str, list[str]]:
+    """The example config and placement overrides of `mode` on `gpus` virtual GPUs."""
+    placement = '{"actor,rollout": all}' if mode == "collocated" else (
+        "{rollout: 0, actor: 1}" if gpus == 2 else f"{{rollout: 0, actor: 1-{gpus - 1}}}")
+    name = "tiny-grpo-megatron" if mode == "collocated" else "tiny-grpo-megatron-pipeline"
+    return name, [f"cluster.num_gpus_per_node={gpus}", f"cluster.component_placement={placement}"]
 
 
 def finite_or_none(value: Any) -> Any:
@@ -91,7 +93,7 @@ def median(values: list[float]) -> float:
 def load(mode: str, args: argparse.Namespace, model: str | None, out: Path) -> Any:
     from rlinf_pipe.config import load_config
 
-    name, extra = MODES[mode]
+    name, extra = mode_config(mode, args.gpus)
     overrides = [
         f"runner.max_steps={args.steps}", "runner.progress=false", "runner.tensorboard=false",
         f"runner.output_dir={out}", f"runner.experiment_name=bench-{mode}", "cluster.ray_address=local",
@@ -156,10 +158,8 @@ def run_mode(mode: str, args: argparse.Namespace, model: str, out: Path) -> dict
         runner.step = measured_step
         run_dir = runner.run()
         cpu_per_step = (cpu["end"] - cpu["start"]) / (args.steps - args.warmup)
-        placement = runner.c.plan.placement
-        receivers = len(placement.components["rollout"].processes) + (
-            len(placement.components["inference"].processes) if "inference" in placement.components else 0
-        )
+        plan = runner.c.plan
+        receivers = sum(len(plan.placement.components[name].processes) for name in plan.weight_receivers)
     finally:
         runner.shutdown()
     figures = mode_figures(run_dir, receivers, time.perf_counter() - start, args.warmup, args.steps)
@@ -330,16 +330,17 @@ def summarise_runs(runs: dict[str, list[dict[str, Any]]], gloo: list[float], glo
         "weight_sync_bw_ratio_vs_gloo": round(bw_ratio, 4),
         "weight_sync_bw_ratio_vs_gloo_one_receiver": round(bw_ratio_one, 4),
         "weight_sync_note": (
-            "our sync time = from the actor starting to gather the version until every receiver (pipeline: rollout "
-            "engine + inference worker) has loaded it; gloo = a raw broadcast of the same bytes from one process "
-            "to as many receivers (and, for reference, to one)"
+            "our sync time = from the actor starting to gather the version until every receiver (the rollout "
+            "engines, and inference workers if any run) has loaded it; gloo = a raw broadcast of the same bytes from "
+            "one process to as many receivers (and, for reference, to one)"
         ),
         "modes": per_mode,
         "settings": {
             "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "gloo_iters": args.gloo_iters,
-            "rollout_batch_size": args.rollout_batch_size, "virtual_gpus": 3,
+            "rollout_batch_size": args.rollout_batch_size, "virtual_gpus": args.gpus,
             "pipeline_max_staleness": args.staleness,
-            "collocated_overrides": MODES["collocated"][1],
+            "collocated_overrides": mode_config("collocated", args.gpus)[1],
+            "pipeline_overrides": mode_config("pipeline", args.gpus)[1],
         },
         "runtime_s": round(time.perf_counter() - started, 1),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
@@ -354,8 +355,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="steps per run (runner.max_steps)")
     parser.add_argument("--warmup", type=int, default=2, help="first steps of each run left out")
     parser.add_argument("--repeats", type=int, default=3, help="one pipeline and one collocated run per repeat")
-    parser.add_argument("--rollout-batch-size", type=int, default=12,
-                        help="prompts per step for BOTH modes (x group_size 8 must split over the actor's DP=3)")
+    parser.add_argument("--gpus", type=int, default=2, help="virtual GPUs of both modes (>= 2)")
+    parser.add_argument("--rollout-batch-size", type=int, default=16,
+                        help="prompts per step for BOTH modes (x group_size 8 must split over the actors' DP)")
     parser.add_argument("--gloo-iters", type=int, default=50, help="timed broadcasts per baseline measurement")
     parser.add_argument("--output-dir", default=None, help="keep the run folders here (default: a temp folder)")
     parser.add_argument("--model", default=None,
@@ -384,7 +386,7 @@ def main() -> None:
 
     started = time.perf_counter()
     # one local Ray session for every run and baseline (each run's Cluster uses it and leaves it open)
-    ray.init(address="local", num_cpus=2, num_gpus=3, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, num_gpus=args.gpus, include_dashboard=False, log_to_driver=False)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
     gloo: list[float] = []  # raw broadcast to as many receivers as the pipeline's sync has
     gloo_one: list[float] = []  # raw broadcast to one receiver

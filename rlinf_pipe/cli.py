@@ -68,12 +68,14 @@ def _plan(args: argparse.Namespace) -> int:
     from rlinf_pipe.scheduler.plan_report import render_plan
 
     cfg = load_cli_config(args)
-    placement = plan_run(cfg).placement
+    plan = plan_run(cfg)
+    placement = plan.placement
     memory = memory_report(cfg, placement)
     if args.json:
-        print(json.dumps({**placement.to_json(), "memory": memory.to_json()}, indent=2))
+        print(json.dumps({**placement.to_json(), "warnings": list(plan.warnings), "memory": memory.to_json()},
+                         indent=2))
     else:
-        print(render_plan(placement, memory))
+        print(render_plan(placement, memory, plan.warnings))
     return 0
 
 

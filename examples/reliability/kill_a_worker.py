@@ -2,9 +2,9 @@
 
     python examples/reliability/kill_a_worker.py [--worker rollout:0] [--signal KILL|STOP] [key=value ...]
 
-Runs the tiny CPU pipeline (6 steps, a checkpoint after every step, `runner.max_restarts=1`) and, once the
-checkpoint before step 2 is complete, sends SIGKILL (or SIGSTOP: a hung worker, found by the heartbeat) to one
-worker. That worker is relaunched on its GPUs while the others stay; the step is retried (from the actor's state
+Runs the tiny CPU pipeline with an inference stage (reference log-probs, so that every kind of worker runs; 6
+steps, a checkpoint after every step, `runner.max_restarts=1`) and, once the checkpoint before step 2 is complete,
+sends SIGKILL (or SIGSTOP: a hung worker, found by the heartbeat) to one worker. That worker is relaunched on its GPUs while the others stay; the step is retried (from the actor's state
 before it, or from that checkpoint when the actor was lost) and the run finishes. It prints the restart as
 `events.jsonl` recorded it and the steps of `metrics.jsonl` (each once).
 """
@@ -51,7 +51,9 @@ def main() -> int:
         cfg = load_config("examples/math/config", "tiny-grpo-megatron-pipeline", [
             f"runner.output_dir={out}", "runner.max_steps=6", "runner.save_interval=1", "runner.max_restarts=1",
             "runner.heartbeat_timeout_s=5", "data.rollout_batch_size=4", "algorithm.group_size=4",
-            "actor.micro_batch_size=4", *args.overrides,
+            "actor.micro_batch_size=4", "algorithm.compute_ref_logprobs=true", "cluster.num_gpus_per_node=3",
+            "cluster.component_placement={rollout: 0, inference: 1, actor: 2}",  # every kind of worker runs
+            *args.overrides,
         ])
     except RlinfPipeError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -26,16 +26,17 @@ class ClusterConfig:
 
     num_nodes: int = opt(1, "Number of Ray nodes the job needs; the job waits until they have joined.", min=1)
     num_gpus_per_node: int | list[int] = opt(
-        3,
+        2,
         "GPUs per node: one number, or a list with one entry per node in node order (heterogeneous nodes). "
         "On a machine without GPUs this many virtual GPUs are declared.",
         min=1,
     )
     component_placement: dict[str, str | int | list[int] | None] = opt(
-        {"rollout": 0, "inference": 1, "actor": 2},
+        {"rollout": 0, "actor": 1},
         "Component -> global GPU ids: `all`, `N`, `a-b`, or comma lists of those; keys may join names "
         "(`actor,rollout: all` = collocated; components on one GPU set take turns on it, on disjoint sets they "
-        "stream; no `inference` entry: the actor computes the log-probs). See docs/placement.md.",
+        "stream; no `inference` entry: the actor computes the log-probs the algorithm needs, if any). See "
+        "docs/placement.md.",
     )
     ray_address: str = opt(
         "auto",

@@ -29,8 +29,8 @@ WORKER_ENV = {"PYTHONWARNINGS": "ignore::UserWarning,ignore::FutureWarning"}  # 
 
 @dataclass
 class Components:
-    """Everything a running job holds (see the module docstring). `inference` is None when the actor computes the
-    log-probs (`RunPlan.actor_logprobs`)."""
+    """Everything a running job holds (see the module docstring). `inference` is None when no inference workers
+    run (`RunPlan.inference_workers`)."""
 
     plan: RunPlan
     cluster: Cluster
@@ -52,9 +52,10 @@ class Components:
         return {name: groups[name] for name in names if groups[name] is not None}
 
     @property
-    def logprob_group(self) -> WorkerGroup:
-        """Who computes old / reference log-probs: the inference workers, or the actor (`RunPlan.actor_logprobs`)."""
-        return self.inference if self.inference is not None else self.actor
+    def logprob_group(self) -> WorkerGroup | None:
+        """Who computes old / reference log-probs: the inference workers, the actor, or nobody (no log-prob stage:
+        `RunPlan.logprob_component`)."""
+        return {"inference": self.inference, "actor": self.actor}.get(self.plan.logprob_component or "")
 
     @property
     def weight_receivers(self) -> dict[str, WorkerGroup]:
@@ -118,16 +119,19 @@ def reward_placement(placement: Placement) -> ComponentPlacement:
 
 def create_channels(plan: RunPlan, reward_processes: int) -> StepChannels:
     """The step's channels. Where a consumer starts only once its producer's phase ended (`RunPlan.buffers_steps`:
-    GPUs taken in turns, the actor's log-probs before its training, rollout run ahead) they buffer a step unbounded."""
+    GPUs taken in turns, the actor's log-probs before its training, rollout run ahead) they buffer a step unbounded.
+    Without a log-prob stage there is no scored channel: the reward workers feed the train channels."""
     run_id = uuid.uuid4().hex[:8]
     bound = {"maxsize": None} if plan.buffers_steps else {}
     comps = plan.placement.components
-    logprob = comps["actor"] if plan.actor_logprobs else comps["inference"]
+    stage = plan.logprob_component
+    feeders = comps[stage].dp if stage else reward_processes
     return StepChannels(
         rollouts=Channel.create(f"{run_id}-rollouts", RolloutGroup, num_producers=len(comps["rollout"].processes),
                                 **bound),
-        scored=Channel.create(f"{run_id}-scored", ScoredGroup, num_producers=reward_processes, **bound),
-        train=[Channel.create(f"{run_id}-train-{replica}", TrainBatch, num_producers=logprob.dp, **bound)
+        scored=Channel.create(f"{run_id}-scored", ScoredGroup, num_producers=reward_processes, **bound)
+        if stage else None,
+        train=[Channel.create(f"{run_id}-train-{replica}", TrainBatch, num_producers=feeders, **bound)
                for replica in range(plan.actor_dp)],
     )
 
@@ -143,12 +147,14 @@ class GroupRecipes:
     rollout_path: str
     locks: Any
     rounds: Any
+    pad_token_id: int = 0
 
     def arguments(self, name: str, channels: StepChannels) -> tuple[tuple, dict[str, Any]]:
         """The constructor arguments of group `name`'s workers."""
         cfg, plan, locks = self.cfg, self.plan, self.locks
         if name == "reward":
-            return (cfg, channels.rollouts, channels.scored, self.rounds), {}
+            direct = channels.train if plan.logprob_component is None else None  # no log-prob stage: to the actor
+            return (cfg, channels.rollouts, channels.scored, self.rounds, direct, self.pad_token_id), {}
         if name == "actor":
             return (cfg, self.model_path, channels.train, channels.scored if plan.actor_logprobs else None,
                     locks if plan.engines_share_actor else None), {}
@@ -205,7 +211,8 @@ def launch(cfg: Config, cluster: Cluster | None = None, on_connect: Callable[[],
         channels = create_channels(plan, len(reward_place.processes))
         locks = DeviceLocks.remote() if plan.device_locks else None
         rounds = SamplingRounds.remote() if plan.dynamic_sampling else None
-        recipes = GroupRecipes(cfg, plan, model_path, rollout_path, locks, rounds)
+        pad = tokenizer.pad_token_id
+        recipes = GroupRecipes(cfg, plan, model_path, rollout_path, locks, rounds, int(pad if pad is not None else 0))
         # The groups build their models at once; on shared GPUs, the engines start once the actor (or the inference
         # workers) sharing them have built their state (and the actor offloaded it).
         reward = start(RewardWorker, "reward", reward_place, cluster, *recipes.arguments("reward", channels)[0],
@@ -214,7 +221,7 @@ def launch(cfg: Config, cluster: Cluster | None = None, on_connect: Callable[[],
                       env=WORKER_ENV)
         if plan.engines_share_actor:
             actor.ready()
-        inference = None if plan.actor_logprobs else start(
+        inference = None if not plan.inference_workers else start(
             InferenceWorker, "inference", comps["inference"], cluster, *recipes.arguments("inference", channels)[0],
             env=WORKER_ENV)
         if plan.inference_shares_rollout:

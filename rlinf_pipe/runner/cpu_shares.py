@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.scheduler.placement import ComponentPlacement
 from rlinf_pipe.scheduler.worker_group import WorkerGroup
-from rlinf_pipe.workers.logprob_stage import computes_logprobs
+from rlinf_pipe.algorithms.logprob_needs import computes_logprobs
 
 
 def cpu_stages(cfg: Config) -> tuple[str, ...]:

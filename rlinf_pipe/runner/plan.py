@@ -2,7 +2,9 @@
 
 Everything that differs between placements is data here (whether the engines take turns with the actor on its
 GPUs, whether the actor computes the log-probs, the weight transport, rollout staleness, dynamic sampling); the runner
-picks its parts from it at start-up and the step takes them as parameters.
+picks its parts from it at start-up and the step takes them as parameters. Whether a log-prob stage runs at all
+depends on the algorithm (`rlinf_pipe.algorithms.logprob_needs`): without one, placed inference workers are not
+started (a warning says so) and the scored groups go straight to the actor.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rlinf_pipe.algorithms.advantages import advantage_scope, registered_advantages
+from rlinf_pipe.algorithms.logprob_needs import computes_logprobs, why_no_logprobs
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
-from rlinf_pipe.scheduler.placement import Placement, plan_placement
+from rlinf_pipe.scheduler.placement import Placement, format_ids, plan_placement
 from rlinf_pipe.utils.text import closest
 from rlinf_pipe.runner.weight_routes import WeightRoute, ipc_unreachable, weight_routes
 from rlinf_pipe.weights.transports import TRANSPORTS, Transport
@@ -28,6 +31,8 @@ class RunPlan:
     weight_routes: tuple[WeightRoute, ...]
     staleness: int
     dynamic_sampling: bool
+    logprob_stage: bool = True  # the algorithm needs a log-prob pass (old or reference log-probs)
+    idle_inference: str = ""  # why placed inference workers are not started (empty: they are, or none are placed)
 
     @property
     def engines_share_actor(self) -> bool:
@@ -35,19 +40,33 @@ class RunPlan:
         return self.placement.engines_share_actor
 
     @property
+    def inference_workers(self) -> bool:
+        """Inference workers run: placed, and the algorithm needs a log-prob pass."""
+        return self.logprob_stage and "inference" in self.placement.components
+
+    @property
     def actor_logprobs(self) -> bool:
-        """The actor computes the log-probs: no inference workers (`Placement.actor_logprobs`)."""
-        return self.placement.actor_logprobs
+        """The actor computes the log-probs: a log-prob pass is needed and no inference workers are placed
+        (`Placement.actor_logprobs`)."""
+        return self.logprob_stage and self.placement.actor_logprobs
+
+    @property
+    def logprob_component(self) -> str | None:
+        """Who runs the log-prob stage: `inference`, `actor`, or None (no stage: the reward workers feed the
+        actor's train channels)."""
+        if not self.logprob_stage:
+            return None
+        return "actor" if self.placement.actor_logprobs else "inference"
 
     @property
     def inference_shares_rollout(self) -> bool:
-        """Inference takes turns with the engines (`Placement.inference_shares_rollout`)."""
-        return self.placement.inference_shares_rollout
+        """Inference workers take turns with the engines (`Placement.inference_shares_rollout`)."""
+        return self.inference_workers and self.placement.inference_shares_rollout
 
     @property
     def collocated(self) -> bool:
         """Collocated mode: every GPU component on the same GPUs."""
-        return self.engines_share_actor and self.actor_logprobs
+        return self.engines_share_actor and not self.inference_workers
 
     @property
     def buffers_steps(self) -> bool:
@@ -59,8 +78,8 @@ class RunPlan:
     @property
     def device_locks(self) -> bool:
         """Some GPU set is taken in turns: the job needs the device locks, and its engines sleep between
-        generations (`Placement.rollout_time_shared`)."""
-        return self.placement.rollout_time_shared
+        generations."""
+        return self.engines_share_actor or self.inference_shares_rollout
 
     @property
     def actor_dp(self) -> int:
@@ -68,13 +87,24 @@ class RunPlan:
 
     @property
     def weight_receivers(self) -> tuple[str, ...]:
-        """The components that load weight versions: the engines, and the inference workers if there are any."""
-        return weight_receivers(self.placement)
+        """The components that load weight versions: the engines, and the inference workers if any run."""
+        return ("rollout", "inference") if self.inference_workers else ("rollout",)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """The placement's warnings, and the run's own (inference workers placed but not started)."""
+        return (*self.placement.warnings, *((self.idle_inference,) if self.idle_inference else ()))
 
 
-def weight_receivers(placement: Placement) -> tuple[str, ...]:
-    """The components that load weight versions: the engines, and the inference workers if there are any."""
-    return ("rollout",) if placement.actor_logprobs else ("rollout", "inference")
+def idle_inference_warning(cfg: Config, placement: Placement) -> str:
+    """Why the placed inference workers are not started (empty when they are, or none are placed)."""
+    if "inference" not in placement.components or computes_logprobs(cfg):
+        return ""
+    gpus = format_ids(placement.components["inference"].gpus)
+    return (f"inference (GPU(s) {gpus}) has nothing to compute: {why_no_logprobs(cfg)}; no inference workers are "
+            "started, the scored groups go straight to the actor and those GPUs sit idle. Remove `inference` from "
+            "cluster.component_placement to give them to rollout or actor, or set algorithm.compute_ref_logprobs: "
+            "true (the kl metric) or algorithm.n_minibatches > 1 (old log-probs recomputed)")
 
 
 def resolve_weight_transport(setting: str, placement: Placement, receivers: Sequence[str]) -> Transport:
@@ -115,10 +145,12 @@ def plan_run(cfg: Config, gpus_per_node: Sequence[int] | None = None) -> RunPlan
             "actor take turns on the same GPUs here, so rollout cannot run ahead; use 0, or place rollout and actor "
             "on different GPUs"
         )
-    receivers = weight_receivers(placement)
+    logprob_stage = computes_logprobs(cfg)
+    receivers = ("rollout", "inference") if logprob_stage and "inference" in placement.components else ("rollout",)
     transport = resolve_weight_transport(cfg.runner.weight_sync, placement, receivers)
     return RunPlan(
         placement=placement, weight_transport=transport,
         weight_routes=tuple(weight_routes(placement, transport, receivers)),
         staleness=cfg.runner.max_staleness, dynamic_sampling=cfg.algorithm.dynamic_sampling,
+        logprob_stage=logprob_stage, idle_inference=idle_inference_warning(cfg, placement),
     )

@@ -84,7 +84,7 @@ class Runner:
         change), open the run folder, launch the job."""
         plan = plan_run(cfg)
         resume_from = checkpoints.check_resume(cfg)  # one that cannot continue this run fails here, before Ray
-        for warning in plan.placement.warnings:
+        for warning in plan.warnings:
             log.warning("placement: %s (rlinf-pipe plan shows the placement; docs/placement.md)", warning)
         for warning in memory_report(cfg, plan.placement).warnings():
             log.warning("memory estimate: %s (rlinf-pipe plan shows the estimate; docs/memory.md)", warning)

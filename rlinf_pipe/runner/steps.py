@@ -4,6 +4,8 @@ and counts go out, metrics come back; the data streams through the channels.
     sync weights (version = step) -> prompts -> rollout -> [rollouts] -> reward -> [scored] -> log-probs
         -> [train/r] -> actor replica r (micro-batches; an optimizer step after each mini-batch)
 
+Without a log-prob stage (the algorithm needs no old or reference log-probs) the reward workers put into [train/r].
+
 Disaggregated: every stage runs at once on its own GPUs and the channels stream between them. Collocated: the
 rollout phase finishes before the actor phase takes the same GPUs. Partly shared placements mix the two (`Step`).
 """
@@ -58,11 +60,12 @@ class Step:
     """One step of any placement. Stages on GPUs of their own run at once and stream; where the engines take turns
     with the actor (`engines_share_actor`) the rollout phase ends before the actor's phase takes the GPUs; where
     the actor computes the log-probs (`logprob` is the actor) it does so before it trains. With `cpus`, a stage
-    done with the step lends its CPUs to those still working."""
+    done with the step lends its CPUs to those still working. `logprob` is who computes the log-probs (None: no
+    log-prob stage)."""
 
     weights: WeightSync
     schedule: RolloutSchedule
-    logprob: WorkerGroup
+    logprob: WorkerGroup | None
     actor: WorkerGroup
     actor_phase: ActorPhase
     engines_share_actor: bool
@@ -78,7 +81,8 @@ class Step:
         sync, generation = await sync_and_generate(self.weights, self.schedule, step, calls,
                                                    self.generate_beside_sync)
         by_actor = self.logprob is self.actor
-        logprob = None if by_actor else calls.start("logprob", self.logprob.all.logprob_step(step))
+        logprob = None if by_actor or self.logprob is None else calls.start("logprob",
+                                                                             self.logprob.all.logprob_step(step))
         if self.cpus is not None:
             for name, call in (("rollout", generation.rollout), ("inference", logprob)):
                 if call is not None:

@@ -14,8 +14,9 @@ MODE_REASONS = {
 }
 
 
-def render_plan(placement: Placement, memory: MemoryReport | None = None) -> str:
-    """The screen `rlinf-pipe plan` prints."""
+def render_plan(placement: Placement, memory: MemoryReport | None = None,
+                warnings: tuple[str, ...] | None = None) -> str:
+    """The screen `rlinf-pipe plan` prints (`warnings`: the run's, default the placement's)."""
     lines = [
         f"mode: {placement.mode} ({MODE_REASONS[placement.mode]})",
         f"cluster: {len(placement.gpus_per_node)} node(s), {placement.world_size} GPU(s)",
@@ -31,7 +32,8 @@ def render_plan(placement: Placement, memory: MemoryReport | None = None) -> str
     ]
     if memory is not None:
         lines += ["", *_memory(memory)]
-    warnings = [*placement.warnings, *(memory.warnings() if memory is not None else [])]
+    warnings = [*(placement.warnings if warnings is None else warnings),
+                *(memory.warnings() if memory is not None else [])]
     if warnings:
         lines += ["", *(f"warning: {w}" for w in warnings)]
     return "\n".join(lines)

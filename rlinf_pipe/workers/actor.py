@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlinf_pipe.algorithms.logprob_needs import needs_ref, old_is_current, recomputes_old
 from rlinf_pipe.algorithms.losses import policy_loss
 from rlinf_pipe.algorithms.terms import LossTerms
 from rlinf_pipe.config.schema import Config
@@ -32,15 +33,7 @@ from rlinf_pipe.scheduler.worker import Worker
 from rlinf_pipe.weights import WeightLayout, WeightSender, WeightVersion, plan_weight_layout
 from rlinf_pipe.weights.process_group import Rendezvous
 from rlinf_pipe.weights.transports import Transport, open_sender
-from rlinf_pipe.workers.logprob_stage import (
-    LogprobStage,
-    needs_ref,
-    old_is_current,
-    pad_token_id,
-    policy_options,
-    recomputes_old,
-    train_routing,
-)
+from rlinf_pipe.workers.logprob_stage import LogprobStage, pad_token_id, policy_options, train_routing
 from rlinf_pipe.workers.replica_input import ReplicaInputFailed, read_shared
 from rlinf_pipe.workers.step_channels import StepChannels
 from rlinf_pipe.workers.train_feed import OptimizerStep, TrainMicroBatch, TrainOp, train_ops

@@ -10,6 +10,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+from rlinf_pipe.algorithms.logprob_needs import needs_ref, recomputes_old
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.engines.policy import MegatronPolicy
 from rlinf_pipe.models.megatron_gpt import init_model_parallel
@@ -19,14 +20,7 @@ from rlinf_pipe.scheduler.worker import Worker
 from rlinf_pipe.weights import LoadedWeights, WeightLayout, WeightVersion
 from rlinf_pipe.weights.process_group import Rendezvous
 from rlinf_pipe.weights.transports import Transport
-from rlinf_pipe.workers.logprob_stage import (
-    LogprobStage,
-    needs_ref,
-    pad_token_id,
-    policy_options,
-    recomputes_old,
-    train_routing,
-)
+from rlinf_pipe.workers.logprob_stage import LogprobStage, pad_token_id, policy_options, train_routing
 from rlinf_pipe.workers.step_channels import StepChannels
 from rlinf_pipe.workers.weight_inbox import WeightInbox
 

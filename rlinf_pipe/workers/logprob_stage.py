@@ -33,30 +33,6 @@ def logprob_temperature(cfg: Config) -> float:
     return cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
 
 
-def recomputes_old(cfg: Config) -> bool:
-    """Whether the log-prob stage recomputes the old log-probs with the weights that sampled the step: only when
-    they are neither the sampling engine's (`runner.max_staleness` >= 1 takes those, the behaviour policy) nor the
-    trained policy's own (`old_is_current`)."""
-    return cfg.runner.max_staleness == 0 and cfg.algorithm.n_minibatches > 1
-
-
-def old_is_current(cfg: Config) -> bool:
-    """One optimizer step per step on samples of the weights being trained (`algorithm.n_minibatches: 1`,
-    `runner.max_staleness: 0`): the old policy is the policy at its update, so the loss takes the training
-    forward's own log-probs, detached, as the old ones (the PPO ratio is exactly 1) and no pass computes them."""
-    return cfg.runner.max_staleness == 0 and cfg.algorithm.n_minibatches == 1
-
-
-def needs_ref(cfg: Config) -> bool:
-    """Whether the step needs reference log-probs (a KL term, or the `kl` metric)."""
-    return cfg.algorithm.kl_coef > 0 or cfg.algorithm.compute_ref_logprobs
-
-
-def computes_logprobs(cfg: Config) -> bool:
-    """Whether the log-prob stage computes anything (old or reference log-probs); else it only packs batches."""
-    return recomputes_old(cfg) or needs_ref(cfg)
-
-
 def policy_options(cfg: Config) -> dict[str, Any]:
     """`MegatronPolicy` keywords every policy of a run shares."""
     dtype = None if cfg.actor.params_dtype == "auto" else cfg.actor.params_dtype

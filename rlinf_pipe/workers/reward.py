@@ -1,13 +1,16 @@
 """`RewardWorker`: the Ray worker of the `reward:` placement component, a `RewardPool` between two channels.
 
 Each step it scores the `RolloutGroup`s of the rollout channel and puts `ScoredGroup`s (rewards + advantages)
-into the scored channel. With dynamic sampling it offers each group to the job's `SamplingRounds` and passes on
-only the groups kept there.
+into the scored channel. A run without a log-prob stage (nothing to compute: `RunPlan.logprob_component` None)
+gives it the actor replicas' train channels instead: each scored group goes, packed as a `TrainBatch`, to the
+replica that trains its slot (`rlinf_pipe.data.routing`), one stage and one hop fewer. With dynamic sampling it
+offers each group to the job's `SamplingRounds` and passes on only the groups kept there.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -15,7 +18,9 @@ import msgspec
 from rlinf_pipe.algorithms.advantages import advantage_scope
 from rlinf_pipe.algorithms.scoring import RewardTally, score_groups
 from rlinf_pipe.config.schema import Config
-from rlinf_pipe.data.structs import RolloutGroup
+from rlinf_pipe.data.packing import pack_train_batch
+from rlinf_pipe.data.routing import TrainRouting
+from rlinf_pipe.data.structs import RolloutGroup, ScoredGroup
 from rlinf_pipe.engines.reward.pool import reward_pool
 from rlinf_pipe.scheduler.channel import Channel, StepEnd
 from rlinf_pipe.scheduler.worker import Worker
@@ -27,17 +32,41 @@ def advantage_options(cfg: Config) -> dict[str, Any]:
 
 
 class RewardWorker(Worker):
-    """Scores rollouts in a process pool with per-item timeouts (`reward.*`) and computes their advantages."""
+    """Scores rollouts in a process pool with per-item timeouts (`reward.*`) and computes their advantages. Its
+    output is the `scored` channel, or given `train` (no log-prob stage) the actor replicas' train channels, with
+    `pad_token_id` to pack the batches."""
 
-    def __init__(self, cfg: Config, rollouts: Channel, scored: Channel, sampling_rounds: Any = None):
+    def __init__(self, cfg: Config, rollouts: Channel, scored: Channel | None, sampling_rounds: Any = None,
+                 train: Sequence[Channel] | None = None, pad_token_id: int = 0):
         super().__init__()
+        if (scored is None) == (train is None):
+            raise ValueError("a reward worker writes either the scored channel or the train channels")
         self.pool = reward_pool(cfg.reward)
         self.rollouts, self.scored, self.sampling_rounds = rollouts, scored, sampling_rounds
+        self.train = None if train is None else list(train)
+        self.routing = None if train is None else TrainRouting(
+            cfg.data.rollout_batch_size, cfg.algorithm.n_minibatches, len(self.train))
+        self.pad_token_id = pad_token_id
         self.estimator, self.adv_options = cfg.algorithm.adv_estimator, advantage_options(cfg)
 
     def use_channels(self, channels: StepChannels) -> None:
-        """Score from `channels.rollouts` into `channels.scored` from now on (new channels after a lost worker)."""
+        """Score from `channels.rollouts` into `channels.scored` (or `channels.train`) from now on (new channels
+        after a lost worker)."""
         self.rollouts, self.scored = channels.rollouts, channels.scored
+        if self.train is not None:
+            self.train = list(channels.train)
+
+    async def _put(self, scored: ScoredGroup) -> None:
+        """Pass a scored group on: into the scored channel, or packed into the train channel of its slot's replica."""
+        if self.train is None:
+            await self.scored.aput(scored, weight=scored.num_sequences)
+            return
+        batch = pack_train_batch([scored], self.pad_token_id)
+        await self.train[self.routing.replica_of(scored.slot)].aput(batch, weight=batch.num_sequences)
+
+    def _end_output_step(self) -> None:
+        for channel in self.train if self.train is not None else [self.scored]:
+            channel.end_step()
 
     async def _slot(self, group: RolloutGroup, rewards: list[float]) -> int | None:
         """Where the group trains: its prompt's slot, or with dynamic sampling the slot it is kept in (None:
@@ -65,7 +94,7 @@ class RewardWorker(Worker):
                     continue
                 if streaming:
                     (scored,) = score_groups([group], [rewards], self.estimator, **self.adv_options)
-                    await self.scored.aput(msgspec.structs.replace(scored, slot=slot), weight=scored.num_sequences)
+                    await self._put(msgspec.structs.replace(scored, slot=slot))
                 else:
                     held.append((group, rewards, slot))
         if held:
@@ -73,14 +102,14 @@ class RewardWorker(Worker):
                 scored_groups = score_groups([g for g, _, _ in held], [r for _, r, _ in held], self.estimator,
                                              **self.adv_options)
                 for scored, (_, _, slot) in zip(scored_groups, held, strict=True):
-                    await self.scored.aput(msgspec.structs.replace(scored, slot=slot), weight=scored.num_sequences)
+                    await self._put(msgspec.structs.replace(scored, slot=slot))
         if end_step:
-            self.scored.end_step()
+            self._end_output_step()
         return tally
 
     def end_step(self) -> None:
-        """End the scored step (after the last dynamic-sampling round)."""
-        self.scored.end_step()
+        """End the output's step (after the last dynamic-sampling round)."""
+        self._end_output_step()
 
     def metrics(self) -> dict[str, float]:
         """Counters since start: items, correct, parse_failures, timeouts, errors, restarts, accuracy."""

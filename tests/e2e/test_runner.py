@@ -69,6 +69,8 @@ def run(config_name: str, out: Path, model: str, *overrides: str) -> Path:
 # The runs compared with `pipeline_run` take two optimizer steps per step (the groups' slots fix which share
 # one) and save after every step (the resume test starts from the first).
 COMPARED = ("algorithm.n_minibatches=2", "algorithm.compute_ref_logprobs=true", "runner.save_interval=1")
+# The three-stage pipeline: log-prob (inference) workers of their own, which COMPARED gives something to compute.
+THREE_STAGES = ("cluster.num_gpus_per_node=3", "cluster.component_placement={rollout: 0, inference: 1, actor: 2}")
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -79,7 +81,7 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def pipeline_run(tmp_path_factory, tiny_model) -> Path:
     # Step 1 runs under torch.profiler in every worker (which must change nothing of the training).
-    return run("tiny-grpo-megatron-pipeline", tmp_path_factory.mktemp("pipe"), tiny_model, *COMPARED,
+    return run("tiny-grpo-megatron-pipeline", tmp_path_factory.mktemp("pipe"), tiny_model, *COMPARED, *THREE_STAGES,
                "runner.profile_steps=[1]")
 
 
@@ -247,6 +249,27 @@ def test_tiny_default_learns(tmp_path, tiny_model):
     acc = [r["reward/accuracy"] for r in read_metrics(out / "metrics.jsonl")]
     first, last = sum(acc[:8]) / 8, sum(acc[-8:]) / 8
     assert last > first + 0.05, (first, last, acc)
+    # no log-prob pass is needed: the reward worker feeds the actor, which trains every sample of every step
+    spans = read_chrome_trace(out / "timeline.json")
+    assert {s.track for s in spans} == {"driver", "rollout/0", "reward/0", "actor/0"}
+    assert not [s for s in spans if s.name == "logprob"]
+    for step in range(24):
+        assert sum(s.args["sequences"] for s in spans if s.name == "train" and s.args["version"] == step) == 128
+
+
+@pytest.mark.slow
+def test_placed_inference_with_nothing_to_compute_is_not_started(tmp_path, tiny_model, caplog):
+    """Inference placed, but the algorithm needs no log-prob pass: a warning says so and how to change it, no
+    inference worker starts or receives weights, and the scored groups reach the actor straight from the reward
+    worker."""
+    with caplog.at_level("WARNING", logger="rlinf_pipe.runner.runner"):
+        out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *THREE_STAGES)
+    assert any("inference (GPU(s) 1) has nothing to compute" in r.getMessage() for r in caplog.records)
+    spans = read_chrome_trace(out / "timeline.json")
+    assert not any(s.track.startswith("inference") for s in spans)
+    assert {s.devices for s in spans if s.track == "actor/0"} == {(2,)}
+    assert [r["rollout/samples"] for r in read_metrics(out / "metrics.jsonl")] == [16, 16]
+    assert sum(s.args["sequences"] for s in spans if s.name == "train") == 32
 
 
 @pytest.mark.slow
@@ -293,7 +316,7 @@ def test_dynamic_sampling_trains_only_varied_groups(tmp_path, tiny_model):
     turns with the engine on GPU 0 (a hybrid placement): it takes the device group by group between the rounds'
     generations, and the two never compute on it at once."""
     out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, "algorithm.dynamic_sampling=true",
-              "algorithm.max_extra_rounds=2", "cluster.num_gpus_per_node=2",
+              "algorithm.max_extra_rounds=2", "cluster.num_gpus_per_node=2", "algorithm.compute_ref_logprobs=true",
               'cluster.component_placement={"rollout,inference": 0, actor: 1}')
     records = read_metrics(out / "metrics.jsonl")
     spans = read_chrome_trace(out / "timeline.json")
@@ -393,7 +416,7 @@ def test_lost_workers_of_every_kind_a_stop_signal_and_a_resume(tmp_path, tiny_mo
     saboteur.start()
     try:
         with pytest.raises(RunStopped) as stopped:
-            run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, "runner.max_steps=3",
+            run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, *THREE_STAGES, "runner.max_steps=3",
                 f"runner.max_restarts={len(KINDS)}", "runner.stop_grace_s=0", "runner.save_on_signal=true")
     finally:
         saboteur.stop()
@@ -427,8 +450,8 @@ def test_lost_workers_of_every_kind_a_stop_signal_and_a_resume(tmp_path, tiny_mo
     assert restarts[3]["resumed_from"] == str(run_dir / "checkpoints" / "step_000001")  # the lost actor's state
     assert all(r["resumed_from"].startswith("the actor's state") for r in restarts[:3])  # the others: in memory
 
-    resumed = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, "runner.max_steps=3",
-                  "runner.resume_dir=auto")
+    resumed = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, *THREE_STAGES,
+                  "runner.max_steps=3", "runner.resume_dir=auto")
     assert resumed == run_dir
     assert [e["event"] for e in json.loads((run_dir / "summary.json").read_text())["events"]] == [
         *["restart"] * len(KINDS), "stop", "resume"]
@@ -452,7 +475,8 @@ def load_benchmark(name: str):
 @pytest.mark.slow
 def test_the_pipeline_vs_collocated_benchmark_reports_finite_figures(pipeline_run, collocated_run):
     """benchmarks/pipeline_vs_collocated.py's figures and summary, computed from this module's runs of the two
-    modes (the script's own runs train the same two configs on 3 GPUs) and a small raw gloo baseline."""
+    modes (the script's own runs train the default pipeline and collocated mode on 2 GPUs) and a small raw gloo
+    baseline."""
     bench = load_benchmark("pipeline_vs_collocated")
     runs = {"pipeline": [bench.mode_figures(pipeline_run, 2, 1.0, 0, 2)],
             "collocated": [bench.mode_figures(collocated_run, 1, 1.0, 0, 2)]}
@@ -463,7 +487,7 @@ def test_the_pipeline_vs_collocated_benchmark_reports_finite_figures(pipeline_ru
     assert bench.job_cpu_s([], os.getpid()) > 0
     sync_bytes = int(runs["pipeline"][0]["weight_sync_bytes"])
     gloo, gloo_one = [bench.gloo_bytes_per_s(sync_bytes, 2, 2)], [bench.gloo_bytes_per_s(sync_bytes, 2, 1)]
-    args = argparse.Namespace(steps=2, warmup=0, repeats=1, gloo_iters=2, rollout_batch_size=4, staleness=0)
+    args = argparse.Namespace(steps=2, warmup=0, repeats=1, gloo_iters=2, rollout_batch_size=4, staleness=0, gpus=2)
     summary = json.loads(json.dumps(bench.summarise_runs(runs, gloo, gloo_one, args, time.perf_counter())))
     for key in ("pipeline_over_collocated_step_time", "scheduler_overhead_fraction", "weight_sync_bw_ratio_vs_gloo",
                 "weight_sync_bw_ratio_vs_gloo_one_receiver", "bubble_fraction"):

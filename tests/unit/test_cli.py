@@ -26,7 +26,7 @@ def test_plan_default_prints_grid_mode_and_parallelism(capsys):
     assert code == 0
     assert out.startswith("mode: disaggregated")
     grid_row = next(line for line in out.splitlines() if line.startswith("node 0"))
-    assert grid_row.split()[2:5] == ["R0", "I0", "A0"]
+    assert grid_row.split()[2:4] == ["R0", "A0"]
     assert any(line.split()[:2] == ["actor", "actor"] for line in out.splitlines())
 
 
@@ -61,7 +61,17 @@ def test_plan_collocated_cells_show_both_components(capsys):
 
 def test_plan_prints_warnings(capsys):
     code, out, _ = run_plan(capsys, "cluster.num_gpus_per_node=5")
-    assert code == 0 and "warning: GPU(s) 3-4 are not used" in out
+    assert code == 0 and "warning: GPU(s) 2-4 are not used" in out
+
+
+def test_plan_warns_that_inference_has_nothing_to_compute(capsys):
+    three = ["cluster.num_gpus_per_node=3", "cluster.component_placement={rollout: 0, inference: 1, actor: 2}"]
+    code, out, _ = run_plan(capsys, *three)
+    assert code == 0 and "warning: inference (GPU(s) 1) has nothing to compute" in out
+    code, out, _ = run_plan(capsys, *three, "algorithm.compute_ref_logprobs=true")
+    assert code == 0 and "warning" not in out
+    code, out, _ = run_plan(capsys, "--json", *three)
+    assert any(w.startswith("inference (GPU(s) 1) has nothing") for w in json.loads(out)["warnings"])
 
 
 def test_plan_json(capsys):

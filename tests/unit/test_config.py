@@ -19,8 +19,8 @@ def write(tmp_path: Path, text: str, name: str = "run") -> Path:
 
 def test_no_file_gives_the_embedded_tiny_pipeline_default():
     cfg = load_config()
-    assert cfg.cluster.component_placement == {"rollout": 0, "inference": 1, "actor": 2}
-    assert cfg.gpus_per_node() == [3] and cfg.rollout.model_path == cfg.actor.model_path == "tiny"
+    assert cfg.cluster.component_placement == {"rollout": 0, "actor": 1}
+    assert cfg.gpus_per_node() == [2] and cfg.rollout.model_path == cfg.actor.model_path == "tiny"
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in EXAMPLES.glob("*.yaml")))
@@ -136,7 +136,7 @@ def test_a_file_that_is_not_yaml_is_a_config_error(tmp_path, text):
     ("rollout.top_p=5", "rollout.top_p: 5.0 must be in (0, 1]"),
     ("rollout.top_p=0", "rollout.top_p: 0.0 must be in (0, 1]"),
     ("cluster.num_gpus_per_node=1000000000", "at most 1024 per node and 65536 in all are supported"),
-    ("cluster.num_nodes=30000", "3 GPUs on a node, 90000 in all"),
+    ("cluster.num_nodes=40000", "2 GPUs on a node, 80000 in all"),
 ])
 def test_values_that_would_fail_late_or_never_fail_at_load(override, expected):
     with pytest.raises(ConfigError) as info:
@@ -194,12 +194,12 @@ def test_mapping_override_replaces_instead_of_merging():
 def test_single_placement_key_override_merges():
     cfg = load_config(EXAMPLES, "tiny-grpo-megatron-pipeline",
                       ["cluster.num_gpus_per_node=4", "cluster.component_placement.actor=2-3"])
-    assert cfg.cluster.component_placement == {"rollout": 0, "inference": 1, "actor": "2-3"}
+    assert cfg.cluster.component_placement == {"rollout": 0, "actor": "2-3"}
 
 
 def test_single_placement_key_override_merges_into_the_default_and_whole_mappings_replace():
     assert load_config(overrides=["cluster.num_gpus_per_node=4", "cluster.component_placement.actor=2-3"]
-                       ).cluster.component_placement == {"rollout": 0, "inference": 1, "actor": "2-3"}
+                       ).cluster.component_placement == {"rollout": 0, "actor": "2-3"}
     collocated = load_config(EXAMPLES, "tiny-grpo-megatron")  # the file's mapping replaces the default one
     assert collocated.cluster.component_placement == {"actor,rollout": "all"}
     whole = load_config(overrides=['cluster.component_placement={"actor,rollout": all}'])

@@ -29,7 +29,7 @@ PLACEMENT_KEYS = ["actor", "rollout", "inference", "reward", "actor,rollout", "a
 GPU_COUNTS = ["cluster.num_gpus_per_node=4", "cluster.num_gpus_per_node=2", "cluster.num_gpus_per_node=[4,4]",
               "cluster.num_gpus_per_node=1000000000", "cluster.num_nodes=3"]
 VALID = [
-    [], ["runner.max_steps=5"], ["cluster.component_placement.actor=2"], ["runner.experiment_name=exp-${runner.seed}"],
+    [], ["runner.max_steps=5"], ["cluster.component_placement.actor=1"], ["runner.experiment_name=exp-${runner.seed}"],
     ["rollout.top_p=0.9"], ["algorithm.kl_coef=0.01"], ["reward.timeout_s=2.5"], ["runner.max_restarts=3"],
     ['cluster.component_placement={"actor,rollout": all}', "cluster.num_gpus_per_node=2"],
     ["data.arithmetic.operators=[+]"], ["runner.stop_grace_s=0"], ["runner.save_on_signal=true"],

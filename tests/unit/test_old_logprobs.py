@@ -1,4 +1,4 @@
-"""Where the loss's old log-probs come from (`rlinf_pipe.workers.logprob_stage.recomputes_old` / `old_is_current`):
+"""Where the loss's old log-probs come from (`rlinf_pipe.algorithms.logprob_needs.recomputes_old` / `old_is_current`):
 recomputed by the log-prob stage with the sampling weights (several optimizer steps per step), the sampling
 engine's (rollout ahead: the behaviour policy), or, with one optimizer step per step on the weights being
 trained, the training forward's own, detached, so the PPO ratio is exactly 1 and no pass computes them."""
@@ -12,7 +12,7 @@ from rlinf_pipe.algorithms.losses import policy_loss
 from rlinf_pipe.config import load_config
 from rlinf_pipe.data.structs import TrainBatch
 from rlinf_pipe.workers.actor import make_loss_fn
-from rlinf_pipe.workers.logprob_stage import old_is_current, recomputes_old
+from rlinf_pipe.algorithms.logprob_needs import old_is_current, recomputes_old
 
 
 @pytest.mark.parametrize("staleness,minibatches,recompute,current", [

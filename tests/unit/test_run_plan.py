@@ -11,6 +11,8 @@ from rlinf_pipe.runner.plan import plan_run, resolve_weight_transport
 from rlinf_pipe.runner.weight_routes import gathering_ranks
 
 COLLOCATED = ["cluster.num_gpus_per_node=1", 'cluster.component_placement={"actor,rollout": all}']
+REF = "algorithm.compute_ref_logprobs=true"  # gives a log-prob stage something to compute
+THREE = ["cluster.num_gpus_per_node=3", "cluster.component_placement={rollout: 0, inference: 1, actor: 2}"]
 
 
 def plan(*overrides: str):
@@ -21,10 +23,32 @@ def test_the_default_plan_is_the_tiny_pipeline():
     p = plan()
     assert (p.collocated, p.weight_transport, p.staleness, p.dynamic_sampling, p.actor_dp) == (
         False, "broadcast", 0, False, 1)
-    assert p.weight_receivers == ("rollout", "inference")
-    assert [(r.sender, r.receivers) for r in p.weight_routes] == [(0, (("rollout", 0), ("inference", 0)))]
+    assert (p.logprob_stage, p.logprob_component, p.inference_workers, p.actor_logprobs) == (False, None, False, False)
+    assert p.weight_receivers == ("rollout",) and p.warnings == ()
+    assert [(r.sender, r.receivers) for r in p.weight_routes] == [(0, (("rollout", 0),))]
     c = plan(*COLLOCATED)
     assert (c.collocated, c.weight_transport, c.weight_receivers) == (True, "ipc", ("rollout",))
+
+
+@pytest.mark.parametrize("overrides, stage", [
+    ([], None), ([REF], "inference"), (["algorithm.n_minibatches=2"], "inference"), (["algorithm.kl_coef=0.1"],
+                                                                                    "inference"),
+    (["runner.max_staleness=1"], None), (["runner.max_staleness=1", "algorithm.n_minibatches=2"], None),
+])
+def test_inference_workers_run_only_when_the_algorithm_needs_a_log_prob_pass(overrides, stage):
+    p = plan(*THREE, *overrides)
+    assert p.logprob_component == stage and p.inference_workers == (stage == "inference")
+    assert p.weight_receivers == (("rollout", "inference") if stage else ("rollout",))
+    if stage:
+        assert not p.warnings
+    else:  # placed but not started: the warning says why and what to change
+        (warning,) = p.warnings
+        assert warning.startswith("inference (GPU(s) 1) has nothing to compute") and "no inference workers" in warning
+        assert "Remove `inference`" in warning and "compute_ref_logprobs: true" in warning
+        assert ("sampling engine's" in warning) == ("runner.max_staleness=1" in overrides)
+    # without inference workers the actor computes what is needed, or nobody does
+    two = plan("cluster.num_gpus_per_node=2", "cluster.component_placement={rollout: 0, actor: 1}", *overrides)
+    assert two.logprob_component == ("actor" if stage else None) and two.actor_logprobs == bool(stage)
 
 
 @pytest.mark.parametrize("placement, shares, by_actor, receivers", [
@@ -35,13 +59,14 @@ def test_the_default_plan_is_the_tiny_pipeline():
 ])
 def test_partly_shared_placements_decide_who_takes_turns_and_who_computes_log_probs(placement, shares, by_actor,
                                                                                   receivers):
-    p = plan("cluster.num_gpus_per_node=2", f"cluster.component_placement={placement}")
+    p = plan("cluster.num_gpus_per_node=2", f"cluster.component_placement={placement}", REF)
     assert (p.engines_share_actor, p.actor_logprobs, p.collocated) == (shares, by_actor, False)
     assert p.device_locks == (shares or "rollout,inference" in placement)
     assert p.weight_receivers == receivers and p.weight_transport == "broadcast"  # auto: some receiver is apart
     assert p.buffers_steps  # a consumer waits for its producer's phase: the channels hold a step
     assert [member for route in p.weight_routes for member in route.receivers] == [(n, 0) for n in receivers]
     assert not plan().buffers_steps and plan("runner.max_staleness=1").buffers_steps
+    assert not plan(*THREE, REF).buffers_steps
 
 
 def test_staleness_needs_the_rollout_apart_from_the_actor_not_inference_workers():
