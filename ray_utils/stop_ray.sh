@@ -31,9 +31,26 @@ node_id_file="$(dirname "$head_ip_file")/ray_node_${RANK}_${HOSTNAME:-$(uname -n
     "give the RANK and RAY_HEAD_IP_FILE it was started with."
 node_id="$(tr -d '[:space:]' <"$node_id_file")"
 
-# The processes whose environment holds this node's id (grep -z reads each environ entry as one line).
+# The processes whose environment holds this node's id (grep -z reads each environ entry as one line), and every
+# descendant of theirs: a process a raylet starts while it is being stopped (it restarts its agents) may not carry
+# the id, and is found as its child instead.
 node_pids() {
-  grep -lxzs "RLINF_PIPE_RAY_NODE=${node_id}" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | grep -vx "$$" || true
+  local tagged
+  tagged="$(grep -lxzs "RLINF_PIPE_RAY_NODE=${node_id}" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 |
+    grep -vx "$$" || true)"
+  [ -n "$tagged" ] || return 0
+  if ! command -v ps >/dev/null 2>&1; then
+    echo "$tagged"
+    return 0
+  fi
+  ps -e -o pid=,ppid= | awk -v tagged="$tagged" -v self="$$" '
+    BEGIN { n = split(tagged, t, "\n"); for (i = 1; i <= n; i++) keep[t[i]] = 1 }
+    { parent[$1] = $2 }
+    END {
+      do { grew = 0; for (p in parent) if (!(p in keep) && (parent[p] in keep) && p != self) { keep[p] = 1; grew = 1 } }
+      while (grew)
+      for (p in keep) if (p in parent) print p
+    }'
 }
 
 pids="$(node_pids)"

@@ -122,10 +122,15 @@ def test_nodes_carry_rank_labels(cluster):
 
 
 def _command_lines(pids: list[int]) -> dict[int, str]:
+    """Each process's command line, parent and node tag (for a failure message)."""
     lines = {}
     for pid in pids:
         try:
-            lines[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            tags = [e for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                    if e.startswith(b"RLINF_PIPE_RAY_NODE=")]
+            lines[pid] = f"{cmdline.strip()[:160]} (state/ppid {stat[stat.rindex(')') + 2:].split()[:2]}, tag {tags})"
         except OSError:
             lines[pid] = "(gone)"
     return lines
