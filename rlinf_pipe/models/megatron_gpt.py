@@ -196,6 +196,7 @@ def build_gpt_model(
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+    from rlinf_pipe.models import megatron_rope
     from rlinf_pipe.models.megatron_sdpa import SdpaAttention
 
     if not ps.model_parallel_is_initialized():
@@ -211,6 +212,7 @@ def build_gpt_model(
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     # attention on torch's fused kernel, which also takes packed sequences (megatron_sdpa.py)
     spec.submodules.self_attention.submodules.core_attention = SdpaAttention
+    megatron_rope.install()  # (the rotary embedding: cos / sin once per forward, packed streams in one gather)
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,

@@ -22,6 +22,13 @@ import torch
 from torch import Tensor
 
 
+def packed_positions(cu_seqlens: Tensor, total: int) -> Tensor:
+    """Each stream token's position in its sequence (`cu_seqlens`: the sequences' boundaries, `total` tokens)."""
+    starts = cu_seqlens[:-1].long()
+    lengths = cu_seqlens[1:].long() - starts
+    return torch.arange(total, device=cu_seqlens.device) - torch.repeat_interleave(starts, lengths, output_size=total)
+
+
 @dataclass(frozen=True)
 class PackedRows:
     """Where the tokens of B right-padded rows go in a packed stream (see the module docstring).
@@ -73,7 +80,7 @@ class PackedRows:
         starts = torch.cumsum(sizes, 0) - sizes
         cu_seqlens = torch.cat([starts, starts[-1:] + sizes[-1:]]).to(torch.int32)
         total = int(cu_seqlens[-1])
-        positions = torch.arange(total, device=device) - torch.repeat_interleave(starts, sizes, output_size=total)
+        positions = packed_positions(cu_seqlens, total)
         columns = torch.arange(max(lengths), device=device)
         gather_valid = columns[None, :] < sizes[:, None]
         gather = torch.where(gather_valid, starts[:, None] + columns[None, :], starts[:, None])

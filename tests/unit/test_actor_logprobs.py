@@ -72,12 +72,14 @@ def test_a_loss_of_log_probs_only_matches_and_low_precision_logits_stay_low_prec
     y = logits.double().clone().requires_grad_(True)
     (_reference(y, ids)[0] * _weights()[0].double()).sum().backward()
     torch.testing.assert_close(x.grad.double(), y.grad, atol=1e-5, rtol=1e-4)
-    half = logits.bfloat16().requires_grad_(True)
-    lp = token_logprobs(half, ids, TEMP, VOCAB, chunk_bytes=4 * PADDED * 3)
-    assert lp.dtype == torch.float32
-    torch.testing.assert_close(lp.double(), _reference(logits.bfloat16().double(), ids)[0], atol=1e-4, rtol=1e-4)
-    lp.sum().backward()
-    assert half.grad.dtype == torch.bfloat16 and torch.isfinite(half.grad.float()).all()
+    for chunk_bytes in (4 * PADDED * 3, CHUNK_BYTES):  # chunked, and through log_softmax at once
+        half = logits.bfloat16().requires_grad_(True)
+        lp = token_logprobs(half, ids, TEMP, VOCAB, chunk_bytes=chunk_bytes)
+        assert lp.dtype == torch.float32
+        torch.testing.assert_close(lp.double(), _reference(logits.bfloat16().double(), ids)[0], atol=1e-4, rtol=1e-4)
+        lp.sum().backward()
+        assert half.grad.dtype == torch.bfloat16 and torch.isfinite(half.grad.float()).all()
+        assert torch.all(half.grad[..., VOCAB:] == 0)
 
 
 def test_bad_inputs():

@@ -10,7 +10,9 @@ its shard's part of the gradient of a full-vocabulary `log_softmax`.
 Memory: the positions are processed a chunk at a time (about `CHUNK_BYTES` of float32 working memory per chunk:
 whole sequences when one fits, else a run of positions of one sequence), so no float32 copy of the `[B, L, V]`
 logits ever exists; the backward pass recomputes each chunk's softmax from the logits (kept in their own dtype)
-and the per-position log-sum-exp, instead of storing float32 intermediates.
+and the per-position log-sum-exp, instead of storing float32 intermediates. Logits whose whole float32 copy fits in
+one chunk, without a TP group, take torch's fused `log_softmax` instead (fewer passes; the same values within float
+rounding).
 
 Alignment matches `TrainBatch`: `out[b, t]` is about token `input_ids[b, t]` given `input_ids[b, :t]`, computed
 from the logits at position `t - 1`; `out[:, 0]` is 0.
@@ -161,14 +163,18 @@ def _pad_first(values: Tensor) -> Tensor:
     return torch.cat([values.new_zeros(values.shape[0], 1), values], dim=1)
 
 
-def token_logprobs_and_entropy(
-    logits: Tensor, input_ids: Tensor, temperature: float = 1.0, vocab_size: int | None = None, tp_group: Any = None,
-    chunk_bytes: int = CHUNK_BYTES,
-) -> tuple[Tensor, Tensor]:
-    """`[B, L]` float32 log-probs `out[:, t] = log softmax(logits[:, t-1] / temperature)[input_ids[:, t]]` and the
-    entropies of those distributions; `out[:, 0] = 0`. `vocab_size`: the real vocabulary (columns at or past it
-    are masked; default every column). `tp_group`: the tensor-parallel group when `logits` are vocab shards.
-    Differentiable with respect to `logits`."""
+def _direct(logits: Tensor, targets: Tensor, temperature: float, vocab: int, with_entropy: bool
+            ) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (and entropies) through torch's fused `log_softmax`, for logits whose float32 copy is small: fewer
+    and faster kernels than the chunked function, the float32 log-probs kept for the backward."""
+    z = logits[:, :-1, :vocab].float()
+    logp = torch.log_softmax(z if temperature == 1.0 else z / temperature, dim=-1)
+    lp = logp.gather(-1, targets[..., None].long()).squeeze(-1)
+    return lp, (-(logp.exp() * logp).sum(dim=-1) if with_entropy else None)
+
+
+def _token_values(logits: Tensor, input_ids: Tensor, temperature: float, vocab_size: int | None, tp_group: Any,
+                  chunk_bytes: int, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
     if input_ids.shape != logits.shape[:2]:
         raise ValueError(
             f"input_ids {tuple(input_ids.shape)} must match the logits' [batch, seq] {tuple(logits.shape[:2])}"
@@ -176,17 +182,35 @@ def token_logprobs_and_entropy(
     vocab = _check(logits, temperature, vocab_size, tp_group)
     if logits.shape[1] < 2:
         zeros = logits.new_zeros(logits.shape[:2], dtype=torch.float32)
-        return zeros, zeros.clone()
-    lp, ent = _LogprobsEntropy.apply(logits, input_ids[:, 1:], temperature, vocab, tp_group, chunk_bytes)
-    return _pad_first(lp), _pad_first(ent)
+        return zeros, zeros.clone() if with_entropy else None
+    batch, length, _ = logits.shape
+    if tp_group is None and 4 * batch * (length - 1) * vocab <= chunk_bytes:
+        lp, ent = _direct(logits, input_ids[:, 1:], temperature, vocab, with_entropy)
+    else:
+        lp, ent = _LogprobsEntropy.apply(logits, input_ids[:, 1:], temperature, vocab, tp_group, chunk_bytes)
+    return _pad_first(lp), (_pad_first(ent) if with_entropy else None)
+
+
+def token_logprobs_and_entropy(
+    logits: Tensor, input_ids: Tensor, temperature: float = 1.0, vocab_size: int | None = None, tp_group: Any = None,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> tuple[Tensor, Tensor]:
+    """`[B, L]` float32 log-probs `out[:, t] = log softmax(logits[:, t-1] / temperature)[input_ids[:, t]]` and the
+    entropies of those distributions; `out[:, 0] = 0`. `vocab_size`: the real vocabulary (columns at or past it
+    are masked; default every column). `tp_group`: the tensor-parallel group when `logits` are vocab shards.
+    Differentiable with respect to `logits`. Without a TP group, logits whose float32 copy fits in `chunk_bytes` go
+    through torch's `log_softmax` at once; larger ones, and vocab shards, a chunk of positions at a time."""
+    lp, ent = _token_values(logits, input_ids, temperature, vocab_size, tp_group, chunk_bytes, True)
+    return lp, ent
 
 
 def token_logprobs(
     logits: Tensor, input_ids: Tensor, temperature: float = 1.0, vocab_size: int | None = None, tp_group: Any = None,
     chunk_bytes: int = CHUNK_BYTES,
 ) -> Tensor:
-    """The log-probs of `token_logprobs_and_entropy`. Differentiable."""
-    return token_logprobs_and_entropy(logits, input_ids, temperature, vocab_size, tp_group, chunk_bytes)[0]
+    """The log-probs of `token_logprobs_and_entropy` (the entropies are not computed where that can be avoided).
+    Differentiable."""
+    return _token_values(logits, input_ids, temperature, vocab_size, tp_group, chunk_bytes, False)[0]
 
 
 def token_entropy(

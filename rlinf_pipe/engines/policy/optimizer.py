@@ -134,7 +134,10 @@ class PolicyOptimizer:
                 f"sent {expected_micro_batches}: a call ran out of order (await every train_micro_batch before "
                 "calling optimizer_step)"
             )
-        finalize_model_grads([self.model], num_tokens=None)  # DP sum; embedding / layer-norm grads across stages
+        from megatron.core import parallel_state as ps
+
+        if dp_size > 1 or pp_size > 1 or ps.get_tensor_model_parallel_world_size() > 1:  # (alone: nothing to sum)
+            finalize_model_grads([self.model], num_tokens=None)  # DP sum; embedding / layer-norm grads across stages
         summary = self._summary(dp_size, is_last_stage, pp_size)
         denominator = summary["denominator"]
         if not denominator > 0:

@@ -75,7 +75,8 @@ class MegatronPolicy:
         logprob_max_tokens: token budget of a forward-only micro-batch (real tokens packed; rows x padded length
             otherwise).
         pack_sequences: run the model on each micro-batch's real tokens as one stream (`model_inputs`: the same
-            values within float rounding, no compute spent on padding); padded when False.
+            values within float rounding, no compute spent on padding; a batch without padding runs as it is);
+            padded when False.
         seed: torch / Megatron model-parallel RNG seed.
         load_weights: False keeps the random initialisation (the folder then needs only `config.json`; for
             memory and speed measurements at a real model's shape).
@@ -208,6 +209,10 @@ class MegatronPolicy:
             advantages=move(batch.advantages),
         )
 
+    def _packs(self, batch: TrainBatch) -> bool:
+        """Whether `batch` runs packed: with packing on and some padding to drop (full rows gain nothing from it)."""
+        return self.pack_sequences and not bool(batch.attention_mask.all())
+
     def _token_values(self, logits: Tensor, inputs: ModelInputs, temperature: float, with_entropy: bool
                       ) -> tuple[Tensor, Tensor | None]:
         """Log-probs (and entropies) `[B, L]` of the micro-batch's tokens from the model's logits; 0 at each row's
@@ -261,7 +266,7 @@ class MegatronPolicy:
         input_ids = batch.input_ids
         if input_ids.dim() != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must be a non-empty [batch, seq] tensor, got {tuple(input_ids.shape)}")
-        chunks, micro_batches = logprob_micro_batches(batch, self.logprob_max_tokens, self.pack_sequences, self.device)
+        chunks, micro_batches = logprob_micro_batches(batch, self.logprob_max_tokens, self._packs(batch), self.device)
 
         def factory(index: int) -> Callable:
             inputs = micro_batches[index]
@@ -314,7 +319,7 @@ class MegatronPolicy:
         temperature = self.temperature if temperature is None else temperature
         entropy_on = self.train_entropy if with_entropy is None else with_entropy
         dev_batch = self._to_device(batch)
-        inputs = (packed_inputs(dev_batch.input_ids, dev_batch.attention_mask, self.device) if self.pack_sequences
+        inputs = (packed_inputs(dev_batch.input_ids, dev_batch.attention_mask, self.device) if self._packs(batch)
                   else padded_inputs(dev_batch.input_ids, self.device))
         kept: list[LossTerms] = []
 
