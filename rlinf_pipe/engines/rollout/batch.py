@@ -15,7 +15,7 @@ import torch
 
 from rlinf_pipe.engines.rollout.engine import FinishReason
 from rlinf_pipe.engines.rollout.llama_forward import LlamaForward
-from rlinf_pipe.engines.rollout.sampling import select_tokens
+from rlinf_pipe.engines.rollout.sampling import row_uniforms, select_tokens
 
 
 @dataclass
@@ -55,6 +55,8 @@ class DecodeBatch:
         self.top_k = torch.tensor([r.top_k for r in rows], dtype=torch.long, device=device)
         self.top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=device)
         self.truncate = any(r.top_k > 0 or r.top_p < 1.0 for r in rows)  # else sampling skips the top-k/p sort
+        self.uniforms = row_uniforms([r.generator for r in rows], max(r.max_new_tokens for r in rows))
+        self.steps = 0  # tokens every row has sampled so far (rows start together and leave when done)
         self.cache: Any = lean.new_cache(len(rows), width + max(r.max_new_tokens for r in rows)) if lean else None
         self.logits: torch.Tensor | None = None
 
@@ -74,8 +76,9 @@ class DecodeBatch:
         """Sample one token for every row; return the rows that finished (removed from the batch)."""
         assert self.logits is not None, "prefill() first"
         tokens, logps = select_tokens(
-            self.logits, self.temperature, self.top_k, self.top_p, [r.generator for r in self.rows], self.truncate
+            self.logits, self.temperature, self.top_k, self.top_p, self.uniforms[:, self.steps], self.truncate
         )
+        self.steps += 1
         finished: list[SampleState] = []
         keep: list[int] = []
         for i, (row, tok, lp) in enumerate(zip(self.rows, tokens.tolist(), logps.tolist(), strict=True)):
@@ -97,6 +100,7 @@ class DecodeBatch:
             self.rows = [self.rows[i] for i in keep]
             self.mask, tokens = self.mask[index], tokens[index]
             self.temperature, self.top_k, self.top_p = self.temperature[index], self.top_k[index], self.top_p[index]
+            self.uniforms = self.uniforms[index.cpu()]
             if self.lean is not None:
                 self.cache.select(index)
             else:

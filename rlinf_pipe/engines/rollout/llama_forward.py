@@ -81,10 +81,12 @@ class _Layer:
 
 class KVCache:
     """Keys and values of every layer for a batch, `[rows, kv_heads, capacity, head_dim]` each; `length` positions
-    are filled (the same for every row: prompts are left-padded)."""
+    are filled (the same for every row: prompts are left-padded). `rope`: the rotary cosines and sines of every
+    position up to the capacity (`[capacity, head_dim]` each), when the model's rotary embedding is a plain table."""
 
-    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]):
-        self.keys, self.values = keys, values
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor],
+                 rope: tuple[torch.Tensor, torch.Tensor] | None = None):
+        self.keys, self.values, self.rope = keys, values, rope
         self.length = 0
 
     def select(self, rows: torch.Tensor) -> None:
@@ -119,6 +121,8 @@ class LlamaForward:
         self.model = model
         self.embed = inner.embed_tokens.weight
         self.rotary = inner.rotary_emb
+        # a plain table of positions: computed once per batch (dynamic variants depend on the positions asked for)
+        self.rotary_table = getattr(self.rotary, "rope_type", "default") == "default"
         self.final_norm, self.final_eps = inner.norm.weight, inner.norm.variance_epsilon
         self.lm_head = Projection(model.lm_head.weight)
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -157,7 +161,12 @@ class LlamaForward:
     def new_cache(self, rows: int, capacity: int) -> KVCache:
         shape = (rows, self.kv_heads, capacity, self.head_dim)
         like = self.embed
-        return KVCache([like.new_empty(shape) for _ in self.layers], [like.new_empty(shape) for _ in self.layers])
+        rope = None
+        if self.rotary_table:  # the model's own rotary module, once for every position (the same values)
+            cos, sin = self.rotary(like, torch.arange(capacity, device=like.device)[None])
+            rope = (cos[0], sin[0])
+        return KVCache([like.new_empty(shape) for _ in self.layers], [like.new_empty(shape) for _ in self.layers],
+                       rope)
 
     @torch.no_grad()
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -167,7 +176,7 @@ class LlamaForward:
         rows, new = ids.shape
         start, end = cache.length, cache.length + new
         x = F.embedding(ids, self.embed)
-        cos, sin = self.rotary(x, positions)
+        cos, sin = (cache.rope[0][positions], cache.rope[1][positions]) if cache.rope else self.rotary(x, positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         attend = self._attention_mask(mask.bool(), new)
         for layer, keys, values in zip(self.layers, cache.keys, cache.values, strict=True):
