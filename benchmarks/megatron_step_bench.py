@@ -114,7 +114,7 @@ class MegatronStep:
 
         p, b = self.policy, self.batch
         t0 = time.perf_counter()
-        inputs = (packed_inputs(b.input_ids, b.attention_mask, p.device) if p.pack_sequences
+        inputs = (packed_inputs(b.input_ids, b.attention_mask, p.device) if p._packs(b)
                   else padded_inputs(b.input_ids, p.device))
         lp, _ = p._token_values(inputs.run(p.model), inputs, 1.0, False)
         finalize(self.loss_fn(lp, None, b))
@@ -229,7 +229,7 @@ def main() -> None:
         "model": args.model, "arch": args.arch if args.model == "tiny" else {"warm": "qwen2"}.get(args.model, "llama"),
         "params": n_params,
         "batch": args.batch, "seq_len": int(batch.input_ids.shape[1]), "response_len": args.response_len,
-        "ragged": args.ragged, "packed": not args.padded,
+        "ragged": args.ragged, "packed": megatron.policy._packs(batch),  # (a batch without padding runs unpacked)
         "real_token_fraction": round(float(batch.attention_mask.float().mean()), 3),
         "repeats": args.repeats, "warmup": args.warmup, "threads": torch.get_num_threads(),
         "runtime_s": time.perf_counter() - start,
@@ -241,7 +241,7 @@ def main() -> None:
         m, h = med[f"megatron_{key}"], med[f"hf_{key}"]
         print(f"{label:<22}{m * 1e3:>10.2f}ms{h * 1e3:>10.2f}ms{m / h:>7.2f}x")
     print(f"{args.model} model ({n_params:,} parameters), batch {args.batch} x {summary['seq_len']} tokens "
-          f"({summary['real_token_fraction']:.0%} real, megatron {'packed' if not args.padded else 'padded'}), "
+          f"({summary['real_token_fraction']:.0%} real, megatron {'packed' if summary['packed'] else 'padded'}), "
           f"{args.repeats} repeats, {torch.get_num_threads()} threads, {summary['runtime_s']:.1f} s")
     if args.json:
         for key in ("step_s", "forward_s", "fwd_bwd_s", "optimizer_s"):
