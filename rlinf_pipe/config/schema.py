@@ -159,6 +159,12 @@ class RolloutConfig:
         None, "Sequences an engine decodes at once (SGLang's `max_running_requests`; null: SGLang's choice, 64 for the "
         "torch engine).", min=1,
     )
+    first_batch_size: int | None = opt(
+        None, "Torch engine: sequences in the first batch of a step's generation, where the engines stream to an actor "
+        "on other GPUs: a small first batch finishes early, so the actor starts training while the rest generate "
+        "(null: actor.micro_batch_size, one micro-batch). Not used where engines and actor take turns, or by SGLang "
+        "(continuous batching).", min=1,
+    )
     deterministic: bool = opt(
         False,
         "SGLang: deterministic inference, which also makes per-sample seeds reproducible (slower; without it SGLang "

@@ -161,9 +161,10 @@ class GroupRecipes:
         if name == "inference":
             return (cfg, self.model_path, channels.scored, channels.train, plan.actor_dp,
                     locks if plan.inference_shares_rollout else None), {}
-        if name == "rollout":
+        if name == "rollout":  # (a small first batch only where the actor trains while the engines generate)
+            first = None if plan.engines_share_actor else cfg.rollout.first_batch_size or cfg.actor.micro_batch_size
             return (cfg.rollout, self.rollout_path, sampling_params(cfg.rollout, cfg.algorithm.group_size),
-                    cfg.runner.seed, channels.rollouts, locks), {}
+                    cfg.runner.seed, channels.rollouts, locks, first), {}
         raise ValueError(f"no worker group {name!r}")
 
 

@@ -34,9 +34,10 @@ class RolloutWorker(Worker):
     """Generates prompt groups into the rollout channel; loads the weight versions the actor publishes."""
 
     def __init__(self, rollout: RolloutConfig, model_path: str, sampling: SamplingParams, run_seed: int,
-                 rollouts: Channel, locks: Any = None):
+                 rollouts: Channel, locks: Any = None, first_batch_size: int | None = None):
         super().__init__()
-        self.engine = build_engine(rollout, model_path, seed=run_seed + self.rank, collocated=locks is not None)
+        self.engine = build_engine(rollout, model_path, seed=run_seed + self.rank, collocated=locks is not None,
+                                   first_batch_size=first_batch_size)
         self.sampling, self.run_seed, self.rollouts, self.locks = sampling, run_seed, rollouts, locks
         self.inbox = WeightInbox(self.owner, read_hf_arch(model_path), self.tracer)
 

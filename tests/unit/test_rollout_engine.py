@@ -227,3 +227,19 @@ async def test_the_documented_echo_backend_is_an_engine() -> None:
     assert [s.response_ids for s in out["a"].samples] == [[4, 4], [4, 4]]
     await echo.update_weights([("w", torch.zeros(1))], version=3)
     assert echo.version == 3
+
+
+async def test_a_small_first_batch_finishes_its_requests_first_and_samples_the_same(model_path: Path) -> None:
+    """`first_batch_size`: the call's first batch holds only that many rows, so its requests come back first (here
+    request 0, whose rows are the longest and would finish last in one batch of all); every sample stays the same."""
+    requests = [req("0", PROMPTS[0], n=2, max_new_tokens=10, ignore_eos=True, seed=0)] + [
+        req(str(i), PROMPTS[i % 3], n=2, max_new_tokens=2, ignore_eos=True, seed=i) for i in range(1, 4)]
+    one_batch = TorchEngine(model_path, max_batch_size=8)
+    ramped = TorchEngine(model_path, max_batch_size=8, first_batch_size=2)
+    assert (one_batch.first_batch_size, ramped.first_batch_size) == (8, 2)
+    whole = [r async for r in one_batch.generate(requests)]
+    first = [r async for r in ramped.generate(requests)]
+    assert whole[-1].request_id == "0" and first[0].request_id == "0"
+    assert tokens({r.request_id: r for r in whole}) == tokens({r.request_id: r for r in first})
+    with pytest.raises(ValueError, match="first_batch_size"):
+        TorchEngine(model_path, first_batch_size=0)

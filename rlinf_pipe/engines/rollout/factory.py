@@ -24,9 +24,10 @@ def sampling_params(rollout: RolloutConfig, n: int) -> SamplingParams:
                           max_new_tokens=rollout.max_new_tokens, n=n)
 
 
-def build_engine(rollout: RolloutConfig, model_path: str, seed: int, collocated: bool) -> RolloutEngine:
+def build_engine(rollout: RolloutConfig, model_path: str, seed: int, collocated: bool,
+                 first_batch_size: int | None = None) -> RolloutEngine:
     """The engine of `rollout.backend` (`torch`: any device; `sglang`: GPU only) serving `model_path`; `seed` is
-    this engine's own (the run seed plus its rank)."""
+    this engine's own (the run seed plus its rank); `first_batch_size`: the torch engine's first batch of a call."""
     if rollout.backend == "torch":
         import torch
 
@@ -35,7 +36,8 @@ def build_engine(rollout: RolloutConfig, model_path: str, seed: int, collocated:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
         return TorchEngine(model_path, device=device, dtype=dtype, seed=seed,
-                           max_batch_size=rollout.max_running_requests or TORCH_MAX_RUNNING)
+                           max_batch_size=rollout.max_running_requests or TORCH_MAX_RUNNING,
+                           first_batch_size=first_batch_size)
     if rollout.backend == "sglang":
         from rlinf_pipe.engines.rollout.sglang_engine import SGLangEngine
 

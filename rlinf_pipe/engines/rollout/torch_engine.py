@@ -1,7 +1,9 @@
 """`TorchEngine`: a `RolloutEngine` over a plain HF causal LM, on any torch device.
 
 Samples (n per request) are queued in request order and run in static batches of up to `max_batch_size`
-rows (`DecodeBatch`): one prefill, then one KV-cached token per step, rows leaving as they finish. The forward
+rows (`DecodeBatch`): one prefill, then one KV-cached token per step, rows leaving as they finish. With
+`first_batch_size` the first batch of a `generate` call is that small, so that its requests finish early and the
+stages downstream (reward, the actor's first micro-batch) start while the rest generate. The forward
 passes run in the process's compute thread under a lock, so the event loop stays free: one thread hop for
 the prefill, then one per finishing row (the decode steps in between run in the same hop, an abort checked before
 each), and a request's result is yielded as soon as its last sample finishes. There is no continuous batching: a
@@ -52,7 +54,8 @@ class TorchEngine:
     folder's weights. `seed` seeds the source of request seeds for requests that give none. The forward passes
     run in the process's compute thread (`rlinf_pipe.utils.compute_thread`), so the event loop stays free and
     torch's intra-op threads form one OpenMP team; `cpu_threads` sets its thread count (default: what the worker
-    set, else 1).
+    set, else 1). `max_batch_size` rows decode at once; `first_batch_size` (default: the same) rows make the first
+    batch of each `generate` call (see the module docstring).
     """
 
     native_transports: tuple[str, ...] = ()
@@ -63,12 +66,14 @@ class TorchEngine:
         device: str | torch.device = "cpu",
         dtype: torch.dtype | str = torch.float32,
         max_batch_size: int = 64,
+        first_batch_size: int | None = None,
         version: int = 0,
         seed: int = 0,
         cpu_threads: int | None = None,
     ):
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if max_batch_size < 1 or (first_batch_size is not None and first_batch_size < 1):
+            raise ValueError(f"max_batch_size and first_batch_size must be >= 1, got {max_batch_size}, "
+                             f"{first_batch_size}")
         self.device = torch.device(device)
         self.compute = compute_thread(cpu_threads)
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
@@ -76,6 +81,7 @@ class TorchEngine:
         self.lean = LlamaForward.build(self.model)  # None: transformers' forward (not a Llama-family model)
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         self.max_batch_size = max_batch_size
+        self.first_batch_size = min(first_batch_size or max_batch_size, max_batch_size)
         self.eos_ids = frozenset(self._find_eos_ids(str(model_path)))
         pad = self.tokenizer.pad_token_id
         self.pad_id: int = pad if pad is not None else min(self.eos_ids, default=0)
@@ -131,6 +137,7 @@ class TorchEngine:
                 samples=[s for s in done[i] if s is not None],
             )
 
+        size = self.first_batch_size
         while queue:
             if aborted():
                 rows = [self._new_row(requests[i], i, k, seeds[i]) for i, k in queue]
@@ -140,7 +147,8 @@ class TorchEngine:
                     if (result := finish(row)) is not None:
                         yield result
                 break
-            chunk = [queue.popleft() for _ in range(min(self.max_batch_size, len(queue)))]
+            chunk = [queue.popleft() for _ in range(min(size, len(queue)))]
+            size = self.max_batch_size
             batch = DecodeBatch(
                 self.model, [self._new_row(requests[i], i, k, seeds[i]) for i, k in chunk], self.pad_id, self.device,
                 self.lean,
