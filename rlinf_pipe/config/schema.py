@@ -205,6 +205,15 @@ class ActorConfig:
         "over it trains alone.",
         min=1,
     )
+    max_micro_batch_size: int | None = opt(
+        None,
+        "Sequences a micro-batch may grow to when more groups are already waiting in the actor's channel (the actor "
+        "is behind the engines, e.g. once generation is done): it catches up in fewer, larger passes (still within "
+        "micro_batch_tokens). Where micro-batches split depends on arrival, which changes only float rounding (the "
+        "normalisation is exact, docs/pipeline.md). Size it for memory like micro_batch_size; never below "
+        "micro_batch_size. null: micro_batch_size (fixed).",
+        min=1,
+    )
     pack_sequences: bool = opt(
         True,
         "Run every Megatron forward of the run (training and log-probs) on each micro-batch's real tokens as one "

@@ -123,36 +123,41 @@ def _rows_of(batch: TrainBatch, rows: slice) -> TrainBatch:
 
 @dataclass
 class MicroBatcher:
-    """Collects arriving `TrainBatch`es into micro-batches: at most `micro_batch_size` sequences and, when
-    `max_tokens` is set, at most that many tokens (`tokens_of`: real tokens when `packed`, else rows x longest
-    row). A batch over either limit on its own (a group of long responses) is split by rows first
-    (`split_train_batch`); a single row over the token budget still trains, alone."""
+    """Collects arriving `TrainBatch`es into micro-batches of `micro_batch_size` sequences and, when `max_tokens` is
+    set, at most that many tokens (`tokens_of`: real tokens when `packed`, else rows x longest row). A batch over
+    either limit on its own (a group of long responses) is split by rows first (`split_train_batch`); a single row
+    over the token budget still trains, alone. With `max_size`, a batch added while more are `waiting` (already
+    arrived) does not complete a micro-batch before it holds `max_size` sequences: the reader catches up in fewer,
+    larger micro-batches, never over `max_size` (or the token budget)."""
 
     micro_batch_size: int
     max_tokens: int | None = None
     packed: bool = False
+    max_size: int | None = None
     pending: list[TrainBatch] = field(default_factory=list)
     pending_sequences: int = 0
     pending_width: int = 0
     pending_real: int = 0
 
-    def add(self, batch: TrainBatch) -> list[list[TrainBatch]]:
-        """Add a batch; returns the micro-batches (lists of batches) now complete."""
+    def add(self, batch: TrainBatch, waiting: bool = False) -> list[list[TrainBatch]]:
+        """Add a batch (`waiting`: more have arrived behind it); returns the micro-batches (lists of batches) now
+        complete."""
         width, real = int(batch.input_ids.shape[1]), int(batch.attention_mask.sum())
         too_many = batch.num_sequences > self.micro_batch_size
         if too_many or self._over(batch.num_sequences, width, real):
             pieces = split_train_batch(batch, self.micro_batch_size, self.max_tokens, self.packed)
             if len(pieces) > 1:
-                return [ready for piece in pieces for ready in self.add(piece)]
+                return [ready for piece in pieces for ready in self.add(piece, waiting)]
         ready = []
-        if self.pending and self._over(self.pending_sequences + batch.num_sequences, max(self.pending_width, width),
-                                       self.pending_real + real):
-            ready.append(self.flush())  # the new batch would break the token budget: send what is pending
+        rows = self.pending_sequences + batch.num_sequences
+        if self.pending and (self._over(rows, max(self.pending_width, width), self.pending_real + real)
+                             or (self.max_size is not None and rows > self.max_size)):
+            ready.append(self.flush())  # the new batch would break the token budget or max_size: send what is pending
         self.pending.append(batch)
         self.pending_sequences += batch.num_sequences
         self.pending_width = max(self.pending_width, width)
         self.pending_real += real
-        if self.pending_sequences >= self.micro_batch_size:
+        if self.pending_sequences >= (self.max_size if waiting and self.max_size else self.micro_batch_size):
             ready.append(self.flush())
         return ready
 

@@ -140,7 +140,8 @@ def _actor(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, c
     params = params_per_rank(shape, comp.tp, comp.pp)
     distributed_optimizer = comp.dp > 1
     master = 4 if dtype_bytes < 4 else 0
-    tokens = cfg.actor.micro_batch_tokens or cfg.actor.micro_batch_size * seq_len
+    rows = max(cfg.actor.max_micro_batch_size or 0, cfg.actor.micro_batch_size)  # (it grows to max when behind)
+    tokens = cfg.actor.micro_batch_tokens or rows * seq_len
     needs_ref = placement.actor_logprobs and (cfg.algorithm.kl_coef > 0 or cfg.algorithm.compute_ref_logprobs)
     return {
         "weights": params * dtype_bytes * (2 if needs_ref else 1),
@@ -179,7 +180,8 @@ def advice(memory: ComponentMemory) -> str:
     largest = max(parts, key=parts.__getitem__)
     keys = {
         "activations": {
-            "actor": "actor.micro_batch_tokens (or actor.micro_batch_size), actor.recompute: selective or full, "
+            "actor": "actor.micro_batch_tokens (or actor.micro_batch_size and max_micro_batch_size), actor.recompute: "
+                     "selective or full, "
                      "actor.tensor_parallel_size",
             "inference": "inference.max_tokens_per_batch or inference.tensor_parallel_size",
             "rollout": "rollout.max_running_requests",

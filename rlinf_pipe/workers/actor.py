@@ -85,6 +85,8 @@ class ActorWorker(Worker):
         self.train_channels = list(train)
         self.routing = train_routing(cfg, self.ranks.dp_size)
         self.micro_batch_size, self.micro_batch_tokens = a.micro_batch_size, a.micro_batch_tokens
+        most = a.max_micro_batch_size
+        self.max_micro_batch_size = None if most is None else max(most, a.micro_batch_size)
         self.pad_token_id = pad_token_id(model_path)
         self.bucket_bytes = cfg.runner.weight_bucket_mb << 20
         self.sender: WeightSender | None = None  # the weight transport's sending end, on a sending rank once opened
@@ -130,7 +132,8 @@ class ActorWorker(Worker):
                 self.rollback_point = (step, await self.compute.run(self.policy.capture_state))
         ops = None
         if self.ranks.is_input:
-            batcher = MicroBatcher(self.micro_batch_size, self.micro_batch_tokens, self.policy.pack_sequences)
+            batcher = MicroBatcher(self.micro_batch_size, self.micro_batch_tokens, self.policy.pack_sequences,
+                                   self.max_micro_batch_size)
             channel = self.train_channels[self.ranks.dp_rank]
             ops = train_ops(channel, self.routing, self.ranks.dp_rank, batcher, self.pad_token_id)
         result = TrainResult()

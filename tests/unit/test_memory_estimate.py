@@ -83,6 +83,11 @@ def test_what_the_examples_used_to_say_does_not_fit():
     estimate = _estimate("qwen2.5-1.5b-grpo-megatron-pipeline", "actor.micro_batch_tokens=null",
                          "actor.micro_batch_size=4", "actor.recompute=none", "actor.tensor_parallel_size=2")
     assert not estimate["actor"].fits and estimate["actor"].total > 2 * CAPACITY
+    # micro-batches that grow while the actor is behind (actor.max_micro_batch_size) are sized at their largest
+    fixed = _estimate("qwen2.5-1.5b-grpo-megatron-pipeline", "actor.micro_batch_tokens=null", "actor.micro_batch_size=1")
+    grown = _estimate("qwen2.5-1.5b-grpo-megatron-pipeline", "actor.micro_batch_tokens=null", "actor.micro_batch_size=1",
+                      "actor.max_micro_batch_size=4")
+    assert grown["actor"].per_gpu_bytes["activations"] > fixed["actor"].per_gpu_bytes["activations"]
 
 
 def test_each_knob_the_warning_names_lowers_the_estimate():

@@ -135,6 +135,21 @@ def test_micro_batcher_and_concat_keep_every_row():
                                                             advantages=[0.0], version=0, slot=7)], 0).slot == 7
 
 
+def test_micro_batches_grow_to_max_size_while_more_are_waiting():
+    """`max_size`: a batch added while more wait does not close a micro-batch before `max_size` sequences; one
+    added with nothing behind it closes at `micro_batch_size`; none ever exceeds `max_size` (nor a token budget)."""
+    a, b, c, d, e = (_batch(2, 5) for _ in range(5))
+    mb = MicroBatcher(2, max_size=5)
+    assert mb.add(a, waiting=True) == [] and mb.add(b, waiting=True) == []  # 4 rows, more behind: keep growing
+    assert mb.add(c, waiting=True) == [[a, b]]  # 6 rows would pass max_size 5: the 4 go first
+    assert mb.add(d) == [[c, d]]  # nothing behind d: closes at micro_batch_size
+    assert mb.add(e, waiting=True) == [] and mb.flush() == [e]
+    assert MicroBatcher(2).add(a, waiting=True) == [[a]]  # without max_size, waiting changes nothing
+    budget = MicroBatcher(2, max_tokens=20, max_size=8)  # 2 rows x 5 = 10 tokens a batch
+    assert budget.add(a, waiting=True) == [] and budget.add(b, waiting=True) == []
+    assert budget.add(c, waiting=True) == [[a, b]]  # 30 tokens would break the budget before max_size
+
+
 def _ragged(lengths: list[int]) -> TrainBatch:
     """A right-padded TrainBatch whose rows hold `lengths` real tokens (the last one a response token)."""
     width = max(lengths)
@@ -186,6 +201,25 @@ class ListChannel:
     async def aget(self):
         return self.items.pop(0) if self.items else StepEnd(0)
 
+    def qsize(self) -> int:
+        return len(self.items)
+
+
+class WavesChannel:
+    """A channel whose items arrive in waves: `qsize` counts what is left of the wave being read; the next wave
+    arrives when the reader asks for an item after the current one is used up."""
+
+    def __init__(self, waves: list[list]) -> None:
+        self.waves = [list(w) for w in waves]
+
+    async def aget(self):
+        while self.waves and not self.waves[0]:
+            self.waves.pop(0)
+        return self.waves[0].pop(0) if self.waves else StepEnd(0)
+
+    def qsize(self) -> int:
+        return len(self.waves[0]) if self.waves else 0
+
 
 async def _ops(items: list, routing: TrainRouting, replica: int, micro_batch_size: int = 1) -> list:
     channel = ListChannel([*items, StepEnd(0)])
@@ -214,6 +248,23 @@ async def test_train_feed_micro_batches_within_a_minibatch_only():
     ops = await _ops([_batch(2, 4, s) for s in (0, 2, 1, 3)], routing, replica=0, micro_batch_size=4)
     sizes = [op.batch.num_sequences if isinstance(op, TrainMicroBatch) else "step" for op in ops]
     assert sizes == [4, "step", 4, "step"]  # slots 0+1 together, 2+3 together, although 2 arrived before 1
+
+
+async def test_train_feed_merges_groups_that_are_already_waiting_up_to_max_size():
+    """With `max_micro_batch_size`, groups that arrived together train in micro-batches up to that size; a micro-batch
+    held back for groups of a later mini-batch trains before the reader waits for more."""
+    routing = TrainRouting(groups=6, n_minibatches=1, dp=1)
+    waves = [[_batch(2, 4, 0)], [_batch(2, 4, s) for s in (1, 2, 3, 4)], [_batch(2, 4, 5)]]
+    ops = [op async for op in train_ops(WavesChannel(waves), routing, 0, MicroBatcher(2, max_size=6), 0)]
+    sizes = [op.batch.num_sequences if isinstance(op, TrainMicroBatch) else "step" for op in ops]
+    assert sizes == [2, 6, 2, 2, "step"]  # alone; three of the four that came at once; the fourth; the last
+    fixed = [op async for op in train_ops(WavesChannel(waves), routing, 0, MicroBatcher(2), 0)]
+    assert [op.batch.num_sequences for op in fixed if isinstance(op, TrainMicroBatch)] == [2] * 6
+    two = TrainRouting(groups=4, n_minibatches=2, dp=1)  # slots 0, 1: mini-batch 0; 2, 3: mini-batch 1
+    waves = [[_batch(1, 4, 0), _batch(1, 4, 2)], [_batch(1, 4, 1), _batch(1, 4, 3)]]
+    ops = [op async for op in train_ops(WavesChannel(waves), two, 0, MicroBatcher(1, max_size=2), 0)]
+    parts = [[p.slot for p in op.parts] if isinstance(op, TrainMicroBatch) else "step" for op in ops]
+    assert parts == [[0], [1], "step", [2, 3], "step"]
 
 
 async def test_train_feed_with_fewer_groups_steps_every_minibatch():
