@@ -139,6 +139,10 @@ class MicroBatcher:
     pending_width: int = 0
     pending_real: int = 0
 
+    def __post_init__(self) -> None:
+        if self.max_size is not None:  # never below micro_batch_size
+            self.max_size = max(self.max_size, self.micro_batch_size)
+
     def add(self, batch: TrainBatch, waiting: bool = False) -> list[list[TrainBatch]]:
         """Add a batch (`waiting`: more have arrived behind it); returns the micro-batches (lists of batches) now
         complete."""

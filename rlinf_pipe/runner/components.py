@@ -176,6 +176,7 @@ def launch(cfg: Config, cluster: Cluster | None = None, on_connect: Callable[[],
     from rlinf_pipe.workers.actor import ActorWorker
     from rlinf_pipe.workers.dynamic_sampling import SamplingRounds
     from rlinf_pipe.workers.inference import InferenceWorker
+    from rlinf_pipe.workers.logprob_stage import pad_id_of
     from rlinf_pipe.workers.reward import RewardWorker
     from rlinf_pipe.workers.rollout import RolloutWorker
 
@@ -212,8 +213,7 @@ def launch(cfg: Config, cluster: Cluster | None = None, on_connect: Callable[[],
         channels = create_channels(plan, len(reward_place.processes))
         locks = DeviceLocks.remote() if plan.device_locks else None
         rounds = SamplingRounds.remote() if plan.dynamic_sampling else None
-        pad = tokenizer.pad_token_id
-        recipes = GroupRecipes(cfg, plan, model_path, rollout_path, locks, rounds, int(pad if pad is not None else 0))
+        recipes = GroupRecipes(cfg, plan, model_path, rollout_path, locks, rounds, pad_id_of(tokenizer))
         # The groups build their models at once; on shared GPUs, the engines start once the actor (or the inference
         # workers) sharing them have built their state (and the actor offloaded it).
         reward = start(RewardWorker, "reward", reward_place, cluster, *recipes.arguments("reward", channels)[0],

@@ -42,7 +42,7 @@ class RunPlan:
     @property
     def inference_workers(self) -> bool:
         """Inference workers run: placed, and the algorithm needs a log-prob pass."""
-        return self.logprob_stage and "inference" in self.placement.components
+        return runs_inference(self.placement, self.logprob_stage)
 
     @property
     def actor_logprobs(self) -> bool:
@@ -88,12 +88,22 @@ class RunPlan:
     @property
     def weight_receivers(self) -> tuple[str, ...]:
         """The components that load weight versions: the engines, and the inference workers if any run."""
-        return ("rollout", "inference") if self.inference_workers else ("rollout",)
+        return weight_receivers(self.placement, self.logprob_stage)
 
     @property
     def warnings(self) -> tuple[str, ...]:
         """The placement's warnings, and the run's own (inference workers placed but not started)."""
         return (*self.placement.warnings, *((self.idle_inference,) if self.idle_inference else ()))
+
+
+def runs_inference(placement: Placement, logprob_stage: bool) -> bool:
+    """Inference workers run: placed, and the algorithm needs a log-prob pass (`logprob_stage`)."""
+    return logprob_stage and "inference" in placement.components
+
+
+def weight_receivers(placement: Placement, logprob_stage: bool) -> tuple[str, ...]:
+    """The components that load weight versions: the engines, and the inference workers if any run."""
+    return ("rollout", "inference") if runs_inference(placement, logprob_stage) else ("rollout",)
 
 
 def idle_inference_warning(cfg: Config, placement: Placement) -> str:
@@ -146,7 +156,7 @@ def plan_run(cfg: Config, gpus_per_node: Sequence[int] | None = None) -> RunPlan
             "on different GPUs"
         )
     logprob_stage = computes_logprobs(cfg)
-    receivers = ("rollout", "inference") if logprob_stage and "inference" in placement.components else ("rollout",)
+    receivers = weight_receivers(placement, logprob_stage)
     transport = resolve_weight_transport(cfg.runner.weight_sync, placement, receivers)
     return RunPlan(
         placement=placement, weight_transport=transport,

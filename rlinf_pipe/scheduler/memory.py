@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from rlinf_pipe.algorithms.logprob_needs import needs_ref
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.engines.policy.logprobs import CHUNK_BYTES
 from rlinf_pipe.engines.rollout.factory import TORCH_MAX_RUNNING, memory_fraction
@@ -142,9 +143,9 @@ def _actor(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, c
     master = 4 if dtype_bytes < 4 else 0
     rows = max(cfg.actor.max_micro_batch_size or 0, cfg.actor.micro_batch_size)  # (it grows to max when behind)
     tokens = cfg.actor.micro_batch_tokens or rows * seq_len
-    needs_ref = placement.actor_logprobs and (cfg.algorithm.kl_coef > 0 or cfg.algorithm.compute_ref_logprobs)
+    with_ref = placement.actor_logprobs and needs_ref(cfg)
     return {
-        "weights": params * dtype_bytes * (2 if needs_ref else 1),
+        "weights": params * dtype_bytes * (2 if with_ref else 1),
         "grads": params * 4,
         "optimizer": params * (8 + master) / (comp.dp if distributed_optimizer else 1),
         "activations": training_activations(shape, tokens, min(seq_len, tokens), comp.tp, comp.pp,
@@ -155,7 +156,7 @@ def _actor(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, c
 def _inference(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, capacity: int,
                dtype_bytes: int, placement: Placement) -> dict[str, float]:
     params = params_per_rank(shape, comp.tp, comp.pp)
-    copies = 2 if cfg.algorithm.kl_coef > 0 or cfg.algorithm.compute_ref_logprobs else 1
+    copies = 2 if needs_ref(cfg) else 1
     return {
         "weights": params * dtype_bytes * copies,
         "activations": forward_activations(shape, cfg.inference.max_tokens_per_batch, comp.tp),

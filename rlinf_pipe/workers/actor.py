@@ -85,8 +85,7 @@ class ActorWorker(Worker):
         self.train_channels = list(train)
         self.routing = train_routing(cfg, self.ranks.dp_size)
         self.micro_batch_size, self.micro_batch_tokens = a.micro_batch_size, a.micro_batch_tokens
-        most = a.max_micro_batch_size
-        self.max_micro_batch_size = None if most is None else max(most, a.micro_batch_size)
+        self.max_micro_batch_size = a.max_micro_batch_size  # (MicroBatcher keeps it at least micro_batch_size)
         self.pad_token_id = pad_token_id(model_path)
         self.bucket_bytes = cfg.runner.weight_bucket_mb << 20
         self.sender: WeightSender | None = None  # the weight transport's sending end, on a sending rank once opened

@@ -44,11 +44,16 @@ def train_routing(cfg: Config, actor_dp: int) -> TrainRouting:
     return TrainRouting(cfg.data.rollout_batch_size, cfg.algorithm.n_minibatches, actor_dp)
 
 
+def pad_id_of(tokenizer: Any) -> int:
+    """The id batches are padded with: the tokenizer's pad token, else 0."""
+    pad = tokenizer.pad_token_id
+    return int(pad if pad is not None else 0)
+
+
 def pad_token_id(model_path: str) -> int:
     from transformers import AutoTokenizer
 
-    pad = AutoTokenizer.from_pretrained(model_path).pad_token_id
-    return int(pad if pad is not None else 0)
+    return pad_id_of(AutoTokenizer.from_pretrained(model_path))
 
 
 class LogprobStage:

@@ -19,11 +19,11 @@ from rlinf_pipe.algorithms.advantages import advantage_scope
 from rlinf_pipe.algorithms.scoring import RewardTally, score_groups
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.data.packing import pack_train_batch
-from rlinf_pipe.data.routing import TrainRouting
 from rlinf_pipe.data.structs import RolloutGroup, ScoredGroup
 from rlinf_pipe.engines.reward.pool import reward_pool
 from rlinf_pipe.scheduler.channel import Channel, StepEnd
 from rlinf_pipe.scheduler.worker import Worker
+from rlinf_pipe.workers.logprob_stage import train_routing
 from rlinf_pipe.workers.step_channels import StepChannels
 
 
@@ -44,8 +44,7 @@ class RewardWorker(Worker):
         self.pool = reward_pool(cfg.reward)
         self.rollouts, self.scored, self.sampling_rounds = rollouts, scored, sampling_rounds
         self.train = None if train is None else list(train)
-        self.routing = None if train is None else TrainRouting(
-            cfg.data.rollout_batch_size, cfg.algorithm.n_minibatches, len(self.train))
+        self.routing = None if train is None else train_routing(cfg, len(self.train))
         self.pad_token_id = pad_token_id
         self.estimator, self.adv_options = cfg.algorithm.adv_estimator, advantage_options(cfg)
 

@@ -145,6 +145,7 @@ def test_micro_batches_grow_to_max_size_while_more_are_waiting():
     assert mb.add(d) == [[c, d]]  # nothing behind d: closes at micro_batch_size
     assert mb.add(e, waiting=True) == [] and mb.flush() == [e]
     assert MicroBatcher(2).add(a, waiting=True) == [[a]]  # without max_size, waiting changes nothing
+    assert MicroBatcher(4, max_size=2).max_size == 4  # never below micro_batch_size
     budget = MicroBatcher(2, max_tokens=20, max_size=8)  # 2 rows x 5 = 10 tokens a batch
     assert budget.add(a, waiting=True) == [] and budget.add(b, waiting=True) == []
     assert budget.add(c, waiting=True) == [[a, b]]  # 30 tokens would break the budget before max_size
