@@ -165,6 +165,16 @@ class MicroBatcher:
             ready.append(self.flush())
         return ready
 
+    @property
+    def can_grow(self) -> bool:
+        """Whether a micro-batch may grow past `micro_batch_size` while more batches wait (`max_size` is set)."""
+        return self.max_size is not None
+
+    def flush_full(self) -> list[TrainBatch]:
+        """The pending batches as one micro-batch when they hold at least `micro_batch_size` sequences (one that grew
+        while more were waiting, once none are), else none."""
+        return self.flush() if self.pending_sequences >= self.micro_batch_size else []
+
     def _over(self, rows: int, width: int, real: int) -> bool:
         return self.max_tokens is not None and tokens_of(rows, width, real, self.packed) > self.max_tokens
 

@@ -18,7 +18,8 @@ The model of the estimate (docs/memory.md walks through it):
 
 Components that share a GPU set take turns on it, so each is checked on its own (the other's state is offloaded, or
 released by the engine, meanwhile; each other process on the set still holds its CUDA context); an actor that
-computes the log-probs (no inference workers) also holds the reference model.
+computes the log-probs (no inference workers) also holds the reference model. Inference workers placed for an
+algorithm with no log-prob pass are not started, so they have no estimate and hold no share of their GPUs.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from rlinf_pipe.algorithms.logprob_needs import needs_ref
+from rlinf_pipe.algorithms.logprob_needs import computes_logprobs, needs_ref
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.engines.policy.logprobs import CHUNK_BYTES
 from rlinf_pipe.engines.rollout.factory import TORCH_MAX_RUNNING, memory_fraction
@@ -126,11 +127,13 @@ def estimate_memory(cfg: Config, placement: Placement, shape: HfArch, capacity_b
     """The estimate of every GPU component of `placement` (see the module docstring)."""
     seq_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
     dtype_bytes = 4 if cfg.actor.params_dtype == "float32" else 2  # auto: bf16 on GPUs
-    sharing = {name: len(gpu_set.components) for gpu_set in placement.gpu_sets() for name in gpu_set.components}
+    started = {name for name in placement.components if name != "inference" or computes_logprobs(cfg)}
+    sharing = {name: len(started.intersection(gpu_set.components))
+               for gpu_set in placement.gpu_sets() for name in gpu_set.components}
     out: dict[str, ComponentMemory] = {}
     for name, comp in placement.components.items():
         estimate = {"actor": _actor, "inference": _inference, "rollout": _rollout}.get(name)
-        if comp.gpus and estimate is not None:
+        if comp.gpus and estimate is not None and name in started:
             kinds = estimate(cfg, comp, shape, seq_len, capacity_bytes, dtype_bytes, placement)
             out[name] = ComponentMemory(name, _bytes(kinds, sharing[name]), capacity_bytes)
     return out

@@ -62,14 +62,14 @@ async def train_ops(
         ready = waiting.pop(minibatch)  # groups of this mini-batch that arrived early
         while True:
             for i, batch in enumerate(ready):  # (with more in hand or in the channel a micro-batch may grow)
-                more = batcher.max_size is not None and (i + 1 < len(ready) or channel.qsize() > 0)
+                more = batcher.can_grow and (i + 1 < len(ready) or channel.qsize() > 0)
                 for micro_batch in batcher.add(batch, more):
                     yield TrainMicroBatch(tuple(micro_batch), pad_token_id)
             ready = []
             if ended or arrived[minibatch] >= routing.expected(minibatch, replica):
                 break
-            if batcher.pending_sequences >= batcher.micro_batch_size and not channel.qsize():
-                yield TrainMicroBatch(tuple(batcher.flush()), pad_token_id)  # grown while more were waiting
+            if not channel.qsize() and (grown := batcher.flush_full()):  # grown while more were waiting
+                yield TrainMicroBatch(tuple(grown), pad_token_id)
             item = await channel.aget()
             if isinstance(item, StepEnd):
                 ended = True

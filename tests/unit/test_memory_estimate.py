@@ -13,6 +13,7 @@ from rlinf_pipe.config import load_config
 from rlinf_pipe.models.known import known_config
 from rlinf_pipe.scheduler.memory import (
     GIB,
+    PROCESS_OVERHEAD,
     estimate_memory,
     gpu_capacity_bytes,
     layer_params,
@@ -135,3 +136,17 @@ def test_a_model_without_config_json_gives_a_reason_not_a_crash(tmp_path):
     report = memory_report(cfg, plan_placement(cfg))
     assert report.components == {} and "config.json" in report.note and report.warnings() == []
     assert "memory: no estimate (no config.json at" in render_plan(plan_placement(cfg), report)
+
+
+def test_inference_workers_that_do_not_start_have_no_estimate_and_no_share():
+    """Inference placed for an algorithm with no log-prob pass is not started: no estimate of its own, and the engine
+    on the same GPUs counts one process there (its CUDA context), not two."""
+    base = "qwen2.5-1.5b-grpo-megatron-pipeline"
+    assert "inference" in _estimate(base)  # 4 mini-batches a step: the old log-probs are recomputed
+    one_update = ("algorithm.n_minibatches=1",)
+    assert "inference" not in _estimate(base, *one_update)
+    assert "inference" in _estimate(base, *one_update, "algorithm.compute_ref_logprobs=true")
+    shared = ('cluster.component_placement={"rollout,inference": 0-23, actor: 24-31}',)
+    idle = _estimate(base, *one_update, *shared)["rollout"].per_gpu_bytes["activations"]
+    busy = _estimate(base, *one_update, *shared, "algorithm.compute_ref_logprobs=true")["rollout"].per_gpu_bytes
+    assert busy["activations"] - idle == pytest.approx(PROCESS_OVERHEAD, rel=1e-6)

@@ -144,6 +144,10 @@ def test_micro_batches_grow_to_max_size_while_more_are_waiting():
     assert mb.add(c, waiting=True) == [[a, b]]  # 6 rows would pass max_size 5: the 4 go first
     assert mb.add(d) == [[c, d]]  # nothing behind d: closes at micro_batch_size
     assert mb.add(e, waiting=True) == [] and mb.flush() == [e]
+    # once nothing more waits, a micro-batch that grew past micro_batch_size goes; a smaller one stays pending
+    one = _batch(1, 5)
+    assert mb.add(one, waiting=True) == [] and mb.flush_full() == [] and mb.add(a, waiting=True) == []
+    assert mb.flush_full() == [one, a] and mb.pending == [] and mb.can_grow and not MicroBatcher(2).can_grow
     assert MicroBatcher(2).add(a, waiting=True) == [[a]]  # without max_size, waiting changes nothing
     assert MicroBatcher(4, max_size=2).max_size == 4  # never below micro_batch_size
     budget = MicroBatcher(2, max_tokens=20, max_size=8)  # 2 rows x 5 = 10 tokens a batch
