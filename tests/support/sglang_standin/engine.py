@@ -137,6 +137,11 @@ class Engine:
             io_struct.ResumeMemoryOccupationReqInput(tags=tags), None))
 
     def shutdown(self):
+        """sglang kills its scheduler processes; here the scheduler task is cancelled, and run to its end when its
+        loop is idle (a task left pending is reported as destroyed when the loop is collected)."""
         self.is_shut_down = True
-        if self.scheduler.task is not None:
-            self.scheduler.task.cancel()
+        task = self.scheduler.task
+        if task is not None and not task.done():
+            task.cancel()
+            if not self.loop.is_running() and not self.loop.is_closed():
+                self.loop.run_until_complete(asyncio.wait([task]))
