@@ -3,7 +3,7 @@ single-process GRPO loop needs before its first step.
 
     python benchmarks/launch_time.py [--repeats 3] [--json]
 
-Ours: `python -m rlinf_pipe.cli train runner.max_steps=1` (the embedded default: the tiny pipeline on 3 virtual
+Ours: `python -m rlinf_pipe.cli train runner.max_steps=1` (the embedded default: the tiny pipeline on 2 virtual
 GPUs, a local Ray started by the job), its model already cached. Launch-to-first-step is the start of step 0 on
 the run's timeline minus the time the process was started; the script also reports the whole command's wall time.
 Baseline: a fresh Python process that imports torch and transformers, loads the same model folder and its

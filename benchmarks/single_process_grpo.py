@@ -10,10 +10,10 @@ PPO loss, one optimizer step a step, lr 2e-4):
   group size), in-process scoring (`rlinf_pipe.engines.reward.verify.score`, the verifier our reward workers run),
   GRPO advantages, then one forward + backward over the step's samples (old log-probs = the same forward,
   detached, as a loop with one update per batch may take them) and an AdamW step.
-- ours: `rlinf_pipe.runner.run` on the default config (3 virtual GPUs: the engine, the log-prob worker and the
-  Megatron actor in their own processes, the reward worker beside them). With one optimizer step a step the old
-  log-probs are the training forward's own and, with `kl_coef: 0`, no reference log-probs are computed (both as
-  in the plain loop); the override `algorithm.compute_ref_logprobs=true` adds the reference pass.
+- ours: `rlinf_pipe.runner.run` on the default config (2 virtual GPUs: the engine and the Megatron actor in their
+  own processes, the reward worker beside them). With one optimizer step a step the old log-probs are the
+  training forward's own and, with `kl_coef: 0`, no reference log-probs are computed (both as in the plain loop),
+  so no log-prob stage runs; the override `algorithm.compute_ref_logprobs=true` adds the reference pass.
 
 Completions per second = samples trained per step / the median step time over the steps after `warmup`. Each
 repeat runs both (alternating order); medians over repeats and the ratio are reported. With --json the last

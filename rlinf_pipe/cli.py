@@ -80,8 +80,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    cfg = load_cli_config(args)  # a config error shows before the
-    from rlinf_pipe.runner import run  # several seconds the driver stack takes to import
+    cfg = load_cli_config(args)  # a config error shows before anything starts
+    from rlinf_pipe.runner import run  # (light: the driver stack loads while Ray starts)
 
     run(cfg)
     return 0

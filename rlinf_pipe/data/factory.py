@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rlinf_pipe.config.schema import DataConfig
@@ -9,6 +10,7 @@ from rlinf_pipe.data.arithmetic import ArithmeticDataset, ArithmeticSpec
 from rlinf_pipe.data.datasets import FileDataset, PromptDataset, load_prompt_dataset
 from rlinf_pipe.data.errors import DataError
 from rlinf_pipe.data.gsm8k import load_gsm8k
+from rlinf_pipe.data.records import check_data_file
 from rlinf_pipe.data.sampler import PromptSampler
 from rlinf_pipe.data.structs import PromptItem
 from rlinf_pipe.data.templates import PromptRenderer
@@ -58,6 +60,17 @@ def build_prompt_dataset(data: DataConfig, tokenizer: Any, seed: int, source: st
         skip_malformed=data.skip_malformed,
         max_prompt_length=data.max_prompt_length,
     )
+
+
+def check_data_files(data: DataConfig, validates: bool) -> None:
+    """Raise DataError for a dataset file that is missing or has a suffix no reader takes (`data.dataset`, and
+    `data.val_dataset` when the run `validates`): cheap, so a run checks it before anything starts."""
+    sources = [("data.dataset", data.dataset)]
+    if validates and data.val_dataset != HELDOUT:
+        sources.append(("data.val_dataset", data.val_dataset))
+    for key, source in sources:
+        if source not in (ARITHMETIC, GSM8K):
+            check_data_file(Path(source), key)
 
 
 def split_validation(data: DataConfig, tokenizer: Any, seed: int, train: PromptDataset

@@ -25,17 +25,22 @@ def iter_records(path: Path, columns: Sequence[str] = ()) -> Iterator[tuple[str,
 
     `columns` are the keys the caller needs (parquet reads only those top-level columns).
     """
-    if not path.is_file():
-        problem = "is a folder, not a file" if path.is_dir() else "does not exist"
-        raise DataError(f"data.dataset: {path} {problem}; give a {', '.join(SUFFIXES)} file")
+    check_data_file(path)
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         return _iter_jsonl(path)
     if suffix == ".json":
         return _iter_json(path)
-    if suffix == ".parquet":
-        return _iter_parquet(path, columns)
-    raise DataError(f"data.dataset: {path} has an unsupported suffix {path.suffix!r}; use {', '.join(SUFFIXES)}")
+    return _iter_parquet(path, columns)
+
+
+def check_data_file(path: Path, key: str = "data.dataset") -> None:
+    """Raise DataError (naming the config `key`) unless `path` is a file with a suffix this module reads."""
+    if not path.is_file():
+        problem = "is a folder, not a file" if path.is_dir() else "does not exist"
+        raise DataError(f"{key}: {path} {problem}; give a {', '.join(SUFFIXES)} file")
+    if path.suffix.lower() not in SUFFIXES:
+        raise DataError(f"{key}: {path} has an unsupported suffix {path.suffix!r}; use {', '.join(SUFFIXES)}")
 
 
 def _check_object(location: str, value: Any) -> tuple[str, Record | RecordIssue]:

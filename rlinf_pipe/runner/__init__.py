@@ -1,6 +1,7 @@
 """The runner: one step loop for the disaggregated pipeline and the collocated mode (see docs/pipeline.md).
 
-`from rlinf_pipe.runner import run` loads the driver stack on first use; importing this package alone is light.
+`from rlinf_pipe.runner import run` is light (`rlinf_pipe.runner.entry`: the driver stack loads while Ray starts);
+`Runner` loads the driver stack on first use.
 """
 
 from __future__ import annotations
@@ -8,14 +9,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rlinf_pipe.runner.runner import Runner, run
+    from rlinf_pipe.runner.entry import run
+    from rlinf_pipe.runner.runner import Runner
 
 __all__ = ["Runner", "run"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from rlinf_pipe.runner import runner
+    if name == "run":
+        from rlinf_pipe.runner.entry import run
 
-        return getattr(runner, name)
+        return run
+    if name == "Runner":
+        from rlinf_pipe.runner.runner import Runner
+
+        return Runner
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -86,7 +86,7 @@ class Components:
 
     def stop_workers(self) -> None:
         """Stop every worker and helper actor of the job and this process's channel ends; the cluster (its
-        connection and GPU reservations) stays, for a relaunch (`launch(cfg, cluster)`)."""
+        connection and GPU reservations) stays, for a relaunch (`launch(cfg, cluster=cluster)`)."""
         import ray
 
         self.channels.abort()
@@ -168,31 +168,52 @@ class GroupRecipes:
         raise ValueError(f"no worker group {name!r}")
 
 
-def launch(cfg: Config, cluster: Cluster | None = None, on_connect: Callable[[], None] = lambda: None) -> Components:
-    """Start (or join) Ray, place and launch every group with its channels, open the weight transport's ends.
-    Given a `cluster` (a relaunch after `Components.stop_workers`), the groups go to the same nodes and GPUs, and
-    a failure leaves the cluster to its owner. `on_connect` runs once Ray is connected."""
-    from rlinf_pipe.scheduler.locks import DeviceLocks
-    from rlinf_pipe.workers.actor import ActorWorker
-    from rlinf_pipe.workers.dynamic_sampling import SamplingRounds
-    from rlinf_pipe.workers.inference import InferenceWorker
+@dataclass
+class DriverInputs:
+    """What the driver reads itself before it launches the workers: the model folders (the tiny model built on first
+    use), the prompts (training sampler and validation set) and the tokenizer's pad id."""
+
+    model_path: str
+    rollout_path: str
+    sampler: PromptSampler
+    val_prompts: list[PromptItem]
+    pad_token_id: int
+
+
+def driver_inputs(cfg: Config) -> DriverInputs:
+    """Resolve the model folders, load the tokenizer and build the prompt sets (a `ConfigError` or `DataError` for
+    unusable ones)."""
+    from transformers import AutoTokenizer
+
     from rlinf_pipe.workers.logprob_stage import pad_id_of
-    from rlinf_pipe.workers.reward import RewardWorker
-    from rlinf_pipe.workers.rollout import RolloutWorker
 
     model_path = run_model_path(cfg.actor.model_path, cfg)
     rollout_path = model_path if cfg.rollout.model_path in (None, cfg.actor.model_path) else run_model_path(
         cfg.rollout.model_path, cfg
     )
-    from transformers import AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     dataset = build_prompt_dataset(cfg.data, tokenizer, cfg.runner.seed)
     val_prompts: list[PromptItem] = []
     if cfg.runner.val_interval or cfg.runner.val_before_train:
         dataset, val_prompts = split_validation(cfg.data, tokenizer, cfg.runner.seed, dataset)
-    sampler = build_sampler(cfg.data, dataset, cfg.runner.seed)
+    return DriverInputs(model_path, rollout_path, build_sampler(cfg.data, dataset, cfg.runner.seed), val_prompts,
+                        pad_id_of(tokenizer))
 
+
+def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | None = None,
+           on_connect: Callable[[], None] = lambda: None) -> Components:
+    """Start (or join) Ray, place and launch every group with its channels, open the weight transport's ends.
+    `inputs` are read here unless given. Given a `cluster` (one started beside the driver's preparation, or a
+    relaunch after `Components.stop_workers`), the groups go to its nodes and GPUs, and a failure leaves the cluster
+    to its owner. `on_connect` runs once Ray is connected."""
+    from rlinf_pipe.scheduler.locks import DeviceLocks
+    from rlinf_pipe.workers.actor import ActorWorker
+    from rlinf_pipe.workers.dynamic_sampling import SamplingRounds
+    from rlinf_pipe.workers.inference import InferenceWorker
+    from rlinf_pipe.workers.reward import RewardWorker
+    from rlinf_pipe.workers.rollout import RolloutWorker
+
+    inputs = inputs or driver_inputs(cfg)
     owns_cluster = cluster is None
     cluster = cluster or Cluster(cfg)
     on_connect()
@@ -213,7 +234,7 @@ def launch(cfg: Config, cluster: Cluster | None = None, on_connect: Callable[[],
         channels = create_channels(plan, len(reward_place.processes))
         locks = DeviceLocks.remote() if plan.device_locks else None
         rounds = SamplingRounds.remote() if plan.dynamic_sampling else None
-        recipes = GroupRecipes(cfg, plan, model_path, rollout_path, locks, rounds, pad_id_of(tokenizer))
+        recipes = GroupRecipes(cfg, plan, inputs.model_path, inputs.rollout_path, locks, rounds, inputs.pad_token_id)
         # The groups build their models at once; on shared GPUs, the engines start once the actor (or the inference
         # workers) sharing them have built their state (and the actor offloaded it).
         reward = start(RewardWorker, "reward", reward_place, cluster, *recipes.arguments("reward", channels)[0],
@@ -239,6 +260,7 @@ def launch(cfg: Config, cluster: Cluster | None = None, on_connect: Callable[[],
         if owns_cluster:
             cluster.shutdown()
         raise
-    return Components(plan=plan, cluster=cluster, sampler=sampler, val_prompts=val_prompts, rollout=rollout,
+    return Components(plan=plan, cluster=cluster, sampler=inputs.sampler, val_prompts=inputs.val_prompts,
+                      rollout=rollout,
                       reward=reward, actor=actor, inference=inference, channels=channels, locks=locks,
                       sampling_rounds=rounds, recipes=recipes)

@@ -1,7 +1,10 @@
 """The runner: launches a job from its config, runs its steps (`rlinf_pipe.runner.steps`), writes what it
 measured, checkpoints and resumes.
 
-    run(cfg)   # = Runner.start(cfg).run() and shutdown: plan (before Ray), launch, open weights, resume, train
+    runner = Runner.start(cfg)   # prepare (plan, resume check, run folder, prompts), launch, open weights
+    runner.run(); runner.shutdown()   # resume, train, write what was measured
+
+`rlinf_pipe.runner.run(cfg)` does the same with the preparation beside Ray's start.
 """
 
 from __future__ import annotations
@@ -22,16 +25,16 @@ from rlinf_pipe.runner.devices import actor_phases
 from rlinf_pipe.runner.generation import DynamicSampling, PlainGeneration, RolloutSchedule
 from rlinf_pipe.runner.health import Health
 from rlinf_pipe.runner.outputs import previous_spans, run_summary, step_metrics, write_pictures
-from rlinf_pipe.runner.plan import plan_run
+from rlinf_pipe.runner.prepare import PreparedRun, prepare_run
 from rlinf_pipe.runner.progress import Progress
 from rlinf_pipe.runner.recovery import RecoveryFailed, lost_unit, replace_unit
-from rlinf_pipe.runner.run_dir import open_run_dir, record_event, write_config
+from rlinf_pipe.runner.run_dir import record_event
 from rlinf_pipe.runner.steps import Step
 from rlinf_pipe.runner.stop import StepAbandoned, StopSignals
 from rlinf_pipe.runner.validation import Validation
 from rlinf_pipe.runner.weight_sync import WeightSync
 from rlinf_pipe.scheduler import traffic
-from rlinf_pipe.scheduler.memory import memory_report
+from rlinf_pipe.scheduler.cluster import Cluster
 from rlinf_pipe.utils.metrics import MetricsWriter, json_safe
 from rlinf_pipe.utils.profiling import PROFILE_DIR, write_profile
 from rlinf_pipe.utils.timeline import STEP_SPAN
@@ -79,19 +82,14 @@ class Runner:
                                      sampling_params(cfg.rollout, r.val_k), r.seed, self.run_dir)
 
     @classmethod
-    def start(cls, cfg: Config, stop: StopSignals | None = None) -> Runner:
-        """Check the plan (before Ray starts; a memory estimate that does not fit is a warning naming the keys to
-        change), open the run folder, launch the job."""
-        plan = plan_run(cfg)
-        resume_from = checkpoints.check_resume(cfg)  # one that cannot continue this run fails here, before Ray
-        for warning in plan.warnings:
-            log.warning("placement: %s (rlinf-pipe plan shows the placement; docs/placement.md)", warning)
-        for warning in memory_report(cfg, plan.placement).warnings():
-            log.warning("memory estimate: %s (rlinf-pipe plan shows the estimate; docs/memory.md)", warning)
-        run_dir = open_run_dir(cfg, resume_from)
-        write_config(cfg, run_dir)
+    def start(cls, cfg: Config, stop: StopSignals | None = None, cluster: Cluster | None = None,
+              prepared: PreparedRun | None = None) -> Runner:
+        """Launch the job `prepare_run` readied (it runs here unless `prepared` is given: the plan is checked before
+        Ray starts), on `cluster` if given (its owner shuts it down), else on a Ray started or joined here."""
+        prepared = prepared or prepare_run(cfg)
         stop = stop or StopSignals(cfg.runner.stop_grace_s)
-        return cls(cfg, launch(cfg, on_connect=stop.reinstall), run_dir, resume_from, stop)
+        components = launch(cfg, prepared.inputs, cluster, on_connect=stop.reinstall)
+        return cls(cfg, components, prepared.run_dir, prepared.resume_from, stop)
 
     # --- the run -----------------------------------------------------------------------------------------------
     def run(self) -> Path:
@@ -287,7 +285,7 @@ class Runner:
                 unit = None
         if unit is None:
             self.c.stop_workers()
-            self.c = await asyncio.to_thread(launch, self.cfg, self.c.cluster)
+            self.c = await asyncio.to_thread(launch, self.cfg, None, self.c.cluster)
         self.assemble(self.c)
         await self.weights.open()
         if unit is not None and unit.group != "actor":  # the actor stayed: back to where the step began
@@ -332,15 +330,4 @@ class Runner:
         self.c.shutdown()
 
 
-def run(cfg: Config) -> Path:
-    """Run `cfg` end to end (starting or joining Ray, and leaving it as it was); returns the run folder. SIGINT and
-    SIGTERM stop it cleanly (`rlinf_pipe.runner.stop`): `RunStopped` says where and how to resume."""
-    with StopSignals(cfg.runner.stop_grace_s) as stop:
-        runner = Runner.start(cfg, stop)
-        try:
-            return runner.run()
-        finally:
-            runner.shutdown()
-
-
-__all__ = ["Runner", "run"]
+__all__ = ["Runner"]

@@ -262,7 +262,7 @@ def test_placed_inference_with_nothing_to_compute_is_not_started(tmp_path, tiny_
     """Inference placed, but the algorithm needs no log-prob pass: a warning says so and how to change it, no
     inference worker starts or receives weights, and the scored groups reach the actor straight from the reward
     worker."""
-    with caplog.at_level("WARNING", logger="rlinf_pipe.runner.runner"):
+    with caplog.at_level("WARNING", logger="rlinf_pipe.runner.prepare"):
         out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *THREE_STAGES)
     assert any("inference (GPU(s) 1) has nothing to compute" in r.getMessage() for r in caplog.records)
     spans = read_chrome_trace(out / "timeline.json")

@@ -57,3 +57,24 @@ def test_a_prompt_length_limit_below_the_generated_prompts_fails_when_the_datase
 
     with pytest.raises(DataError, match=r"arithmetic: prompt 0 .* over data.max_prompt_length=1; raise it"):
         build_prompt_dataset(DataConfig(max_prompt_length=1), tiny_tokenizer(), seed=1)
+
+
+def test_dataset_files_are_checked_without_reading_them(tmp_path):
+    """`check_data_files` (a run's preflight): a missing file or an unreadable suffix is a DataError naming its key;
+    the validation set only when the run validates; built-in sources need no file."""
+    from rlinf_pipe.data.errors import DataError
+    from rlinf_pipe.data.factory import check_data_files
+
+    good = tmp_path / "train.jsonl"
+    good.write_text('{"prompt": "1+1", "answer": "2"}\n')
+    check_data_files(DataConfig(), validates=True)  # arithmetic; val heldout
+    check_data_files(DataConfig(dataset=str(good), val_dataset="gsm8k"), validates=True)
+    with pytest.raises(DataError, match=r"data.dataset: .*missing.jsonl does not exist"):
+        check_data_files(DataConfig(dataset=str(tmp_path / "missing.jsonl")), validates=False)
+    with pytest.raises(DataError, match=r"data.dataset: .* is a folder"):
+        check_data_files(DataConfig(dataset=str(tmp_path)), validates=False)
+    wrong = DataConfig(dataset=str(good), val_dataset=str(tmp_path / "val.csv"))
+    check_data_files(wrong, validates=False)  # not read by this run
+    (tmp_path / "val.csv").write_text("x\n")
+    with pytest.raises(DataError, match=r"data.val_dataset: .*val.csv has an unsupported suffix '.csv'"):
+        check_data_files(wrong, validates=True)
