@@ -126,6 +126,7 @@ class Channel(Generic[T]):
             entry = end.buffer.pop()
             end.hand_over(entry)  # get() hands it over at once: credit and acknowledgement together
             return entry
+        end.report_taken()  # nothing to take now: what was taken goes to the producers before this get waits
         return end.buffer.next_marker()
 
     def get(self, timeout: float | None = None) -> T | StepEnd:

@@ -48,6 +48,8 @@ class ConsumerEnd:
         self._links: dict[str, _ProducerLink] = {}
         self._by_socket: dict[zmq.Socket, str] = {}
         self._handed: dict[str, list[int]] = {}  # producer -> seqs handed to the app, not yet reported
+        self._report_batch = max(1, spec.prefetch // 4)  # takes reported together (fewer wake-ups on both ends)
+        self._report_now = False  # the app asked for the takes to be reported
         self._node_id = ray.get_runtime_context().get_node_id()
         self._registry = registry()
         self._stopping = False
@@ -69,9 +71,20 @@ class ConsumerEnd:
 
     def hand_over(self, entry: Entry) -> None:
         """An entry was taken out of the buffer and handed to the app (`get`): its producer gets one more credit,
-        frees the capacity, counts it toward the end of its step, and may drop the copy kept for redelivery."""
-        self._handed.setdefault(entry.producer, []).append(entry.seq)
-        self._wakeup.wake()
+        frees the capacity, counts it toward the end of its step, and may drop the copy kept for redelivery. Takes
+        are reported together: once a quarter of `prefetch` of them wait, or when the app finds nothing more to
+        take (`report_taken`)."""
+        handed = self._handed.setdefault(entry.producer, [])
+        handed.append(entry.seq)
+        if len(handed) >= self._report_batch:  # the producer may be running short of credit
+            self.report_taken()
+
+    def report_taken(self) -> None:
+        """Have the I/O thread report the takes not yet reported (the app is about to wait: a step's end may hang
+        on them)."""
+        if self._handed and not self._report_now:
+            self._report_now = True
+            self._wakeup.wake()
 
     def endpoints(self) -> list[str]:
         """The producer addresses this consumer connected to (ipc on its node, tcp across nodes)."""
@@ -127,7 +140,8 @@ class ConsumerEnd:
                         self._wakeup.drain()
                     for producer, frames in received:
                         self._on_message(producer, frames)
-                    self._flush_updates()
+                    if self._report_now:
+                        self._flush_updates()
                     if now >= next_housekeeping:  # heartbeats and peer expiry, a few times per heartbeat
                         for link in self._links.values():
                             link.sock.send(wire.HEARTBEAT)
@@ -163,6 +177,7 @@ class ConsumerEnd:
             if link is not None:
                 link.sock.send_multipart([wire.CREDIT, wire.pack([seqs, seqs])])
         self._handed.clear()
+        self._report_now = False
 
     def _on_message(self, producer: str, frames: list[Any]) -> None:
         link = self._links[producer]
@@ -170,8 +185,10 @@ class ConsumerEnd:
         kind = frames[0].bytes
         state = self.buffer.producer(producer)
         if kind == wire.ITEM:
-            seq, step, weight = wire.unpack(frames[1].buffer)
-            self.buffer.add(Entry(producer, seq, step, weight, frames[2:]))
+            at = 2
+            for seq, step, weight, count in wire.unpack(frames[1].buffer):
+                self.buffer.add(Entry(producer, seq, step, weight, frames[at:at + count]))
+                at += count
         elif kind == wire.STEP_END:
             state.ended_through = max(state.ended_through, wire.unpack(frames[1].buffer))
         elif kind == wire.STATE:
@@ -191,6 +208,8 @@ class ConsumerEnd:
                 self._waiter.notify()
 
     def _close_sockets(self) -> None:
+        with self._waiter.lock:  # takes not yet reported: the producers must not hand them to other consumers
+            self._flush_updates()
         for link in self._links.values():
             try:
                 link.sock.send(wire.BYE, zmq.NOBLOCK)

@@ -32,6 +32,7 @@ from rlinf_pipe.scheduler.channel.registry import ChannelSpec, ProducerRecord, r
 
 log = logging.getLogger(__name__)
 COPY_THRESHOLD = 512 * 1024  # bytes: smaller frames are copied when sent (see `ProducerEnd.__init__`)
+BATCH_BYTES = 1024 * 1024  # items waiting for one consumer go in one message up to about this size (`_dispatch`)
 
 
 def endpoint_id(role: str) -> str:
@@ -53,6 +54,7 @@ class _OutItem:
     step: int
     weight: float
     frames: list[Any]
+    nbytes: int
     taken: bool = False  # taken out of a consumer's buffer (delivery may still be pending)
 
 
@@ -136,7 +138,7 @@ class ProducerEnd:
                 raise ChannelPeerError(problem + "; put() would block forever")
             return PENDING
         self._seq += 1
-        self._queue.append(_OutItem(self._seq, self._step, weight, frames))
+        self._queue.append(_OutItem(self._seq, self._step, weight, frames, sum(memoryview(f).nbytes for f in frames)))
         self._outstanding[self._step] = self._outstanding.get(self._step, 0) + 1
         self._untaken += weight
         self._step_has_items = True
@@ -264,16 +266,25 @@ class ProducerEnd:
         self._credits = deque(c for c in self._credits if c != cid)
 
     def _dispatch(self) -> None:
+        """Send queued items along the credits, in order. The items that the next credits in a row give to the same
+        consumer go in one message (up to `BATCH_BYTES`): a producer ahead of its consumers sends fewer, larger
+        messages, and each end wakes once for several items."""
         while self._queue and self._credits:
             cid = self._credits.popleft()
             link = self._consumers.get(cid)
             if link is None or link.dead:
                 continue
-            item = self._queue.popleft()
-            if self._send(cid, wire.ITEM, wire.pack([item.seq, item.step, item.weight]), *item.frames):
-                link.inflight[item.seq] = item
+            batch = [self._queue.popleft()]
+            size = batch[0].nbytes
+            while self._queue and self._credits and self._credits[0] == cid and size < BATCH_BYTES:
+                self._credits.popleft()
+                batch.append(self._queue.popleft())
+                size += batch[-1].nbytes
+            metas = wire.pack([[item.seq, item.step, item.weight, len(item.frames)] for item in batch])
+            if self._send(cid, wire.ITEM, metas, *(frame for item in batch for frame in item.frames)):
+                link.inflight.update((item.seq, item) for item in batch)
             else:
-                self._queue.appendleft(item)
+                self._queue.extendleft(reversed(batch))
 
     def _broadcast_markers(self) -> None:
         while self._ended and not self._outstanding.get(self._ended[0], 0):

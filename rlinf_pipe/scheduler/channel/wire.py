@@ -1,6 +1,8 @@
 """Message kinds between channel endpoints. Frame 0 is the kind; control payloads are msgpack.
 
-producer -> consumer: ITEM [meta(seq, step, weight), header, *buffers], STEP_END [step], STATE [ended, closed],
+producer -> consumer: ITEM [metas, then each item's frames: header, *buffers] (metas: one (seq, step, weight,
+                      frame count) per item; several items to one consumer share a message), STEP_END [step],
+                      STATE [ended, closed],
                       CLOSED [ended], HEARTBEAT
 consumer -> producer: HELLO [credit], CREDIT [taken seqs, delivered seqs], BYE, HEARTBEAT
 """
