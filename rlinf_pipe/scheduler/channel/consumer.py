@@ -26,6 +26,7 @@ from rlinf_pipe.scheduler.channel.registry import ChannelSpec, ProducerRecord, r
 
 REFRESH_S = 1.0  # how often the registry is asked for new producers
 EAGER_REFRESH_S = 0.02  # ... while producers are still missing
+REPORT_DELAY_S = 0.005  # takes are reported at the I/O thread's first wake-up this long after the first of them
 log = logging.getLogger(__name__)
 
 
@@ -50,6 +51,7 @@ class ConsumerEnd:
         self._handed: dict[str, list[int]] = {}  # producer -> seqs handed to the app, not yet reported
         self._report_batch = max(1, spec.prefetch // 4)  # takes reported together (fewer wake-ups on both ends)
         self._report_now = False  # the app asked for the takes to be reported
+        self._report_due: float | None = None  # when takes not yet reported are due at the latest
         self._node_id = ray.get_runtime_context().get_node_id()
         self._registry = registry()
         self._stopping = False
@@ -72,12 +74,15 @@ class ConsumerEnd:
     def hand_over(self, entry: Entry) -> None:
         """An entry was taken out of the buffer and handed to the app (`get`): its producer gets one more credit,
         frees the capacity, counts it toward the end of its step, and may drop the copy kept for redelivery. Takes
-        are reported together: once a quarter of `prefetch` of them wait, or when the app finds nothing more to
-        take (`report_taken`)."""
+        are reported together: once a quarter of `prefetch` of them wait, when the app finds nothing more to take
+        (`report_taken`), else at the I/O thread's first wake-up `REPORT_DELAY_S` after the first of them (within
+        half a heartbeat)."""
         handed = self._handed.setdefault(entry.producer, [])
         handed.append(entry.seq)
         if len(handed) >= self._report_batch:  # the producer may be running short of credit
             self.report_taken()
+        elif self._report_due is None:  # (no wake-up for it: the next message, or a heartbeat, wakes the I/O thread)
+            self._report_due = time.monotonic() + REPORT_DELAY_S
 
     def report_taken(self) -> None:
         """Have the I/O thread report the takes not yet reported (the app is about to wait: a step's end may hang
@@ -127,6 +132,8 @@ class ConsumerEnd:
         try:
             while not self._stopping and ray.is_initialized():  # Ray gone (shutdown): nothing left to serve
                 wait_s = min(self.spec.heartbeat_s / 2, max(0.0, next_refresh - time.monotonic()))
+                if self._report_due is not None:
+                    wait_s = min(wait_s, max(0.0, self._report_due - time.monotonic()))
                 events = dict(self._poller.poll(wait_s * 1000))
                 now = time.monotonic()
                 if now >= next_refresh:
@@ -140,7 +147,7 @@ class ConsumerEnd:
                         self._wakeup.drain()
                     for producer, frames in received:
                         self._on_message(producer, frames)
-                    if self._report_now:
+                    if self._report_now or (self._report_due is not None and now >= self._report_due):
                         self._flush_updates()
                     if now >= next_housekeeping:  # heartbeats and peer expiry, a few times per heartbeat
                         for link in self._links.values():
@@ -177,7 +184,7 @@ class ConsumerEnd:
             if link is not None:
                 link.sock.send_multipart([wire.CREDIT, wire.pack([seqs, seqs])])
         self._handed.clear()
-        self._report_now = False
+        self._report_now, self._report_due = False, None
 
     def _on_message(self, producer: str, frames: list[Any]) -> None:
         link = self._links[producer]
