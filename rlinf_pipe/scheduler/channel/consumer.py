@@ -50,8 +50,7 @@ class ConsumerEnd:
         self._by_socket: dict[zmq.Socket, str] = {}
         self._handed: dict[str, list[int]] = {}  # producer -> seqs handed to the app, not yet reported
         self._report_batch = max(1, spec.prefetch // 4)  # takes reported together (fewer wake-ups on both ends)
-        self._report_now = False  # the app asked for the takes to be reported
-        self._report_due: float | None = None  # when takes not yet reported are due at the latest
+        self._report_due: float | None = None  # when takes not yet reported are due (0.0: at once)
         self._node_id = ray.get_runtime_context().get_node_id()
         self._registry = registry()
         self._stopping = False
@@ -87,8 +86,8 @@ class ConsumerEnd:
     def report_taken(self) -> None:
         """Have the I/O thread report the takes not yet reported (the app is about to wait: a step's end may hang
         on them)."""
-        if self._handed and not self._report_now:
-            self._report_now = True
+        if self._handed and self._report_due != 0.0:
+            self._report_due = 0.0
             self._wakeup.wake()
 
     def endpoints(self) -> list[str]:
@@ -147,7 +146,7 @@ class ConsumerEnd:
                         self._wakeup.drain()
                     for producer, frames in received:
                         self._on_message(producer, frames)
-                    if self._report_now or (self._report_due is not None and now >= self._report_due):
+                    if self._report_due is not None and now >= self._report_due:
                         self._flush_updates()
                     if now >= next_housekeeping:  # heartbeats and peer expiry, a few times per heartbeat
                         for link in self._links.values():
@@ -184,7 +183,7 @@ class ConsumerEnd:
             if link is not None:
                 link.sock.send_multipart([wire.CREDIT, wire.pack([seqs, seqs])])
         self._handed.clear()
-        self._report_now, self._report_due = False, None
+        self._report_due = None
 
     def _on_message(self, producer: str, frames: list[Any]) -> None:
         link = self._links[producer]
