@@ -22,9 +22,12 @@ Reported (medians over steps, then over repeats; ratios paired within a repeat, 
 - bytes of data (tensors, arrays) through the driver per step (`driver_data_bytes_per_step`: the arguments of its
   worker-group calls and its channel ends; the training data streams from worker to worker, so this is 0), beside
   the bytes of training batches the actor replicas read from their train channels (`train_data_bytes_per_step`);
-- weight sync per version: time = the driver's `weight_sync` span (`timing/weight_sync`: from the calls going out
-  until every receiver has loaded the version: the rollout engines, and inference workers if any run) united with the actor's `publish_weights` span of that version (the object
-  store path publishes at the end of the previous step), bytes (`weight_sync/bytes`), bandwidth = bytes / time;
+- weight sync per version: time = for a version pushed as soon as it is trained (the pipeline over a group
+  transport), from the start of the actor's `publish_weights` span to the end of the last receiver's
+  `weight_sync` span (which starts when the bytes arrive: the rollout engines, and inference workers if any run);
+  otherwise the driver's `weight_sync` span (`timing/weight_sync`: from the calls going out until every receiver
+  has loaded the version) united with the actor's `publish_weights` span of that version (the object store path
+  publishes at the end of the previous step); bytes (`weight_sync/bytes`), bandwidth = bytes / time;
 - the ideal step of each mode for its measured work: max(longest stage's busy time, the CPU time every process
   of the job used per measured step (driver, workers, the reward pool; from the first measured step's start to
   the last one's end) / the cores this process may use), and `fraction_of_ideal` = ideal / measured step time
@@ -185,14 +188,7 @@ def mode_figures(run_dir: Path, receivers: int, wall: float, warmup: int, steps:
     spans = read_chrome_trace(run_dir / "timeline.json")
     analyses = [a for a in analyse(spans) if a.step >= warmup]
     timeline = summarise(analyses)
-    # Sync time of version v: the driver's `weight_sync` span (loading into every receiver) united with the actor's
-    # `publish_weights` span of v. The runner may publish inside the sync span or at the end of the previous step
-    # (while the actor still holds its devices); the union counts publishing once either way.
-    sync_s = median([
-        union_length([(s.start, s.end) for s in spans if s.args.get("version") == v and (
-            (s.name == "weight_sync" and s.track == "driver") or s.name == "publish_weights")]) or float("nan")
-        for v in range(warmup, steps)
-    ])
+    sync_s = median([sync_time(spans, v) for v in range(warmup, steps)])
     sync_bytes = median([r["weight_sync/bytes"] for r in records])
 
     def span_median(name: str, track_prefix: str) -> float:  # per-step time of one part of the sync
@@ -222,6 +218,19 @@ def mode_figures(run_dir: Path, receivers: int, wall: float, warmup: int, steps:
         "driver_data_bytes_per_step": median([r["driver/data_bytes"] for r in records]),
         "train_data_bytes_per_step": median([r["actor/train_data_bytes"] for r in records]),
     }
+
+
+def sync_time(spans: list, version: int) -> float:
+    """Seconds version `version` took to reach every receiver (see the module docstring)."""
+    mine = [s for s in spans if s.args.get("version") == version and s.name in ("weight_sync", "publish_weights")]
+    if any(s.track == "driver" and s.args.get("pushed") for s in mine):  # moved by the actor's send, no call between
+        moved = [s for s in mine if s.track != "driver"]
+        return max(s.end for s in moved) - min(s.start for s in moved)
+    # The driver's span (loading into every receiver) united with the actor's `publish_weights` span: the runner
+    # may publish inside the sync span or at the end of the previous step (while the actor still holds its
+    # devices); the union counts publishing once either way.
+    return union_length([(s.start, s.end) for s in mine if s.track == "driver" or s.name == "publish_weights"]) or (
+        float("nan"))
 
 
 @ray.remote(num_cpus=0)

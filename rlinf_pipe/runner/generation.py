@@ -40,10 +40,13 @@ class GenerationResult:
 @dataclass
 class GenerationCalls:
     """A step's running generation: `rollout` is done when the engines are idle again, `result` when every group is
-    scored (a `GenerationResult`)."""
+    scored (a `GenerationResult`); `weights`: the version the engines wait for before generating (None: the one
+    they hold); `ahead`: started during an earlier step."""
 
     rollout: asyncio.Future
     result: asyncio.Future
+    weights: int | None = None
+    ahead: bool = False
 
 
 async def _after(previous: asyncio.Future | None, call: Callable[[], Awaitable[Any]]) -> Any:
@@ -54,12 +57,16 @@ async def _after(previous: asyncio.Future | None, call: Callable[[], Awaitable[A
 
 
 class Generation(Protocol):
+    runs_ahead: bool  # whether a step's generation can start while the step before runs
+
     def start(self, step: int, prompts: list[PromptItem], calls: StageCalls, after: GenerationCalls | None = None,
               ahead: bool = False, weights: int | None = None) -> GenerationCalls: ...
 
 
 class PlainGeneration:
     """One rollout call (prompts sharded over the engines) and one scoring call (every reward process) a step."""
+
+    runs_ahead = True
 
     def __init__(self, rollout: WorkerGroup, reward: WorkerGroup):
         self.rollout, self.reward = rollout, reward
@@ -77,13 +84,15 @@ class PlainGeneration:
         async def result() -> GenerationResult:
             return GenerationResult(await scoring)
 
-        return GenerationCalls(rollout, asyncio.ensure_future(result()))
+        return GenerationCalls(rollout, asyncio.ensure_future(result()), weights, ahead)
 
 
 class DynamicSampling:
     """Rounds of rollout and scoring until the step keeps `len(prompts)` groups whose rewards vary, or
     `algorithm.max_extra_rounds` extra rounds are spent (see `rlinf_pipe.workers.dynamic_sampling`). Kept groups
     stream on to the log-prob stage while later rounds generate; every generated group counts in the rewards."""
+
+    runs_ahead = False
 
     def __init__(self, rollout: WorkerGroup, reward: WorkerGroup, rounds: Any, sampler: PromptSampler,
                  max_extra_rounds: int):
@@ -110,7 +119,7 @@ class DynamicSampling:
         if after is not None or ahead:
             raise ValueError("dynamic sampling cannot run a step ahead (runner.max_staleness must be 0)")
         rounds = calls.start("generate", self._run(step, prompts, weights))
-        return GenerationCalls(rounds, rounds)
+        return GenerationCalls(rounds, rounds, weights)
 
 
 class RolloutSchedule:
@@ -124,9 +133,10 @@ class RolloutSchedule:
         self.ahead: deque[GenerationCalls] = deque()
         self.states_before_ahead: deque[dict[str, Any]] = deque()  # the sampler's state before each ahead draw
 
-    async def finish_ahead(self, calls: StageCalls) -> None:
-        """Before a weight sync: wait until the engines finished every generation started ahead; their calls
-        become this step's (a failure fails it)."""
+    async def finish_ahead(self, calls: StageCalls, step: int) -> None:
+        """Before step `step`'s weight sync: wait until the engines finished every generation started ahead on an
+        older version (the sync must not load under them); every generation started ahead becomes a call of this
+        step (a failure fails it)."""
         for i, ahead in enumerate(self.ahead):
             if i == 0:  # this step's generation: its calls are the step's own
                 calls.adopt("rollout", ahead.rollout)
@@ -134,13 +144,36 @@ class RolloutSchedule:
             else:  # a later step's: the engines finish it before the sync; its scoring runs on into that step
                 calls.adopt(f"rollout_ahead_{i}", ahead.rollout)
                 calls.watch(f"reward_ahead_{i}", ahead.result)
-        if self.ahead:
-            await calls.until(*(ahead.rollout for ahead in self.ahead))
+        older = self.rollouts_before(step)
+        if older:
+            await calls.until(*older)
 
     async def engines_idle(self) -> None:
         """Wait until the engines finished the rollouts started ahead, e.g. before validating."""
         for ahead in list(self.ahead):
             await asyncio.shield(ahead.rollout)
+
+    def rollouts_before(self, version: int) -> list[asyncio.Future]:
+        """The rollout calls of the generations started ahead on versions older than `version` (the engines finish
+        them before they load it)."""
+        return [ahead.rollout for ahead in self.ahead if ahead.weights != version]
+
+    @property
+    def starts_next_early(self) -> bool:
+        """Whether `start_next` may start the next step's generation during a step (max_staleness 0, a generation
+        that can start ahead)."""
+        return self.staleness == 0 and self.generation.runs_ahead
+
+    def start_next(self, step: int, calls: StageCalls, current: GenerationCalls) -> None:
+        """During step `step - 1` (max_staleness 0, the weights pushed as soon as trained): start step `step`'s
+        generation now, after `current` (the running step's), waiting on the engines for version `step`. It is as
+        on-policy as if the driver asked for it at the step's start, and the engines begin it as soon as they hold
+        the version, with no call from the driver between the steps."""
+        if step >= self.max_steps:
+            return
+        self.states_before_ahead.append(self.sampler.state_dict())
+        self.ahead.append(self.generation.start(step, draw_prompts(self.sampler), calls, after=current, ahead=True,
+                                                weights=step))
 
     def draw(self) -> list[PromptItem] | None:
         """The prompts of the step about to start, or None when its generation was started ahead: drawn apart from

@@ -77,7 +77,8 @@ class Runner:
                                   r.verify_weights, self.tracer, phase, plan.engines_share_actor)
         lending = None if plan.staleness or plan.engines_share_actor else CpuLending(c.stages(cpu_stages(cfg)))
         self.steps = Step(self.weights, self.schedule, c.logprob_group, c.actor, phase, plan.engines_share_actor,
-                          r.max_steps, lending, generate_beside_sync=not plan.inference_shares_rollout)
+                          r.max_steps, lending, generate_beside_sync=not plan.inference_shares_rollout,
+                          profiled=frozenset(r.profile_steps))
         self.validation = Validation(c.val_prompts, r.val_interval, r.val_before_train, r.max_steps, r.val_k,
                                      sampling_params(cfg.rollout, r.val_k), r.seed, self.run_dir)
 
@@ -151,7 +152,7 @@ class Runner:
         try:
             while step < cfg.max_steps and not self.stop.requested:
                 try:
-                    self.sampler_at_step = self.c.sampler.state_dict()
+                    self.sampler_at_step = self.schedule.sampler_state()  # (before prompts drawn ahead)
                     metrics = await self.stop.or_abandon(self.health.guard(self.validate(step)))
                     metrics |= await self.stop.or_abandon(self.health.guard(self.step(step)))
                     writer.write(step, metrics)
@@ -193,7 +194,8 @@ class Runner:
             raise
         if profiled:
             await self.write_profiles(step)
-        self.tracer.add(STEP_SPAN, started, time.time(), step=step, version=step)
+        self.tracer.add(STEP_SPAN, started, time.time(), step=step, version=step,
+                        generation_started_ahead=outcome.started_ahead)
         spans = await self.collect_spans()
         self.spans += spans
         return {**step_metrics(outcome, spans, traffic.total_bytes() - sent_before),

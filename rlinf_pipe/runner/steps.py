@@ -6,13 +6,15 @@ and counts go out, metrics come back; the data streams through the channels.
 
 Without a log-prob stage (the algorithm needs no old or reference log-probs) the reward workers put into [train/r].
 
-Disaggregated: every stage runs at once on its own GPUs and the channels stream between them. Collocated: the
+Disaggregated: every stage runs at once on its own GPUs and the channels stream between them, and the version a step
+trains moves into the receivers as soon as its training ends (`WeightSync.push`). Collocated: the
 rollout phase finishes before the actor phase takes the same GPUs. Partly shared placements mix the two (`Step`).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from rlinf_pipe.runner.cpu_shares import CpuLending
@@ -26,11 +28,13 @@ from rlinf_pipe.workers.actor import TrainResult
 
 @dataclass
 class StepOutcome:
-    """What the driver learned in a step: weight-sync bytes, the generation's counts, each replica's training."""
+    """What the driver learned in a step: weight-sync bytes, the generation's counts, each replica's training, and
+    whether its generation was started during an earlier step (run ahead, or started early)."""
 
     sync: dict[str, float]
     generation: GenerationResult
     train: list[TrainResult]
+    started_ahead: bool = False
 
 
 async def sync_and_generate(weights: WeightSync, schedule: RolloutSchedule, step: int, calls: StageCalls,
@@ -72,10 +76,17 @@ class Step:
     max_steps: int
     cpus: CpuLending | None = None
     generate_beside_sync: bool = True  # false: inference takes turns with the engines (it loads on their GPUs)
+    profiled: Collection[int] = ()  # steps whose generation starts with the step (so does their profiler)
+
+    @property
+    def pushes_weights(self) -> bool:
+        """Whether the step pushes the version it trains into the receivers as soon as it is trained
+        (`WeightSync.push`): not where the receivers load on the engines' GPUs, which they take turns with."""
+        return self.weights.pushes and self.generate_beside_sync
 
     async def run(self, step: int) -> StepOutcome:
         calls = StageCalls()
-        await self.schedule.finish_ahead(calls)  # max_staleness 1: the engines finish the rollout started ahead
+        await self.schedule.finish_ahead(calls, step)  # max_staleness 1: the engines finish the rollouts ahead
         if self.cpus is not None:
             self.cpus.start_step()  # (before the step's calls go out)
         sync, generation = await sync_and_generate(self.weights, self.schedule, step, calls,
@@ -93,7 +104,13 @@ class Step:
             if by_actor:  # before any update; meanwhile the engines on other GPUs go on generating
                 await calls.until(calls.start("logprob", self.actor.all.logprob_step(step)))
             train = calls.start("train", self.actor.replicas.train_step(step))
+            if self.pushes_weights and step + 1 < self.max_steps:  # (the next step's sync collects it)
+                idle = {"rollout": [generation.rollout, *self.schedule.rollouts_before(step + 1)],
+                        "inference": [logprob] if logprob is not None else []}
+                calls.watch("weight_push", self.weights.push(step + 1, idle))
+                if self.schedule.starts_next_early and step + 1 not in self.profiled:  # on the pushed version
+                    self.schedule.start_next(step + 1, calls, generation)
             await calls.until_all()
             if step + 1 < self.max_steps:
                 await self.weights.publish(step + 1)  # (while the actor holds its devices)
-        return StepOutcome(sync, await generation.result, train.result())
+        return StepOutcome(sync, await generation.result, train.result(), generation.ahead)

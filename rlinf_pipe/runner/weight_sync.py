@@ -7,13 +7,18 @@ devices, and at the first sync of a run) and receivers fetch what was published.
 (`broadcast`, `ipc`) send and receive at once: at the start of the step when the engines have GPUs of their own;
 when they share the actor's, at the end of the actor phase that trained the version (the actor's state is on its
 devices, the engines resume only their weights), and for a run's first version inside an actor phase of its own.
+
+On GPUs of their own the group transports push each later version (`push`): while step s trains, the actor is
+asked to send version s + 1 once the step ends, and each receiver to take it once done with its part of the
+step. The bytes move as soon as training ends, with no Ray call between, and step s + 1's sync only collects
+what was moved.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from rlinf_pipe.runner.devices import ActorPhase
 from rlinf_pipe.runner.weight_routes import WeightRoute
@@ -39,14 +44,16 @@ class WeightSync:
         self.concurrent = needs_rendezvous(transport)
         self.published: WeightVersion | None = None  # object store: the last version published
         self.synced: dict[int, float] = {}  # group transports at phase end: versions moved ahead of their step
+        self.pushed: dict[int, asyncio.Future] = {}  # versions pushed in the step that trains them (bytes moved)
         self.loaded: tuple[int, dict[str, float]] | None = None  # the version every receiver holds, and its sync
         self.warned_unverified = False
+        self.native = False  # SGLang engines receive through their own ranks (found by `open`)
 
     async def open(self) -> None:
         """Open both ends at start-up: every receiver checks the actor's layout against its model; a group transport
         forms one group per route (all members join at once). SGLang engines in a broadcast group take the bytes
         as they are, so the layout then has no trailers (the driver checks versions)."""
-        native = self.transport == "broadcast" and any(await asyncio.gather(
+        self.native = native = self.transport == "broadcast" and any(await asyncio.gather(
             *(group.rank(0).native_weight_receiver(self.transport) for group in self.receivers.values())))
         layout = await self.actor.rank(0).weight_layout(not native)
         backend = await self.actor.rank(0).weight_backend()
@@ -75,7 +82,24 @@ class WeightSync:
         if not self.concurrent:
             self.published = (await self.actor.leader(0).publish_weights(version, self.verify))
         elif self.at_phase_end:
-            self.synced[version] = await self._transfer(version)
+            with self.tracer.span("weight_sync", version=version) as args:
+                args["bytes"] = self.synced[version] = await self._transfer(version)
+
+    @property
+    def pushes(self) -> bool:
+        """Whether versions are pushed at the end of the step that trains them (`push`): group transports with the
+        receivers on GPUs of their own, all of them ours (SGLang's ranks would wait for a pushed version inside
+        their collective, which times out)."""
+        return self.concurrent and not self.at_phase_end and not self.native
+
+    def push(self, version: int, after: Mapping[str, Sequence[asyncio.Future]]) -> asyncio.Future:
+        """While the step that trains `version` runs: ask the actor to send it once that step ends, and each
+        receiver group (by name) to take it once its calls in `after` are done (the group is then idle). Returns
+        the transfer (the bytes moved); `sync(version)` collects it."""
+        transfer = asyncio.ensure_future(self._transfer(version, after, trained=True))
+        transfer.add_done_callback(_retrieved)  # (a step abandoned meanwhile never collects it)
+        self.pushed[version] = transfer
+        return transfer
 
     def versions_known(self) -> bool:
         """Whether the driver knows which version every receiver holds (after the first sync since `open`): then a
@@ -91,11 +115,17 @@ class WeightSync:
         return self.loaded[1]
 
     async def _sync(self, version: int) -> dict[str, float]:
+        if version in self.pushed:  # (the driver's span: how long the step waits for it)
+            with self.tracer.span("weight_sync", version=version, pushed=True) as args:
+                args["bytes"] = nbytes = await self.pushed.pop(version)
+            return {"bytes": nbytes}
         if version in self.synced:
             return {"bytes": self.synced.pop(version)}
         if self.concurrent:  # (shared GPUs: the first version of a run, in an actor phase of its own)
             async with self.actor_phase(version):
-                return {"bytes": await self._transfer(version)}
+                with self.tracer.span("weight_sync", version=version) as args:
+                    args["bytes"] = nbytes = await self._transfer(version)
+                return {"bytes": nbytes}
         if self.published is None or self.published.version != version:  # the first sync of a run
             async with self.actor_phase(version):
                 await self.publish(version)
@@ -106,19 +136,27 @@ class WeightSync:
             args["bytes"] = published.num_bytes
         return {"bytes": float(published.num_bytes)}
 
-    async def _transfer(self, version: int) -> float:
-        """Send and receive `version` at once along every route."""
-        with self.tracer.span("weight_sync", version=version) as args:
-            sent_by_rank, loaded = await asyncio.gather(
-                self.actor.all.publish_weights(version, self.verify), self._receive(WeightVersion(version)))
-            sent = {route.sender: sent_by_rank[route.sender] for route in self.routes}
-            await self._check(sent, loaded)
-            args["bytes"] = nbytes = next(iter(sent.values())).num_bytes
-        return float(nbytes)
+    async def _transfer(self, version: int, after: Mapping[str, Sequence[asyncio.Future]] | None = None,
+                        trained: bool = False) -> float:
+        """Send and receive `version` at once along every route; each receiver group first waits for its calls in
+        `after`; with `trained` the actor sends once the step training `version` ended. Returns the bytes."""
+        sent_by_rank, loaded = await asyncio.gather(
+            self.actor.all.publish_weights(version, self.verify, trained),
+            self._receive(WeightVersion(version), after or {}))
+        sent = {route.sender: sent_by_rank[route.sender] for route in self.routes}
+        await self._check(sent, loaded)
+        return float(next(iter(sent.values())).num_bytes)
 
-    async def _receive(self, published: WeightVersion) -> dict[tuple[str, int], LoadedWeights]:
+    async def _receive(self, published: WeightVersion, after: Mapping[str, Sequence[asyncio.Future]] | None = None,
+                       ) -> dict[tuple[str, int], LoadedWeights]:
+        async def receive(group: WorkerGroup, idle: Sequence[asyncio.Future]) -> list[LoadedWeights]:
+            for call in idle:
+                await asyncio.shield(call)
+            return await group.all.receive_weights(published, self.verify)
+
         names = list(self.receivers)
-        results = await asyncio.gather(*(self.receivers[n].all.receive_weights(published, self.verify) for n in names))
+        after = after or {}
+        results = await asyncio.gather(*(receive(self.receivers[n], after.get(n, ())) for n in names))
         return {(name, rank): loaded for name, group in zip(names, results, strict=True)
                 for rank, loaded in enumerate(group)}
 
@@ -142,3 +180,9 @@ class WeightSync:
             self.warned_unverified = True
             log.warning("runner.verify_weights: %s cannot verify what it loaded (SGLang reads weights back by name "
                         "only for some model classes); its byte and tensor counts are checked", ", ".join(unverified))
+
+
+def _retrieved(transfer: asyncio.Future) -> None:
+    """Mark a pushed transfer's failure as seen: the step that would collect it may have been abandoned."""
+    if not transfer.cancelled():
+        transfer.exception()

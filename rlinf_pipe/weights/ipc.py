@@ -35,7 +35,7 @@ from rlinf_pipe.weights.layout import (
     pack_bucket,
     tensor_views,
 )
-from rlinf_pipe.weights.process_group import GroupWaits, Rendezvous, join_group
+from rlinf_pipe.weights.process_group import GroupMember, Rendezvous
 from rlinf_pipe.weights.record import VersionRecord
 
 
@@ -170,8 +170,8 @@ class _Mapped:
         self.blocks.clear()
 
 
-def _control(rendezvous: Rendezvous, rank: int) -> Any:
-    return join_group(replace(rendezvous, backend="gloo"), rank)
+def _control(rendezvous: Rendezvous, rank: int) -> GroupMember:
+    return GroupMember(replace(rendezvous, backend="gloo"), rank)
 
 
 @dataclass(frozen=True)
@@ -183,13 +183,13 @@ class Handle:
     data: bytes
 
 
-def _broadcast_bytes(waits: GroupWaits, header: torch.Tensor, data: bytes | None) -> bytes:
+def _broadcast_bytes(member: GroupMember, header: torch.Tensor, data: bytes | None) -> bytes:
     """Broadcast `header` (`[version, length, cuda]`) then the bytes from rank 0 (`data` None on receivers);
     returns the bytes."""
-    waits.wait(waits.group.broadcast(header, 0))
+    member.wait(member.group.broadcast(header, 0))
     buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data is not None else (
         torch.empty(int(header[1]), dtype=torch.uint8))
-    waits.wait(waits.group.broadcast(buffer, 0))
+    member.wait(member.group.broadcast(buffer, 0))
     return data if data is not None else buffer.numpy().tobytes()
 
 
@@ -199,7 +199,7 @@ class IpcSender(WeightSender):
     transport = "ipc"
 
     def __init__(self, rendezvous: Rendezvous, layout: WeightLayout, device: torch.device):
-        self.waits = GroupWaits(_control(rendezvous, 0), "gloo")
+        self.member = _control(rendezvous, 0)
         self.layout = layout
         self.slots = [_SharedSlot(layout.max_bucket_bytes, device) for _ in range(2)]
 
@@ -208,27 +208,28 @@ class IpcSender(WeightSender):
         stream = iter(tensors)
         record = VersionRecord(layout, checksum)
         done: list[Any] = [None, None]  # per slot: the barrier that says every receiver loaded its bucket
+        self.member.announce()
         try:
             for index, bucket in enumerate(layout.buckets):
                 slot = self.slots[index % 2]
                 if done[index % 2] is not None:
-                    self.waits.wait(done[index % 2])
+                    self.member.wait(done[index % 2])
                 buffer = slot.tensor[: bucket.nbytes]
                 record.packed(bucket, buffer, pack_bucket(bucket, buffer, stream, layout.torch_dtype, version,
                                                           checksum))
                 handle = slot.handle(bucket, layout.torch_dtype)
                 header = torch.tensor([version, len(handle), slot.shm is None], dtype=torch.int64)
-                _broadcast_bytes(self.waits, header, handle)
-                done[index % 2] = self.waits.group.barrier()
+                _broadcast_bytes(self.member, header, handle)
+                done[index % 2] = self.member.group.barrier()
             end_of_stream(stream)
         finally:
             for work in done:
                 if work is not None:
-                    self.waits.wait(work)
+                    self.member.wait(work)
         return record.version(version)
 
     def cancel(self) -> None:
-        self.waits.cancel()
+        self.member.cancel()
 
     def close(self) -> None:
         for slot in self.slots:
@@ -244,13 +245,13 @@ class IpcReceiver(WeightReceiver):
     def __init__(self, rendezvous: Rendezvous, rank: int, layout: WeightLayout):
         if rank < 1:
             raise ValueError(f"receivers have ranks >= 1 (rank 0 sends), got {rank}")
-        self.waits = GroupWaits(_control(rendezvous, rank), "gloo")
+        self.member = _control(rendezvous, rank)
         self.layout = layout
         self.mapped = _Mapped()
 
     async def _next(self) -> Handle:
         header = torch.empty(3, dtype=torch.int64)
-        data = await asyncio.to_thread(_broadcast_bytes, self.waits, header, None)
+        data = await asyncio.to_thread(_broadcast_bytes, self.member, header, None)
         return Handle(int(header[0]), bool(header[2]), data)
 
     async def load_handle(self, index: int, bucket: BucketLayout, handle: Handle, load_bucket: LoadBucket,
@@ -274,6 +275,7 @@ class IpcReceiver(WeightReceiver):
         layout, version = self.layout, published.version
         errors: list[str] = []
         crcs: list[int] = []
+        await asyncio.to_thread(self.member.await_sender)
         for index, bucket in enumerate(layout.buckets):
             handle = await self._next()
             if handle.version != version:
@@ -284,11 +286,11 @@ class IpcReceiver(WeightReceiver):
                     errors.append(error)
                 elif crc is not None:
                     crcs.append(crc)
-            await asyncio.to_thread(lambda: self.waits.wait(self.waits.group.barrier()))  # done with this bucket
+            await asyncio.to_thread(lambda: self.member.wait(self.member.group.barrier()))  # done with this bucket
         if errors:
             raise WeightSyncError(f"weight IPC of version {version}: " + "; ".join(errors))
         return LoadedWeights(version, layout.num_bytes, layout.num_tensors, len(layout.buckets), tuple(crcs),
                              "crc32" if verify else "")
 
     def cancel(self) -> None:
-        self.waits.cancel()
+        self.member.cancel()

@@ -50,18 +50,16 @@ class Rendezvous:
     timeout_s: float = 300.0
 
 
-def join_group(rendezvous: Rendezvous, rank: int) -> Any:
-    """This process's member (rank `rank`) of the weight group; collective: every member joins at once.
+def join_group(rendezvous: Rendezvous, rank: int, store: Any) -> Any:
+    """This process's member (rank `rank`) of the weight group, meeting through `store` (the group's TCP store);
+    collective: every member joins at once.
 
     The group's keys live under the same prefixes as those of a group torch's `_new_process_group_helper` forms
     from a `PrefixStore(group_name, store)`, which is how SGLang's `init_weights_update_group` joins: the group
     name, then `<group name>/`, then the device type. So SGLang's ranks meet ours in one group."""
     import torch.distributed as dist
 
-    if rendezvous.backend not in BACKENDS:
-        raise WeightSyncError(f"weight transport backend {rendezvous.backend!r} is not one of {BACKENDS}")
     timeout = timedelta(seconds=rendezvous.timeout_s)
-    store = dist.TCPStore(rendezvous.addr, rendezvous.port, rendezvous.world, rank == 0, timeout=timeout)
     device = "cuda" if rendezvous.backend == "nccl" else "cpu"
     name = rendezvous.group_name
     keys = dist.PrefixStore(f"{device}/", dist.PrefixStore(f"{name}/", dist.PrefixStore(name, store)))
@@ -73,15 +71,30 @@ def join_group(rendezvous: Rendezvous, rank: int) -> Any:
 
 
 WAIT_SLICE = timedelta(seconds=0.25)  # how often a gloo wait looks whether it was cancelled
+SENDING, CANCELLED = b"sending", b"cancelled"  # what a version's key in the group's store says
 
 
-class GroupWaits:
-    """Waits on a weight group's collectives that another thread can cancel (`cancel()`): a member whose peer was
-    lost would otherwise block until the group's timeout. Gloo waits in slices and gives up once cancelled (a
-    timed-out gloo wait can be waited on again); NCCL's communicator is aborted, which fails its pending work."""
+class GroupMember:
+    """This process's member of a weight group (`rank`; collective: every member joins at once).
 
-    def __init__(self, group: Any, backend: str):
-        self.group, self.backend = group, backend
+    Receivers post a version's collectives only once the sender announced it (`announce` / `await_sender`, one key
+    per version in the group's store): a receive asked for long before the version is trained (`WeightSync.push`)
+    waits on the store, never in a collective, whose timeout would fail it. The waits can be cancelled from another
+    thread (`cancel()`): a member whose peer was lost would otherwise block until the group's timeout. Gloo waits in
+    slices and gives up once cancelled (a timed-out gloo wait can be waited on again); NCCL's communicator is
+    aborted, which fails its pending work; a wait for the sender is woken by a key saying so."""
+
+    def __init__(self, rendezvous: Rendezvous, rank: int):
+        import torch.distributed as dist
+
+        if rendezvous.backend not in BACKENDS:
+            raise WeightSyncError(f"weight transport backend {rendezvous.backend!r} is not one of {BACKENDS}")
+        self.rendezvous, self.backend = rendezvous, rendezvous.backend
+        store = dist.TCPStore(rendezvous.addr, rendezvous.port, rendezvous.world, rank == 0,
+                              timeout=timedelta(seconds=rendezvous.timeout_s))
+        self.group = join_group(rendezvous, rank, store)
+        self.versions = dist.PrefixStore(f"{rendezvous.group_name}/versions/", store)
+        self.count = 0  # versions announced (the sender) or awaited (a receiver)
         self.cancelled = threading.Event()
 
     def wait(self, work: Any) -> None:
@@ -95,13 +108,56 @@ class GroupWaits:
             except RuntimeError as exc:
                 if "timed out" not in str(exc):
                     raise
-                if self.cancelled.is_set():
-                    raise WeightSyncError("weight transfer abandoned: a member of the weight group was lost") from None
+                self._check_cancelled()
+
+    def announce(self) -> None:
+        """The sender: the next version's collectives are about to be posted."""
+        self.count += 1
+        self.versions.set(str(self.count), SENDING)
+
+    def await_sender(self) -> None:
+        """A receiver: block until the sender announced the next version (or the wait is cancelled)."""
+        import torch.distributed as dist
+
+        self.count += 1
+        key = str(self.count)
+        while True:
+            self._check_cancelled()
+            try:
+                self.versions.wait([key])  # (the store's timeout: the rendezvous's)
+            except dist.DistError as exc:
+                if "timeout" not in str(exc):
+                    raise WeightSyncError(f"weight transfer: the weight group's sender is gone ({exc})") from None
+                continue
+            if self.versions.get(key) == CANCELLED:
+                self._check_cancelled()
+            return
+
+    def _check_cancelled(self) -> None:
+        if self.cancelled.is_set():
+            raise WeightSyncError("weight transfer abandoned: a member of the weight group was lost")
 
     def cancel(self) -> None:
         self.cancelled.set()
         if self.backend == "nccl":
             self.group.abort()
+        self._wake(str(self.count), str(self.count + 1))
+
+    def _wake(self, *keys: str) -> None:
+        """Wake a wait for the sender with keys saying it was cancelled (through a connection of its own: the
+        waiting thread holds the member's); nothing to wake when the store is gone with the sender."""
+        import torch.distributed as dist
+
+        r = self.rendezvous
+        try:
+            store = dist.TCPStore(r.addr, r.port, r.world, False, timeout=timedelta(seconds=5),
+                                  wait_for_workers=False)
+            versions = dist.PrefixStore(f"{r.group_name}/versions/", store)
+            for key in keys:
+                if key != "0" and not versions.check([key]):
+                    versions.set(key, CANCELLED)
+        except (RuntimeError, dist.DistError):
+            pass
 
 
 def ring_device(backend: str) -> torch.device:
@@ -113,8 +169,7 @@ class _Ring:
     """A weight group member and its two bucket buffers."""
 
     def __init__(self, rendezvous: Rendezvous, rank: int, layout: WeightLayout):
-        self.group = join_group(rendezvous, rank)
-        self.waits = GroupWaits(self.group, rendezvous.backend)
+        self.member = GroupMember(rendezvous, rank)
         self.layout = layout
         device = ring_device(rendezvous.backend)
         self.slots = [torch.empty(layout.max_bucket_bytes, dtype=torch.uint8, device=device) for _ in range(2)]
@@ -123,7 +178,7 @@ class _Ring:
         return self.slots[index % 2][: self.layout.buckets[index].nbytes]
 
     def broadcast(self, index: int) -> Any:
-        return self.group.broadcast(self.buffer(index), 0)
+        return self.member.group.broadcast(self.buffer(index), 0)
 
 
 class ProcessGroupSender(WeightSender):
@@ -139,10 +194,11 @@ class ProcessGroupSender(WeightSender):
         stream = iter(tensors)
         record = VersionRecord(layout, checksum)
         in_flight: list[Any] = [None, None]
+        self.ring.member.announce()
         try:
             for index, bucket in enumerate(layout.buckets):
                 if in_flight[index % 2] is not None:
-                    self.ring.waits.wait(in_flight[index % 2])
+                    self.ring.member.wait(in_flight[index % 2])
                 buffer = self.ring.buffer(index)
                 record.packed(bucket, buffer, pack_bucket(bucket, buffer, stream, layout.torch_dtype, version,
                                                           checksum))
@@ -151,11 +207,11 @@ class ProcessGroupSender(WeightSender):
         finally:
             for work in in_flight:
                 if work is not None:
-                    self.ring.waits.wait(work)
+                    self.ring.member.wait(work)
         return record.version(version)
 
     def cancel(self) -> None:
-        self.ring.waits.cancel()
+        self.ring.member.cancel()
 
 
 class ProcessGroupReceiver(WeightReceiver):
@@ -171,11 +227,12 @@ class ProcessGroupReceiver(WeightReceiver):
     async def receive(self, published: WeightVersion, load_bucket: LoadBucket, verify: bool = False) -> LoadedWeights:
         layout, version = self.ring.layout, published.version
         buckets = layout.buckets
+        await asyncio.to_thread(self.ring.member.await_sender)
         posted = [self.ring.broadcast(i) for i in range(min(2, len(buckets)))]
         errors: list[str] = []
         crcs: list[int] = []
         for index, bucket in enumerate(buckets):
-            await asyncio.to_thread(self.ring.waits.wait, posted[index])
+            await asyncio.to_thread(self.ring.member.wait, posted[index])
             buffer = self.ring.buffer(index)
             error = check_bucket(index, bucket, buffer, version, verify)
             if error:
@@ -192,4 +249,4 @@ class ProcessGroupReceiver(WeightReceiver):
                              "crc32" if verify else "")
 
     def cancel(self) -> None:
-        self.ring.waits.cancel()
+        self.ring.member.cancel()

@@ -37,6 +37,7 @@ from rlinf_pipe.workers.logprob_stage import LogprobStage, pad_token_id, policy_
 from rlinf_pipe.workers.replica_input import ReplicaInputFailed, read_shared
 from rlinf_pipe.workers.step_channels import StepChannels
 from rlinf_pipe.workers.train_feed import OptimizerStep, TrainMicroBatch, TrainOp, train_ops
+from rlinf_pipe.workers.version_wait import VersionWait
 
 
 def make_loss_fn(cfg: Config) -> Any:
@@ -91,6 +92,8 @@ class ActorWorker(Worker):
         self.sender: WeightSender | None = None  # the weight transport's sending end, on a sending rank once opened
         self.sending_replicas: set[int] = set()  # the replicas whose gathering rank sends
         self.trailer = True  # whether weight buckets carry the version / CRC32 trailer
+        self.version = 0  # the weight version the policy holds: step s trains version s + 1
+        self.trained = VersionWait(self.owner, "train")  # a send of the next version waits here for its training
         self.ref = MegatronPolicy(model_path, train=False, **policy_options(cfg)) if (
             scored is not None and needs_ref(cfg)) else None
         self.stage = None if scored is None else LogprobStage(
@@ -125,7 +128,14 @@ class ActorWorker(Worker):
 
         Before each optimizer step the replicas vote (`ReplicaRanks.agree`): a replica that fails (its channel
         aborted when the step is abandoned, or an error) votes no at its next vote, so no other replica is left
-        waiting in the optimizer's collectives, and every replica ends the step."""
+        waiting in the optimizer's collectives, and every replica ends the step. A send of version `step + 1`
+        asked for meanwhile (`publish_weights(..., trained=True)`) goes out once it ended."""
+        with self.trained.making(step + 1):
+            result = await self._train_step(step)
+            self.version = step + 1
+        return result
+
+    async def _train_step(self, step: int) -> TrainResult:
         if self.keep_rollback:
             with self.tracer.span("rollback_point", step=step):
                 self.rollback_point = (step, await self.compute.run(self.policy.capture_state))
@@ -176,6 +186,7 @@ class ActorWorker(Worker):
                     self.policy.restore_state(self.rollback_point[1])
             else:
                 self.policy.require_optimizer().zero_grads()
+        self.version = step
         if self.stage is not None:
             self.stage.version = step
         return restored
@@ -201,6 +212,7 @@ class ActorWorker(Worker):
             self.stage.use_channels(channels.scored, channels.train)
 
     def on_abandon(self) -> None:
+        self.trained.cancel()
         if self.sender is not None:
             self.sender.cancel()
 
@@ -256,11 +268,15 @@ class ActorWorker(Worker):
         if self.rank in rendezvous:
             self.sender = open_sender(transport, self.weight_layout(trailer), rendezvous[self.rank])
 
-    async def publish_weights(self, version: int, checksum: bool = False) -> WeightVersion | None:
+    async def publish_weights(self, version: int, checksum: bool = False,
+                              trained: bool = False) -> WeightVersion | None:
         """Send the current weights as `version` (collective over the sending replicas' ranks; a sending rank returns
-        what it published, the others None)."""
+        what it published, the others None). `trained`: asked for while the step that trains `version` runs, the
+        send waits until that step ended (and fails if it failed or was abandoned)."""
         if self.ranks.dp_rank not in self.sending_replicas:
             return None
+        if trained:
+            await self.trained.wait_for(version, lambda: self.version)
 
         def publish() -> WeightVersion | None:
             with self.tracer.span("publish_weights", version=version) as args:
@@ -285,5 +301,6 @@ class ActorWorker(Worker):
         the run resumes at)."""
         async with self._state_on_devices(version):
             await self.compute.run(self.policy.load_checkpoint, folder)
+        self.version = version
         if self.stage is not None:
             self.stage.version = version

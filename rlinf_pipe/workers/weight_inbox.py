@@ -7,6 +7,7 @@ sync failed or the step was abandoned."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -17,13 +18,13 @@ from rlinf_pipe.weights import (
     LoadedWeights,
     WeightLayout,
     WeightReceiver,
-    WeightSyncError,
     WeightVersion,
     check_version,
 )
-from rlinf_pipe.weights.layout import check_layout
+from rlinf_pipe.weights.layout import NamedTensors, check_layout
 from rlinf_pipe.weights.process_group import Rendezvous
 from rlinf_pipe.weights.transports import Transport, open_receiver
+from rlinf_pipe.workers.version_wait import VersionWait
 
 Session = Callable[[int], AbstractAsyncContextManager[LoadBucket]]
 NativeReceiver = Callable[[Transport, WeightLayout, Rendezvous | None, int], Awaitable[WeightReceiver | None]]
@@ -37,10 +38,7 @@ class WeightInbox:
         self.owner, self.arch, self.tracer = owner, arch, tracer
         self.receiver: WeightReceiver | None = None  # opened by `open` once the actor's layout is known
         self.any_version = False  # the next version may be older than the loaded one (`rewind`)
-        self.failed: tuple[int, str] | None = None  # the version whose last receive failed, and why
-        self.epoch = 0  # counts abandoned steps: a wait of an abandoned step ends
-        self._loop: asyncio.AbstractEventLoop | None = None  # the event loop that waits and receives
-        self._changed: asyncio.Future | None = None  # resolved when a receive ends or a step is abandoned
+        self.loads = VersionWait(owner, "load")  # generations wait here for the version a sync is loading
 
     async def open(self, transport: Transport, layout: WeightLayout, rendezvous: Rendezvous | None, rank: int,
                    native: NativeReceiver | None = None) -> None:
@@ -59,37 +57,28 @@ class WeightInbox:
             raise RuntimeError(f"{self.owner}: weight sync before the weight transport was opened")
         if not self.any_version:
             check_version(current, published.version, self.owner)
-        self._loop, self.failed = asyncio.get_running_loop(), None
+        posted, arrived, loaded = time.time(), [], None
+
+        async def load_arrived(bucket: NamedTensors) -> None:
+            if not arrived:
+                arrived.append(time.time())
+            await load(bucket)
+
         try:
-            with self.tracer.span("weight_sync", version=published.version) as args:
+            with self.loads.making(published.version):
                 async with session(published.version) as load:
-                    loaded = await self.receiver.receive(published, load, verify)
-                args["bytes"] = loaded.num_bytes
-        except BaseException as exc:
-            self.failed = (published.version, f"{type(exc).__name__}: {exc}")
-            raise
-        finally:
-            self._notify()
+                    loaded = await self.receiver.receive(published, load_arrived, verify)
+        finally:  # (the span starts when the bytes arrive: a receive asked for ahead first waits for the sender)
+            start = arrived[0] if arrived else posted
+            self.tracer.add("weight_sync", start, time.time(), version=published.version,
+                            bytes=loaded.num_bytes if loaded else 0, waited_s=round(start - posted, 6))
         self.any_version = False
         return loaded
 
     async def wait_for(self, version: int, current: Callable[[], int]) -> None:
         """Return once the model holds `version` (`current()`), which a sync may still be loading. Raises
         `WeightSyncError` when that sync failed, or when the step is abandoned meanwhile."""
-        self._loop, epoch = asyncio.get_running_loop(), self.epoch
-        while current() != version:
-            if self.failed is not None and self.failed[0] == version:
-                raise WeightSyncError(f"{self.owner}: weight version {version} did not load: {self.failed[1]}")
-            if self.epoch != epoch:
-                raise WeightSyncError(f"{self.owner}: the step was abandoned while waiting for weight version "
-                                      f"{version}")
-            if self._changed is None or self._changed.done():
-                self._changed = self._loop.create_future()
-            await self._changed
-
-    def _notify(self) -> None:
-        if self._changed is not None and not self._changed.done():
-            self._changed.set_result(None)
+        await self.loads.wait_for(version, current)
 
     def rewind(self) -> None:
         """The actor went back to a checkpoint: the next version received may be older than the loaded one."""
@@ -98,9 +87,6 @@ class WeightInbox:
     def cancel(self) -> None:
         """From another thread: fail a transfer blocked on a lost peer (the transport is opened anew after) and a
         generation waiting for weights; an earlier failed receive no longer fails the retried step's waits."""
-        self.epoch += 1
-        self.failed = None
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._notify)
+        self.loads.cancel()
         if self.receiver is not None:
             self.receiver.cancel()

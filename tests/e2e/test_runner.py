@@ -123,7 +123,9 @@ def test_pipeline_run_outputs_and_versions(pipeline_run):
     for k, step in enumerate(steps):
         inside = [s for s in spans if step.start <= s.start and s.end <= step.end]
         assert {s.args["version"] for s in inside if s.name in ("generate", "logprob", "train")} == {k}
-        assert {s.args["version"] for s in inside if s.name in ("weight_sync", "publish_weights")} == {k}
+        # the step's own version (synced in it at step 0, collected from the push before) and the next (pushed as
+        # soon as the step trained it)
+        assert {s.args["version"] for s in inside if s.name in ("weight_sync", "publish_weights")} <= {k, k + 1}
     assert (pipeline_run / "timeline.png").stat().st_size > 0 and (pipeline_run / "reward.png").is_file()
     assert list((pipeline_run / "tensorboard").glob("events.out.tfevents.*"))
     ckpt = pipeline_run / "checkpoints" / "step_000002"
@@ -255,6 +257,19 @@ def test_tiny_default_learns(tmp_path, tiny_model):
     assert not [s for s in spans if s.name == "logprob"]
     for step in range(24):
         assert sum(s.args["sequences"] for s in spans if s.name == "train" and s.args["version"] == step) == 128
+    # Each later version is pushed as soon as the step before trained it: the actor sends it after its last optimizer
+    # step of that step, the engine loads it before generating the next step, which the driver asked for during
+    # the step before (started early, waiting for that version) and whose own sync only collects the push.
+    syncs = {s.args["version"]: s for s in spans if s.name == "weight_sync" and s.track == "driver"}
+    steps = {s.args["step"]: s for s in spans if s.name == STEP_SPAN}
+    generate = {s.args["step"]: s for s in spans if s.name == "generate"}
+    for k in range(1, 24):
+        assert syncs[k].args.get("pushed") and steps[k].args["generation_started_ahead"]
+        (sent,) = [s for s in spans if s.name == "publish_weights" and s.args["version"] == k]
+        (loaded,) = [s for s in spans if s.name == "weight_sync" and s.track == "rollout/0" and s.args["version"] == k]
+        last_update = max(s.end for s in spans if s.name == "optimizer_step" and s.args["step"] == k - 1)
+        assert last_update <= sent.start and loaded.end <= generate[k].start and generate[k].args["version"] == k
+    assert not syncs[0].args.get("pushed") and not steps[0].args["generation_started_ahead"]
 
 
 @pytest.mark.slow

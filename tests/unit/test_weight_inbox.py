@@ -1,17 +1,20 @@
 """`WeightInbox.wait_for`: a step's generation asked for while its weights still sync starts once they are loaded,
 and fails (instead of generating with the old weights, or waiting forever) when that sync fails or the step is
-abandoned, without failing a retried step's wait."""
+abandoned, without failing a retried step's wait. The actor's send of a version asked for while it trains
+(`VersionWait`) follows the same rules."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import threading
+import time
 
 import pytest
 
 from rlinf_pipe.utils.tracing import Tracer
 from rlinf_pipe.weights import LoadedWeights, WeightReceiver, WeightSyncError, WeightVersion
+from rlinf_pipe.workers.version_wait import VersionWait
 from rlinf_pipe.workers.weight_inbox import WeightInbox
 
 
@@ -102,5 +105,55 @@ def test_a_failed_sync_fails_the_wait_and_an_abandon_ends_it_but_not_the_retry()
         await inbox.receive(WeightVersion(1), model.version, model.session, False)
         await waiting
         assert model.version == 1
+
+    asyncio.run(run())
+
+
+def test_a_receive_asked_for_ahead_spans_only_the_loading_and_records_its_wait():
+    """A pushed version's receive is asked for before the sender sends: its `weight_sync` span starts when the bytes
+    arrive (the timeline shows the engine idle, not syncing, while the actor trains), and says how long it
+    waited."""
+    inbox, receiver, model = _inbox()
+
+    async def run() -> float:
+        receiver.gate = asyncio.Event()
+        receiving = asyncio.ensure_future(inbox.receive(WeightVersion(1), model.version, model.session, False))
+        await asyncio.sleep(0)  # (the receive is posted and waits at the gate)
+        opened = time.time()
+        receiver.gate.set()
+        await receiving
+        return opened
+
+    opened = asyncio.run(run())
+    (span,) = inbox.tracer.drain()
+    assert span.name == "weight_sync" and span.args["version"] == 1 and span.start >= opened
+    assert 0 < span.args["waited_s"] and span.start - span.args["waited_s"] <= opened  # (posted before the gate)
+
+
+def test_a_send_asked_for_during_training_waits_for_it_and_fails_with_it():
+    """The actor's send of version s + 1 is asked for while step s trains (`VersionWait` with the verb "train"):
+    it goes out once the step trained the version; a failed step fails it, naming why; an abandoned step ends it."""
+    trained = VersionWait("actor/0", "train")
+    holder = Model()
+
+    async def run() -> None:
+        waiting = asyncio.ensure_future(trained.wait_for(1, lambda: holder.version))
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        with trained.making(1):
+            holder.version = 1
+        await waiting
+        waiting = asyncio.ensure_future(trained.wait_for(2, lambda: holder.version))
+        with pytest.raises(ValueError), trained.making(2):
+            raise ValueError("a replica failed")
+        with pytest.raises(WeightSyncError, match="version 2 did not train: ValueError: a replica failed"):
+            await waiting
+        waiting = asyncio.ensure_future(trained.wait_for(3, lambda: holder.version))
+        await asyncio.sleep(0)
+        abandon = threading.Thread(target=trained.cancel)
+        abandon.start()
+        with pytest.raises(WeightSyncError, match="abandoned"):
+            await waiting
+        abandon.join()
 
     asyncio.run(run())

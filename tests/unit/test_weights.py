@@ -265,3 +265,28 @@ def test_a_receiver_waiting_for_a_lost_sender_gives_up_once_cancelled(transport)
     (error,) = run_members(lambda: receive_all(receiver, 0))
     assert isinstance(error, WeightSyncError) and "abandoned" in str(error)
     assert 0.5 <= time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("transport", ["broadcast", "ipc"])
+def test_a_receive_asked_for_long_before_the_sender_sends_outlasts_the_group_timeout(transport):
+    """A pushed version's receive is asked for while the actor still trains it (`WeightSync.push`), which may take
+    longer than the weight group's timeout: the receiver waits for the sender's announcement in the group's store,
+    not in a collective (which would fail at the timeout), and gets the version intact."""
+    arch = make_arch(num_layers=2)
+    layout = plan_weight_layout(arch, torch.float32, 2_000)
+    timeout_s = 1.0
+    rendezvous = Rendezvous("127.0.0.1", free_port(), 2, timeout_s=timeout_s)
+    sender, receiver = run_members(lambda: open_sender(transport, layout, rendezvous),
+                                   lambda: open_receiver(transport, layout, arch, "receiver", rendezvous, 1))
+    weights = random_weights(arch, seed=5)
+
+    def send_late() -> Any:
+        time.sleep(2.5 * timeout_s)  # (the scenario itself: training outlasting the group's timeout)
+        return sender.publish(4, weights)
+
+    started = time.monotonic()
+    sent, got = run_members(send_late, lambda: receive_all(receiver, 4))
+    assert not isinstance(got, Exception), got
+    assert time.monotonic() - started >= 2.5 * timeout_s and sent.version == 4
+    for name, tensor in weights:
+        assert torch.equal(got[name], tensor), name
