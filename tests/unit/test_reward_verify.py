@@ -8,8 +8,12 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlinf_pipe.engines.reward import ScoreConfig, ScoreResult, extract_answer, score, verify_math
+from rlinf_pipe.engines.reward.verify import quick_score
+from rlinf_pipe.utils.latex import last_boxed
 from rlinf_pipe.engines.reward.deadline import VerifyTimeout, deadline
 from rlinf_pipe.errors import ConfigError
 
@@ -199,3 +203,54 @@ def test_outside_the_main_thread_scoring_works_without_a_deadline() -> None:
     thread.start()
     thread.join()
     assert results == [ScoreResult(True, True, False, 1.0, "\\frac12")]
+
+
+_DIGITS = st.text("0123456789", min_size=1, max_size=22)
+_INTEGER_TEXT = st.builds(lambda sign, digits: sign + digits, st.sampled_from(["", "-", "\u2212", "+"]), _DIGITS)
+_ANSWER_TEXT = st.one_of(
+    _INTEGER_TEXT,
+    _INTEGER_TEXT.map(lambda t: t + "."),  # a sentence's full stop
+    _INTEGER_TEXT.map(lambda t: t.translate({ord(d): 0xFF10 + int(d) for d in "0123456789"})),  # full width
+    st.builds(lambda a, b: f"{a} {b:03d}", st.integers(1, 999), st.integers(0, 999)),  # spaced thousands
+    st.sampled_from(["", " ", "72.0", "1,000", "\\frac{1}{2}", "x = 5", "3/4", "1e3", "٣"]),
+)
+_RESPONSE = st.one_of(
+    st.builds(lambda before, answer: f"{before} \\boxed{{{answer}}}", st.text(max_size=12), _ANSWER_TEXT),
+    st.text(max_size=20),  # (mostly no box)
+    _ANSWER_TEXT.map(lambda a: "\\boxed{" + a),  # truncated
+)
+_REFERENCE = st.one_of(_INTEGER_TEXT, st.sampled_from(["72", " 72 ", "0", "-0", "007", "1,000", "3/4", "72.0",
+                                                       "\\boxed{72}"]))
+
+
+def _same_or_near(n: int, zeros: int, offset: int) -> tuple[str, str]:
+    """A boxed answer and a reference for the same integer (or one `offset` away), written differently."""
+    answer = ("-" if n < 0 else "") + "0" * zeros + str(abs(n + offset))
+    return f"so \\boxed{{{answer}}}", str(n)
+
+
+_PAIR = st.one_of(st.tuples(_RESPONSE, _REFERENCE),
+                  st.builds(_same_or_near, st.integers(-10**25, 10**25), st.integers(0, 3), st.sampled_from([0, 1])))
+
+
+@settings(max_examples=400, deadline=None)
+@given(_PAIR, st.sampled_from([None, "#### (.*)"]))
+def test_quick_score_gives_scores_verdict_whenever_it_decides(pair, pattern):
+    """The reward pool scores what `quick_score` decides in the caller, without sympy: whenever it decides, its
+    result is exactly `score`'s (math-verify's); it leaves to the pool what it cannot decide, and every answer
+    found by a user's pattern."""
+    response, reference = pair
+    cfg = ScoreConfig(correct_score=1.0, wrong_score=-0.5, format_score=0.25, answer_pattern=pattern)
+    quick = quick_score(response, reference, cfg)
+    if quick is not None:
+        assert quick == score(response, reference, cfg), (response, reference)
+        if pattern is not None:
+            assert last_boxed(response) is not None  # (no box: the pattern's answer, which the pool scores)
+
+
+def test_quick_score_decides_the_arithmetic_tasks_answers():
+    cfg = ScoreConfig()
+    assert quick_score("so \\boxed{-12}", "-12", cfg) == ScoreResult(True, True, False, 1.0, "-12")
+    assert quick_score("so \\boxed{13}.", "12", cfg) == ScoreResult(False, True, False, 0.0, "13")
+    assert quick_score("no answer", "12", cfg) == ScoreResult(False, False, False, 0.0)
+    assert quick_score("\\boxed{3/4}", "0.75", cfg) is None  # (sympy's part)

@@ -4,7 +4,8 @@
         results = pool.score_batch([(response, "72"), ...])   # ScoreResult per pair, in order
         pool.metrics()   # {"items": ..., "correct": ..., "parse_failures": ..., "timeouts": ..., ...}
 
-Each worker process owns one pipe and scores one item at a time. The calling thread hands items to idle workers and
+Items the math scorer can decide without sympy (`quick_score`: no answer, or integers) are scored in the calling
+thread: they cannot hang. Each worker process owns one pipe and scores one item at a time. The calling thread hands items to idle workers and
 waits on their pipes; an item still running at its deadline (dispatch time + timeout_s) scores as wrong and timed
 out, its process is killed and a fresh one takes its place. Processes start once, in the constructor, from a
 forkserver that has math-verify imported and warmed up, so a replacement costs milliseconds. Plain multiprocessing
@@ -29,7 +30,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Self
 
 from rlinf_pipe.config.schema import RewardConfig
-from rlinf_pipe.engines.reward.verify import ScoreConfig, ScoreResult, score
+from rlinf_pipe.engines.reward.verify import ScoreConfig, ScoreResult, quick_score, score
 from rlinf_pipe.errors import RlinfPipeError
 
 logger = logging.getLogger(__name__)
@@ -102,6 +103,7 @@ class RewardPool:
         self.timeout_s = timeout_s if timeout_s and timeout_s > 0 else None
         self.config = config or ScoreConfig()
         self._scorer: Scorer = scorer or functools.partial(score, config=self.config)
+        self._quick = scorer is None  # the math scorer: `quick_score` decides what it can here
         self._start_timeout_s = start_timeout_s
         self._ctx = _context(start_method)
         self._counters = RewardCounters()
@@ -121,7 +123,9 @@ class RewardPool:
 
     # --- public API -------------------------------------------------------------------------------------------
     def score_batch(self, pairs: Sequence[tuple[str, str]]) -> list[ScoreResult]:
-        """Score every (response, reference) pair; results come back in input order."""
+        """Score every (response, reference) pair; results come back in input order. With the math scorer, pairs
+        that `quick_score` decides (no answer, or integers: no sympy, so they cannot hang) are scored here, the
+        others in the worker processes."""
         items = [(_text(response), _text(reference)) for response, reference in pairs]
         with self._lock:
             if self._closed:
@@ -176,8 +180,14 @@ class RewardPool:
     # --- scheduling -------------------------------------------------------------------------------------------
     def _run(self, items: list[tuple[str, str]]) -> list[ScoreResult]:
         results: list[ScoreResult | None] = [None] * len(items)
-        todo = deque(range(len(items)))
-        left = len(items)
+        todo: deque[int] = deque()
+        for index, (response, reference) in enumerate(items):
+            quick = quick_score(response, reference, self.config) if self._quick else None
+            if quick is None:
+                todo.append(index)
+            else:
+                self._finish(results, index, quick)
+        left = len(todo)
         while left:
             self._dispatch(todo, items)
             left -= self._poll(results)

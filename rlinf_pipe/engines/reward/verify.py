@@ -11,6 +11,7 @@ from `RewardPool`. `verdict.verify_math` gives a yes / no under a limit that hol
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -108,6 +109,29 @@ def score(
     return ScoreResult(
         correct=correct, parsed=bool(predicted), timed_out=False, reward=float(base + cfg.format_score), answer=answer
     )
+
+
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
+def quick_score(response: str, reference: str, config: ScoreConfig | None = None) -> ScoreResult | None:
+    """The verdict `score` gives, where it can be had without sympy (so it cannot hang): no answer stated, or a plain
+    integer answer (`\\boxed{-12}`) against a plain integer reference, compared exactly. None otherwise, and when
+    the answer would come from `answer_pattern` (a user's regular expression may run long): score it in full."""
+    cfg = config or DEFAULT_CONFIG
+    raw = last_boxed(response or "")
+    if raw is None and cfg.answer_pattern:
+        return None
+    answer = normalize_answer(raw) if raw is not None else ""
+    if not answer:
+        return ScoreResult(correct=False, parsed=False, timed_out=False, reward=float(cfg.wrong_score))
+    reference = str(reference).strip()
+    if not (_INTEGER.fullmatch(answer) and _INTEGER.fullmatch(reference)):
+        return None
+    correct = int(answer) == int(reference)
+    base = cfg.correct_score if correct else cfg.wrong_score
+    return ScoreResult(correct=correct, parsed=True, timed_out=False, reward=float(base + cfg.format_score),
+                       answer=answer)
 
 
 def parse_answer(answer: str) -> list[Any]:
