@@ -42,7 +42,7 @@ def _member(rank: int, world: int, port: int, model: str, bucket_mb: int, iters:
         end = open_sender("broadcast", layout, rendezvous)
     else:
         end = open_receiver("broadcast", layout, arch, f"receiver {rank}", rendezvous, rank)
-    group = end.ring.group
+    group = end.ring.member.group
     weights = [(n, torch.randn(hf_weight_shape(arch, n))) for n in hf_weight_names(arch)]
     loaded = {n: torch.empty_like(t) for n, t in weights}
 
