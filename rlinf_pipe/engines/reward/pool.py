@@ -17,25 +17,22 @@ from __future__ import annotations
 import functools
 import logging
 import multiprocessing
-import os
-import signal
 import threading
 import time
-import traceback
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Self
 
 from rlinf_pipe.config.schema import RewardConfig
-from rlinf_pipe.engines.reward.verify import ScoreConfig, ScoreResult, quick_score, score
+from rlinf_pipe.engines.reward.pool_worker import serve
+from rlinf_pipe.engines.reward.verify import ScoreConfig, ScoreResult, Scorer, quick_score, score
 from rlinf_pipe.errors import RlinfPipeError
 
 logger = logging.getLogger(__name__)
 
-Scorer = Callable[[str, str], ScoreResult]
 PRELOAD_MODULE = "rlinf_pipe.engines.reward._preload"
 _MAX_START_FAILURES = 3
 
@@ -317,7 +314,7 @@ class RewardPool:
     def _start_slot(self) -> _Slot:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(
-            target=_serve, args=(child_conn, self._scorer), name="rlinf-pipe-reward", daemon=True
+            target=serve, args=(child_conn, self._scorer), name="rlinf-pipe-reward", daemon=True
         )
         process.start()
         child_conn.close()
@@ -371,44 +368,3 @@ def _kill_all(slots: list[_Slot]) -> None:
 
 def _text(value: object) -> str:
     return "" if value is None else str(value)
-
-
-# --- worker process ---------------------------------------------------------------------------------------------
-def _serve(conn: Connection, scorer: Scorer) -> None:
-    """Worker process main: warm up, say ready, then score items until told to stop or the parent goes away."""
-    _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    try:
-        from rlinf_pipe.engines.reward.verify import warm_up
-
-        warm_up()
-    except Exception:
-        logger.warning("reward worker warm-up failed:\n%s", traceback.format_exc())
-    conn.send(("ready", os.getpid()))
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            return
-        if message is None:
-            return
-        task_id, response, reference = message
-        try:
-            reply = ("done", task_id, scorer(response, reference))
-        except Exception:
-            reply = ("error", task_id, traceback.format_exc())
-        conn.send(reply)
-
-
-def _die_with_parent() -> None:
-    """Linux: get SIGKILL when the parent (the forkserver, which exits with the pool's process) dies, so a worker
-    stuck in sympy never outlives a killed Ray actor."""
-    parent = os.getppid()
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the parent died before the request took effect
-        os._exit(0)

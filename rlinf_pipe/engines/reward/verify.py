@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -84,6 +85,7 @@ class ScoreConfig:
 
 
 DEFAULT_CONFIG = ScoreConfig()
+Scorer = Callable[[str, str], ScoreResult]  # what scores one (response, reference) pair, e.g. `score`
 
 
 def score(
