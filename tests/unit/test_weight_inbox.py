@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -51,6 +52,18 @@ def _inbox() -> tuple[WeightInbox, GatedReceiver, Model]:
     return inbox, receiver, Model()
 
 
+async def abandon_ends(wait: Any, cancel: Any) -> None:
+    """`wait` (waiting for a version nothing makes) ends with "abandoned" once `cancel` runs: from another thread,
+    as the driver's abandon call does."""
+    waiting = asyncio.ensure_future(wait)
+    await asyncio.sleep(0)
+    abandon = threading.Thread(target=cancel)
+    abandon.start()
+    with pytest.raises(WeightSyncError, match="abandoned"):
+        await waiting
+    abandon.join()
+
+
 def test_a_generation_waits_for_the_version_being_loaded():
     inbox, receiver, model = _inbox()
 
@@ -87,14 +100,8 @@ def test_a_failed_sync_fails_the_wait_and_an_abandon_ends_it_but_not_the_retry()
         with pytest.raises(WeightSyncError, match="version 1 did not load: WeightSyncError: the sender is gone"):
             await waiting
 
-        # Abandoned: a wait with no sync coming ends (the driver's abandon call runs in another thread).
-        waiting = asyncio.ensure_future(inbox.wait_for(2, lambda: model.version))
-        await asyncio.sleep(0)
-        abandon = threading.Thread(target=inbox.cancel)
-        abandon.start()
-        with pytest.raises(WeightSyncError, match="abandoned"):
-            await waiting
-        abandon.join()
+        # Abandoned: a wait with no sync coming ends.
+        await abandon_ends(inbox.wait_for(2, lambda: model.version), inbox.cancel)
 
         # The retried step: its wait does not trip over the failure before, and its sync loads.
         receiver.gate, receiver.fail = asyncio.Event(), False
@@ -148,12 +155,6 @@ def test_a_send_asked_for_during_training_waits_for_it_and_fails_with_it():
             raise ValueError("a replica failed")
         with pytest.raises(WeightSyncError, match="version 2 did not train: ValueError: a replica failed"):
             await waiting
-        waiting = asyncio.ensure_future(trained.wait_for(3, lambda: holder.version))
-        await asyncio.sleep(0)
-        abandon = threading.Thread(target=trained.cancel)
-        abandon.start()
-        with pytest.raises(WeightSyncError, match="abandoned"):
-            await waiting
-        abandon.join()
+        await abandon_ends(trained.wait_for(3, lambda: holder.version), trained.cancel)
 
     asyncio.run(run())
