@@ -95,6 +95,7 @@ class GroupMember:
         self.group = join_group(rendezvous, rank, store)
         self.versions = dist.PrefixStore(f"{rendezvous.group_name}/versions/", store)
         self.count = 0  # versions announced (the sender) or awaited (a receiver)
+        self.awaiting = False  # a receiver's thread waits for the sender's announcement
         self.cancelled = threading.Event()
 
     def wait(self, work: Any) -> None:
@@ -121,17 +122,21 @@ class GroupMember:
 
         self.count += 1
         key = str(self.count)
-        while True:
-            self._check_cancelled()
-            try:
-                self.versions.wait([key])  # (the store's timeout: the rendezvous's)
-            except dist.DistError as exc:
-                if "timeout" not in str(exc):
-                    raise WeightSyncError(f"weight transfer: the weight group's sender is gone ({exc})") from None
-                continue
-            if self.versions.get(key) == CANCELLED:
+        self.awaiting = True
+        try:
+            while True:
                 self._check_cancelled()
-            return
+                try:
+                    self.versions.wait([key])  # (the store's timeout: the rendezvous's)
+                except dist.DistError as exc:
+                    if "timeout" not in str(exc):
+                        raise WeightSyncError(f"weight transfer: the weight group's sender is gone ({exc})") from None
+                    continue
+                if self.versions.get(key) == CANCELLED:
+                    self._check_cancelled()
+                return
+        finally:
+            self.awaiting = False
 
     def _check_cancelled(self) -> None:
         if self.cancelled.is_set():
@@ -141,16 +146,18 @@ class GroupMember:
         self.cancelled.set()
         if self.backend == "nccl":
             self.group.abort()
-        self._wake(str(self.count), str(self.count + 1))
+        if self.awaiting:
+            self._wake(str(self.count), str(self.count + 1))
 
     def _wake(self, *keys: str) -> None:
         """Wake a wait for the sender with keys saying it was cancelled (through a connection of its own: the
-        waiting thread holds the member's); nothing to wake when the store is gone with the sender."""
+        waiting thread holds the member's); nothing to wake when the store is gone with the sender (the wait has
+        failed then)."""
         import torch.distributed as dist
 
         r = self.rendezvous
         try:
-            store = dist.TCPStore(r.addr, r.port, r.world, False, timeout=timedelta(seconds=5),
+            store = dist.TCPStore(r.addr, r.port, r.world, False, timeout=timedelta(seconds=2),
                                   wait_for_workers=False)
             versions = dist.PrefixStore(f"{r.group_name}/versions/", store)
             for key in keys:
@@ -227,12 +234,12 @@ class ProcessGroupReceiver(WeightReceiver):
     async def receive(self, published: WeightVersion, load_bucket: LoadBucket, verify: bool = False) -> LoadedWeights:
         layout, version = self.ring.layout, published.version
         buckets = layout.buckets
-        await asyncio.to_thread(self.ring.member.await_sender)
-        posted = [self.ring.broadcast(i) for i in range(min(2, len(buckets)))]
+        posted = await asyncio.to_thread(self._first_bucket, len(buckets))
         errors: list[str] = []
         crcs: list[int] = []
         for index, bucket in enumerate(buckets):
-            await asyncio.to_thread(self.ring.member.wait, posted[index])
+            if index:
+                await asyncio.to_thread(self.ring.member.wait, posted[index])
             buffer = self.ring.buffer(index)
             error = check_bucket(index, bucket, buffer, version, verify)
             if error:
@@ -247,6 +254,13 @@ class ProcessGroupReceiver(WeightReceiver):
             raise WeightSyncError(f"weight broadcast of version {version}: " + "; ".join(errors))
         return LoadedWeights(version, layout.num_bytes, layout.num_tensors, len(buckets), tuple(crcs),
                              "crc32" if verify else "")
+
+    def _first_bucket(self, count: int) -> list[Any]:
+        """In one thread: wait for the sender's announcement, post the first two buckets, wait for the first."""
+        self.ring.member.await_sender()
+        posted = [self.ring.broadcast(i) for i in range(min(2, count))]
+        self.ring.member.wait(posted[0])
+        return posted
 
     def cancel(self) -> None:
         self.ring.member.cancel()
