@@ -14,7 +14,7 @@ rollout phase finishes before the actor phase takes the same GPUs. Partly shared
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlinf_pipe.runner.cpu_shares import CpuLending
@@ -76,7 +76,11 @@ class Step:
     max_steps: int
     cpus: CpuLending | None = None
     generate_beside_sync: bool = True  # false: inference takes turns with the engines (it loads on their GPUs)
-    profiled: Collection[int] = ()  # steps whose generation starts with the step (so does their profiler)
+    # Steps whose generation starts at the step's own start, never during the step before: a profiled step (its
+    # profiler starts with the step) and one validated first (validation waits until the engines are idle, and a
+    # generation started early may never be: its output fills the bounded channels, and nothing trains it before
+    # the step starts).
+    starts_itself: Callable[[int], bool] = lambda step: False  # noqa: E731
 
     @property
     def pushes_weights(self) -> bool:
@@ -108,7 +112,7 @@ class Step:
                 idle = {"rollout": [generation.rollout, *self.schedule.rollouts_before(step + 1)],
                         "inference": [logprob] if logprob is not None else []}
                 calls.watch("weight_push", self.weights.push(step + 1, idle))
-                if self.schedule.starts_next_early and step + 1 not in self.profiled:  # on the pushed version
+                if self.schedule.starts_next_early and not self.starts_itself(step + 1):  # on the pushed version
                     self.schedule.start_next(step + 1, calls, generation)
             await calls.until_all()
             if step + 1 < self.max_steps:

@@ -273,6 +273,19 @@ def test_tiny_default_learns(tmp_path, tiny_model):
 
 
 @pytest.mark.slow
+def test_a_validated_step_starts_its_own_generation_and_the_run_finishes(tmp_path, tiny_model):
+    """Validation waits until the engines are idle before a step: a generation started early for that step would
+    fill the bounded channels (here a batch of 192 samples against 64 + 64 they hold) with nothing training it, and
+    never end. So a validated step starts its generation at its own start; the steps between start theirs early."""
+    out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, "runner.max_steps=4", "runner.val_interval=2",
+              "data.val_size=4", "data.rollout_batch_size=48", "actor.micro_batch_size=16")
+    spans = read_chrome_trace(out / "timeline.json")
+    early = {s.args["step"]: s.args["generation_started_ahead"] for s in spans if s.name == STEP_SPAN}
+    assert early == {0: False, 1: True, 2: False, 3: True}
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl") if "val/pass@1" in r] == [2, 4]
+
+
+@pytest.mark.slow
 def test_placed_inference_with_nothing_to_compute_is_not_started(tmp_path, tiny_model, caplog):
     """Inference placed, but the algorithm needs no log-prob pass: a warning says so and how to change it, no
     inference worker starts or receives weights, and the scored groups reach the actor straight from the reward
