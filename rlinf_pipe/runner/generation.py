@@ -169,11 +169,8 @@ class RolloutSchedule:
         generation now, after `current` (the running step's), waiting on the engines for version `step`. It is as
         on-policy as if the driver asked for it at the step's start, and the engines begin it as soon as they hold
         the version, with no call from the driver between the steps."""
-        if step >= self.max_steps:
-            return
-        self.states_before_ahead.append(self.sampler.state_dict())
-        self.ahead.append(self.generation.start(step, draw_prompts(self.sampler), calls, after=current, ahead=True,
-                                                weights=step))
+        if step < self.max_steps:
+            self._start_ahead(step, calls, current, weights=step)
 
     def draw(self) -> list[PromptItem] | None:
         """The prompts of the step about to start, or None when its generation was started ahead: drawn apart from
@@ -192,11 +189,15 @@ class RolloutSchedule:
         else:
             current = self.generation.start(step, prompts, calls, weights=weights)
         while len(self.ahead) < self.staleness and step + len(self.ahead) + 1 < self.max_steps:
-            self.states_before_ahead.append(self.sampler.state_dict())
-            previous = self.ahead[-1] if self.ahead else current
-            self.ahead.append(self.generation.start(step + len(self.ahead) + 1, draw_prompts(self.sampler), calls,
-                                                    after=previous, ahead=True, weights=weights))
+            self._start_ahead(step + len(self.ahead) + 1, calls, self.ahead[-1] if self.ahead else current, weights)
         return current
+
+    def _start_ahead(self, step: int, calls: StageCalls, after: GenerationCalls, weights: int | None) -> None:
+        """Start step `step`'s generation now, after `after`, on prompts drawn now (the sampler's state before them
+        kept for a checkpoint)."""
+        self.states_before_ahead.append(self.sampler.state_dict())
+        self.ahead.append(self.generation.start(step, draw_prompts(self.sampler), calls, after=after, ahead=True,
+                                                weights=weights))
 
     def sampler_state(self) -> dict[str, Any]:
         return self.states_before_ahead[0] if self.states_before_ahead else self.sampler.state_dict()
