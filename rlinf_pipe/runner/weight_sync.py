@@ -82,8 +82,7 @@ class WeightSync:
         if not self.concurrent:
             self.published = (await self.actor.leader(0).publish_weights(version, self.verify))
         elif self.at_phase_end:
-            with self.tracer.span("weight_sync", version=version) as args:
-                args["bytes"] = self.synced[version] = await self._transfer(version)
+            self.synced[version] = await self._transfer_traced(version)
 
     @property
     def pushes(self) -> bool:
@@ -123,9 +122,7 @@ class WeightSync:
             return {"bytes": self.synced.pop(version)}
         if self.concurrent:  # (shared GPUs: the first version of a run, in an actor phase of its own)
             async with self.actor_phase(version):
-                with self.tracer.span("weight_sync", version=version) as args:
-                    args["bytes"] = nbytes = await self._transfer(version)
-                return {"bytes": nbytes}
+                return {"bytes": await self._transfer_traced(version)}
         if self.published is None or self.published.version != version:  # the first sync of a run
             async with self.actor_phase(version):
                 await self.publish(version)
@@ -136,13 +133,20 @@ class WeightSync:
             args["bytes"] = published.num_bytes
         return {"bytes": float(published.num_bytes)}
 
+    async def _transfer_traced(self, version: int) -> float:
+        """`_transfer` with the driver's `weight_sync` span around it (a pushed transfer has none: it runs beside the
+        step's training)."""
+        with self.tracer.span("weight_sync", version=version) as args:
+            args["bytes"] = nbytes = await self._transfer(version)
+        return nbytes
+
     async def _transfer(self, version: int, after: Mapping[str, Sequence[asyncio.Future]] | None = None,
                         trained: bool = False) -> float:
         """Send and receive `version` at once along every route; each receiver group first waits for its calls in
         `after`; with `trained` the actor sends once the step training `version` ended. Returns the bytes."""
         sent_by_rank, loaded = await asyncio.gather(
             self.actor.all.publish_weights(version, self.verify, trained),
-            self._receive(WeightVersion(version), after or {}))
+            self._receive(WeightVersion(version), after))
         sent = {route.sender: sent_by_rank[route.sender] for route in self.routes}
         await self._check(sent, loaded)
         return float(next(iter(sent.values())).num_bytes)
