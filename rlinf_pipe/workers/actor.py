@@ -132,7 +132,7 @@ class ActorWorker(Worker):
         asked for meanwhile (`publish_weights(..., trained=True)`) goes out once it ended."""
         with self.trained.making(step + 1):
             result = await self._train_step(step)
-            self.version = step + 1
+            self._holds(step + 1)
         return result
 
     async def _train_step(self, step: int) -> TrainResult:
@@ -171,8 +171,6 @@ class ActorWorker(Worker):
             if not voted_no and votes < self.routing.n_minibatches:
                 await asyncio.to_thread(self.ranks.agree, False)
             raise
-        if self.stage is not None:
-            self.stage.version = step + 1  # the log-probs of the next step come from the weights trained now
         return result
 
     async def rollback(self, step: int) -> bool:
@@ -186,10 +184,14 @@ class ActorWorker(Worker):
                     self.policy.restore_state(self.rollback_point[1])
             else:
                 self.policy.require_optimizer().zero_grads()
-        self.version = step
-        if self.stage is not None:
-            self.stage.version = step
+        self._holds(step)
         return restored
+
+    def _holds(self, version: int) -> None:
+        """The policy now holds weight version `version`; the log-probs this actor computes come from it."""
+        self.version = version
+        if self.stage is not None:
+            self.stage.version = version
 
     @contextlib.asynccontextmanager
     async def _state_on_devices(self, step: int) -> AsyncIterator[None]:
@@ -301,6 +303,4 @@ class ActorWorker(Worker):
         the run resumes at)."""
         async with self._state_on_devices(version):
             await self.compute.run(self.policy.load_checkpoint, folder)
-        self.version = version
-        if self.stage is not None:
-            self.stage.version = version
+        self._holds(version)
