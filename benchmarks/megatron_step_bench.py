@@ -1,7 +1,7 @@
 """Training step time: our Megatron trainer (`MegatronPolicy`) against plain Hugging Face + torch on one batch.
 
     python benchmarks/megatron_step_bench.py [--model tiny|warm|smollm2] [--arch qwen2] [--batch 16] [--seq-len 48]
-        [--response-len 16] [--ragged] [--padded] [--repeats 20] [--threads N] [--json]
+        [--response-len 16] [--ragged] [--group-size 1] [--padded] [--repeats 20] [--threads N] [--json]
 
 Both train the same model folder (the tiny model, created locally on first use, or with --model warm the
 warm-started tiny model from the default model cache, built there on first use, or with --model smollm2
@@ -9,7 +9,9 @@ SmolLM2-135M-Instruct, converted into the default cache on first use), fp32 CPU,
 `batch` sequences of `seq_len` random token ids,
 response mask on the last `response_len` tokens, random old log-probs and advantages; with --ragged, rows of
 random lengths as the default run's arithmetic rollouts have them (a prompt of 10-16 tokens and a response of 1-32,
-right-padded to the longest: about 60% of the positions hold real tokens). One step = forward + backward +
+right-padded to the longest: about 60% of the positions hold real tokens); with --group-size N, each run of N rows
+shares its first row's prompt, as a GRPO group's samples do (Megatron then runs each prompt once,
+`actor.share_prompts`; HF + torch computes it in every row). One step = forward + backward +
 optimizer step with the whole batch as one micro-batch, the PPO loss `policy_loss` (token-mean):
 
 - megatron: `MegatronPolicy.train_micro_batch(batch, loss_fn)` then `optimizer_step()` (gloo, world size 1,
@@ -47,17 +49,21 @@ LR = 1e-5
 CLIP = 1.0
 
 
-def make_batch(batch: int, seq_len: int, response_len: int, vocab: int, ragged: bool = False) -> TrainBatch:
+def make_batch(batch: int, seq_len: int, response_len: int, vocab: int, ragged: bool = False,
+               group_size: int = 1) -> TrainBatch:
     g = torch.Generator().manual_seed(0)
     if ragged:  # a prompt of 10-16 tokens, a response of 1-32 (right-padded to the longest row)
         prompts, responses = torch.randint(10, 17, (batch,), generator=g), torch.randint(1, 33, (batch,), generator=g)
-        seq_len = int((prompts + responses).max())
     else:
         prompts, responses = torch.full((batch,), seq_len - response_len), torch.full((batch,), response_len)
+    first = torch.arange(batch) // group_size * group_size  # each row's group's first row: its prompt for all
+    prompts = prompts[first]
+    seq_len = int((prompts + responses).max())
     columns = torch.arange(seq_len)[None, :]
     valid = columns < (prompts + responses)[:, None]
     response_mask = valid & (columns >= prompts[:, None])
-    input_ids = torch.randint(3, vocab, (batch, seq_len), generator=g).masked_fill(~valid, 0)
+    input_ids = torch.randint(3, vocab, (batch, seq_len), generator=g)
+    input_ids = torch.where(columns < prompts[:, None], input_ids[first], input_ids).masked_fill(~valid, 0)
     old_logprobs = (-torch.rand(batch, seq_len, generator=g) * 6.0).masked_fill(~response_mask, 0.0)
     adv = torch.randn(batch, generator=g)
     advantages = adv[:, None].expand(batch, seq_len).masked_fill(~response_mask, 0.0).contiguous()
@@ -110,12 +116,9 @@ class MegatronStep:
 
     def forward(self) -> float:
         """Forward alone (model + token log-probs + loss, autograd recording, no backward)."""
-        from rlinf_pipe.engines.policy.model_inputs import packed_inputs, padded_inputs
-
         p, b = self.policy, self.batch
         t0 = time.perf_counter()
-        inputs = (packed_inputs(b.input_ids, b.attention_mask, p.device) if p._packs(b)
-                  else padded_inputs(b.input_ids, p.device))
+        inputs = p.model_inputs(b)
         lp, _ = p._token_values(inputs.run(p.model), inputs, 1.0, False)
         finalize(self.loss_fn(lp, None, b))
         return time.perf_counter() - t0
@@ -180,6 +183,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=48)
     parser.add_argument("--response-len", type=int, default=16)
     parser.add_argument("--ragged", action="store_true", help="rows of random lengths (see the module docstring)")
+    parser.add_argument("--group-size", type=int, default=1, help="rows a prompt is shared by (1: none)")
     parser.add_argument("--padded", action="store_true", help="megatron on the padded batch (no packing)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=20)
@@ -197,7 +201,7 @@ def main() -> None:
     from transformers import AutoConfig
 
     vocab = AutoConfig.from_pretrained(folder).vocab_size
-    batch = make_batch(args.batch, args.seq_len, args.response_len, vocab, args.ragged)
+    batch = make_batch(args.batch, args.seq_len, args.response_len, vocab, args.ragged, args.group_size)
     megatron, hf = MegatronStep(folder, batch, packed=not args.padded), HFStep(folder, batch)
     n_params = sum(p.numel() for p in hf.model.parameters())
     for _ in range(args.warmup):
@@ -229,7 +233,8 @@ def main() -> None:
         "model": args.model, "arch": args.arch if args.model == "tiny" else {"warm": "qwen2"}.get(args.model, "llama"),
         "params": n_params,
         "batch": args.batch, "seq_len": int(batch.input_ids.shape[1]), "response_len": args.response_len,
-        "ragged": args.ragged, "packed": megatron.policy._packs(batch),  # (a batch without padding runs unpacked)
+        "ragged": args.ragged, "group_size": args.group_size,
+        "packed": megatron.policy._packing(batch)[0],  # (full rows of distinct prompts run unpacked)
         "real_token_fraction": round(float(batch.attention_mask.float().mean()), 3),
         "repeats": args.repeats, "warmup": args.warmup, "threads": torch.get_num_threads(),
         "runtime_s": time.perf_counter() - start,

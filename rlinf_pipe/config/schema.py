@@ -220,6 +220,12 @@ class ActorConfig:
         "stream, with no padding (Megatron's packed `thd` layout): the same results within float rounding, no compute "
         "spent on padding. false: right-padded micro-batches.",
     )
+    share_prompts: bool = opt(
+        True,
+        "With pack_sequences: the rows of a micro-batch with the same prompt (a GRPO group's samples) run it once in "
+        "the stream, each row still attending to all of it (docs/pipeline.md, \"Shared prompts\"): the same results "
+        "within float rounding, for the compute of one prompt a group instead of one a sample.",
+    )
     recompute: Literal["none", "selective", "full"] = opt(
         "none", "Activation recompute in the backward pass: `selective` (the attention scores, most of the memory at "
         "long sequences, for little compute) or `full` (every layer's activations).",

@@ -10,7 +10,8 @@ each call):
 
 - `bshd`: the same arithmetic on cosines and sines computed once per frequency table (Megatron's rotary module
   returns the same table object for a sequence length; the packed one below is one object per stream);
-- `thd`: each token's position in its sequence from the boundaries, one gather of the table, then the `bshd` path.
+- `thd`: each token's position in its row (`packed_rows.positions_of`: those a packed stream carries, else from the
+  boundaries), one gather of the table, then the `bshd` path.
 
 The values are Megatron's bit for bit (tests/unit/test_megatron_rope.py). What is not covered (multi-latent
 attention, context parallelism, a frequency table as long as the stream, which Megatron maps by offsets) goes to
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlinf_pipe.models.packed_rows import packed_positions
+from rlinf_pipe.models.packed_rows import positions_of
 
 BSHD_PARAMETERS = ("t", "freqs", "rotary_interleaved", "multi_latent_attention", "mscale")
 THD_PARAMETERS = ("t", "cu_seqlens", "freqs", "rotary_interleaved", "multi_latent_attention", "mscale", "cp_group")
@@ -75,7 +76,7 @@ def _packed_table(cu_seqlens: Tensor, freqs: Tensor, total: int) -> Tensor:
     with _lock:
         if _packed is not None and _packed[0] is cu_seqlens and _packed[1] is freqs:
             return _packed[2]
-    table = freqs[packed_positions(cu_seqlens, total)]
+    table = freqs[positions_of(cu_seqlens, total)]
     with _lock:
         _packed = (cu_seqlens, freqs, table)
     return table

@@ -9,9 +9,9 @@ step with the local attention, docs/benchmarks.md) and on a GPU (flash or memory
 recompute are unchanged) whose forward hands the common cases to SDPA:
 
 - padded batches (`[s, b, heads, d]`, a causal or given mask);
-- packed sequences (`packed_seq_params` a `PackedSeqParams` from `packed_params`: `[t, heads, d]`, every sequence
-  attending causally to itself only): each sequence is gathered into a padded row for one causal SDPA call and
-  scattered back (attention is the small part of a step at RL response lengths; the projections around it run on
+- packed sequences (`packed_seq_params` a `PackedSeqParams` from `packed_params`: `[t, heads, d]`, every row
+  attending causally to itself only, a prompt it shares with other rows included): each row is gathered into a
+  padded row for one causal SDPA call and its own tokens scattered back (attention is the small part of a step at RL response lengths; the projections around it run on
   the packed tokens only).
 
 What SDPA does not do here (attention dropout, a softmax offset, sliding windows, attention bias, query-key layer
@@ -36,11 +36,11 @@ from rlinf_pipe.models.packed_rows import PackedRows
 
 @dataclass
 class RowPackedSeqParams(PackedSeqParams):
-    """Megatron's packed-sequence parameters plus where each sequence's tokens are (`PackedRows.gather`), which
-    `SdpaAttention` uses to lay the sequences out as padded rows."""
+    """Megatron's packed-sequence parameters plus where each row's tokens are in the stream (`PackedRows.gather`,
+    `gather_out`), which `SdpaAttention` uses to lay the rows out as padded rows and back."""
 
     gather: torch.Tensor | None = None
-    gather_valid: torch.Tensor | None = None
+    gather_out: torch.Tensor | None = None
 
 
 def packed_params(rows: PackedRows, cp_group: Any) -> RowPackedSeqParams:
@@ -48,7 +48,7 @@ def packed_params(rows: PackedRows, cp_group: Any) -> RowPackedSeqParams:
     which Megatron's packed rotary embedding asks for)."""
     return RowPackedSeqParams(
         qkv_format="thd", cu_seqlens_q=rows.cu_seqlens, cu_seqlens_kv=rows.cu_seqlens, max_seqlen_q=rows.max_length,
-        max_seqlen_kv=rows.max_length, cp_group=cp_group, gather=rows.gather, gather_valid=rows.gather_valid,
+        max_seqlen_kv=rows.max_length, cp_group=cp_group, gather=rows.gather, gather_out=rows.gather_out,
     )
 
 
@@ -87,12 +87,12 @@ class SdpaAttention(DotProductAttention):
 
     def _packed(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 params: RowPackedSeqParams) -> torch.Tensor:
-        """Each sequence of the stream as a padded row (`gather`), causal SDPA over the rows, the real positions back
-        into the stream (right padding: a real query never sees a padding key)."""
+        """Each row of the stream laid out as a padded row (`gather`), causal SDPA over the rows, each stream token's
+        result back into the stream (`gather_out`; right padding: a real query never sees a padding key)."""
         q, k, v = (t[params.gather].transpose(1, 2) for t in (query, key, value))  # -> [rows, heads, width, d]
         context = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale,
                                                  enable_gqa=self._grouped())
-        return context.transpose(1, 2)[params.gather_valid].reshape(query.shape[0], self.hidden_size_per_partition)
+        return context.transpose(1, 2)[params.gather_out].reshape(query.shape[0], self.hidden_size_per_partition)
 
     def _grouped(self) -> bool:
         return self.num_attention_heads_per_partition != self.num_query_groups_per_partition

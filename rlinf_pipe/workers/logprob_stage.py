@@ -37,7 +37,8 @@ def policy_options(cfg: Config) -> dict[str, Any]:
     """`MegatronPolicy` keywords every policy of a run shares."""
     dtype = None if cfg.actor.params_dtype == "auto" else cfg.actor.params_dtype
     return {"temperature": logprob_temperature(cfg), "logprob_max_tokens": cfg.inference.max_tokens_per_batch,
-            "seed": cfg.runner.seed, "params_dtype": dtype, "pack_sequences": cfg.actor.pack_sequences}
+            "seed": cfg.runner.seed, "params_dtype": dtype, "pack_sequences": cfg.actor.pack_sequences,
+            "share_prompts": cfg.actor.share_prompts}
 
 
 def train_routing(cfg: Config, actor_dp: int) -> TrainRouting:

@@ -10,6 +10,7 @@ from support.actor_run import (
     LOSS,
     capture_grads,
     make_batch,
+    make_grouped_batch,
     params_of,
     select_rows,
     spawn,
@@ -109,6 +110,22 @@ def _single_process(rank: int, model_path: str) -> dict:
     out["metrics_padded"] = _train(padded, fixed, stream_split)
     out["grads_padded"] = dict(grads_padded)
 
+    # rows of one prompt share it (the default): the same log-probs, entropies and gradients as unshared packing,
+    # and as HF's model; log-probs in chunks of 40 tokens (some groups split between chunks)
+    grouped = make_grouped_batch(3, 3, 4, vocab)
+    shared, unshared = _policy(model_path, logprob_max_tokens=40), _policy(model_path, logprob_max_tokens=40,
+                                                                           share_prompts=False)
+    out["sharing"] = (shared.share_prompts, unshared.share_prompts)
+    out["grouped_hf"] = _hf_reference(model_path, grouped, 0.7)
+    out["grouped_logprobs"] = [p.compute_logprobs(grouped, temperature=0.7, with_entropy=True)
+                               for p in (shared, unshared)]
+    grouped = with_old_logprobs(grouped, out["grouped_logprobs"][0][0])
+    out["grouped_grads"], out["grouped_metrics"] = [], []
+    for p in (shared, unshared):
+        grads = capture_grads(p)
+        out["grouped_metrics"].append(_train(p, grouped, [[0, 3, 6, 9, 1, 4], [2, 5, 8, 11, 7, 10]]))
+        out["grouped_grads"].append(dict(grads))
+
     # 4. offload / onload round trip: training continues bit for bit
     c = _policy(model_path)
     _train(c, fixed, stream_split)
@@ -159,6 +176,9 @@ def _model_parallel(rank: int, model_path: str) -> dict:
     glob = with_old_logprobs(glob, box[0])
     out = {"logprobs": logprobs, "metrics": _train(p, glob, DP1_SPLIT)}
     out["hf"] = dict(p.hf_weights())
+    grouped = make_grouped_batch(3, 3, 4, vocab)  # shared prompts, in log-prob chunks of one stream length
+    out["grouped"] = _policy(model_path, train=False, logprob_max_tokens=40).compute_logprobs(
+        grouped, temperature=0.7, with_entropy=True)
     return out
 
 
@@ -246,6 +266,21 @@ def test_packed_micro_batches_equal_padded_ones(single):
     assert single["metrics_padded"]["loss"] == pytest.approx(single["metrics_streamed"]["loss"], abs=1e-6)
 
 
+def test_rows_sharing_their_prompt_equal_unshared_rows_and_hf(single):
+    assert single["sharing"] == (True, False)
+    ref_lp, ref_ent = single["grouped_hf"]
+    for lp, ent in single["grouped_logprobs"]:
+        assert float((lp.double() - ref_lp).abs().max()) < 1e-4 and float((ent.double() - ref_ent).abs().max()) < 1e-4
+    for shared, unshared in zip(*single["grouped_logprobs"], strict=True):
+        torch.testing.assert_close(shared, unshared, atol=1e-6, rtol=1e-5)
+    shared, unshared = single["grouped_grads"]
+    assert max(float(g.abs().max()) for g in unshared.values()) > 0
+    for name, g in unshared.items():
+        torch.testing.assert_close(shared[name], g, atol=1e-7, rtol=1e-5, msg=name)
+    losses = [m["loss"] for m in single["grouped_metrics"]]
+    assert losses[0] == pytest.approx(losses[1], abs=1e-6)
+
+
 def test_clear_errors(single):
     no_response, empty_step, overtaken = single["errors"]
     assert "no response tokens" in no_response
@@ -286,6 +321,8 @@ def test_model_parallel_matches_single_process(single, parallel, model_path, tmp
     assert last["metrics"]["loss"] == pytest.approx(single["dp1_metrics"]["loss"], abs=1e-6)
     assert last["metrics"]["grad_norm"] == pytest.approx(single["dp1_metrics"]["grad_norm"], rel=1e-4)
     assert results[0]["metrics"] == last["metrics"]
+    for got, want in zip(last["grouped"], single["grouped_logprobs"][1], strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     streamed = results[0]["hf"]  # the stream yields on tp0 / pp0
     assert streamed.keys() == single["dp1_hf"].keys()
     for name, t in streamed.items():

@@ -59,6 +59,32 @@ def make_batch(seed: int, rows: int, vocab: int, max_prompt: int = 6, max_respon
     )
 
 
+def make_grouped_batch(seed: int, groups: int, group_size: int, vocab: int) -> TrainBatch:
+    """`make_batch`'s rows in GRPO groups: `group_size` responses to each of `groups` random prompts, the groups'
+    rows interleaved (row r belongs to group r % groups)."""
+    batch = make_batch(seed, groups * group_size, vocab)
+    g = torch.Generator().manual_seed(seed + 1)
+    prompts = [torch.randint(1, vocab, (int(n),), generator=g) for n in torch.randint(2, 7, (groups,), generator=g)]
+    rows = []
+    for r in range(batch.num_sequences):
+        response = batch.input_ids[r][batch.response_mask[r]]
+        rows.append((prompts[r % groups], response, float(batch.advantages[r][batch.response_mask[r]][0])))
+    width = max(len(p) + len(x) for p, x, _ in rows)
+    input_ids = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
+    attention = torch.zeros(len(rows), width, dtype=torch.bool)
+    response = torch.zeros(len(rows), width, dtype=torch.bool)
+    adv = torch.zeros(len(rows), width)
+    for r, (prompt, answer, a) in enumerate(rows):
+        p, n = len(prompt), len(answer)
+        input_ids[r, : p + n] = torch.cat([prompt, answer])
+        attention[r, : p + n] = True
+        response[r, p : p + n] = True
+        adv[r, p : p + n] = a
+    return msgspec.structs.replace(batch, input_ids=input_ids, attention_mask=attention, response_mask=response,
+                                   old_logprobs=torch.zeros(len(rows), width), advantages=adv,
+                                   num_tokens=int(response.sum()))
+
+
 def select_rows(batch: TrainBatch, rows: Sequence[int]) -> TrainBatch:
     """The micro-batch of `rows` (any order), trimmed to its longest row."""
     idx = torch.as_tensor(list(rows), dtype=torch.long)

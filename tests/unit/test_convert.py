@@ -189,6 +189,7 @@ def test_cli_user_errors_exit_2(cache, tmp_path, capsys, args, expected):
     gpt2.mkdir()
     (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     subs = {"model": str(path), "out": str(tmp_path / "out"), "tmp": str(tmp_path), "gpt2": str(gpt2)}
+    capsys.readouterr()  # (what building the model printed, when this test builds it first)
     code, out, err = _cli(capsys, *(a.format(**subs) for a in args))
     assert code == 2 and out == ""
     assert err.startswith("error: ") and expected in err and "Traceback" not in err

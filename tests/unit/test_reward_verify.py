@@ -168,7 +168,17 @@ def test_invalid_answer_pattern_is_a_config_error() -> None:
         ScoreConfig(answer_pattern="#### (")
 
 
-def test_deadline_times_out_a_power_tower_in_the_main_thread() -> None:
+def test_a_deadline_in_the_main_thread_scores_a_timed_out_wrong_answer(monkeypatch) -> None:
+    """The comparison stands for a power tower's: Python-level work that only the deadline ends. (A real tower can
+    also land inside one C-level power that no signal interrupts; the reward pool kills the process then,
+    tests/unit/test_reward_pool.py.)"""
+    from rlinf_pipe.engines.reward import verify
+
+    def spin(*_: object) -> bool:
+        while True:
+            pass
+
+    monkeypatch.setattr(verify, "_equal", spin)
     started = time.monotonic()
     result = score("\\boxed{9^{9^{9^{9}}}}", "72", timeout_s=0.3)
     assert result == ScoreResult(False, False, True, 0.0, "9^{9^{9^{9}}}")

@@ -4,8 +4,8 @@
 Padded, the model runs on the right-padded `[B, L]` ids with a causal mask (right padding: every real token sees
 exactly its real prefix). Packed (`rlinf_pipe.models.packed_rows`), it runs on the `[1, T]` stream of the real
 tokens with Megatron's packed-sequence parameters: the same values at every real position, within float rounding,
-for the compute of T tokens instead of B x L. Either way `per_token` turns a `[b, s]` result of the model's layout
-into the batch's `[B, L]`.
+for the compute of T tokens instead of B x L. Rows of one prompt share it in the stream (`shared`, see
+`packed_rows`). Either way `per_token` turns the `[b, s]` log-probs of the model's layout into the batch's `[B, L]`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlinf_pipe.models.packed_rows import PackedRows
+from rlinf_pipe.models.packed_rows import PackedRows, Sharing, shared_prompts, stream_length
 
 
 @dataclass(frozen=True)
@@ -43,9 +43,9 @@ class ModelInputs:
         return model(self.ids, self.positions, None, packed_seq_params=self.packed_seq_params)
 
     def per_token(self, values: Tensor) -> Tensor:
-        """A `[b, s]` per-position result of the model's layout -> `[B, L]` of the batch (packed: unpacked, 0 on
-        padding). Differentiable."""
-        return values if self.rows is None else self.rows.unpack(values[0])
+        """A `[b, s]` result of `token_logprobs` on `ids` -> `[B, L]` of the batch: each token's value at its
+        position, 0 at each row's first position and (packed) on padding. Differentiable."""
+        return values if self.rows is None else self.rows.unpack_predicted(values[0])
 
 
 def padded_inputs(input_ids: Tensor, device: torch.device) -> ModelInputs:
@@ -57,14 +57,15 @@ def padded_inputs(input_ids: Tensor, device: torch.device) -> ModelInputs:
     return ModelInputs(ids, positions, mask)
 
 
-def packed_inputs(input_ids: Tensor, attention_mask: Tensor, device: torch.device, total: int | None = None
-                  ) -> ModelInputs:
-    """The real tokens of a right-padded micro-batch as one stream (`total`: its length with filler)."""
+def packed_inputs(input_ids: Tensor, attention_mask: Tensor, device: torch.device, total: int | None = None,
+                  shared: Sharing | None = None) -> ModelInputs:
+    """The real tokens of a right-padded micro-batch as one stream (`total`: its length with filler; `shared`: the
+    rows' shared prompts, `packed_rows.shared_prompts`)."""
     from megatron.core import parallel_state
 
     from rlinf_pipe.models.megatron_sdpa import packed_params
 
-    rows = PackedRows.of(attention_mask.to(device), total)
+    rows = PackedRows.of(attention_mask.to(device), total, shared)
     ids = rows.pack(input_ids.to(device, dtype=torch.long))[None]
     return ModelInputs(ids, rows.positions[None], None, rows,
                        packed_params(rows, parallel_state.get_context_parallel_group()))
@@ -83,19 +84,22 @@ def token_chunks(lengths: Sequence[int], budget: int) -> list[range]:
     return runs
 
 
-def logprob_micro_batches(batch: Any, budget: int, packed: bool, device: torch.device
+def logprob_micro_batches(batch: Any, budget: int, packed: bool, device: torch.device, share: bool = False
                           ) -> tuple[list[range], list[ModelInputs]]:
     """The forward-only micro-batches of a `TrainBatch` (their rows, and their model inputs), all of one shape for
-    the pipeline schedule: packed, runs of rows of at most `budget` real tokens, each stream as long as the longest;
-    padded, runs of at most `budget // length` rows, the last one filled up with copies of its last row."""
+    the pipeline schedule: packed, runs of rows of at most `budget` real tokens (rows of one prompt sharing it
+    with `share`), each stream as long as the longest; padded, runs of at most `budget // length` rows, the last
+    one filled up with copies of its last row."""
     input_ids, mask = batch.input_ids, batch.attention_mask
     b, length = input_ids.shape
     if packed:
         lengths = mask.sum(dim=1).tolist()
         chunks = token_chunks(lengths, budget)
-        total = max(sum(lengths[r.start:r.stop]) for r in chunks)
-        return chunks, [packed_inputs(input_ids[r.start:r.stop], mask[r.start:r.stop], device, total)
-                        for r in chunks]
+        shares = [shared_prompts(input_ids[r.start:r.stop], batch.response_mask[r.start:r.stop]) if share else
+                  [(i, 0) for i in range(len(r))] for r in chunks]
+        total = max(stream_length(lengths[r.start:r.stop], s) for r, s in zip(chunks, shares, strict=True))
+        return chunks, [packed_inputs(input_ids[r.start:r.stop], mask[r.start:r.stop], device, total, s)
+                        for r, s in zip(chunks, shares, strict=True)]
     rows = max(1, min(b, budget // length))
     chunks = [range(i, min(i + rows, b)) for i in range(0, b, rows)]
     ids = [input_ids[r.start:r.stop] for r in chunks]

@@ -36,6 +36,7 @@ from rlinf_pipe.engines.policy.model_inputs import (
     packed_inputs,
     padded_inputs,
 )
+from rlinf_pipe.models.packed_rows import Sharing, shared_prompts
 from rlinf_pipe.engines.policy.optimizer import DeviceState, PolicyOptimizer
 
 __all__ = ["LossFn", "MegatronPolicy", "resolve_dtype"]
@@ -77,6 +78,8 @@ class MegatronPolicy:
         pack_sequences: run the model on each micro-batch's real tokens as one stream (`model_inputs`: the same
             values within float rounding, no compute spent on padding; a batch without padding runs as it is);
             padded when False.
+        share_prompts: packed, the rows of a micro-batch with the same prompt run it once (`packed_rows`: the
+            same values within float rounding; no context parallelism).
         seed: torch / Megatron model-parallel RNG seed.
         load_weights: False keeps the random initialisation (the folder then needs only `config.json`; for
             memory and speed measurements at a real model's shape).
@@ -102,6 +105,7 @@ class MegatronPolicy:
         recompute: str = "none",
         load_weights: bool = True,
         pack_sequences: bool = True,
+        share_prompts: bool = True,
     ) -> None:
         if logprob_max_tokens < 1:
             raise ValueError(f"logprob_max_tokens must be >= 1, got {logprob_max_tokens}")
@@ -153,6 +157,7 @@ class MegatronPolicy:
         self.arch = load_hf_checkpoint(module, path) if load_weights else hf_arch(hf_config)
         self.vocab_size = self.arch.vocab_size
         self.pack_sequences = pack_sequences and model_supports_packing(module)
+        self.share_prompts = share_prompts and self.pack_sequences and ps.get_context_parallel_world_size() == 1
         self.config = module.config
         self.config.finalize_model_grads_func = None  # gradients are finalised once, in optimizer_step
         self.use_distributed_optimizer = (self.dp_size > 1) if use_distributed_optimizer is None else (
@@ -209,9 +214,21 @@ class MegatronPolicy:
             advantages=move(batch.advantages),
         )
 
-    def _packs(self, batch: TrainBatch) -> bool:
-        """Whether `batch` runs packed: with packing on and some padding to drop (full rows gain nothing from it)."""
-        return self.pack_sequences and not bool(batch.attention_mask.all())
+    def _packing(self, batch: TrainBatch) -> tuple[bool, Sharing | None]:
+        """Whether `batch` runs packed, and the prompts its rows share: with packing on and some padding to drop or
+        a prompt to share (full rows of distinct prompts gain nothing from it)."""
+        if not self.pack_sequences:
+            return False, None
+        shared = shared_prompts(batch.input_ids, batch.response_mask) if self.share_prompts else None
+        shares = shared is not None and any(count for _, count in shared)
+        return shares or not bool(batch.attention_mask.all()), shared if shares else None
+
+    def model_inputs(self, batch: TrainBatch) -> ModelInputs:
+        """`batch` (on this rank's device) as the model takes it in one micro-batch: packed or padded."""
+        packed, shared = self._packing(batch)
+        if packed:
+            return packed_inputs(batch.input_ids, batch.attention_mask, self.device, shared=shared)
+        return padded_inputs(batch.input_ids, self.device)
 
     def _token_values(self, logits: Tensor, inputs: ModelInputs, temperature: float, with_entropy: bool
                       ) -> tuple[Tensor, Tensor | None]:
@@ -221,12 +238,7 @@ class MegatronPolicy:
             lp, ent = token_logprobs_and_entropy(logits, inputs.ids, temperature, self.vocab_size, self.tp_group)
         else:
             lp, ent = token_logprobs(logits, inputs.ids, temperature, self.vocab_size, self.tp_group), None
-        if inputs.rows is None:
-            return lp, ent
-        first = torch.zeros(inputs.rows.valid.shape, dtype=torch.bool, device=lp.device)
-        first[:, 0] = True  # (packed, the stream's value there came from the row before)
-        return (inputs.per_token(lp).masked_fill(first, 0.0),
-                None if ent is None else inputs.per_token(ent).masked_fill(first, 0.0))
+        return inputs.per_token(lp), None if ent is None else inputs.per_token(ent)
 
     def _run_schedule(
         self, micro_batches: list[ModelInputs], forward_only: bool, loss_func_factory: Callable[[int], Callable]
@@ -266,7 +278,9 @@ class MegatronPolicy:
         input_ids = batch.input_ids
         if input_ids.dim() != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must be a non-empty [batch, seq] tensor, got {tuple(input_ids.shape)}")
-        chunks, micro_batches = logprob_micro_batches(batch, self.logprob_max_tokens, self._packs(batch), self.device)
+        packed, shared = self._packing(batch)
+        chunks, micro_batches = logprob_micro_batches(batch, self.logprob_max_tokens, packed, self.device,
+                                                      shared is not None)
 
         def factory(index: int) -> Callable:
             inputs = micro_batches[index]
@@ -319,8 +333,7 @@ class MegatronPolicy:
         temperature = self.temperature if temperature is None else temperature
         entropy_on = self.train_entropy if with_entropy is None else with_entropy
         dev_batch = self._to_device(batch)
-        inputs = (packed_inputs(dev_batch.input_ids, dev_batch.attention_mask, self.device) if self._packs(batch)
-                  else padded_inputs(dev_batch.input_ids, self.device))
+        inputs = self.model_inputs(dev_batch)
         kept: list[LossTerms] = []
 
         def factory(index: int) -> Callable:
