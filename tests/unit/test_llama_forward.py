@@ -101,3 +101,39 @@ def test_packed_weights_follow_a_weight_update(tmp_path, monkeypatch):
         assert token == int(reference_logits(engine.model, sequence).argmax())
         sequence.append(token)
     assert sequence[len(PROMPTS[0]):] != before
+
+
+def test_rows_of_one_prompt_prefill_it_once_and_decode_as_if_alone(tmp_path, monkeypatch):
+    """A request's samples share their prompt: the batch prefills each distinct prompt once, and every row then
+    holds the keys, values and logits it would have computed alone (and samples the same tokens)."""
+    from rlinf_pipe.engines.rollout.batch import DecodeBatch, SampleState
+
+    model = AutoModelForCausalLM.from_pretrained(ensure_tiny_model(tmp_path), dtype=torch.float32).eval()
+    lean = LlamaForward.build(model)
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[0], PROMPTS[2], PROMPTS[0], PROMPTS[1]]
+
+    def batch() -> DecodeBatch:
+        rows = [SampleState(i, 0, p, torch.Generator().manual_seed(i), 1.0, 0, 1.0, 6, frozenset(), 0)
+                for i, p in enumerate(prompts)]
+        return DecodeBatch(model, rows, 0, torch.device("cpu"), lean)
+
+    prefilled_rows = []
+    call = LlamaForward.__call__
+    monkeypatch.setattr(LlamaForward, "__call__", lambda self, ids, *a: prefilled_rows.append(ids.shape) or call(
+        self, ids, *a))
+    shared = batch()
+    shared.prefill()
+    assert prefilled_rows == [(3, 6)]  # the three distinct prompts, once each
+    alone = batch()
+    alone._forward(alone._ids, (alone.mask.cumsum(-1) - 1).clamp_(min=0), logits_to_keep=1)  # every row itself
+    for row, prompt in enumerate(prompts):
+        torch.testing.assert_close(shared.logits[row], reference_logits(model, prompt), atol=1e-5, rtol=1e-4)
+    assert shared.cache.length == alone.cache.length == 6
+    for a, b in zip(shared.cache.keys + shared.cache.values, alone.cache.keys + alone.cache.values, strict=True):
+        torch.testing.assert_close(a[:, :, :6], b[:, :, :6], atol=1e-6, rtol=1e-5)
+    samples = [list(shared.rows), list(alone.rows)]
+    while shared.active or alone.active:
+        shared.step()
+        alone.step()
+    assert [r.tokens for r in samples[0]] == [r.tokens for r in samples[1]]
+    assert all(len(r.tokens) == 6 for r in samples[0])

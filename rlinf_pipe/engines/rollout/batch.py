@@ -67,9 +67,22 @@ class DecodeBatch:
 
     @torch.no_grad()
     def prefill(self) -> None:
-        """Run the prompts through the model, filling the KV cache and the first next-token logits."""
+        """Run the prompts through the model, filling the KV cache and the first next-token logits. Through the
+        lean forward, rows with the same prompt (a request's samples) run it once and take copies of its keys,
+        values and logits: a row's prefill depends on its own prompt only."""
         positions = (self.mask.cumsum(-1) - 1).clamp_(min=0)
-        self._forward(self._ids, positions, logits_to_keep=1)
+        firsts: dict[tuple[int, ...], int] = {}
+        owner = [firsts.setdefault(tuple(r.prompt_ids), len(firsts)) for r in self.rows]
+        if self.lean is None or len(firsts) == len(self.rows):
+            self._forward(self._ids, positions, logits_to_keep=1)
+            return
+        unique = torch.tensor([owner.index(i) for i in range(len(firsts))], device=self.device)
+        copies = torch.tensor(owner, device=self.device)
+        cache = self.lean.new_cache(len(firsts), self.cache.keys[0].shape[2])
+        logits = self.lean(self._ids[unique], positions[unique], self.mask[unique], cache)
+        for full, part in zip(self.cache.keys + self.cache.values, cache.keys + cache.values, strict=True):
+            full[:, :, : cache.length] = part[copies, :, : cache.length]
+        self.cache.length, self.logits = cache.length, logits[copies]
 
     @torch.no_grad()
     def step(self) -> list[SampleState]:
