@@ -224,7 +224,8 @@ class MegatronPolicy:
         return shares or not bool(batch.attention_mask.all()), shared if shares else None
 
     def model_inputs(self, batch: TrainBatch) -> ModelInputs:
-        """`batch` (on this rank's device) as the model takes it in one micro-batch: packed or padded."""
+        """`batch` as the model takes it in one micro-batch, on this rank's device: packed or padded (pass the batch
+        in host memory: where it packs and what it shares is worked out there)."""
         packed, shared = self._packing(batch)
         if packed:
             return packed_inputs(batch.input_ids, batch.attention_mask, self.device, shared=shared)
@@ -333,7 +334,7 @@ class MegatronPolicy:
         temperature = self.temperature if temperature is None else temperature
         entropy_on = self.train_entropy if with_entropy is None else with_entropy
         dev_batch = self._to_device(batch)
-        inputs = self.model_inputs(dev_batch)
+        inputs = self.model_inputs(batch)
         kept: list[LossTerms] = []
 
         def factory(index: int) -> Callable:
