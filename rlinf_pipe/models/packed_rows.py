@@ -28,7 +28,9 @@ micro-batches of one pipeline-parallel schedule share a shape. They are never un
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -71,6 +73,31 @@ def stream_length(lengths: list[int], shared: Sharing) -> int:
     """Tokens of the stream of rows of `lengths` sharing as `shared` says (without filler)."""
     prefixes = {block: count for block, count in shared}
     return sum(lengths) - sum(count for _, count in shared) + sum(prefixes.values())
+
+
+def _stream_layout(lengths: list[int], shared: Sharing
+                   ) -> tuple[list[list[int]], list[list[bool]], list[int], list[int], list[int]]:
+    """The stream of rows of `lengths` sharing as `shared` says, block after block (a shared prefix, then each of
+    its rows' own tokens): per row, the stream index of each of its tokens and whether the row writes that token
+    back from attention (a shared prefix: its first row only); the rows in stream order; the blocks' sizes; each
+    stream token's position in its row."""
+    blocks: dict[tuple[int, int], list[int]] = {}  # (first row, shared count) -> the block's rows
+    for row, key in enumerate(shared):
+        blocks.setdefault(key, []).append(row)
+    index: list[list[int]] = [[] for _ in lengths]
+    owned: list[list[bool]] = [[] for _ in lengths]
+    order, sizes, positions = [], [], []
+    for (_, count), rows in blocks.items():
+        start = len(positions)
+        positions += range(count)
+        for i, row in enumerate(rows):
+            own = len(positions)
+            index[row] = list(range(start, start + count)) + list(range(own, own + lengths[row] - count))
+            owned[row] = [i == 0] * count + [True] * (lengths[row] - count)
+            positions += range(count, lengths[row])
+            order.append(row)
+        sizes.append(len(positions) - start)
+    return index, owned, order, sizes, positions
 
 
 @dataclass(frozen=True)
@@ -121,58 +148,31 @@ class PackedRows:
 
     @classmethod
     def _build(cls, valid: Tensor, lengths: list[int], shared: Sharing, total: int | None) -> PackedRows:
-        blocks: dict[tuple[int, int], list[int]] = {}  # (first row, shared count) -> the block's rows
-        for row, key in enumerate(shared):
-            blocks.setdefault(key, []).append(row)
-        index: list[list[int]] = [[] for _ in lengths]
-        out: list[list[bool]] = [[] for _ in lengths]
-        order, block_sizes, positions, cursor = [], [], [], 0
-        for (_, count), rows in blocks.items():
-            start = cursor
-            positions += range(count)
-            cursor += count
-            for i, row in enumerate(rows):
-                own = lengths[row] - count
-                index[row] = list(range(start, start + count)) + list(range(cursor, cursor + own))
-                out[row] = [i == 0] * count + [True] * own
-                positions += range(count, lengths[row])
-                cursor += own
-                order.append(row)
-            block_sizes.append(cursor - start)
-        fillers = []
-        if total is not None:
-            if total < cursor:
-                raise ValueError(f"a stream of {total} tokens cannot hold the batch's {cursor} real tokens")
-            left, width = total - cursor, valid.shape[1]
-            while left:
-                fillers.append(min(left, width))
-                left -= fillers[-1]
-        device = valid.device
-        seq_lengths = [lengths[r] for r in order] + fillers
-        size = max(seq_lengths)
-        gather = torch.zeros(len(seq_lengths), size, dtype=torch.long)
-        gather_out = torch.zeros(len(seq_lengths), size, dtype=torch.bool)
-        for seq, row in enumerate(order):
-            gather[seq, : lengths[row]] = torch.tensor(index[row])
-            gather[seq, lengths[row]:] = index[row][0]
-            gather_out[seq, : lengths[row]] = torch.tensor(out[row])
-        for seq, n in enumerate(fillers, start=len(order)):
-            gather[seq, :n] = torch.arange(cursor, cursor + n)
-            gather[seq, n:] = cursor
-            gather_out[seq, :n] = True
+        index, owned, order, blocks, positions = _stream_layout(lengths, shared)
+        real, width = len(positions), valid.shape[1]
+        if total is not None and total < real:
+            raise ValueError(f"a stream of {total} tokens cannot hold the batch's {real} real tokens")
+        fillers = [] if total is None else [min(width, total - start) for start in range(real, total, width)]
+        for n in fillers:  # filler sequences (token 0), each laid out as a row of its own
+            index.append(list(range(len(positions), len(positions) + n)))
+            owned.append([True] * n)
+            order.append(len(index) - 1)
             positions += range(n)
-            cursor += n
-        sizes = torch.tensor(block_sizes + fillers, dtype=torch.long)
-        cu_seqlens = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)]).to(torch.int32).to(device)
-        columns = torch.arange(size)
-        gather_valid = columns[None, :] < torch.tensor(seq_lengths)[:, None]
-        flat = torch.zeros(valid.shape, dtype=torch.long)
-        for row, where in enumerate(index):
-            flat[row, : len(where)] = torch.tensor(where)
-        positions_t = torch.tensor(positions, dtype=torch.long, device=device)
+        laid_out = [index[r] for r in order]
+        size = max(map(len, laid_out))
+        device = valid.device
+
+        def tensor(rows: list[list[Any]], fill: Any | None = None, **kw: Any) -> Tensor:
+            padded = [row + [row[0] if fill is None else fill] * (size - len(row)) for row in rows]
+            return torch.tensor(padded, **kw).to(device)
+
+        cu_seqlens = torch.tensor([0, *itertools.accumulate(blocks + fillers)], dtype=torch.int32).to(device)
+        positions_t = torch.tensor(positions, dtype=torch.long).to(device)
         setattr(cu_seqlens, POSITIONS_ATTR, positions_t)
-        return cls(valid, flat.to(device), tuple(seq_lengths), cu_seqlens, positions_t, gather.to(device),
-                   gather_valid.to(device), gather_out.to(device))
+        flat = torch.tensor([row + [0] * (width - len(row)) for row in index[: len(lengths)]]).to(device)
+        real_positions = tensor([[True] * len(row) for row in laid_out], False, dtype=torch.bool)
+        return cls(valid, flat, tuple(map(len, laid_out)), cu_seqlens, positions_t, tensor(laid_out), real_positions,
+                   tensor([owned[r] for r in order], False, dtype=torch.bool))
 
     @property
     def rows(self) -> int:
