@@ -43,6 +43,7 @@ import torch
 from rlinf_pipe.algorithms.losses import policy_loss
 from rlinf_pipe.algorithms.terms import LossTerms, finalize
 from rlinf_pipe.data.structs import TrainBatch
+from rlinf_pipe.engines.policy.model_inputs import packing
 from rlinf_pipe.utils.net import free_port
 
 LR = 1e-5
@@ -234,7 +235,7 @@ def main() -> None:
         "params": n_params,
         "batch": args.batch, "seq_len": int(batch.input_ids.shape[1]), "response_len": args.response_len,
         "ragged": args.ragged, "group_size": args.group_size,
-        "packed": megatron.policy._packing(batch)[0],  # (full rows of distinct prompts run unpacked)
+        "packed": packing(batch, megatron.policy.pack_sequences, megatron.policy.share_prompts)[0],
         "real_token_fraction": round(float(batch.attention_mask.float().mean()), 3),
         "repeats": args.repeats, "warmup": args.warmup, "threads": torch.get_num_threads(),
         "runtime_s": time.perf_counter() - start,

@@ -71,6 +71,25 @@ def packed_inputs(input_ids: Tensor, attention_mask: Tensor, device: torch.devic
                        packed_params(rows, parallel_state.get_context_parallel_group()))
 
 
+def packing(batch: Any, pack: bool, share: bool) -> tuple[bool, Sharing | None]:
+    """Whether a `TrainBatch` runs packed (`pack`: packing is on), and the prompts its rows share (`share`: sharing
+    is on): packed where there is padding to drop or a prompt to share (full rows of distinct prompts gain
+    nothing from it)."""
+    if not pack:
+        return False, None
+    shared = shared_prompts(batch.input_ids, batch.response_mask) if share else None
+    shares = shared is not None and any(count for _, count in shared)
+    return shares or not bool(batch.attention_mask.all()), shared if shares else None
+
+
+def micro_batch_inputs(batch: Any, device: torch.device, pack: bool, share: bool) -> ModelInputs:
+    """A `TrainBatch` (in host memory) as the model takes it in one micro-batch on `device` (see `packing`)."""
+    packed, shared = packing(batch, pack, share)
+    if packed:
+        return packed_inputs(batch.input_ids, batch.attention_mask, device, shared=shared)
+    return padded_inputs(batch.input_ids, device)
+
+
 def token_chunks(lengths: Sequence[int], budget: int) -> list[range]:
     """Consecutive runs of rows of at most `budget` real tokens each (a longer row alone): the forward-only
     micro-batches of a packed log-prob pass."""

@@ -33,10 +33,9 @@ from rlinf_pipe.engines.policy.logprobs import token_logprobs, token_logprobs_an
 from rlinf_pipe.engines.policy.model_inputs import (
     ModelInputs,
     logprob_micro_batches,
-    packed_inputs,
-    padded_inputs,
+    micro_batch_inputs,
+    packing,
 )
-from rlinf_pipe.models.packed_rows import Sharing, shared_prompts
 from rlinf_pipe.engines.policy.optimizer import DeviceState, PolicyOptimizer
 
 __all__ = ["LossFn", "MegatronPolicy", "resolve_dtype"]
@@ -214,22 +213,10 @@ class MegatronPolicy:
             advantages=move(batch.advantages),
         )
 
-    def _packing(self, batch: TrainBatch) -> tuple[bool, Sharing | None]:
-        """Whether `batch` runs packed, and the prompts its rows share: with packing on and some padding to drop or
-        a prompt to share (full rows of distinct prompts gain nothing from it)."""
-        if not self.pack_sequences:
-            return False, None
-        shared = shared_prompts(batch.input_ids, batch.response_mask) if self.share_prompts else None
-        shares = shared is not None and any(count for _, count in shared)
-        return shares or not bool(batch.attention_mask.all()), shared if shares else None
-
     def model_inputs(self, batch: TrainBatch) -> ModelInputs:
         """`batch` as the model takes it in one micro-batch, on this rank's device: packed or padded (pass the batch
         in host memory: where it packs and what it shares is worked out there)."""
-        packed, shared = self._packing(batch)
-        if packed:
-            return packed_inputs(batch.input_ids, batch.attention_mask, self.device, shared=shared)
-        return padded_inputs(batch.input_ids, self.device)
+        return micro_batch_inputs(batch, self.device, self.pack_sequences, self.share_prompts)
 
     def _token_values(self, logits: Tensor, inputs: ModelInputs, temperature: float, with_entropy: bool
                       ) -> tuple[Tensor, Tensor | None]:
@@ -279,7 +266,7 @@ class MegatronPolicy:
         input_ids = batch.input_ids
         if input_ids.dim() != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must be a non-empty [batch, seq] tensor, got {tuple(input_ids.shape)}")
-        packed, shared = self._packing(batch)
+        packed, shared = packing(batch, self.pack_sequences, self.share_prompts)
         chunks, micro_batches = logprob_micro_batches(batch, self.logprob_max_tokens, packed, self.device,
                                                       shared is not None)
 
