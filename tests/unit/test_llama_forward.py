@@ -137,3 +137,15 @@ def test_rows_of_one_prompt_prefill_it_once_and_decode_as_if_alone(tmp_path, mon
         alone.step()
     assert [r.tokens for r in samples[0]] == [r.tokens for r in samples[1]]
     assert all(len(r.tokens) == 6 for r in samples[0])
+
+
+def test_a_bucket_refreshes_the_packed_copies_of_what_it_loaded_even_when_it_fails_part_way(tmp_path, monkeypatch):
+    pack_everything(monkeypatch)
+    engine = TorchEngine(ensure_tiny_model(tmp_path), cpu_threads=1)
+    q, k = engine.lean.layers[0].q, engine.lean.layers[0].k
+    stale_k = k.packed[0].to_dense().clone()
+    new = torch.full(q.weight.shape, 0.5)
+    with pytest.raises(ValueError, match="unknown parameter name 'nope'"):
+        asyncio.run(engine.update_weights([("model.layers.0.self_attn.q_proj.weight", new), ("nope", new)], 1))
+    assert torch.equal(q.packed[0].to_dense(), new)  # loaded, then renewed in the same call
+    assert torch.equal(k.packed[0].to_dense(), stale_k) and engine.version == 0  # untouched; the version unchanged

@@ -153,10 +153,12 @@ class LlamaForward:
             return None
         return cls(model)
 
-    def refresh(self) -> None:
-        """Renew the oneDNN copies of the weights (`Projection`) after the model's weights changed."""
+    def refresh(self, changed: list[torch.Tensor] | None = None) -> None:
+        """Renew the oneDNN copies of the weights (`Projection`) after the model's weights changed: those of the
+        projections whose weight or bias is one of `changed` (the tensors themselves), or all."""
         for projection in [p for layer in self.layers for p in layer.projections()] + [self.lm_head]:
-            projection.refresh()
+            if changed is None or any(t is projection.weight or t is projection.bias for t in changed):
+                projection.refresh()
 
     def new_cache(self, rows: int, capacity: int) -> KVCache:
         shape = (rows, self.kv_heads, capacity, self.head_dim)

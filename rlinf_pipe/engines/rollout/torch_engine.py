@@ -197,33 +197,31 @@ class TorchEngine:
 
         @torch.no_grad()
         def copy(named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+            loaded: list[torch.Tensor] = []
             with self._lock:
-                for name, tensor in named_tensors:
-                    target = state.get(name)
-                    if target is None:
-                        close = difflib.get_close_matches(name, state.keys(), n=3)
-                        hint = f"; did you mean {close}?" if close else ""
-                        raise ValueError(f"update_weights: unknown parameter name {name!r}{hint}")
-                    if tuple(target.shape) != tuple(tensor.shape):
-                        raise ValueError(
-                            f"update_weights: shape mismatch for {name!r}: got {tuple(tensor.shape)}, "
-                            f"model has {tuple(target.shape)}"
-                        )
-                    target.data.copy_(tensor)
+                try:
+                    for name, tensor in named_tensors:
+                        target = state.get(name)
+                        if target is None:
+                            close = difflib.get_close_matches(name, state.keys(), n=3)
+                            hint = f"; did you mean {close}?" if close else ""
+                            raise ValueError(f"update_weights: unknown parameter name {name!r}{hint}")
+                        if tuple(target.shape) != tuple(tensor.shape):
+                            raise ValueError(
+                                f"update_weights: shape mismatch for {name!r}: got {tuple(tensor.shape)}, "
+                                f"model has {tuple(target.shape)}"
+                            )
+                        target.data.copy_(tensor)
+                        loaded.append(target)
+                finally:  # the lean forward's oneDNN copies of large weights follow what was loaded, even in part
+                    if self.lean is not None and loaded:
+                        self.lean.refresh(loaded)
 
         async def load(named_tensors: list[tuple[str, torch.Tensor]]) -> None:
             await self.compute.run(copy, named_tensors)
 
-        try:
-            yield load
-        finally:  # the lean forward's oneDNN copies of large weights follow what was loaded, even in part
-            if self.lean is not None:
-                await self.compute.run(self._refresh_lean)
+        yield load
         self._version = version
-
-    def _refresh_lean(self) -> None:
-        with self._lock:
-            self.lean.refresh()
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Load HF-named tensors (any subset of the state dict) and set `version`; tensors before a bad one are
