@@ -16,7 +16,8 @@ from rlinf_pipe.algorithms.advantages import advantage_scope, registered_advanta
 from rlinf_pipe.algorithms.logprob_needs import computes_logprobs, why_no_logprobs
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
-from rlinf_pipe.scheduler.placement import Placement, format_ids, plan_placement
+from rlinf_pipe.scheduler.gpu_ids import format_ids
+from rlinf_pipe.scheduler.placement import Placement, plan_placement
 from rlinf_pipe.utils.text import closest
 from rlinf_pipe.runner.weight_routes import WeightRoute, ipc_unreachable, weight_routes
 from rlinf_pipe.weights.transports import TRANSPORTS, Transport

@@ -18,7 +18,7 @@ from typing import Any
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ClusterError
-from rlinf_pipe.scheduler.placement import NodeLayout
+from rlinf_pipe.scheduler.gpu_ids import NodeLayout
 
 NODE_RANK_LABEL = "rlinf_pipe/node-rank"
 HEAD_RESOURCE = "node:__internal_head__"

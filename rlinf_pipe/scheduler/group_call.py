@@ -16,7 +16,8 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from rlinf_pipe.errors import WorkerError, WorkerLost
 from rlinf_pipe.scheduler import traffic
-from rlinf_pipe.scheduler.placement import ProcessPlacement, format_ids
+from rlinf_pipe.scheduler.gpu_ids import format_ids
+from rlinf_pipe.scheduler.placement import ProcessPlacement
 
 ANSI_ESCAPES = re.compile(r"\x1b\[[0-9;]*m")
 _INLINE = (int, float, bool, str, bytes, type(None))

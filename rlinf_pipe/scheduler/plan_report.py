@@ -4,7 +4,8 @@ warnings."""
 from __future__ import annotations
 
 from rlinf_pipe.scheduler.memory import GIB, KINDS, MemoryReport
-from rlinf_pipe.scheduler.placement import Placement, format_ids
+from rlinf_pipe.scheduler.gpu_ids import format_ids
+from rlinf_pipe.scheduler.placement import Placement
 
 ABBREVIATIONS = {"rollout": "R", "inference": "I", "actor": "A", "reward": "W"}
 MODE_REASONS = {

@@ -6,7 +6,8 @@ import pytest
 
 from rlinf_pipe.config import Config
 from rlinf_pipe.errors import PlacementError
-from rlinf_pipe.scheduler.placement import NodeLayout, format_ids, parse_gpu_ids, plan_placement
+from rlinf_pipe.scheduler.gpu_ids import NodeLayout, format_ids, parse_gpu_ids
+from rlinf_pipe.scheduler.placement import plan_placement
 
 
 def plan(placement: dict, nodes: int = 4, gpus: int | list[int] = 8, **overrides):
