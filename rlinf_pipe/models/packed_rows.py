@@ -119,7 +119,6 @@ class PackedRows:
     cu_seqlens: Tensor
     positions: Tensor
     gather: Tensor
-    gather_valid: Tensor
     gather_out: Tensor
 
     @classmethod
@@ -170,8 +169,7 @@ class PackedRows:
         positions_t = torch.tensor(positions, dtype=torch.long).to(device)
         setattr(cu_seqlens, POSITIONS_ATTR, positions_t)
         flat = torch.tensor([row + [0] * (width - len(row)) for row in index[: len(lengths)]]).to(device)
-        real_positions = tensor([[True] * len(row) for row in laid_out], False, dtype=torch.bool)
-        return cls(valid, flat, tuple(map(len, laid_out)), cu_seqlens, positions_t, tensor(laid_out), real_positions,
+        return cls(valid, flat, tuple(map(len, laid_out)), cu_seqlens, positions_t, tensor(laid_out),
                    tensor([owned[r] for r in order], False, dtype=torch.bool))
 
     @property
@@ -183,6 +181,12 @@ class PackedRows:
     def total(self) -> int:
         """Tokens in the stream, filler included."""
         return int(self.cu_seqlens[-1])
+
+    @property
+    def gather_valid(self) -> Tensor:
+        """Which positions of `gather` hold a real token of their laid-out row (the rest is padding)."""
+        lengths = torch.tensor(self.lengths, device=self.gather.device)
+        return torch.arange(self.max_length, device=self.gather.device)[None, :] < lengths[:, None]
 
     @property
     def max_length(self) -> int:
