@@ -40,23 +40,13 @@ def make_batch(seed: int, rows: int, vocab: int, max_prompt: int = 6, max_respon
     g = torch.Generator().manual_seed(seed)
     prompts = torch.randint(2, max_prompt + 1, (rows,), generator=g)
     responses = torch.randint(1, max_response + 1, (rows,), generator=g)
-    width = int((prompts + responses).max())
-    input_ids = torch.full((rows, width), PAD_ID, dtype=torch.long)
-    attention = torch.zeros(rows, width, dtype=torch.bool)
-    response = torch.zeros(rows, width, dtype=torch.bool)
-    adv = torch.zeros(rows, width)
     row_adv = torch.randn(rows, generator=g)
+    parts = []
     for r in range(rows):
         p, n = int(prompts[r]), int(responses[r])
-        input_ids[r, : p + n] = torch.randint(1, vocab, (p + n,), generator=g)
-        attention[r, : p + n] = True
-        response[r, p : p + n] = True
-        adv[r, p : p + n] = row_adv[r]
-    return TrainBatch(
-        input_ids=input_ids, attention_mask=attention, response_mask=response,
-        old_logprobs=torch.zeros(rows, width), advantages=adv, rewards=row_adv.clone(), version=0,
-        num_sequences=rows, num_tokens=int(response.sum()),
-    )
+        ids = torch.randint(1, vocab, (p + n,), generator=g)
+        parts.append((ids[:p], ids[p:], float(row_adv[r])))
+    return _padded_batch(parts, row_adv.clone())
 
 
 def make_grouped_batch(seed: int, groups: int, group_size: int, vocab: int) -> TrainBatch:
@@ -65,24 +55,29 @@ def make_grouped_batch(seed: int, groups: int, group_size: int, vocab: int) -> T
     batch = make_batch(seed, groups * group_size, vocab)
     g = torch.Generator().manual_seed(seed + 1)
     prompts = [torch.randint(1, vocab, (int(n),), generator=g) for n in torch.randint(2, 7, (groups,), generator=g)]
-    rows = []
-    for r in range(batch.num_sequences):
-        response = batch.input_ids[r][batch.response_mask[r]]
-        rows.append((prompts[r % groups], response, float(batch.advantages[r][batch.response_mask[r]][0])))
-    width = max(len(p) + len(x) for p, x, _ in rows)
-    input_ids = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
-    attention = torch.zeros(len(rows), width, dtype=torch.bool)
-    response = torch.zeros(len(rows), width, dtype=torch.bool)
-    adv = torch.zeros(len(rows), width)
-    for r, (prompt, answer, a) in enumerate(rows):
+    parts = [(prompts[r % groups], batch.input_ids[r][batch.response_mask[r]],
+              float(batch.advantages[r][batch.response_mask[r]][0])) for r in range(batch.num_sequences)]
+    return _padded_batch(parts, batch.rewards)
+
+
+def _padded_batch(parts: list[tuple[torch.Tensor, torch.Tensor, float]], rewards: torch.Tensor) -> TrainBatch:
+    """Right-padded rows of (prompt ids, response ids, the response's advantage); old log-probs 0."""
+    rows, width = len(parts), max(len(p) + len(x) for p, x, _ in parts)
+    input_ids = torch.full((rows, width), PAD_ID, dtype=torch.long)
+    attention = torch.zeros(rows, width, dtype=torch.bool)
+    response = torch.zeros(rows, width, dtype=torch.bool)
+    adv = torch.zeros(rows, width)
+    for r, (prompt, answer, advantage) in enumerate(parts):
         p, n = len(prompt), len(answer)
         input_ids[r, : p + n] = torch.cat([prompt, answer])
         attention[r, : p + n] = True
         response[r, p : p + n] = True
-        adv[r, p : p + n] = a
-    return msgspec.structs.replace(batch, input_ids=input_ids, attention_mask=attention, response_mask=response,
-                                   old_logprobs=torch.zeros(len(rows), width), advantages=adv,
-                                   num_tokens=int(response.sum()))
+        adv[r, p : p + n] = advantage
+    return TrainBatch(
+        input_ids=input_ids, attention_mask=attention, response_mask=response,
+        old_logprobs=torch.zeros(rows, width), advantages=adv, rewards=rewards, version=0,
+        num_sequences=rows, num_tokens=int(response.sum()),
+    )
 
 
 def select_rows(batch: TrainBatch, rows: Sequence[int]) -> TrainBatch:
