@@ -11,8 +11,8 @@ recompute are unchanged) whose forward hands the common cases to SDPA:
 - padded batches (`[s, b, heads, d]`, a causal or given mask);
 - packed sequences (`packed_seq_params` a `PackedSeqParams` from `packed_params`: `[t, heads, d]`, every row
   attending causally to itself only, a prompt it shares with other rows included): each row is gathered into a
-  padded row for one causal SDPA call and its own tokens scattered back (attention is the small part of a step at RL response lengths; the projections around it run on
-  the packed tokens only).
+  padded row for one causal SDPA call and its own tokens scattered back (attention is the small part of a step at
+  RL response lengths; the projections around it run on the packed tokens only).
 
 What SDPA does not do here (attention dropout, a softmax offset, sliding windows, attention bias, query-key layer
 scaling) goes to Megatron's own forward, which cannot take packed sequences: the policy packs only where

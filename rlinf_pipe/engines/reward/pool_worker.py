@@ -13,6 +13,7 @@ from rlinf_pipe.engines.reward.verify import Scorer, warm_up
 
 logger = logging.getLogger(__name__)
 
+
 def serve(conn: Connection, scorer: Scorer) -> None:
     """Worker process main: warm up, say ready, then score items until told to stop or the parent goes away."""
     die_with_parent()
