@@ -108,8 +108,7 @@ def load(mode: str, args: argparse.Namespace, model: str | None, out: Path) -> A
         overrides.append(f"runner.max_staleness={args.staleness}")
     if args.weight_bucket_mb is not None:
         overrides.append(f"runner.weight_bucket_mb={args.weight_bucket_mb}")
-    if args.weight_sync != "ipc" or mode == "collocated":  # ipc reaches engines on the actor's GPUs only
-        overrides.append(f"runner.weight_sync={args.weight_sync}")
+    overrides.append(f"runner.weight_sync={args.weight_sync}")
     return load_config(CONFIGS, name, overrides)
 
 
@@ -374,7 +373,7 @@ def main() -> None:
                         "`python -m rlinf_pipe.models.tiny` folder to see weight sync where bandwidth dominates")
     parser.add_argument("--weight-sync", choices=["auto", "object_store", "broadcast", "ipc"], default="auto",
                         help="runner.weight_sync of both modes (auto: broadcast in the pipeline, ipc collocated; "
-                        "ipc only collocated)")
+                        "ipc reaches the pipeline's engines too: all on one node)")
     parser.add_argument("--weight-bucket-mb", type=int, default=None,
                         help="runner.weight_bucket_mb for both modes (default: the config's)")
     parser.add_argument("--staleness", type=int, default=0,

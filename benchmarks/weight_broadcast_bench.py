@@ -1,9 +1,11 @@
-"""The process-group weight transport alone (no Ray, no runner) against a raw gloo broadcast of the same bytes.
+"""A group weight transport alone (no Ray, no runner) against a raw gloo broadcast of the same bytes.
 
-    python benchmarks/weight_broadcast_bench.py [--model DIR] [--receivers 2] [--bucket-mb 64 16 4] [--json]
+    python benchmarks/weight_broadcast_bench.py [--model DIR] [--receivers 2] [--bucket-mb 64 16 4]
+        [--transport broadcast|ipc] [--json]
 
-Spawns 1 + `--receivers` processes (torch.multiprocessing) that open the `broadcast` transport's ends exactly as
-the actor and the engines do (`rlinf_pipe.weights.transports`, layout planned from the model's config). Per
+Spawns 1 + `--receivers` processes (torch.multiprocessing) that open the `--transport` ends exactly as the actor
+and the engines do (`rlinf_pipe.weights.transports`, layout planned from the model's config; `ipc` hands the
+bytes over POSIX shared memory and its control group is the gloo group the raw broadcast uses). Per
 iteration, in the same group and on the same bytes: a raw broadcast of one flat buffer over the transport's process
 group, then one version through `publish` / `receive` of random weights in the layout, with each receiver copying
 every tensor out into its own preallocated tensor (what an engine's load does). Both are timed between barriers; medians of `--iters` after
@@ -28,7 +30,7 @@ import torch.multiprocessing as mp
 from rlinf_pipe.utils.net import free_port
 
 
-def _member(rank: int, world: int, port: int, model: str, bucket_mb: int, iters: int, out: str) -> None:
+def _member(rank: int, world: int, port: int, model: str, bucket_mb: int, iters: int, out: str, transport: str) -> None:
     from rlinf_pipe.models.convert import hf_weight_names, hf_weight_shape, read_hf_arch
     from rlinf_pipe.weights import WeightVersion, plan_weight_layout
     from rlinf_pipe.weights.process_group import Rendezvous
@@ -39,10 +41,10 @@ def _member(rank: int, world: int, port: int, model: str, bucket_mb: int, iters:
     layout = plan_weight_layout(arch, torch.float32, bucket_mb << 20)
     rendezvous = Rendezvous("127.0.0.1", port, world)
     if rank == 0:
-        end = open_sender("broadcast", layout, rendezvous)
+        end = open_sender(transport, layout, rendezvous)
     else:
-        end = open_receiver("broadcast", layout, arch, f"receiver {rank}", rendezvous, rank)
-    group = end.ring.member.group
+        end = open_receiver(transport, layout, arch, f"receiver {rank}", rendezvous, rank)
+    group = (end.member if transport == "ipc" else end.ring.member).group
     weights = [(n, torch.randn(hf_weight_shape(arch, n))) for n in hf_weight_names(arch)]
     loaded = {n: torch.empty_like(t) for n, t in weights}
 
@@ -74,11 +76,11 @@ def _member(rank: int, world: int, port: int, model: str, bucket_mb: int, iters:
         }))
 
 
-def measure(model: str, receivers: int, bucket_mb: int, iters: int) -> dict:
+def measure(model: str, receivers: int, bucket_mb: int, iters: int, transport: str = "broadcast") -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
-        mp.spawn(_member, args=(1 + receivers, free_port(), model, bucket_mb, iters, out), nprocs=1 + receivers,
-                 join=True)
+        mp.spawn(_member, args=(1 + receivers, free_port(), model, bucket_mb, iters, out, transport),
+                 nprocs=1 + receivers, join=True)
         result = json.loads(Path(out).read_text())
     result["protocol_over_raw_bw"] = result["raw_s"] / result["protocol_s"]
     return result
@@ -90,6 +92,8 @@ def main() -> None:
     parser.add_argument("--receivers", type=int, default=2)
     parser.add_argument("--bucket-mb", type=int, nargs="+", default=[64, 16, 4])
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--transport", choices=["broadcast", "ipc"], default="broadcast",
+                        help="the weight transport timed against the raw broadcast")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.model is None:
@@ -98,12 +102,12 @@ def main() -> None:
         args.model = str(ensure_tiny_model())
     results = {}
     for bucket_mb in args.bucket_mb:
-        r = results[bucket_mb] = measure(args.model, args.receivers, bucket_mb, args.iters)
+        r = results[bucket_mb] = measure(args.model, args.receivers, bucket_mb, args.iters, args.transport)
         print(f"bucket {bucket_mb:>3} MiB ({r['buckets']} buckets of {r['bytes'] / 2**20:.1f} MiB): raw broadcast "
               f"{r['raw_s'] * 1e3:.1f} ms, protocol {r['protocol_s'] * 1e3:.1f} ms, ratio "
               f"{r['protocol_over_raw_bw']:.2f}", flush=True)
     if args.json:
-        print(json.dumps({"receivers": args.receivers, "model": args.model,
+        print(json.dumps({"receivers": args.receivers, "model": args.model, "transport": args.transport,
                           "by_bucket_mb": {str(k): {kk: round(vv, 5) for kk, vv in v.items()}
                                            for k, v in results.items()}}))
 

@@ -46,15 +46,19 @@ def bucket_metadata(bucket: BucketLayout, dtype: torch.dtype) -> list[types.Simp
 
 
 class _SharedSlot:
-    """One slot of shared memory the receivers can map: a CUDA allocation, or a POSIX shared memory block."""
+    """One slot of shared memory the receivers can map: a CUDA allocation, or a POSIX shared memory block. A block's
+    name is removed (`unname`) once every receiver has mapped it: the memory lives on while mapped, and nothing is
+    left in /dev/shm when a process of the run is killed."""
 
     def __init__(self, nbytes: int, device: torch.device):
         self.device = device
         self.shm: shared_memory.SharedMemory | None = None
+        self.named = False  # whether the block's name still exists (receivers may still have to map it)
         if device.type == "cuda":
             self.tensor = torch.empty(nbytes, dtype=torch.uint8, device=device)
         else:
             self.shm = shared_memory.SharedMemory(create=True, size=max(nbytes, 1))
+            self.named = True
             self.tensor = torch.frombuffer(self.shm.buf, dtype=torch.uint8, count=nbytes)
 
     def handle(self, bucket: BucketLayout, dtype: torch.dtype) -> bytes:
@@ -65,11 +69,17 @@ class _SharedSlot:
             return cuda_handle({"flattened_tensor": self.tensor[: bucket.nbytes], "metadata": metadata})
         return pickle.dumps({"shm": self.shm.name, "nbytes": bucket.nbytes, "metadata": metadata})
 
+    def unname(self) -> None:
+        """Remove the block's name (every receiver has mapped it; they keep their mappings)."""
+        if self.shm is not None and self.named:
+            self.shm.unlink()
+            self.named = False
+
     def close(self) -> None:
         if self.shm is not None:
+            self.unname()
             del self.tensor
             self.shm.close()
-            self.shm.unlink()
             self.shm = None
 
 
@@ -154,6 +164,14 @@ class _Mapped:
     def __init__(self) -> None:
         self.blocks: dict[str, shared_memory.SharedMemory] = {}
 
+    def attach(self, handle: Handle) -> None:
+        """Map the shared memory block a CPU handle names, if not yet mapped: every receiver maps each slot it is
+        handed before it reports the bucket done (the sender then removes the block's name), loaded or not."""
+        if not handle.cuda:
+            name = read_handle(handle.data)["shm"]
+            if name not in self.blocks:
+                self.blocks[name] = _attach(name)
+
     def open(self, handle: bytes) -> torch.Tensor:
         """The flat uint8 buffer a handle names (the caller drops it before reporting the bucket done)."""
         payload = read_handle(handle)
@@ -201,7 +219,7 @@ class IpcSender(WeightSender):
     def __init__(self, rendezvous: Rendezvous, layout: WeightLayout, device: torch.device):
         self.member = _control(rendezvous, 0)
         self.layout = layout
-        self.slots = [_SharedSlot(layout.max_bucket_bytes, device) for _ in range(2)]
+        self.slots = [_SharedSlot(layout.max_bucket_bytes, device) for _ in range(min(2, len(layout.buckets)))]
 
     def publish(self, version: int, tensors: Iterable[tuple[str, torch.Tensor]], checksum: bool = False) -> WeightVersion:
         layout = self.layout
@@ -214,6 +232,7 @@ class IpcSender(WeightSender):
                 slot = self.slots[index % 2]
                 if done[index % 2] is not None:
                     self.member.wait(done[index % 2])
+                    slot.unname()  # (every receiver has mapped it)
                 buffer = slot.tensor[: bucket.nbytes]
                 record.packed(bucket, buffer, pack_bucket(bucket, buffer, stream, layout.torch_dtype, version,
                                                           checksum))
@@ -223,9 +242,10 @@ class IpcSender(WeightSender):
                 done[index % 2] = self.member.group.barrier()
             end_of_stream(stream)
         finally:
-            for work in done:
+            for slot, work in zip(self.slots, done):
                 if work is not None:
                     self.member.wait(work)
+                    slot.unname()
         return record.version(version)
 
     def cancel(self) -> None:
@@ -278,6 +298,7 @@ class IpcReceiver(WeightReceiver):
         await asyncio.to_thread(self.member.await_sender)
         for index, bucket in enumerate(layout.buckets):
             handle = await self._next()
+            self.mapped.attach(handle)
             if handle.version != version:
                 errors.append(f"bucket {index} carries version {handle.version}, expected {version}")
             elif not errors:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 
@@ -21,15 +22,19 @@ def test_pipeline_vs_collocated_script_starts():
     assert proc.returncode == 0 and "--gloo-iters" in proc.stdout, proc.stderr[-2000:]
 
 
-def test_weight_broadcast_bench_reports_finite_figures():
+@pytest.mark.parametrize("transport", ["broadcast", "ipc"])
+def test_weight_broadcast_bench_reports_finite_figures(transport):
     proc = subprocess.run(
-        [sys.executable, "benchmarks/weight_broadcast_bench.py", "--bucket-mb", "1", "--iters", "2", "--json"],
+        [sys.executable, "benchmarks/weight_broadcast_bench.py", "--bucket-mb", "1", "--iters", "2", "--transport",
+         transport, "--json"],
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "leaked shared_memory" not in proc.stderr  # (ipc: the slots' names are removed once mapped)
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     result = summary["by_bucket_mb"]["1"]
-    assert summary["receivers"] == 2 and result["bytes"] > 0 and result["buckets"] >= 1
+    assert summary["receivers"] == 2 and summary["transport"] == transport
+    assert result["bytes"] > 0 and result["buckets"] >= 1
     assert all(math.isfinite(result[k]) and result[k] > 0 for k in ("raw_s", "protocol_s", "protocol_over_raw_bw"))
 
 

@@ -24,6 +24,7 @@ from rlinf_pipe.config import load_config
 from rlinf_pipe.errors import RunStopped
 from rlinf_pipe.models.megatron_checkpoint import load_model_shard
 from rlinf_pipe.runner import run as run_config
+from rlinf_pipe.runner.plan import plan_run
 from rlinf_pipe.runner.stop import StopSignals
 from rlinf_pipe.utils.metrics import read_metrics
 from rlinf_pipe.utils.timeline import STEP_SPAN, overlaps, read_chrome_trace
@@ -85,13 +86,25 @@ def pipeline_run(tmp_path_factory, tiny_model) -> Path:
                "runner.profile_steps=[1]")
 
 
+SHARED_MEMORY = Path("/dev/shm")
+LEFT_IN_SHARED_MEMORY: dict[Path, set[str]] = {}  # per run folder: the blocks it left in /dev/shm
+
+
+def shared_memory_blocks() -> set[str]:
+    """The names of Python's POSIX shared memory blocks (`multiprocessing.shared_memory`) in /dev/shm."""
+    return {p.name for p in SHARED_MEMORY.glob("psm_*")}
+
+
 @pytest.fixture(scope="module")
 def collocated_run(tmp_path_factory, tiny_model) -> Path:
     # One device, so rollout batches and actor replicas match the pipeline's exactly (DP=2 exactness is covered by
     # tests/integration/test_actor_trainer.py); what differs is the mode: time-sharing, locks, offload, channels.
     # It also validates before each step and after the last (which must change nothing of the training).
-    return run("tiny-grpo-megatron", tmp_path_factory.mktemp("coll"), tiny_model, "cluster.num_gpus_per_node=1",
-               *COMPARED, *VALIDATED)
+    before = shared_memory_blocks()
+    run_dir = run("tiny-grpo-megatron", tmp_path_factory.mktemp("coll"), tiny_model, "cluster.num_gpus_per_node=1",
+                  *COMPARED, *VALIDATED)
+    LEFT_IN_SHARED_MEMORY[run_dir] = shared_memory_blocks() - before
+    return run_dir
 
 
 VALIDATED = ("runner.val_interval=1", "runner.val_before_train=true", "runner.val_k=2", "data.val_size=4")
@@ -199,6 +212,16 @@ def test_collocated_timeline_never_overlaps_on_a_device(collocated_run):
     transfers = [(a, b) for a, b in found if {a.name, b.name} == {"publish_weights", "weight_sync"}
                  and a.args.get("version") == b.args.get("version")]
     assert transfers and [pair for pair in found if pair not in transfers] == []
+
+
+@pytest.mark.skipif(not SHARED_MEMORY.is_dir(), reason="POSIX shared memory shows in /dev/shm on Linux only")
+def test_a_collocated_run_leaves_no_shared_memory_behind(collocated_run):
+    """Its weights went over `ipc` (shared memory on CPU); its workers were killed at the end, their blocks' names
+    were removed once mapped."""
+    cfg = load_config("examples/math/config", "tiny-grpo-megatron", ["cluster.num_gpus_per_node=1"])
+    assert plan_run(cfg).weight_transport == "ipc"
+    assert read_metrics(collocated_run / "metrics.jsonl")[0]["weight_sync/bytes"] > 0
+    assert LEFT_IN_SHARED_MEMORY[collocated_run] == set()
 
 
 @pytest.mark.slow
