@@ -97,6 +97,8 @@ def measure(transport: str, size: int, count: int, run: int) -> float:
     address = ray.get(consumer.setup.remote(transport, size, target))
     ray.get(producer.setup.remote(transport, size, target if transport != "zmq" else address))
     ray.get([producer.send.remote(-1), consumer.receive.remote()])  # warm-up item
+    if transport == "zmq":  # connected: the socket's file is no longer needed (nothing left behind in /tmp)
+        os.unlink(address.removeprefix("ipc://"))
     end = consumer.receive_many.remote(count)
     start = ray.get(producer.send_many.remote(count))
     return count / (ray.get(end) - start)
