@@ -68,7 +68,7 @@ def test_changed_target_fails_loudly(monkeypatch):
         megatron_cpu.check_patches()
     msg = str(exc.value)
     assert "probe" in msg and megatron_cpu.megatron_core_version() in msg
-    assert "update rlinf_pipe/models/megatron_cpu.py" in msg
+    assert "update rlinf_pipe/models/megatron_cpu_patches.py" in msg
 
 
 def test_unsupported_version_only_warns(monkeypatch):
