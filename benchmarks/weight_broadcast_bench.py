@@ -31,7 +31,7 @@ from rlinf_pipe.utils.net import free_port
 
 
 def _member(rank: int, world: int, port: int, model: str, bucket_mb: int, iters: int, out: str, transport: str) -> None:
-    from rlinf_pipe.models.convert import hf_weight_names, hf_weight_shape, read_hf_arch
+    from rlinf_pipe.models.weight_map import hf_weight_names, hf_weight_shape, read_hf_arch
     from rlinf_pipe.weights import WeightVersion, plan_weight_layout
     from rlinf_pipe.weights.process_group import Rendezvous
     from rlinf_pipe.weights.transports import open_receiver, open_sender

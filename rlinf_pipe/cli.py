@@ -122,12 +122,8 @@ def _convert(args: argparse.Namespace) -> int:
     import tempfile
     from pathlib import Path
 
-    from rlinf_pipe.models.convert import (
-        ConversionError,
-        convert_hf_to_megatron,
-        convert_megatron_to_hf,
-        read_hf_arch,
-    )
+    from rlinf_pipe.models.convert import ConversionError, convert_hf_to_megatron, convert_megatron_to_hf
+    from rlinf_pipe.models.weight_map import read_hf_arch
     from rlinf_pipe.models.megatron_checkpoint import read_megatron_meta
     from rlinf_pipe.models.megatron_gpt import UnsupportedModelError, check_parallel_sizes
 

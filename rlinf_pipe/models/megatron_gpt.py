@@ -3,7 +3,7 @@
 `gpt_config_from_hf` maps the HF config to a `TransformerConfig` (RMSNorm, SwiGLU, RoPE with the
 checkpoint's theta, GQA, Qwen2's q/k/v bias, tied or untied embeddings); `build_gpt_model` builds this
 rank's pipeline stage once `megatron.core.parallel_state` is initialised. Weights are random until
-`rlinf_pipe.models.convert` loads a checkpoint into them.
+`rlinf_pipe.models.live_weights` loads a checkpoint into them.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The byte layout of one weight version, shared by every transport.
 
 The actor's HF-named tensors are packed back to back into buckets of about `runner.weight_bucket_mb`, split only
-between the groups of tensors that convert together (`convert.hf_weight_groups`), so every bucket loads on its
+between the groups of tensors that convert together (`weight_map.hf_weight_groups`), so every bucket loads on its
 own. A bucket is one flat byte buffer: the tensors' bytes in order with no padding (one dtype per version, so every
 tensor is aligned to its element size: SGLang's "flattened bucket" format), then, when the layout has one, a
 16-byte trailer (the version and a CRC32 or 0) that receivers check. A process group that SGLang engines join
@@ -82,7 +82,7 @@ def plan_weight_layout(arch: Any, dtype: torch.dtype, bucket_bytes: int, trailer
     """Pack the HF tensors of `arch` (a `models.megatron_gpt.HfArch`) in stream order into buckets of at most
     `bucket_bytes` of data, never splitting a conversion group (a group larger than `bucket_bytes` gets a bucket
     of its own); `trailer` adds the version / CRC32 trailer to every bucket."""
-    from rlinf_pipe.models.convert import hf_weight_groups, hf_weight_shape
+    from rlinf_pipe.models.weight_map import hf_weight_groups, hf_weight_shape
 
     if bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
@@ -107,7 +107,7 @@ def plan_weight_layout(arch: Any, dtype: torch.dtype, bucket_bytes: int, trailer
 
 def check_layout(layout: WeightLayout, arch: Any, who: str) -> None:
     """`WeightSyncError` unless `layout` streams exactly the HF tensors of `arch`, with their shapes, in order."""
-    from rlinf_pipe.models.convert import hf_weight_names, hf_weight_shape
+    from rlinf_pipe.models.weight_map import hf_weight_names, hf_weight_shape
 
     sent = [(s.name, s.shape) for b in layout.buckets for s in b.slots]
     wanted = [(name, hf_weight_shape(arch, name)) for name in hf_weight_names(arch)]

@@ -19,7 +19,7 @@ from rlinf_pipe.data.structs import PromptItem, RolloutGroup
 from rlinf_pipe.engines.evaluation import EvalOutput, generate_texts
 from rlinf_pipe.engines.rollout.engine import GenerateRequest, SamplingParams, request_seed, to_rollout_samples
 from rlinf_pipe.engines.rollout.factory import build_engine
-from rlinf_pipe.models.convert import read_hf_arch
+from rlinf_pipe.models.weight_map import read_hf_arch
 from rlinf_pipe.scheduler.channel import Channel
 from rlinf_pipe.scheduler.locks import device_lock
 from rlinf_pipe.scheduler.worker import Worker

@@ -92,7 +92,7 @@ def _weights(model_path: str, arch: Any, scale: float) -> list[tuple[str, torch.
     """The model's weights in the layout's (HF) order, perturbed by `scale`."""
     from transformers import AutoModelForCausalLM
 
-    from rlinf_pipe.models.convert import hf_weight_names
+    from rlinf_pipe.models.weight_map import hf_weight_names
 
     state = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPE).state_dict()
     g = torch.Generator().manual_seed(1)

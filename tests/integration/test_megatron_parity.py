@@ -55,7 +55,7 @@ def _build(path: Path):
     from megatron.core import tensor_parallel
     from transformers import AutoConfig
 
-    from rlinf_pipe.models.convert import load_hf_checkpoint
+    from rlinf_pipe.models.live_weights import load_hf_checkpoint
     from rlinf_pipe.models.megatron_gpt import build_gpt_model
 
     torch.manual_seed(SEED)
@@ -72,7 +72,7 @@ def _reload_through_ddp(model, path: Path) -> bool:
     through the wrapper: every parameter must get its values back, still backed by the same memory."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-    from rlinf_pipe.models.convert import load_hf_checkpoint
+    from rlinf_pipe.models.live_weights import load_hf_checkpoint
 
     ddp = DistributedDataParallel(config=model.config, ddp_config=DistributedDataParallelConfig(), module=model)
     before = {n: (p.detach().clone(), p.data_ptr()) for n, p in ddp.module.named_parameters()}
@@ -125,7 +125,8 @@ def _stream_check(model, arch, path: Path) -> dict | None:
     views of the live parameters, and an HF model loads them exactly. None on the ranks that yield nothing."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rlinf_pipe.models.convert import hf_weight_names, iter_hf_weights
+    from rlinf_pipe.models.live_weights import iter_hf_weights
+    from rlinf_pipe.models.weight_map import hf_weight_names
     from rlinf_pipe.models.megatron_checkpoint import load_safetensors
 
     streamed = list(iter_hf_weights(model, arch))
@@ -148,7 +149,8 @@ def _stream_check(model, arch, path: Path) -> dict | None:
 
 def _view_stream_check(model, arch, path: Path) -> dict:
     """`iter_hf_weights(copy=False)` (views of the live parameters at TP 1): names in order, values exact."""
-    from rlinf_pipe.models.convert import hf_weight_names, iter_hf_weights
+    from rlinf_pipe.models.live_weights import iter_hf_weights
+    from rlinf_pipe.models.weight_map import hf_weight_names
     from rlinf_pipe.models.megatron_checkpoint import load_safetensors
 
     original = load_safetensors(path / "model.safetensors")
@@ -162,7 +164,7 @@ def _view_stream_check(model, arch, path: Path) -> dict:
 def _partial_reload_check(model, arch, path: Path) -> dict:
     """Zero this rank's shard, reload it from the HF file in small broadcast-layout buckets
     (`load_hf_state_dict(..., partial=True)`, one bucket at a time): every tensor is loaded once, exactly."""
-    from rlinf_pipe.models.convert import load_hf_state_dict
+    from rlinf_pipe.models.live_weights import load_hf_state_dict
     from rlinf_pipe.models.megatron_checkpoint import load_safetensors
     from rlinf_pipe.weights import plan_weight_layout
 

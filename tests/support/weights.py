@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from transformers import Qwen2Config
 
-from rlinf_pipe.models.convert import hf_weight_names, hf_weight_shape
+from rlinf_pipe.models.weight_map import hf_weight_names, hf_weight_shape
 from rlinf_pipe.models.megatron_gpt import hf_arch
 
 

@@ -11,7 +11,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from rlinf_pipe.cli import main
-from rlinf_pipe.models.convert import ConversionError, hf_to_megatron, hf_weight_names, megatron_to_hf
+from rlinf_pipe.models.convert import ConversionError, hf_to_megatron, megatron_to_hf
+from rlinf_pipe.models.weight_map import hf_weight_names
 from rlinf_pipe.models.megatron_checkpoint import (
     CheckpointError,
     load_safetensors,

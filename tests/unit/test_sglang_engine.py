@@ -27,7 +27,7 @@ from rlinf_pipe.engines.rollout.sglang_engine import (
     import_sglang,
 )
 from rlinf_pipe.engines.rollout.sglang_weights import verify_by_name
-from rlinf_pipe.models.convert import read_hf_arch
+from rlinf_pipe.models.weight_map import read_hf_arch
 from rlinf_pipe.models.tiny import ensure_tiny_model
 from rlinf_pipe.utils.net import free_port
 from rlinf_pipe.weights import WeightSyncError, WeightVersion, plan_weight_layout

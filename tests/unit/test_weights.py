@@ -20,7 +20,7 @@ import pytest
 import torch
 from support.weights import make_arch, random_weights
 
-from rlinf_pipe.models.convert import hf_weight_groups, hf_weight_names, hf_weight_shape
+from rlinf_pipe.models.weight_map import hf_weight_groups, hf_weight_names, hf_weight_shape
 from rlinf_pipe.utils.net import free_port
 from rlinf_pipe.weights import LoadedWeights, WeightSyncError, WeightVersion, plan_weight_layout
 from rlinf_pipe.weights.process_group import Rendezvous

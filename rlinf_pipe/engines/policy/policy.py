@@ -123,7 +123,7 @@ class MegatronPolicy:
         from megatron.core import tensor_parallel
         from transformers import AutoConfig
 
-        from rlinf_pipe.models.convert import load_hf_checkpoint
+        from rlinf_pipe.models.live_weights import load_hf_checkpoint
         from rlinf_pipe.models.megatron_gpt import build_gpt_model, hf_arch
         from rlinf_pipe.models.megatron_sdpa import model_supports_packing
 
@@ -185,7 +185,7 @@ class MegatronPolicy:
     @property
     def module(self) -> torch.nn.Module:
         """The unwrapped GPTModel of this rank."""
-        from rlinf_pipe.models.convert import unwrap_model
+        from rlinf_pipe.models.live_weights import unwrap_model
 
         return unwrap_model(self.model)
 
@@ -360,14 +360,14 @@ class MegatronPolicy:
 
     def hf_weights(self, copy: bool = True) -> Iterator[tuple[str, Tensor]]:
         """HF-named weights of this replica, unbucketed, on its device (collective over its TP/PP ranks; yielded
-        on tp0/pp0); see `rlinf_pipe.models.convert.iter_hf_weights`."""
-        from rlinf_pipe.models.convert import iter_hf_weights
+        on tp0/pp0); see `rlinf_pipe.models.live_weights.iter_hf_weights`."""
+        from rlinf_pipe.models.live_weights import iter_hf_weights
 
         return iter_hf_weights(self.model, self.arch, copy=copy)
 
     def load_hf_weights(self, named_tensors: list[tuple[str, Tensor]]) -> None:
         """Load HF-named tensors (whole conversion groups, e.g. one weight-sync bucket) into this rank's shard."""
-        from rlinf_pipe.models.convert import load_hf_state_dict
+        from rlinf_pipe.models.live_weights import load_hf_state_dict
 
         load_hf_state_dict(self.module, dict(named_tensors), self.arch, partial=True)
 
