@@ -93,6 +93,8 @@ async def test_blocking_methods_cannot_run_inside_a_running_loop(tmp_path_factor
     other = await asyncio.to_thread(Engine, model_path=str(path), skip_tokenizer_init=True)
     assert other.loop is not asyncio.get_running_loop()
     assert (await asyncio.to_thread(other.flush_cache)).success
+    await asyncio.to_thread(other.shutdown)  # its scheduler task ends on its loop, not left pending there
+    assert other.scheduler.task.done()
 
 
 def _adapter_trees() -> list[ast.Module]:

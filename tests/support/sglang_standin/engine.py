@@ -5,12 +5,14 @@ and a tiny HF model doing the work on CPU.
 Like the real Engine it captures an event loop when it is built (the running one if there is one) and its
 blocking methods drive that loop with `run_until_complete`: called from inside a running loop they fail with
 "This event loop is already running" (or "Cannot run the event loop while another loop is running"). It has no
-`tokenizer` attribute, and it refuses keyword arguments that are not server arguments.
+`tokenizer` attribute, and it refuses keyword arguments that are not server arguments. Like the real one it has
+`shutdown` run at interpreter exit (`atexit`), so an engine nobody shut down leaves no scheduler task pending.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +61,7 @@ class Engine:
         self.tokenizer_manager = StandinTokenizerManager(self.scheduler, self.server_args)
         self.is_shut_down = False
         self.loop = _ensure_event_loop()
+        atexit.register(self.shutdown)  # (sglang 0.5.23's Engine.__init__ does the same)
 
     def _blocking(self, coroutine: Any) -> Any:
         return self.loop.run_until_complete(coroutine)
