@@ -156,8 +156,10 @@ class LlamaForward:
     def refresh(self, changed: list[torch.Tensor] | None = None) -> None:
         """Renew the oneDNN copies of the weights (`Projection`) after the model's weights changed: those of the
         projections whose weight or bias is one of `changed` (the tensors themselves), or all."""
+        ids = None if changed is None else {id(t) for t in changed}  # (one set look-up per tensor of a projection)
         for projection in [p for layer in self.layers for p in layer.projections()] + [self.lm_head]:
-            if changed is None or any(t is projection.weight or t is projection.bias for t in changed):
+            own = (projection.weight,) if projection.bias is None else (projection.weight, projection.bias)
+            if ids is None or any(id(t) in ids for t in own):
                 projection.refresh()
 
     def new_cache(self, rows: int, capacity: int) -> KVCache:
