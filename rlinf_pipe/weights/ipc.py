@@ -164,22 +164,25 @@ class _Mapped:
     def __init__(self) -> None:
         self.blocks: dict[str, shared_memory.SharedMemory] = {}
 
+    def _block(self, name: str) -> shared_memory.SharedMemory:
+        """The block named `name`, mapped on first use."""
+        block = self.blocks.get(name)
+        if block is None:
+            block = self.blocks[name] = _attach(name)
+        return block
+
     def attach(self, handle: Handle) -> None:
         """Map the shared memory block a CPU handle names, if not yet mapped: every receiver maps each slot it is
         handed before it reports the bucket done (the sender then removes the block's name), loaded or not."""
         if not handle.cuda:
-            name = read_handle(handle.data)["shm"]
-            if name not in self.blocks:
-                self.blocks[name] = _attach(name)
+            self._block(read_handle(handle.data)["shm"])
 
     def open(self, handle: bytes) -> torch.Tensor:
         """The flat uint8 buffer a handle names (the caller drops it before reporting the bucket done)."""
         payload = read_handle(handle)
         if "flattened_tensor" in payload:
             return payload["flattened_tensor"]
-        block = self.blocks.get(payload["shm"])
-        if block is None:
-            block = self.blocks[payload["shm"]] = _attach(payload["shm"])
+        block = self._block(payload["shm"])
         return torch.frombuffer(block.buf, dtype=torch.uint8, count=payload["nbytes"])
 
     def close(self) -> None:
