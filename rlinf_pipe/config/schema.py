@@ -226,6 +226,13 @@ class ActorConfig:
         "the stream, each row still attending to all of it (docs/pipeline.md, \"Shared prompts\"): the same results "
         "within float rounding, for the compute of one prompt a group instead of one a sample.",
     )
+    offload_on_cpu: bool = opt(
+        False,
+        "Collocated mode on CPU: really move the actor's state (weights, gradient buffers, optimizer state) out of its "
+        "storage between its phases, as on GPUs, instead of leaving it in place (on CPU there is no device memory to "
+        "free). It costs a copy each way and frees nothing; it makes a CPU run fail wherever a GPU run would touch the "
+        "state while it is offloaded (the test suite runs its collocated runs with it).",
+    )
     recompute: Literal["none", "selective", "full"] = opt(
         "none", "Activation recompute in the backward pass: `selective` (the attention scores, most of the memory at "
         "long sequences, for little compute) or `full` (every layer's activations).",

@@ -24,7 +24,7 @@ async def save_checkpoint(run_dir: Path, next_step: int, actor: WorkerGroup, sam
     ckpt = checkpoint_dir(run_dir, next_step)
     ckpt.mkdir(parents=True, exist_ok=True)
     (ckpt / COMPLETE).unlink(missing_ok=True)  # a step saved again (a resumed run) is incomplete until rewritten
-    await actor.all.save_checkpoint(str(ckpt / ACTOR_SUBDIR), {"next_step": next_step})
+    await actor.all.save_checkpoint(str(ckpt / ACTOR_SUBDIR), next_step, {"next_step": next_step})
     (ckpt / RUNNER_STATE).write_text(json.dumps({"next_step": next_step, "sampler": sampler_state}))
     mark_complete(ckpt, {"next_step": next_step, "time": time.time()})
     return ckpt

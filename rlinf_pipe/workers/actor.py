@@ -294,9 +294,12 @@ class ActorWorker(Worker):
         return await self.compute.run(publish)
 
     # --- checkpoints -------------------------------------------------------------------------------------------
-    def save_checkpoint(self, folder: str, record: dict[str, Any] | None = None) -> str:
-        with self.tracer.span("save_checkpoint"):
-            return str(self.policy.save_checkpoint(folder, record))
+    async def save_checkpoint(self, folder: str, step: int, record: dict[str, Any] | None = None) -> str:
+        """Save the state before step `step` (collective): with the engines on the actor's GPUs, in a device phase
+        of its own (the state is offloaded between phases)."""
+        async with self._state_on_devices(step):
+            with self.tracer.span("save_checkpoint", step=step):
+                return str(await self.compute.run(self.policy.save_checkpoint, folder, record))
 
     async def load_checkpoint(self, folder: str, version: int) -> None:
         """Restore model, optimizer, schedule and RNG; the restored weights are weight version `version` (the step

@@ -38,7 +38,7 @@ def policy_options(cfg: Config) -> dict[str, Any]:
     dtype = None if cfg.actor.params_dtype == "auto" else cfg.actor.params_dtype
     return {"temperature": logprob_temperature(cfg), "logprob_max_tokens": cfg.inference.max_tokens_per_batch,
             "seed": cfg.runner.seed, "params_dtype": dtype, "pack_sequences": cfg.actor.pack_sequences,
-            "share_prompts": cfg.actor.share_prompts}
+            "share_prompts": cfg.actor.share_prompts, "offload_on_cpu": cfg.actor.offload_on_cpu}
 
 
 def train_routing(cfg: Config, actor_dp: int) -> TrainRouting:

@@ -99,10 +99,12 @@ def shared_memory_blocks() -> set[str]:
 def collocated_run(tmp_path_factory, tiny_model) -> Path:
     # One device, so rollout batches and actor replicas match the pipeline's exactly (DP=2 exactness is covered by
     # tests/integration/test_actor_trainer.py); what differs is the mode: time-sharing, locks, offload, channels.
-    # It also validates before each step and after the last (which must change nothing of the training).
+    # It also validates before each step and after the last (which must change nothing of the training). Its actor
+    # really offloads its state between phases, as on a GPU: whatever touches the state outside a phase (the final
+    # checkpoint did, on the first GPU run) fails here too.
     before = shared_memory_blocks()
     run_dir = run("tiny-grpo-megatron", tmp_path_factory.mktemp("coll"), tiny_model, "cluster.num_gpus_per_node=1",
-                  *COMPARED, *VALIDATED)
+                  "actor.offload_on_cpu=true", *COMPARED, *VALIDATED)
     LEFT_IN_SHARED_MEMORY[run_dir] = shared_memory_blocks() - before
     return run_dir
 

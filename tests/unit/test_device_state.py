@@ -25,3 +25,17 @@ def test_offload_frees_refills_in_place_and_reuses_its_host_buffers():
     state.onload()
     assert {key: id(buffer) for key, buffer in state.backups.items()} == buffers  # no new host allocation
     assert torch.equal(weight, expected_weight + 1)
+
+
+def test_on_cpu_the_state_stays_unless_moving_is_asked_for():
+    weight = torch.randn(8, 8)
+    assert DeviceState(lambda: [weight], torch.device("cpu")).offload() == weight.numel() * 4  # reported, not moved
+    assert weight.untyped_storage().nbytes() == weight.numel() * 4 and float(weight.sum()) == float(weight.sum())
+    state = DeviceState(lambda: [weight], torch.device("cpu"), move_on_cpu=True)  # as on a GPU
+    expected = weight.clone()
+    state.offload()
+    # no storage behind it, as on a GPU: whatever reads it now (a checkpoint saved outside a device phase did, on the
+    # first GPU run) fails (on CPU, by a crash of the process: kernels read through the null pointer)
+    assert weight.untyped_storage().nbytes() == 0
+    state.onload()
+    assert torch.equal(weight, expected)

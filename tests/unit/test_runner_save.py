@@ -25,7 +25,7 @@ class _Actor:
         self.all = self
         self.fail: type[Exception] | None = None
 
-    async def save_checkpoint(self, path: str, meta: dict) -> None:
+    async def save_checkpoint(self, path: str, step: int, meta: dict) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)
         (Path(path) / "model.pt").write_bytes(b"\0" * 64)
         if self.fail is OSError:

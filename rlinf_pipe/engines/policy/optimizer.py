@@ -209,13 +209,15 @@ class DeviceState:
     because `onload` resizes and refills the same storage. On CUDA the host copies are pinned buffers allocated once
     per storage and reused every cycle (allocating pinned memory is slow, and pinning a pageable copy would hold two),
     and after offloading the allocator's cache is emptied, so the freed memory goes back to the GPU for the engines.
-    On CPU there is nowhere to move to: nothing happens and the bytes that would move are reported (`force=True`
-    runs the cycle on CPU storage, for tests).
+    On CPU there is nowhere to move to: nothing happens and the bytes that would move are reported, unless
+    `move_on_cpu` (or `force=True` for one call) runs the cycle on CPU storage as on a GPU, so that a CPU run fails
+    where a GPU run would touch the state while it is offloaded.
     """
 
-    def __init__(self, tensors: Any, device: torch.device):
+    def __init__(self, tensors: Any, device: torch.device, move_on_cpu: bool = False):
         self.tensors = tensors  # a callable returning the current tensors (optimizer state appears after a step)
         self.device = device
+        self.move_on_cpu = move_on_cpu
         self.offloaded: list[tuple[Any, Any]] | None = None  # (device storage, host backup) while offloaded
         self.backups: dict[int, Any] = {}  # host buffer per storage (by its StorageImpl), kept between cycles
 
@@ -231,9 +233,12 @@ class DeviceState:
         return list(seen.values())
 
     def nbytes(self) -> int:
-        """Bytes of distinct storage behind the tensors."""
+        """Bytes of distinct storage behind the tensors on the state's kind of device (what `offload` moves: not
+        the optimizer's step counters that live on the host beside a GPU state)."""
         seen: dict[tuple[str, int], int] = {}
         for t in self.tensors():
+            if t.device.type != self.device.type:
+                continue
             s = t.untyped_storage()
             seen[(str(t.device), s.data_ptr())] = s.nbytes()
         return sum(seen.values())
@@ -251,6 +256,7 @@ class DeviceState:
         """Copy the storages to host memory and free them on the device; returns the bytes moved."""
         if self.offloaded is not None:
             return 0
+        force = force or self.move_on_cpu
         if self.device.type == "cpu" and not force:
             self.offloaded = []
             return self.nbytes()

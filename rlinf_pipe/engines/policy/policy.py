@@ -105,6 +105,7 @@ class MegatronPolicy:
         load_weights: bool = True,
         pack_sequences: bool = True,
         share_prompts: bool = True,
+        offload_on_cpu: bool = False,
     ) -> None:
         if logprob_max_tokens < 1:
             raise ValueError(f"logprob_max_tokens must be >= 1, got {logprob_max_tokens}")
@@ -178,7 +179,7 @@ class MegatronPolicy:
                 adam_eps=adam_eps, clip_grad=clip_grad, lr_warmup_steps=lr_warmup_steps,
                 use_distributed_optimizer=self.use_distributed_optimizer,
             )
-        self.device_state = DeviceState(self._state_tensors, self.device)
+        self.device_state = DeviceState(self._state_tensors, self.device, move_on_cpu=offload_on_cpu)
 
     # ------------------------------------------------------------------ helpers
 
