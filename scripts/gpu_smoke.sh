@@ -1,45 +1,61 @@
 #!/usr/bin/env bash
 # The GPU smoke suite (tests/gpu, docs/benchmarks.md#gpu-smoke-suite) on a bare GPU machine, in minutes.
 #   bash scripts/gpu_smoke.sh [-- PYTEST_ARGS]               # with network: installs what is missing, runs the suite
-#   bash scripts/gpu_smoke.sh --wheels DIR [-- PYTEST_ARGS]  # offline: installs from wheels fetched beforehand
+#   bash scripts/gpu_smoke.sh --wheels DIR [-- PYTEST_ARGS]  # offline: installs every wheel in DIR (fetched before)
 #   bash scripts/gpu_smoke.sh --fetch DIR [PYTHON_VERSION]    # on a machine with network: fetch those wheels (3.12)
-# It never installs torch: the machine's CUDA build is used (a virtual environment over the system packages, in
-# $RLINF_PIPE_GPU_VENV, default /tmp/rlinf-pipe-gpu). Tests that need Ray or sglang skip where they are missing;
+# It never installs torch or its dependencies: the machine's CUDA build is used. Packages go, without their
+# dependencies, into a folder ($RLINF_PIPE_GPU_SITE, default /tmp/rlinf-pipe-gpu-site) put in front on PYTHONPATH,
+# so it works whether the machine's python is a system one or a virtual environment of its own (a venv made over
+# a venv would not see the outer one's torch). Tests that need Ray or sglang skip where they are missing;
 # `pip install -e '.[sglang]'` first to run the SGLang ones. RLINF_PIPE_GPU_DRY_RUN=1 runs the suite's logic on CPU.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
-NEEDED=("msgspec>=0.19" "omegaconf>=2.3" "megatron-core>=0.16.1,<0.17")
+# import name = requirement; installed with --no-deps, so each one's own needs are listed too (torch, numpy,
+# packaging, PyYAML, protobuf, requests, click, filelock, msgpack, sympy and attrs come with CUDA torch images).
+NEEDED=(
+    "msgspec=msgspec>=0.19" "omegaconf=omegaconf>=2.3" "megatron.core=megatron-core>=0.16.1,<0.17" "zmq=pyzmq>=26"
+    "math_verify=math-verify>=0.8" "latex2sympy2_extended=latex2sympy2_extended>=1.0"
+    "antlr4=antlr4-python3-runtime==4.13.2" "tensorboardX=tensorboardX>=2.6" "pytest_asyncio=pytest-asyncio>=0.24"
+    "pytest_timeout=pytest-timeout>=2.3" "ray=ray>=2.50" "jsonschema=jsonschema" "referencing=referencing"
+    "rpds=rpds-py" "jsonschema_specifications=jsonschema-specifications"
+)
+requirements() { for entry in "${NEEDED[@]}"; do echo "${entry#*=}"; done; }
 
 if [ "${1:-}" = "--fetch" ]; then
     dir="${2:?usage: --fetch DIR [PYTHON_VERSION]}"; version="${3:-3.12}"
-    "$PYTHON" -m pip download --no-deps --only-binary=:all: --python-version "$version" \
+    mapfile -t wanted < <(requirements)
+    "$PYTHON" -m pip download --no-deps --only-binary=:all: --python-version "$version" --implementation cp \
         --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
-        -d "$dir" "${NEEDED[@]}"
+        -d "$dir" "${wanted[@]}"
     echo "wheels for Python $version in $dir: copy them with the tree, then: bash scripts/gpu_smoke.sh --wheels $dir"
     exit 0
 fi
-source=()
+wheels=""
 if [ "${1:-}" = "--wheels" ]; then
-    source=(--no-index --find-links "${2:?usage: --wheels DIR}"); shift 2
+    wheels="${2:?usage: --wheels DIR}"; shift 2
 fi
 [ "${1:-}" = "--" ] && shift
 
-venv="${RLINF_PIPE_GPU_VENV:-/tmp/rlinf-pipe-gpu}"
-[ -x "$venv/bin/python" ] || "$PYTHON" -m venv --system-site-packages "$venv"
-py="$venv/bin/python"
-missing=()
-"$py" -c "import msgspec" 2>/dev/null || missing+=("${NEEDED[0]}")
-"$py" -c "import omegaconf" 2>/dev/null || missing+=("${NEEDED[1]}")
-"$py" -c "import megatron.core" 2>/dev/null || missing+=("${NEEDED[2]}")
-"$py" -c "import pytest, pytest_timeout" 2>/dev/null || missing+=("pytest>=8" "pytest-timeout>=2.3")
-if [ ${#missing[@]} -gt 0 ]; then
-    echo "installing: ${missing[*]}"
-    "$py" -m pip install --quiet "${source[@]}" "${missing[@]}"
+site="${RLINF_PIPE_GPU_SITE:-/tmp/rlinf-pipe-gpu-site}"
+export PYTHONPATH="$site:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PATH="$site/bin:$PATH"  # Ray's `ray` and its servers' entry points
+install=(-m pip install --quiet --no-deps --no-compile --no-cache-dir --upgrade --target "$site")
+if [ -n "$wheels" ]; then
+    "$PYTHON" "${install[@]}" --no-index "$wheels"/*.whl
+else
+    missing=()
+    for entry in "${NEEDED[@]}"; do
+        "$PYTHON" -c "import ${entry%%=*}" 2>/dev/null || missing+=("${entry#*=}")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "installing into $site: ${missing[*]}"
+        "$PYTHON" "${install[@]}" "${missing[@]}"
+    fi
 fi
 
 if [ -z "${RLINF_PIPE_GPU_DRY_RUN:-}" ]; then
-    "$py" - <<'PY'
+    "$PYTHON" - <<'PY'
 import sys
 
 import torch
@@ -51,5 +67,4 @@ print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {len(names)} GPU(s
 PY
 fi
 cd "$ROOT"
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-exec "$py" -m pytest tests/gpu -m gpu -v -rs -s -p no:cacheprovider --timeout 900 "$@"
+exec "$PYTHON" -m pytest tests/gpu -m gpu -v -rs -s -p no:cacheprovider --timeout 900 "$@"
