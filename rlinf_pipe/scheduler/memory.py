@@ -9,10 +9,11 @@ The model of the estimate (docs/memory.md walks through it):
 * **optimizer**: Adam's two fp32 moments and, with bf16 parameters, fp32 master weights, divided over the data-
   parallel replicas by the distributed optimizer (on whenever DP > 1);
 * **activations** (and working memory): what one training micro-batch keeps for its backward pass at its token
-  budget (Korthikanti et al.'s per-layer figures for bf16 without sequence parallelism, with the attention scores
-  that the local layer spec materialises), reduced by `actor.recompute`; the micro-batch's bf16 logits and their
-  gradient, and the log-prob code's float32 chunks (`engines.policy.logprobs.CHUNK_BYTES` each); 1 GiB per process
-  on the GPU for the CUDA context and allocator slack;
+  budget (`layer_activations`: every tensor a layer saves, in bf16 without sequence parallelism, counted from the
+  model's real widths: grouped K/V heads and the gated MLP's `intermediate_size`, plus the attention scores that the
+  local layer spec materialises), reduced by `actor.recompute`; the micro-batch's bf16 logits and their gradient,
+  and the log-prob code's float32 chunks (`engines.policy.logprobs.CHUNK_BYTES` each); 2.5 GiB per process on the
+  GPU for what it holds outside the allocator's blocks (CUDA context, NCCL and library workspaces). Checked against a measured step on an H200 (docs/memory.md);
 * **kv_cache**: SGLang's share of the GPU (`rollout.gpu_memory_fraction` of the capacity) less its weights; the
   torch engine's cache for `max_running_requests` sequences at full length.
 
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 
 GIB = 1 << 30
 DEFAULT_CAPACITY_GB = 80.0
-PROCESS_OVERHEAD = 1 * GIB
+PROCESS_OVERHEAD = 5 * GIB // 2  # measured 2.28 GiB beyond the allocator in a trainer process (H200, docs/memory.md)
 KINDS = ("weights", "grads", "optimizer", "activations", "kv_cache")
 Recompute = Literal["none", "selective", "full"]
 
@@ -96,18 +97,34 @@ def _bytes(kinds: dict[str, float], processes: int) -> dict[str, int]:
     return out
 
 
+def layer_activations(shape: HfArch, tp: int) -> float:
+    """Bytes per token that one layer of the local layer spec saves for its backward on one of `tp` ranks (bf16, no
+    sequence parallelism, attention scores not included), as counted by `benchmarks/activation_bytes.py`: its two
+    norms' inputs (fused norms: input and one statistic); the QKV projection's input and output, the rotated queries
+    and keys, the output projection's input; the MLP's input, the fused gate / up output and the gated unit's three
+    intermediate tensors (the down projection's input among them). Korthikanti et al.'s 34 x hidden assumes a 4x MLP
+    and full multi-head attention; a Qwen2 model's gated MLP alone keeps about 58 x hidden."""
+    h, q, kv = shape.hidden_size, shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    norms = 2 * 2 * h
+    attention = 2 * h + 2 * (q + 2 * kv) / tp + 2 * (q + kv) / tp + 2 * q / tp
+    mlp = 2 * h + 2 * 5 * shape.intermediate_size / tp
+    return norms + attention + mlp
+
+
 def training_activations(shape: HfArch, tokens: int, seq_len: int, tp: int, pp: int,
                          recompute: Recompute) -> float:
     """Bytes one micro-batch of `tokens` (rows of up to `seq_len`) keeps for backward on one rank (bf16)."""
     h, layers = shape.hidden_size, -(-shape.num_layers // pp)
-    attention_scores = 5 * shape.num_heads * seq_len / (h * tp)  # per token per hidden unit: scores + softmax
+    layer = layer_activations(shape, tp)
+    attention_scores = 5 * shape.num_heads * seq_len / tp  # per token: scores + softmax
     per_layer = {
-        "none": tokens * h * (10 + 24 / tp + attention_scores),
-        "selective": tokens * h * (10 + 24 / tp),
-        "full": tokens * h * 2,  # the layer input only; the rest is recomputed
+        "none": tokens * (layer + attention_scores),
+        "selective": tokens * layer,  # the scores are recomputed
+        "full": tokens * h * 2,  # the layer input only; the rest is recomputed, one layer at a time
     }[recompute]
+    recomputing = tokens * layer if recompute == "full" else 0.0
     logits = 2 * tokens * shape.vocab_size / tp * 2 + 3 * CHUNK_BYTES  # bf16 logits + their gradient
-    return layers * per_layer + logits
+    return layers * per_layer + recomputing + logits
 
 
 def forward_activations(shape: HfArch, tokens: int, tp: int) -> float:

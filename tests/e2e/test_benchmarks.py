@@ -52,3 +52,15 @@ def test_the_single_process_baseline_loop_trains_a_step():
     seconds, reward = loop.step()
     assert seconds > 0 and 0.0 <= reward <= 1.0
     assert any(not torch.equal(before[k], v) for k, v in loop.model.state_dict().items())  # it updated
+
+
+def test_the_memory_estimate_covers_what_a_layer_saves_for_backward():
+    """`activation_bytes.py` counts what a Megatron layer saves (saved-tensor hooks, bf16, the local spec) at
+    DeepSeek-R1-Distill-Qwen-1.5B's width ratios; the estimate's `layer_activations` must not be below it (less the
+    float32 norm intermediates that only CPU keeps). The first estimate (Korthikanti's 34 x hidden) fails this."""
+    proc = subprocess.run([sys.executable, "benchmarks/activation_bytes.py", "--tokens", "256", "--json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["per_layer_fused"] > 34 * summary["hidden"]  # the gated MLP keeps far more than a 4x one
+    assert summary["layer_activations"] >= summary["per_layer_fused"]
