@@ -177,15 +177,19 @@ class ActorWorker(Worker):
         """Go back to the state before step `step`'s training (the step is retried after a lost worker): the copy
         taken when its training began, if it began; otherwise the state is that already. Gradients and loss terms
         of the abandoned step are dropped. Returns whether a copy was restored."""
-        restored = self.rollback_point is not None and self.rollback_point[0] == step
-        with self.tracer.span("rollback", step=step, restored=restored):
-            if restored:
-                async with self._state_on_devices(step):
-                    self.policy.restore_state(self.rollback_point[1])
+        point = self.rollback_point[1] if self.rollback_point is not None and self.rollback_point[0] == step else None
+
+        def roll_back() -> None:
+            if point is not None:
+                self.policy.restore_state(point)
             else:
                 self.policy.require_optimizer().zero_grads()
+
+        with self.tracer.span("rollback", step=step, restored=point is not None):
+            async with self._state_on_devices(step):  # both write the state: never while it is offloaded
+                await self.compute.run(roll_back)
         self._holds(step)
-        return restored
+        return point is not None
 
     def _holds(self, version: int) -> None:
         """The policy now holds weight version `version`; the log-probs this actor computes come from it."""

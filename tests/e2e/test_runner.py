@@ -183,7 +183,8 @@ def test_engines_taking_turns_with_the_actor_and_inference_apart_train_like_the_
     saboteur.start()
     try:
         out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, "cluster.num_gpus_per_node=2",
-                  'cluster.component_placement={"actor,rollout": 0, inference: 1}', "runner.max_restarts=1")
+                  'cluster.component_placement={"actor,rollout": 0, inference: 1}', "runner.max_restarts=1",
+                  "actor.offload_on_cpu=true")  # the rollback point is taken and restored as on a GPU
     finally:
         saboteur.stop()
     assert len(saboteur.pids) == 1
