@@ -24,6 +24,8 @@ from rlinf_pipe.scheduler.worker import node_procs_env
 from rlinf_pipe.scheduler.worker_group import WorkerGroup
 from rlinf_pipe.workers.step_channels import StepChannels
 
+EXIT_GRACE_S = 5.0  # a worker's time to run its exit handlers at a stop, before it is killed (`WorkerGroup.shutdown`)
+
 WORKER_ENV = {"PYTHONWARNINGS": "ignore::UserWarning,ignore::FutureWarning"}  # apex/TE fallbacks, deprecations
 
 
@@ -91,7 +93,7 @@ class Components:
 
         self.channels.abort()
         for group in self.groups():
-            group.shutdown(wait_s=30.0)
+            group.shutdown(wait_s=30.0, grace_s=EXIT_GRACE_S)
         for helper in (self.locks, self.sampling_rounds):
             if helper is not None:
                 ray.kill(helper, no_restart=True)

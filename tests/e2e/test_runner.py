@@ -12,6 +12,7 @@ import math
 import os
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -88,11 +89,17 @@ def pipeline_run(tmp_path_factory, tiny_model) -> Path:
 
 SHARED_MEMORY = Path("/dev/shm")
 LEFT_IN_SHARED_MEMORY: dict[Path, set[str]] = {}  # per run folder: the blocks it left in /dev/shm
+LEFT_IN_TMP: dict[Path, set[str]] = {}  # per run folder: the multiprocessing folders it left in the temp folder
 
 
 def shared_memory_blocks() -> set[str]:
     """The names of Python's POSIX shared memory blocks (`multiprocessing.shared_memory`) in /dev/shm."""
     return {p.name for p in SHARED_MEMORY.glob("psm_*")}
+
+
+def multiprocessing_folders() -> set[str]:
+    """multiprocessing's per-process temporary folders (a forkserver's socket lives in one)."""
+    return {p.name for p in Path(tempfile.gettempdir()).glob("pymp-*")}
 
 
 @pytest.fixture(scope="module")
@@ -102,10 +109,11 @@ def collocated_run(tmp_path_factory, tiny_model) -> Path:
     # It also validates before each step and after the last (which must change nothing of the training). Its actor
     # really offloads its state between phases, as on a GPU: whatever touches the state outside a phase (the final
     # checkpoint did, on the first GPU run) fails here too.
-    before = shared_memory_blocks()
+    before, folders_before = shared_memory_blocks(), multiprocessing_folders()
     run_dir = run("tiny-grpo-megatron", tmp_path_factory.mktemp("coll"), tiny_model, "cluster.num_gpus_per_node=1",
                   "actor.offload_on_cpu=true", *COMPARED, *VALIDATED)
     LEFT_IN_SHARED_MEMORY[run_dir] = shared_memory_blocks() - before
+    LEFT_IN_TMP[run_dir] = multiprocessing_folders() - folders_before
     return run_dir
 
 
@@ -225,6 +233,12 @@ def test_a_collocated_run_leaves_no_shared_memory_behind(collocated_run):
     assert plan_run(cfg).weight_transport == "ipc"
     assert read_metrics(collocated_run / "metrics.jsonl")[0]["weight_sync/bytes"] > 0
     assert LEFT_IN_SHARED_MEMORY[collocated_run] == set()
+
+
+def test_a_run_leaves_no_multiprocessing_folders_behind(collocated_run):
+    """The reward worker's pool forks from a forkserver whose socket sits in a pymp-* folder of the temp folder;
+    the workers are killed at the end, and a killed process removes nothing: they run their exit handlers first."""
+    assert LEFT_IN_TMP[collocated_run] == set()
 
 
 @pytest.mark.slow
