@@ -11,9 +11,12 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
-# import name = requirement; installed with --no-deps, so each one's own needs are listed too (torch, numpy,
-# packaging, PyYAML, protobuf, requests, click, filelock, msgpack, sympy and attrs come with CUDA torch images).
+# import name = requirement; installed with --no-deps, so each one's own needs are listed too. Assumed present, as in
+# CUDA torch images: torch, transformers (with tokenizers, safetensors, huggingface_hub), numpy, packaging, PyYAML,
+# protobuf, requests, click, filelock, msgpack, sympy, attrs (checked below: a clear error where one is missing).
+ASSUMED=(torch transformers tokenizers safetensors numpy yaml google.protobuf requests click filelock msgpack sympy attr)
 NEEDED=(
+    "pytest=pytest>=8.2" "pluggy=pluggy>=1.5" "iniconfig=iniconfig"
     "msgspec=msgspec>=0.19" "omegaconf=omegaconf>=2.3" "megatron.core=megatron-core>=0.16.1,<0.17" "zmq=pyzmq>=26"
     "math_verify=math-verify>=0.8" "latex2sympy2_extended=latex2sympy2_extended>=1.0"
     "antlr4=antlr4-python3-runtime==4.13.2" "tensorboardX=tensorboardX>=2.6" "pytest_asyncio=pytest-asyncio>=0.24"
@@ -65,7 +68,15 @@ site="${RLINF_PIPE_GPU_SITE:-/tmp/rlinf-pipe-gpu-site}"
 export PYTHONPATH="$site:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$site/bin:$PATH"  # Ray's `ray` and its servers' entry points
 install=(-m pip install --quiet --no-deps --no-compile --no-cache-dir --upgrade --target "$site")
+for module in "${ASSUMED[@]}"; do
+    "$PYTHON" -c "import $module" 2>/dev/null || {
+        echo "error: $PYTHON cannot import $module, which the suite expects with the machine's torch; install it" \
+             "(pip install torch transformers pyyaml protobuf requests click filelock msgpack sympy attrs)" >&2
+        exit 1
+    }
+done
 if [ -n "$wheels" ]; then
+    compgen -G "$wheels/*.whl" >/dev/null || { echo "error: no wheels in $wheels (see --fetch)" >&2; exit 1; }
     "$PYTHON" "${install[@]}" --no-index "$wheels"/*.whl
 else
     missing=()

@@ -201,7 +201,7 @@ class ActorWorker(Worker):
     async def _state_on_devices(self, step: int) -> AsyncIterator[None]:
         """The training state on the devices for the block: with the engines on the actor's GPUs (state offloaded
         between phases), a device phase of its own around it."""
-        if self.locks is None:
+        if self.locks is None or self.phase_held:  # (inside a phase already: it stays the phase's to end)
             yield
             return
         await self.begin_phase(step)

@@ -256,12 +256,17 @@ class DeviceState:
         """Copy the storages to host memory and free them on the device; returns the bytes moved."""
         if self.offloaded is not None:
             return 0
-        force = force or self.move_on_cpu
-        if self.device.type == "cpu" and not force:
+        on_cpu = self.device.type == "cpu"
+        force = force or (self.move_on_cpu and on_cpu)
+        if on_cpu and not force:
             self.offloaded = []
             return self.nbytes()
         moved = []
-        for storage in self._storages(include_cpu=force):
+        storages = self._storages(include_cpu=force)
+        current = {storage._cdata for storage in storages}  # noqa: SLF001
+        for key in [key for key in self.backups if key not in current]:  # storages replaced since (a restored
+            del self.backups[key]  # rollback point brings new optimizer moments): their host buffers go
+        for storage in storages:
             backup = self._backup(storage)
             backup.copy_(storage)
             moved.append((storage, backup))
