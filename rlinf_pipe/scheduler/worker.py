@@ -218,7 +218,9 @@ class Worker:
     def run_exit_handlers(self) -> None:
         """Run the process's exit handlers now: the worker is about to be killed (`WorkerGroup.shutdown`), and a
         killed process runs none. What they release would be left behind: a multiprocessing forkserver's socket
-        folder in /tmp (the reward pool's), an engine's own shutdown."""
+        folder in /tmp (the reward pool's), an engine's own shutdown. Ray's own handler is left out: it would
+        disconnect this worker from Ray in the middle of the call."""
+        atexit.unregister(ray.shutdown)
         atexit._run_exitfuncs()  # noqa: SLF001 - CPython's exit sequence, as at a normal exit
 
     def drain_spans(self) -> list[Span]:
