@@ -24,7 +24,7 @@ from rlinf_pipe.scheduler.worker import node_procs_env
 from rlinf_pipe.scheduler.worker_group import WorkerGroup
 from rlinf_pipe.workers.step_channels import StepChannels
 
-EXIT_GRACE_S = 5.0  # a worker's time to run its exit handlers at a stop, before it is killed (`WorkerGroup.shutdown`)
+EXIT_GRACE_S = 5.0  # a worker's time to release what a kill leaves behind, before it is killed (`Worker.before_stop`)
 
 WORKER_ENV = {"PYTHONWARNINGS": "ignore::UserWarning,ignore::FutureWarning"}  # apex/TE fallbacks, deprecations
 

@@ -8,7 +8,6 @@ actor per placed process.
 
 from __future__ import annotations
 
-import atexit
 import os
 import socket
 from dataclasses import dataclass
@@ -215,13 +214,10 @@ class Worker:
         """Subclasses: end what else a step call may wait on (an engine's requests, a weight transfer)."""
 
     @ray.method(concurrency_group=CONTROL_GROUP)
-    def run_exit_handlers(self) -> None:
-        """Run the process's exit handlers now: the worker is about to be killed (`WorkerGroup.shutdown`), and a
-        killed process runs none. What they release would be left behind: a multiprocessing forkserver's socket
-        folder in /tmp (the reward pool's), an engine's own shutdown. Ray's own handler is left out: it would
-        disconnect this worker from Ray in the middle of the call."""
-        atexit.unregister(ray.shutdown)
-        atexit._run_exitfuncs()  # noqa: SLF001 - CPython's exit sequence, as at a normal exit
+    def before_stop(self) -> None:
+        """The worker is about to be killed (`WorkerGroup.shutdown`), and a killed process runs no exit handler:
+        release now what would be left behind. Subclasses extend it (the reward worker's pool leaves its
+        forkserver's socket folder in /tmp)."""
 
     def drain_spans(self) -> list[Span]:
         """The spans this worker's `tracer` recorded since the last call (the driver collects them each step)."""

@@ -321,12 +321,11 @@ class WorkerGroup(Generic[W]):
         return [lost for lost in await asyncio.gather(*(probe(m) for m in self._members)) if lost is not None]
 
     def shutdown(self, wait_s: float = 0.0, grace_s: float = 0.0) -> None:
-        """Kill every rank; with `grace_s`, each first runs its exit handlers (`Worker.run_exit_handlers`, up to that
-        long: a killed process runs none, and what they clean up, a forkserver's socket folder in /tmp for one,
-        would be left behind); with `wait_s`, wait up to that long until they are gone (so their names can be
-        taken again by a relaunched group)."""
+        """Kill every rank; with `grace_s`, each first releases what a killed process would leave behind
+        (`Worker.before_stop`, up to that long: a forkserver's socket folder in /tmp, for one); with `wait_s`, wait
+        up to that long until they are gone (so their names can be taken again by a relaunched group)."""
         if grace_s > 0 and self._members:
-            handlers = [member.actor.run_exit_handlers.remote() for member in self._members]
-            ray.wait(handlers, num_returns=len(handlers), timeout=grace_s)
+            released = [member.actor.before_stop.remote() for member in self._members]
+            ray.wait(released, num_returns=len(released), timeout=grace_s)
         self.kill(range(self.size), wait_s)
         self._members = []

@@ -14,15 +14,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
+import ray
 
 from rlinf_pipe.algorithms.advantages import advantage_scope
 from rlinf_pipe.algorithms.scoring import RewardTally, score_groups
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.data.packing import pack_train_batch
 from rlinf_pipe.data.structs import RolloutGroup, ScoredGroup
-from rlinf_pipe.engines.reward.pool import reward_pool
+from rlinf_pipe.engines.reward.pool import remove_process_temp_folder, reward_pool
 from rlinf_pipe.scheduler.channel import Channel, StepEnd
-from rlinf_pipe.scheduler.worker import Worker
+from rlinf_pipe.scheduler.worker import CONTROL_GROUP, Worker
 from rlinf_pipe.workers.logprob_stage import train_routing
 from rlinf_pipe.workers.step_channels import StepChannels
 
@@ -47,6 +48,12 @@ class RewardWorker(Worker):
         self.routing = None if train is None else train_routing(cfg, len(self.train))
         self.pad_token_id = pad_token_id
         self.estimator, self.adv_options = cfg.algorithm.adv_estimator, advantage_options(cfg)
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def before_stop(self) -> None:
+        """Stop the pool's processes and remove the forkserver's socket folder, which a kill would leave in /tmp."""
+        self.pool.close()
+        remove_process_temp_folder()
 
     def use_channels(self, channels: StepChannels) -> None:
         """Score from `channels.rollouts` into `channels.scored` (or `channels.train`) from now on (new channels

@@ -62,8 +62,9 @@ def test_main_math_rejects_an_unknown_model_name(tmp_path):
 
 @pytest.mark.slow
 def test_the_main_job_runs_and_stops_without_an_error_line(tmp_path):
-    """The README's main command, cut to two steps: it trains, stops its workers (each runs its exit handlers
-    first: Ray's own, left in, printed 'ERROR ... no attribute core_worker' from every worker) and prints no error."""
+    """The README's main command, cut to two steps: it trains, stops its workers and prints no error line (running
+    every exit handler of a worker before killing it, Ray's among them, printed 'ERROR ... no attribute core_worker'
+    from each one)."""
     proc = subprocess.run(
         ["bash", "examples/math/run_main_math_pipeline_grpo_megatron.sh", "runner.max_steps=2",
          f"runner.output_dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=300,

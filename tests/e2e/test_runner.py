@@ -237,7 +237,8 @@ def test_a_collocated_run_leaves_no_shared_memory_behind(collocated_run):
 
 def test_a_run_leaves_no_multiprocessing_folders_behind(collocated_run):
     """The reward worker's pool forks from a forkserver whose socket sits in a pymp-* folder of the temp folder;
-    the workers are killed at the end, and a killed process removes nothing: they run their exit handlers first."""
+    the workers are killed at the end, and a killed process removes nothing: the reward worker removes it first
+    (`before_stop`)."""
     assert LEFT_IN_TMP[collocated_run] == set()
 
 

@@ -17,12 +17,14 @@ from __future__ import annotations
 import functools
 import logging
 import multiprocessing
+import shutil
 import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from multiprocessing import util as multiprocessing_util
 from multiprocessing.connection import Connection, wait
 from typing import Self
 
@@ -353,6 +355,13 @@ def _context(start_method: str | None) -> multiprocessing.context.BaseContext:
     if method == "forkserver":
         ctx.set_forkserver_preload(["__main__", PRELOAD_MODULE])  # no effect once the forkserver runs
     return ctx
+
+
+def remove_process_temp_folder() -> None:
+    """Remove this process's multiprocessing folder (`pymp-*` in the temp folder, where a forkserver's socket lives)
+    ahead of the process's end: multiprocessing removes it at a normal exit only, and a killed process leaves it.
+    No process can be started through this process's forkserver afterwards."""
+    shutil.rmtree(multiprocessing_util.get_temp_dir(), ignore_errors=True)
 
 
 def reward_pool(reward: RewardConfig) -> RewardPool:
