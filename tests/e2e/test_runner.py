@@ -10,6 +10,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -234,6 +235,21 @@ def test_a_collocated_run_leaves_no_shared_memory_behind(collocated_run):
     assert read_metrics(collocated_run / "metrics.jsonl")[0]["weight_sync/bytes"] > 0
     assert LEFT_IN_SHARED_MEMORY[collocated_run] == set()
 
+
+
+@pytest.mark.slow
+def test_a_collocated_run_resumed_from_its_first_checkpoint_ends_with_the_same_weights(collocated_run, tmp_path,
+                                                                                        tiny_model):
+    """Its actor loads the checkpoint in a device phase of its own and trains on with its state offloaded between
+    phases, as on a GPU (where no collocated resume has run yet): exactly the uninterrupted run's final weights."""
+    copy = tmp_path / "coll" / collocated_run.name
+    shutil.copytree(collocated_run, copy)
+    resumed = run("tiny-grpo-megatron", tmp_path / "coll", tiny_model, "cluster.num_gpus_per_node=1",
+                  "actor.offload_on_cpu=true", *COMPARED, *VALIDATED,
+                  f"runner.resume_dir={copy / 'checkpoints' / 'step_000001'}")
+    assert resumed == copy
+    expected, got = final_weights(collocated_run), final_weights(copy)
+    assert expected.keys() == got.keys() and all(torch.equal(expected[k], got[k]) for k in expected)
 
 def test_a_run_leaves_no_multiprocessing_folders_behind(collocated_run):
     """The reward worker's pool forks from a forkserver whose socket sits in a pymp-* folder of the temp folder;

@@ -199,7 +199,13 @@ class PolicyOptimizer:
                     if p.shape != src.shape:
                         raise ValueError(f"optimizer parameter shape {tuple(p.shape)} != saved {tuple(src.shape)}")
                     p.data.copy_(src)
-                inner.load_state_dict(entry["optimizer"])
+                # torch adopts a saved tensor already on the parameter's device and dtype as the state itself:
+                # clones, so the state owns its memory (a checkpoint's tensors are the file's records, which offload
+                # cannot resize; a rollback point must stay as it was captured)
+                saved_state = entry["optimizer"]
+                inner.load_state_dict({**saved_state, "state": {
+                    k: {n: (v.clone() if isinstance(v, Tensor) else v) for n, v in s.items()}
+                    for k, s in saved_state["state"].items()}})
 
 
 class DeviceState:
