@@ -20,9 +20,10 @@ import sys
 import tempfile
 
 import torch
+from transformers import AutoConfig
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from support.actor_run import LOSS, make_batch, spawn  # noqa: E402
+from support.actor_run import LOSS, one_sequence_batch, spawn  # noqa: E402
 
 from rlinf_pipe.models.megatron_gpt import hf_arch  # noqa: E402
 from rlinf_pipe.models.tiny import ensure_tiny_model  # noqa: E402
@@ -31,20 +32,11 @@ from rlinf_pipe.scheduler.memory import layer_activations  # noqa: E402
 
 def _saved_bytes(rank: int, model_path: str, tokens: int, recompute: str) -> dict:
     """Distinct non-parameter storages saved by the forward pass of one training micro-batch (in a spawned rank)."""
-    import msgspec
-
     from rlinf_pipe.engines.policy.policy import MegatronPolicy
 
     policy = MegatronPolicy(model_path, lr=1e-6, params_dtype="bfloat16", recompute=recompute, load_weights=False)
     params = {p.untyped_storage().data_ptr() for p in policy.model.parameters()}
-    g = torch.Generator().manual_seed(0)
-    prompt = tokens // 9
-    batch = msgspec.structs.replace(
-        make_batch(0, 1, policy.vocab_size), input_ids=torch.randint(1, policy.vocab_size, (1, tokens), generator=g),
-        attention_mask=torch.ones(1, tokens, dtype=torch.bool),
-        response_mask=torch.cat([torch.zeros(1, prompt, dtype=torch.bool),
-                                 torch.ones(1, tokens - prompt, dtype=torch.bool)], dim=1),
-        old_logprobs=torch.full((1, tokens), -2.0), advantages=torch.ones(1, tokens), num_tokens=tokens - prompt)
+    batch = one_sequence_batch(policy.vocab_size, tokens)
     saved: dict[int, tuple[int, str, int]] = {}
     backward = {"started": False}
 
@@ -79,7 +71,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     out = tempfile.mkdtemp(prefix="activation_bytes_")
-    counts, shape = [], None
+    counts, folder = [], None
     for layers in (1, 2):
         folder = ensure_tiny_model(os.path.join(out, "models"), hidden_size=args.hidden, num_layers=layers,
                                    num_heads=args.heads, num_kv_heads=args.kv_heads,
@@ -87,12 +79,9 @@ def main() -> None:
         (count,) = spawn(1, _saved_bytes, os.path.join(out, f"run{layers}"), model_path=str(folder),
                          tokens=args.tokens, recompute=args.recompute)
         counts.append(count)
-        from transformers import AutoConfig
-
-        shape = hf_arch(AutoConfig.from_pretrained(folder))
     per_layer = (counts[1]["total"] - counts[0]["total"]) / args.tokens
     norm_fp32 = (counts[1]["norm_fp32"] - counts[0]["norm_fp32"]) / args.tokens
-    estimate = layer_activations(shape, 1)
+    estimate = layer_activations(hf_arch(AutoConfig.from_pretrained(folder)), 1)  # (the layers' widths)
     summary = {"per_layer": round(per_layer), "norm_fp32": round(norm_fp32),
                "per_layer_fused": round(per_layer - norm_fp32), "layer_activations": round(estimate),
                "ratio_estimate_vs_fused": round(estimate / (per_layer - norm_fp32), 3),

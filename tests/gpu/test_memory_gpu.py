@@ -1,9 +1,9 @@
 """A training micro-batch at the example configs' shape fits one GPU, and the estimate of `rlinf-pipe plan` is not
 below what it really takes: DeepSeek-R1-Distill-Qwen-1.5B (randomly initialised from the shipped `config.json`),
 bf16, selective recompute, one sequence of 1024 + 8192 tokens, two optimizer steps at DP 1. The measured peak and
-the estimate are printed (`pytest -s`) for docs/memory.md: the second step's (Adam's moments exist from the first step
-on) peak, reserved plus what the process holds outside the allocator, must be within the estimate and not more than
-15% below it."""
+the estimate are printed (`pytest -s`) for docs/memory.md. The second step's peak (Adam's moments exist from the first
+step on), reserved plus what the process holds outside the allocator, must be within the estimate, and the estimate
+not more than 15% above it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.actor_run import LOSS, make_batch, spawn
+from support.actor_run import LOSS, one_sequence_batch, spawn
 from support.gpu import backend, measures_memory
 
 from rlinf_pipe.config import load_config
@@ -29,20 +29,10 @@ MODEL = "DeepSeek-R1-Distill-Qwen-1.5B"
 
 
 def _one_step(rank: int, model_path: str, tokens: int, recompute: str) -> dict:
-    import msgspec
-
     from rlinf_pipe.engines.policy.policy import MegatronPolicy
 
     policy = MegatronPolicy(model_path, lr=1e-6, params_dtype="bfloat16", recompute=recompute, load_weights=False)
-    batch = make_batch(0, 1, policy.vocab_size, max_prompt=2, max_response=2)
-    width = tokens
-    g = torch.Generator().manual_seed(0)
-    batch = msgspec.structs.replace(
-        batch, input_ids=torch.randint(1, policy.vocab_size, (1, width), generator=g),
-        attention_mask=torch.ones(1, width, dtype=torch.bool),
-        response_mask=torch.cat([torch.zeros(1, width // 9, dtype=torch.bool),
-                                 torch.ones(1, width - width // 9, dtype=torch.bool)], dim=1),
-        old_logprobs=torch.full((1, width), -2.0), advantages=torch.ones(1, width), num_tokens=width - width // 9)
+    batch = one_sequence_batch(policy.vocab_size, tokens)
     # Adam's moments appear at the first optimizer step: only from the second step on does the backward pass run
     # beside the whole state, so the second step is the one measured (the first one's peak is reported too).
     peaks = []

@@ -49,6 +49,20 @@ def make_batch(seed: int, rows: int, vocab: int, max_prompt: int = 6, max_respon
     return _padded_batch(parts, row_adv.clone())
 
 
+def one_sequence_batch(vocab: int, tokens: int) -> TrainBatch:
+    """One random sequence of `tokens` tokens, the first ninth of them prompt (1024 of 9216, as in the example
+    configs), advantage 1 and old log-probs -2 on every token: a micro-batch at a token budget."""
+    g = torch.Generator().manual_seed(0)
+    prompt = tokens // 9
+    return msgspec.structs.replace(
+        make_batch(0, 1, vocab, max_prompt=2, max_response=2),
+        input_ids=torch.randint(1, vocab, (1, tokens), generator=g),
+        attention_mask=torch.ones(1, tokens, dtype=torch.bool),
+        response_mask=torch.cat([torch.zeros(1, prompt, dtype=torch.bool),
+                                 torch.ones(1, tokens - prompt, dtype=torch.bool)], dim=1),
+        old_logprobs=torch.full((1, tokens), -2.0), advantages=torch.ones(1, tokens), num_tokens=tokens - prompt)
+
+
 def make_grouped_batch(seed: int, groups: int, group_size: int, vocab: int) -> TrainBatch:
     """`make_batch`'s rows in GRPO groups: `group_size` responses to each of `groups` random prompts, the groups'
     rows interleaved (row r belongs to group r % groups)."""
