@@ -199,13 +199,19 @@ class PolicyOptimizer:
                     if p.shape != src.shape:
                         raise ValueError(f"optimizer parameter shape {tuple(p.shape)} != saved {tuple(src.shape)}")
                     p.data.copy_(src)
-                # torch adopts a saved tensor already on the parameter's device and dtype as the state itself:
-                # clones, so the state owns its memory (a checkpoint's tensors are the file's records, which offload
-                # cannot resize; a rollback point must stay as it was captured)
+                # torch adopts a saved tensor already on its parameter's device (and the step counter wherever it
+                # is) as the state itself: those are cloned, so the state owns its memory (a checkpoint's tensors
+                # are the file's records, which offload cannot resize; a rollback point must stay as captured).
+                # The others torch copies to the device itself.
                 saved_state = entry["optimizer"]
                 inner.load_state_dict({**saved_state, "state": {
-                    k: {n: (v.clone() if isinstance(v, Tensor) else v) for n, v in s.items()}
-                    for k, s in saved_state["state"].items()}})
+                    k: {n: _owned(v, params[k]) for n, v in s.items()} for k, s in saved_state["state"].items()}})
+
+
+def _owned(value: Any, param: Tensor) -> Any:
+    """`value` as the optimizer state of `param` may keep it: a clone where torch would adopt the tensor itself."""
+    adopted = isinstance(value, Tensor) and (value.device == param.device or value.dim() == 0)
+    return value.clone() if adopted else value
 
 
 class DeviceState:
