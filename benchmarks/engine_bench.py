@@ -5,10 +5,11 @@
 
 Both sample `batch` prompts (16-23 tokens) for exactly `new_tokens` tokens at temperature 1 on the tiny model
 (created locally on first use) or SmolLM2-135M-Instruct (converted into the default cache on first use), fp32 on
-the CPU unless --device / --dtype say otherwise, with `threads` torch intra-op threads (default: torch's default, one per core). Both run in the same thread, the
-process's compute thread (`rlinf_pipe.utils.compute_thread`), the main thread keeping one torch thread: two
-threads of a process with OpenMP teams of their own slow each other down. Each measurement is repeated; medians
-and the ratio are reported. With --json the last printed line is one JSON object.
+the CPU unless --device / --dtype say otherwise, with `threads` torch intra-op threads (default: torch's default,
+one per core). Both run in the same thread, the process's compute thread (`rlinf_pipe.utils.compute_thread`), the
+main thread keeping one torch thread: two threads of a process with OpenMP teams of their own slow each other
+down. Each measurement is repeated; medians and the ratio are reported. With --json the last printed line is one
+JSON object.
 """
 
 from __future__ import annotations

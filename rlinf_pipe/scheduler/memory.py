@@ -13,7 +13,8 @@ The model of the estimate (docs/memory.md walks through it):
   model's real widths: grouped K/V heads and the gated MLP's `intermediate_size`, plus the attention scores that the
   local layer spec materialises), reduced by `actor.recompute`; the micro-batch's bf16 logits and their gradient,
   and the log-prob code's float32 chunks (`engines.policy.logprobs.CHUNK_BYTES` each); 2.5 GiB per process on the
-  GPU for what it holds outside the allocator's blocks (CUDA context, NCCL and library workspaces). Checked against a measured step on an H200 (docs/memory.md);
+  GPU for what it holds outside the allocator's blocks (CUDA context, NCCL and library workspaces). Checked against
+  a measured step on an H200 (docs/memory.md);
 * **kv_cache**: SGLang's share of the GPU (`rollout.gpu_memory_fraction` of the capacity) less its weights; the
   torch engine's cache for `max_running_requests` sequences at full length.
 
