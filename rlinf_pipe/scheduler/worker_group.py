@@ -19,6 +19,7 @@ group.settle(timeout_s)` waits until every call made through the verbs has finis
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -63,6 +64,15 @@ class _Recipe:
 
 
 TRACKED_CALLS = 256  # in-flight calls a group remembers before it forgets the finished ones
+
+
+def _name_taken(actor_name: str) -> bool:
+    """Whether Ray still knows a live actor by `actor_name`."""
+    try:
+        ray.get_actor(actor_name)
+    except ValueError:
+        return False
+    return True
 
 
 class WorkerGroup(Generic[W]):
@@ -177,8 +187,12 @@ class WorkerGroup(Generic[W]):
         for member in members:
             ray.kill(member.actor, no_restart=True)
         if wait_s > 0 and members:
+            deadline = time.monotonic() + wait_s
             gone = [m.actor.ping.remote() for m in members]
             ray.wait(gone, num_returns=len(gone), timeout=wait_s)
+            # A dead process's name is released by Ray's control store a moment after its calls fail.
+            while any(_name_taken(m.name) for m in members) and time.monotonic() < deadline:
+                time.sleep(0.05)
         killed = {id(m) for m in members}
         self._calls = [(m, ref) for m, ref in self._calls if id(m) not in killed]
 
