@@ -1,6 +1,6 @@
 """Channel throughput between two processes on one node, against raw pyzmq and a Ray actor queue.
 
-    python benchmarks/channel_bench.py [--repeats 5] [--json]
+    python benchmarks/channel_bench.py [--repeats 5] [--aget] [--json]
 
 For each payload size, a producer process sends N items and a consumer process receives them; throughput is
 counted on the consumer from the first item to the last (setup excluded). Baselines, measured in the same run:
@@ -13,6 +13,8 @@ With --json the last printed line is one JSON object.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -47,7 +49,7 @@ class Endpoint:
     def setup(self, transport: str, size: int, target: Any = None) -> Any:
         self.transport, self.data = transport, np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
         self.copy = size < 65536
-        if transport == "channel" or transport == "ray_queue":
+        if transport in ("channel", "channel_aget", "ray_queue"):
             self.target = target
         elif target is None:  # zmq receiver
             self.sock = zmq.Context.instance().socket(zmq.PULL)  # default high-water marks: its fastest setting
@@ -78,15 +80,23 @@ class Endpoint:
         return start
 
     def receive_many(self, count: int) -> float:
+        if self.transport == "channel_aget":  # as the pipeline's workers take: from an event loop (its own thread)
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                return pool.submit(asyncio.run, self._areceive_many(count)).result()
         for _ in range(count):
             self.receive()
+        return time.perf_counter()
+
+    async def _areceive_many(self, count: int) -> float:
+        for _ in range(count):
+            await self.target.aget()
         return time.perf_counter()
 
 
 def measure(transport: str, size: int, count: int, run: int) -> float:
     """Items per second from `count` items sent after a warm-up item."""
     consumer, producer = Endpoint.remote(), Endpoint.remote()
-    if transport == "channel":
+    if transport.startswith("channel"):
         target = Channel.create(f"bench-{size}-{run}", Payload, maxsize=2 * PREFETCH, prefetch=PREFETCH)
     elif transport == "ray_queue":
         from ray.util.queue import Queue
@@ -96,7 +106,7 @@ def measure(transport: str, size: int, count: int, run: int) -> float:
         target = None
     address = ray.get(consumer.setup.remote(transport, size, target))
     ray.get(producer.setup.remote(transport, size, target if transport != "zmq" else address))
-    ray.get([producer.send.remote(-1), consumer.receive.remote()])  # warm-up item
+    ray.get([producer.send.remote(-1), consumer.receive_many.remote(1)])  # warm-up item
     if transport == "zmq":  # connected: the socket's file is no longer needed (nothing left behind in /tmp)
         os.unlink(address.removeprefix("ipc://"))
     end = consumer.receive_many.remote(count)
@@ -122,6 +132,8 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply item counts (e.g. 0.1 for a smoke run)")
     parser.add_argument("--sizes", nargs="*", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--no-load", action="store_true", help="skip the runs with one core kept busy")
+    parser.add_argument("--aget", action="store_true", help="also time a consumer taking with `aget` in an event "
+                        "loop, as the pipeline's workers do (key `ratio_vs_zmq_aget`)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")])
@@ -132,16 +144,20 @@ def main() -> None:
         size, count = SIZES[name]
         count = max(10, int(count * args.scale))
         runs: dict[str, list[float]] = {"channel": [], "zmq": [], "ray_queue": [], "channel_loaded": [],
-                                        "zmq_loaded": []}
+                                        "zmq_loaded": [], "channel_aget": [], "channel_aget_loaded": []}
         for run in range(args.repeats):  # quiet, then with one core kept busy, alternating
             runs["channel"].append(measure("channel", size, count, run))
             runs["zmq"].append(measure("zmq", size, count, run))
+            if args.aget:
+                runs["channel_aget"].append(measure("channel_aget", size, count, 2 * args.repeats + run))
             if name == "100B":
                 runs["ray_queue"].append(measure("ray_queue", size, max(10, count // 10), run))
             elif not args.no_load:
                 with one_core_busy():
                     runs["channel_loaded"].append(measure("channel", size, count, args.repeats + run))
                     runs["zmq_loaded"].append(measure("zmq", size, count, args.repeats + run))
+                    if args.aget:
+                        runs["channel_aget_loaded"].append(measure("channel_aget", size, count, 3 * args.repeats + run))
         results[name] = {k: statistics.median(v) for k, v in runs.items() if v}
         line = ", ".join(f"{k} {v:,.0f} items/s ({v * size / 2**20:,.1f} MB/s)" for k, v in results[name].items())
         print(f"{name:>6}: {line}", flush=True)
@@ -150,14 +166,18 @@ def main() -> None:
         r = results.get(name, {})
         return round(r["channel"] / r[baseline], 3) if baseline in r else None
 
-    def loaded_ratio(name: str) -> float | None:
+    def loaded_ratio(name: str, channel: str = "channel_loaded") -> float | None:
         r = results.get(name, {})
-        return round(r["channel_loaded"] / r["zmq_loaded"], 3) if "zmq_loaded" in r else None
+        return round(r[channel] / r["zmq_loaded"], 3) if channel in r and "zmq_loaded" in r else None
 
     summary = {
         "ratio_vs_zmq": {n: ratio(n, "zmq") for n in ("64KiB", "4MiB")},
         "ratio_vs_zmq_loaded": {n: loaded_ratio(n) for n in ("64KiB", "4MiB")},
         "ratio_vs_ray": {"100B": ratio("100B", "ray_queue")},
+        **({"ratio_vs_zmq_aget": {n: round(results[n]["channel_aget"] / results[n]["zmq"], 3)
+                                  for n in ("64KiB", "4MiB") if "channel_aget" in results.get(n, {})},
+            "ratio_vs_zmq_aget_loaded": {n: loaded_ratio(n, "channel_aget_loaded") for n in ("64KiB", "4MiB")}}
+           if args.aget else {}),
         "items_per_s": {n: round(r["channel"]) for n, r in results.items()},
         "items_per_s_loaded": {n: round(r["channel_loaded"]) for n, r in results.items() if "channel_loaded" in r},
         "mb_per_s": {n: round(r["channel"] * SIZES[n][0] / 2**20, 1) for n, r in results.items()},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import tempfile
 import time
@@ -98,6 +99,10 @@ class Consumer:
 
     def open(self) -> None:
         self.channel.qsize()  # creates this process's consuming end (it starts granting credit)
+
+    def busy(self, seconds: float) -> None:
+        """Work that takes no item: nothing in this process asks for the channel's messages meanwhile."""
+        time.sleep(seconds)
 
 
 
@@ -296,6 +301,43 @@ async def test_async_put_and_get(nodes):
     taken = consumer.take.remote(4)
     await reply.aclose(timeout=30)  # awaits the drain: the consumer took all three
     assert [t.seq for t in (await taken)[:3]] == [0, 1, 2] and (await taken)[3] == StepEnd(0)
+
+
+async def test_two_tasks_of_one_event_loop_share_a_channels_items(nodes):
+    """Both wait on the same sockets through the loop; each item reaches exactly one of them, in order per task."""
+    ch = channel(maxsize=8, prefetch=4)
+    producer = on_node(Producer, nodes[1]).remote(ch)
+    ref = producer.put_tagged.remote(40)
+
+    async def take_until_the_end() -> list[int]:
+        seen = []
+        while True:
+            try:
+                item = await ch.aget(timeout=30)
+            except ChannelClosed:
+                return seen
+            if not isinstance(item, StepEnd):
+                seen.append(item.seq)
+
+    first, second = await asyncio.gather(take_until_the_end(), take_until_the_end())
+    await ref
+    assert sorted(first + second) == list(range(40)) and first == sorted(first) and second == sorted(second)
+
+
+def test_a_consumer_busy_for_longer_than_the_peer_timeout_is_not_given_up(nodes):
+    """While the app works without taking, its process still answers heartbeats and hears the producer's (the
+    housekeeping thread receives what waits): neither end gives the other up, and every item arrives."""
+    ch = channel(maxsize=8, prefetch=4, **FAST_FAILURE)
+    consumer = on_node(Consumer, nodes[1]).remote(ch)
+    ray.get(consumer.open.remote())
+    producer = on_node(Producer, nodes[0]).remote(ch)
+    ray.get(producer.put_tagged.remote(6, steps=1, close=False))
+    ray.get(consumer.busy.remote(2 * FAST_FAILURE["peer_timeout_s"]))
+    items = ray.get(consumer.take.remote(7), timeout=60)
+    assert [t.seq for t in items[:6]] == list(range(6)) and items[6] == StepEnd(0)
+    waiting = consumer.take.remote(4)  # waits for the next step (a producer it had given up on would fail it)
+    ray.get(producer.put_tagged.remote(3, steps=1, close=False))
+    assert [t.seq for t in ray.get(waiting, timeout=60)[:3]] == [0, 1, 2]
 
 
 def test_delivery_is_at_least_once_when_a_consumer_dies(nodes):

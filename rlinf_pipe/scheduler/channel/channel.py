@@ -122,12 +122,8 @@ class Channel(Generic[T]):
     def _try_take(self) -> Any:
         end = self._consumer_end
         end.check()
-        if end.buffer.peek() is not None:
-            entry = end.buffer.pop()
-            end.hand_over(entry)  # get() hands it over at once: credit and acknowledgement together
-            return entry
-        end.report_taken()  # nothing to take now: what was taken goes to the producers before this get waits
-        return end.buffer.next_marker()
+        entry = end.take()  # (handed over at once: credit and acknowledgement together)
+        return entry if entry is not None else end.buffer.next_marker()
 
     def get(self, timeout: float | None = None) -> T | StepEnd:
         """The next item of the current step, or `StepEnd(step)` once all of the step's items are delivered.
@@ -157,6 +153,7 @@ class Channel(Generic[T]):
         """Items buffered at this consumer and not yet taken."""
         waiter, buffer = self._consumer()
         with waiter.lock:
+            self._consumer_end.receive()
             return buffer.count
 
     # --- lifetime -------------------------------------------------------------------------------------------
@@ -213,6 +210,7 @@ class Channel(Generic[T]):
             out["untaken_items"], out["untaken_weight"] = self._producer.untaken()
         if self._consumer_end is not None:
             with self._consumer_end._waiter.lock:
+                self._consumer_end.receive()
                 out["buffered_items"] = self._consumer_end.buffer.count
                 out["buffered_weight"] = self._consumer_end.buffer.weight
         return out

@@ -1,9 +1,12 @@
 """The consuming end of a socket channel in one process.
 
-An I/O thread discovers producers through the registry, connects to each (ipc on the same node, tcp otherwise),
-grants each `prefetch` items of credit, buffers what arrives, and watches heartbeats. The app thread takes items
-from the buffer; each take returns one credit to that item's producer (so a slow consumer is sent less) and is
-acknowledged so the producer can forget the item.
+Connects to every producer of the channel (ipc on the same node, tcp otherwise) and grants each `prefetch` items
+of credit. The app receives what arrived in its own thread or event loop when it takes (`take`, under the
+waiter's lock; waits sleep on the sockets, see `ready.py`): libzmq holds what was sent meanwhile, and no thread
+stands between the socket and the app. Each take returns one credit to that item's producer (so a slow consumer is
+sent less) and is acknowledged so the producer can forget the item. A housekeeping thread discovers producers
+through the registry, sends heartbeats, watches the producers' (receiving what waits, so a busy app does not make
+a producer look silent) and reports takes the app left unreported.
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ from ray.exceptions import RayActorError
 
 from rlinf_pipe.errors import ChannelClosed, ChannelPeerError
 from rlinf_pipe.scheduler.channel import wire
-from rlinf_pipe.scheduler.channel.buffer import Entry, StepBuffer, Waiter
+from rlinf_pipe.scheduler.channel.buffer import Entry, StepBuffer
 from rlinf_pipe.scheduler.channel.producer import endpoint_id
+from rlinf_pipe.scheduler.channel.ready import SocketWaiter
 from rlinf_pipe.scheduler.channel.registry import ChannelSpec, ProducerRecord, registry, track_end
 
 REFRESH_S = 1.0  # how often the registry is asked for new producers
 EAGER_REFRESH_S = 0.02  # ... while producers are still missing
-REPORT_DELAY_S = 0.005  # takes are reported at the I/O thread's first wake-up this long after the first of them
+REPORT_DELAY_S = 0.005  # takes the app left unreported go out this long after the first of them
 log = logging.getLogger(__name__)
 
 
@@ -34,30 +38,30 @@ log = logging.getLogger(__name__)
 class _ProducerLink:
     record: ProducerRecord
     sock: zmq.Socket
+    fd: int  # the socket's zmq.FD, which waits poll
     endpoint: str
     last_seen: float
 
 
 class ConsumerEnd:
-    """Connects to every producer of the channel and buffers their items for this process."""
+    """Connects to every producer of the channel; the app receives their items when it takes. Every use of the
+    sockets holds the waiter's lock and ends by receiving until none is left (see `ready.py`)."""
 
     def __init__(self, spec: ChannelSpec):
         self.spec = spec
         self.id = endpoint_id("consumer")
-        self._waiter = Waiter(threading.RLock())
+        self._waiter = SocketWaiter(threading.RLock(), self._socket_fds)
         self.buffer = StepBuffer(spec.name, expected_producers=spec.num_producers)
         self._links: dict[str, _ProducerLink] = {}
-        self._by_socket: dict[zmq.Socket, str] = {}
+        self._fds: tuple[int, ...] = ()
         self._handed: dict[str, list[int]] = {}  # producer -> seqs handed to the app, not yet reported
         self._report_batch = max(1, spec.prefetch // 4)  # takes reported together (fewer wake-ups on both ends)
-        self._report_due: float | None = None  # when takes not yet reported are due (0.0: at once)
+        self._report_due: float | None = None  # when takes not yet reported are due
         self._node_id = ray.get_runtime_context().get_node_id()
         self._registry = registry()
         self._stopping = False
         self._error: BaseException | None = None
         self._wakeup = wire.Wakeup()
-        self._poller = zmq.Poller()
-        self._poller.register(self._wakeup.rx, zmq.POLLIN)
         self._refresh()
         self._thread = threading.Thread(target=self._run, name=f"channel-{spec.name}-consumer", daemon=True)
         self._thread.start()
@@ -70,25 +74,34 @@ class ConsumerEnd:
         if self._stopping:
             raise ChannelClosed(f"channel {self.spec.name!r}: this process's end was closed or aborted")
 
-    def hand_over(self, entry: Entry) -> None:
-        """An entry was taken out of the buffer and handed to the app (`get`): its producer gets one more credit,
-        frees the capacity, counts it toward the end of its step, and may drop the copy kept for redelivery. Takes
-        are reported together: once a quarter of `prefetch` of them wait, when the app finds nothing more to take
-        (`report_taken`), else at the I/O thread's first wake-up `REPORT_DELAY_S` after the first of them (within
-        half a heartbeat)."""
+    def take(self) -> Entry | None:
+        """The oldest entry of the current step, handed to the app, or None if none has arrived. Receives first
+        when the buffer has none (and, about to find nothing, reports the takes not yet reported: a step's end may
+        hang on them)."""
+        if self.buffer.peek() is None:
+            if self._handed:
+                self._flush_updates()
+            self.receive()
+        entry = self.buffer.peek()
+        if entry is not None:
+            self._hand_over(self.buffer.pop())
+        return entry
+
+    def _hand_over(self, entry: Entry) -> None:
+        """An entry was taken out of the buffer and handed to the app: its producer gets one more credit, frees the
+        capacity, counts it toward the end of its step, and may drop the copy kept for redelivery. Takes are
+        reported together: once a quarter of `prefetch` of them wait, when the app finds nothing more to take, else
+        by the housekeeping thread `REPORT_DELAY_S` after the first of them (within half a heartbeat)."""
         handed = self._handed.setdefault(entry.producer, [])
         handed.append(entry.seq)
         if len(handed) >= self._report_batch:  # the producer may be running short of credit
-            self.report_taken()
-        elif self._report_due is None:  # (no wake-up for it: the next message, or a heartbeat, wakes the I/O thread)
+            self._flush_updates()
+            self.receive()  # (the send may have taken a socket's signal: see `ready.py`)
+        elif self._report_due is None:
             self._report_due = time.monotonic() + REPORT_DELAY_S
 
-    def report_taken(self) -> None:
-        """Have the I/O thread report the takes not yet reported (the app is about to wait: a step's end may hang
-        on them)."""
-        if self._handed and self._report_due != 0.0:
-            self._report_due = 0.0
-            self._wakeup.wake()
+    def _socket_fds(self) -> tuple[int, ...]:
+        return self._fds
 
     def endpoints(self) -> list[str]:
         """The producer addresses this consumer connected to (ipc on its node, tcp across nodes)."""
@@ -110,7 +123,8 @@ class ConsumerEnd:
             for record in records:
                 if record.id not in self._links:
                     self._connect(record)
-            self._waiter.notify()
+            self.receive()
+            self._waiter.notify()  # (waits poll the new sockets too)
 
     def _connect(self, record: ProducerRecord) -> None:
         state = self.buffer.producer(record.id)
@@ -122,9 +136,8 @@ class ConsumerEnd:
         endpoint = record.ipc if record.node_id == self._node_id else record.tcp
         sock.connect(endpoint)
         sock.send_multipart([wire.HELLO, wire.pack(self.spec.prefetch)])
-        self._links[record.id] = _ProducerLink(record, sock, endpoint, time.monotonic())
-        self._by_socket[sock] = record.id
-        self._poller.register(sock, zmq.POLLIN)
+        self._links[record.id] = _ProducerLink(record, sock, sock.getsockopt(zmq.FD), endpoint, time.monotonic())
+        self._fds = tuple(link.fd for link in self._links.values())
 
     def _run(self) -> None:
         next_housekeeping = next_refresh = 0.0
@@ -133,28 +146,24 @@ class ConsumerEnd:
                 wait_s = min(self.spec.heartbeat_s / 2, max(0.0, next_refresh - time.monotonic()))
                 if self._report_due is not None:
                     wait_s = min(wait_s, max(0.0, self._report_due - time.monotonic()))
-                events = dict(self._poller.poll(wait_s * 1000))
+                self._wakeup.rx.poll(wait_s * 1000)
                 now = time.monotonic()
                 if now >= next_refresh:
                     self._refresh()
                     expected = self.spec.num_producers
                     missing = not self._links or (expected is not None and len(self._links) < expected)
                     next_refresh = now + (EAGER_REFRESH_S if missing else REFRESH_S)
-                received = self._receive(events)  # (outside the lock: the app thread takes items meanwhile)
                 with self._waiter.lock:
-                    if self._wakeup.rx in events:
-                        self._wakeup.drain()
-                    for producer, frames in received:
-                        self._on_message(producer, frames)
+                    self._wakeup.drain()
                     if self._report_due is not None and now >= self._report_due:
                         self._flush_updates()
                     if now >= next_housekeeping:  # heartbeats and peer expiry, a few times per heartbeat
                         for link in self._links.values():
                             link.sock.send(wire.HEARTBEAT)
+                    self.receive()  # what waits (the app may be busy), and after the sends above
+                    if now >= next_housekeeping:
                         self._expire_producers(now)
                         next_housekeeping = now + self.spec.heartbeat_s / 2
-                    if events:
-                        self._waiter.notify()
         except BaseException as exc:
             log.error("channel %r: %s I/O thread failed", self.spec.name, "consumer", exc_info=True)
             with self._waiter.lock:
@@ -163,17 +172,20 @@ class ConsumerEnd:
         finally:
             self._close_sockets()
 
-    def _receive(self, events: dict[zmq.Socket, int]) -> list[tuple[str, list[Any]]]:
-        """Every message waiting on the producer sockets that `events` names (this thread owns the sockets)."""
-        received = []
-        for sock in events:
-            producer = self._by_socket.get(sock)
-            while producer is not None:
+    def receive(self) -> None:
+        """Move every message waiting on the producer sockets into the buffer (call with the waiter lock held);
+        wakes the other waiters if any arrived."""
+        arrived = False
+        for producer, link in self._links.items():
+            while True:
                 try:
-                    received.append((producer, sock.recv_multipart(zmq.NOBLOCK, copy=False)))
+                    frames = link.sock.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
-        return received
+                self._on_message(producer, frames)
+                arrived = True
+        if arrived:
+            self._waiter.notify()
 
     def _flush_updates(self) -> None:
         """One CREDIT message per producer carries everything handed over since the last (taken out of the buffer
@@ -214,14 +226,16 @@ class ConsumerEnd:
                 self._waiter.notify()
 
     def _close_sockets(self) -> None:
-        with self._waiter.lock:  # takes not yet reported: the producers must not hand them to other consumers
-            self._flush_updates()
-        for link in self._links.values():
-            try:
-                link.sock.send(wire.BYE, zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
-            link.sock.close(linger=100)
+        with self._waiter.lock:
+            self._flush_updates()  # takes not yet reported: the producers must not hand them to other consumers
+            for link in self._links.values():
+                try:
+                    link.sock.send(wire.BYE, zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass
+                link.sock.close(linger=100)
+            self._fds = ()
+            self._waiter.notify()
 
     def stop(self) -> None:
         """Idempotent. Leave the channel: producers hand this consumer's untaken items to the other consumers."""

@@ -1,0 +1,152 @@
+"""Waiting on sockets: a consumer's `get` / `aget` sleeps until one of its producer sockets has something to read,
+then receives in its own thread or event loop (no hand-off through a receiving thread: at 64 KiB items that
+hand-off cost the consumer about as much CPU as the transfer itself).
+
+The waiters poll the sockets' `zmq.FD` descriptors without the lock. libzmq signals such a descriptor when the
+socket's state changes, so whoever last used a socket must have received from it until `zmq.Again` before anyone
+sleeps on it; `ConsumerEnd` ends every use of its sockets with such a drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import threading
+import time
+from typing import Callable, Sequence, TypeVar
+
+from rlinf_pipe.errors import ChannelTimeout
+from rlinf_pipe.scheduler.channel.buffer import PENDING, RECHECK_S, Waiter
+
+T = TypeVar("T")
+
+
+class _Doorbell:
+    """One thread's wake-up pipe: rung (under the waiter's lock) to end that thread's poll early."""
+
+    def __init__(self) -> None:
+        self.rx, self.tx = os.pipe()
+        os.set_blocking(self.rx, False)
+        os.set_blocking(self.tx, False)
+        self.rung = False
+
+    def ring(self) -> None:
+        if not self.rung:
+            self.rung = True
+            os.write(self.tx, b"\0")
+
+    def clear(self) -> None:
+        if self.rung:
+            self.rung = False
+            try:
+                os.read(self.rx, 64)
+            except BlockingIOError:
+                pass
+
+    def __del__(self) -> None:  # the thread that owned it ended
+        for fd in (self.rx, self.tx):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class SocketWaiter(Waiter):
+    """A `Waiter` whose waits also end when one of the descriptors `fds()` returns (read under the lock) becomes
+    readable. Threads poll them with their own doorbell; event loops watch them with `add_reader`."""
+
+    def __init__(self, lock: threading.RLock, fds: Callable[[], Sequence[int]]):
+        super().__init__(lock)
+        self._fds = fds
+        self._sleeping: set[_Doorbell] = set()  # doorbells of the threads polling now
+        self._local = threading.local()
+        self._watched: dict[asyncio.AbstractEventLoop, tuple[tuple[int, ...], int]] = {}  # loop -> (fds, waits)
+
+    def notify(self) -> None:
+        super().notify()
+        for bell in self._sleeping:
+            bell.ring()
+
+    def _doorbell(self) -> _Doorbell:
+        bell = getattr(self._local, "bell", None)
+        if bell is None:
+            bell = self._local.bell = _Doorbell()
+        return bell
+
+    def wait(self, attempt: Callable[[], T], timeout: float | None, what: str) -> T:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        bell = self._doorbell()
+        poller = select.poll()
+        polled: tuple[int, ...] = ()
+        while True:
+            with self.lock:
+                result = attempt()
+                if result is not PENDING:
+                    return result
+                fds = (bell.rx, *self._fds())
+                self._sleeping.add(bell)
+            try:
+                left = RECHECK_S if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    raise ChannelTimeout(f"{what}: no progress within {timeout:g} s")
+                if fds != polled:
+                    poller = select.poll()
+                    for fd in fds:
+                        poller.register(fd, select.POLLIN)
+                    polled = fds
+                poller.poll(min(left, RECHECK_S) * 1000)
+            finally:
+                with self.lock:
+                    self._sleeping.discard(bell)
+                    bell.clear()
+
+    async def await_(self, attempt: Callable[[], T], timeout: float | None, what: str) -> T:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self.lock:
+                result = attempt()
+                if result is not PENDING:
+                    return result
+                future = loop.create_future()
+                self._futures.append((loop, future))
+                fds = tuple(self._fds())
+            left = RECHECK_S if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise ChannelTimeout(f"{what}: no progress within {timeout:g} s")
+            self._watch(loop, fds, +1)
+            try:
+                await asyncio.wait_for(future, min(left, RECHECK_S))
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                self._watch(loop, fds, -1)
+
+    def _watch(self, loop: asyncio.AbstractEventLoop, fds: tuple[int, ...], change: int) -> None:
+        """Count a wait on `loop` in or out; the loop watches every descriptor its waits asked for while any of them
+        is on (run in the loop's thread). A descriptor found closed (the end stopped meanwhile) wakes them at once."""
+        watched, waits = self._watched.get(loop, ((), 0))
+        waits += change
+        wanted = tuple(sorted(set(watched) | set(fds))) if change > 0 else watched if waits else ()
+        for fd in set(watched) - set(wanted):
+            loop.remove_reader(fd)
+        for fd in set(wanted) - set(watched):
+            try:
+                loop.add_reader(fd, self._wake_loop, loop)
+            except (OSError, ValueError):
+                self._wake_loop(loop)
+        if waits:
+            self._watched[loop] = (wanted, waits)
+        else:
+            self._watched.pop(loop, None)
+
+    def _wake_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A watched descriptor is readable: wake this loop's waits (they receive when they run)."""
+        with self.lock:
+            mine = [future for owner, future in self._futures if owner is loop]
+            self._futures = [(owner, future) for owner, future in self._futures if owner is not loop]
+        for future in mine:
+            if not future.done():
+                future.set_result(None)
+
