@@ -74,27 +74,36 @@ class Endpoint:
             self.target.get()
 
     def send_many(self, count: int) -> float:
+        self.cpu_start = time.process_time()
         start = time.perf_counter()
         for i in range(count):
             self.send(i)
         return start
 
     def receive_many(self, count: int) -> float:
+        self.cpu_start = time.process_time()
         if self.transport == "channel_aget":  # as the pipeline's workers take: from an event loop (its own thread)
-            with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                return pool.submit(asyncio.run, self._areceive_many(count)).result()
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:  # (Ray runs this method in a thread of its own)
+                return pool.submit(asyncio.run, _areceive_many(self.target, count)).result()
         for _ in range(count):
             self.receive()
         return time.perf_counter()
 
-    async def _areceive_many(self, count: int) -> float:
-        for _ in range(count):
-            await self.target.aget()
-        return time.perf_counter()
+    def cpu_seconds(self) -> float:
+        """CPU time of this whole process (every thread) since its timed part began."""
+        return time.process_time() - self.cpu_start
 
 
-def measure(transport: str, size: int, count: int, run: int) -> float:
-    """Items per second from `count` items sent after a warm-up item."""
+async def _areceive_many(channel: Channel, count: int) -> float:
+    """(Not a method: a coroutine method would make `Endpoint` an async actor, whose methods share one loop.)"""
+    for _ in range(count):
+        await channel.aget()
+    return time.perf_counter()
+
+
+def measure(transport: str, size: int, count: int, run: int) -> tuple[float, float]:
+    """Items per second from `count` items sent after a warm-up item, and the CPU microseconds both processes
+    (every thread) used per item from the start of their timed part until the consumer's last receive."""
     consumer, producer = Endpoint.remote(), Endpoint.remote()
     if transport.startswith("channel"):
         target = Channel.create(f"bench-{size}-{run}", Payload, maxsize=2 * PREFETCH, prefetch=PREFETCH)
@@ -111,7 +120,9 @@ def measure(transport: str, size: int, count: int, run: int) -> float:
         os.unlink(address.removeprefix("ipc://"))
     end = consumer.receive_many.remote(count)
     start = ray.get(producer.send_many.remote(count))
-    return count / (ray.get(end) - start)
+    rate = count / (ray.get(end) - start)
+    cpu = sum(ray.get([producer.cpu_seconds.remote(), consumer.cpu_seconds.remote()]))
+    return rate, cpu / count * 1e6
 
 
 @contextlib.contextmanager
@@ -140,25 +151,33 @@ def main() -> None:
     ray.init(address="local", num_cpus=2, include_dashboard=False)
 
     results: dict[str, dict[str, float]] = {}
+    cpu_us: dict[str, dict[str, float]] = {}  # quiet runs: CPU microseconds per item, both processes together
     for name in args.sizes:
         size, count = SIZES[name]
         count = max(10, int(count * args.scale))
-        runs: dict[str, list[float]] = {"channel": [], "zmq": [], "ray_queue": [], "channel_loaded": [],
-                                        "zmq_loaded": [], "channel_aget": [], "channel_aget_loaded": []}
+        runs: dict[str, list[float]] = {}
+        cpu: dict[str, list[float]] = {}
+
+        def timed(key: str, transport: str, run: int, items: int = count) -> None:
+            rate, cpu_us = measure(transport, size, items, run)
+            runs.setdefault(key, []).append(rate)
+            cpu.setdefault(key, []).append(cpu_us)
+
         for run in range(args.repeats):  # quiet, then with one core kept busy, alternating
-            runs["channel"].append(measure("channel", size, count, run))
-            runs["zmq"].append(measure("zmq", size, count, run))
+            timed("channel", "channel", run)
+            timed("zmq", "zmq", run)
             if args.aget:
-                runs["channel_aget"].append(measure("channel_aget", size, count, 2 * args.repeats + run))
+                timed("channel_aget", "channel_aget", 2 * args.repeats + run)
             if name == "100B":
-                runs["ray_queue"].append(measure("ray_queue", size, max(10, count // 10), run))
+                timed("ray_queue", "ray_queue", run, max(10, count // 10))
             elif not args.no_load:
                 with one_core_busy():
-                    runs["channel_loaded"].append(measure("channel", size, count, args.repeats + run))
-                    runs["zmq_loaded"].append(measure("zmq", size, count, args.repeats + run))
+                    timed("channel_loaded", "channel", args.repeats + run)
+                    timed("zmq_loaded", "zmq", args.repeats + run)
                     if args.aget:
-                        runs["channel_aget_loaded"].append(measure("channel_aget", size, count, 3 * args.repeats + run))
+                        timed("channel_aget_loaded", "channel_aget", 3 * args.repeats + run)
         results[name] = {k: statistics.median(v) for k, v in runs.items() if v}
+        cpu_us[name] = {k: round(statistics.median(v), 1) for k, v in cpu.items() if not k.endswith("loaded")}
         line = ", ".join(f"{k} {v:,.0f} items/s ({v * size / 2**20:,.1f} MB/s)" for k, v in results[name].items())
         print(f"{name:>6}: {line}", flush=True)
 
@@ -183,6 +202,7 @@ def main() -> None:
         "mb_per_s": {n: round(r["channel"] * SIZES[n][0] / 2**20, 1) for n, r in results.items()},
         "baselines_items_per_s": {n: {k: round(v) for k, v in r.items() if not k.startswith("channel")}
                                   for n, r in results.items()},
+        "cpu_us_per_item": cpu_us,
         "repeats": args.repeats,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
     }

@@ -17,7 +17,7 @@ import time
 from typing import Callable, Sequence, TypeVar
 
 from rlinf_pipe.errors import ChannelTimeout
-from rlinf_pipe.scheduler.channel.buffer import PENDING, RECHECK_S, Waiter
+from rlinf_pipe.scheduler.channel.buffer import PENDING, RECHECK_S, Waiter, _resolve
 
 T = TypeVar("T")
 
@@ -116,11 +116,11 @@ class SocketWaiter(Waiter):
             if left <= 0:
                 raise ChannelTimeout(f"{what}: no progress within {timeout:g} s")
             self._watch(loop, fds, +1)
+            timer = loop.call_later(min(left, RECHECK_S), _resolve, future)  # (lighter than asyncio.wait_for)
             try:
-                await asyncio.wait_for(future, min(left, RECHECK_S))
-            except asyncio.TimeoutError:
-                pass
+                await future
             finally:
+                timer.cancel()
                 self._watch(loop, fds, -1)
 
     def _watch(self, loop: asyncio.AbstractEventLoop, fds: tuple[int, ...], change: int) -> None:
