@@ -38,6 +38,19 @@ def test_weight_broadcast_bench_reports_finite_figures(transport):
     assert all(math.isfinite(result[k]) and result[k] > 0 for k in ("raw_s", "protocol_s", "protocol_over_raw_bw"))
 
 
+def test_channel_bench_reports_finite_figures_for_both_ways_of_taking():
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/channel_bench.py", "--sizes", "100B", "64KiB", "--scale", "0.01", "--repeats",
+         "1", "--no-load", "--aget", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    figures = [summary["ratio_vs_zmq"]["64KiB"], summary["ratio_vs_zmq_aget"]["64KiB"], summary["ratio_vs_ray"]["100B"],
+               *summary["cpu_us_per_item"]["64KiB"].values()]
+    assert len(figures) == 6 and all(math.isfinite(f) and f > 0 for f in figures), summary
+
+
 def test_the_single_process_baseline_loop_trains_a_step():
     """benchmarks/single_process_grpo.py's plain loop (the baseline of the default run) generates, scores and
     updates the warm-started tiny model on the default config; the comparison itself is the script's."""
