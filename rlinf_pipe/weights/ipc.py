@@ -237,8 +237,8 @@ class IpcSender(WeightSender):
                     self.member.wait(done[index % 2])
                     slot.unname()  # (every receiver has mapped it)
                 buffer = slot.tensor[: bucket.nbytes]
-                record.packed(bucket, buffer, pack_bucket(bucket, buffer, stream, layout.torch_dtype, version,
-                                                          checksum))
+                views = tensor_views(bucket, buffer, layout.torch_dtype)
+                record.packed(bucket, buffer, pack_bucket(bucket, buffer, views, stream, version, checksum))
                 handle = slot.handle(bucket, layout.torch_dtype)
                 header = torch.tensor([version, len(handle), slot.shm is None], dtype=torch.int64)
                 _broadcast_bytes(self.member, header, handle)

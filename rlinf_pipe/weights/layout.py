@@ -134,13 +134,14 @@ def data_crc32(bucket: BucketLayout, buffer: torch.Tensor) -> int:
 
 
 def pack_bucket(
-    bucket: BucketLayout, buffer: torch.Tensor, stream: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype,
+    bucket: BucketLayout, buffer: torch.Tensor, views: NamedTensors, stream: Iterator[tuple[str, torch.Tensor]],
     version: int, checksum: bool,
 ) -> int | None:
     """Copy the bucket's tensors from `stream` (HF-named, in layout order; each is copied before the next is drawn,
-    so views of live parameters are fine) into `buffer` and write the trailer, if the bucket has one. Returns the
-    CRC32 of the tensor bytes with `checksum`, else None."""
-    for (name, view), want in zip(tensor_views(bucket, buffer, dtype), bucket.slots, strict=True):
+    so views of live parameters are fine) into `buffer` through its `views` (`tensor_views`, which a sender may
+    keep for a buffer it reuses) and write the trailer, if the bucket has one. Returns the CRC32 of the tensor bytes
+    with `checksum`, else None."""
+    for (name, view), want in zip(views, bucket.slots, strict=True):
         got_name, tensor = next(stream, (None, None))
         if got_name != name or tuple(tensor.shape) != want.shape:
             got = "the end of the stream" if got_name is None else f"{got_name!r} {tuple(tensor.shape)}"

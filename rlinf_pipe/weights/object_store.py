@@ -38,8 +38,8 @@ class ObjectStoreSender(WeightSender):
         handles = []
         for bucket in self.layout.buckets:
             buffer = torch.empty(bucket.nbytes, dtype=torch.uint8)
-            record.packed(bucket, buffer, pack_bucket(bucket, buffer, stream, self.layout.torch_dtype, version,
-                                                      checksum))
+            views = tensor_views(bucket, buffer, self.layout.torch_dtype)
+            record.packed(bucket, buffer, pack_bucket(bucket, buffer, views, stream, version, checksum))
             handles.append(ray.put(buffer))
         end_of_stream(stream)
         return record.version(version, tuple(handles))

@@ -24,6 +24,7 @@ import torch
 from rlinf_pipe.weights.api import LoadBucket, LoadedWeights, WeightReceiver, WeightSender, WeightVersion
 from rlinf_pipe.weights.checks import WeightSyncError
 from rlinf_pipe.weights.layout import (
+    NamedTensors,
     WeightLayout,
     check_bucket,
     data_crc32,
@@ -127,12 +128,12 @@ class GroupMember:
             while True:
                 self._check_cancelled()
                 try:
-                    self.versions.wait([key])  # (the store's timeout: the rendezvous's)
+                    said = self.versions.get(key)  # (waits for the key, up to the store's timeout: the rendezvous's)
                 except dist.DistError as exc:
                     if "timeout" not in str(exc):
                         raise WeightSyncError(f"weight transfer: the weight group's sender is gone ({exc})") from None
                     continue
-                if self.versions.get(key) == CANCELLED:
+                if said == CANCELLED:
                     self._check_cancelled()
                 return
         finally:
@@ -180,9 +181,17 @@ class _Ring:
         self.layout = layout
         device = ring_device(rendezvous.backend)
         self.slots = [torch.empty(layout.max_bucket_bytes, dtype=torch.uint8, device=device) for _ in range(2)]
+        self._views: dict[int, NamedTensors] = {}  # bucket -> its tensors' views into its slot (made once)
 
     def buffer(self, index: int) -> torch.Tensor:
         return self.slots[index % 2][: self.layout.buckets[index].nbytes]
+
+    def views(self, index: int) -> NamedTensors:
+        views = self._views.get(index)
+        if views is None:
+            views = self._views[index] = tensor_views(self.layout.buckets[index], self.buffer(index),
+                                                      self.layout.torch_dtype)
+        return views
 
     def broadcast(self, index: int) -> Any:
         return self.member.group.broadcast(self.buffer(index), 0)
@@ -207,7 +216,7 @@ class ProcessGroupSender(WeightSender):
                 if in_flight[index % 2] is not None:
                     self.ring.member.wait(in_flight[index % 2])
                 buffer = self.ring.buffer(index)
-                record.packed(bucket, buffer, pack_bucket(bucket, buffer, stream, layout.torch_dtype, version,
+                record.packed(bucket, buffer, pack_bucket(bucket, buffer, self.ring.views(index), stream, version,
                                                           checksum))
                 in_flight[index % 2] = self.ring.broadcast(index)
             end_of_stream(stream)
@@ -247,7 +256,7 @@ class ProcessGroupReceiver(WeightReceiver):
             elif not errors:
                 if verify:
                     crcs.append(data_crc32(bucket, buffer))
-                await load_bucket(tensor_views(bucket, buffer, layout.torch_dtype))
+                await load_bucket(list(self.ring.views(index)))
             if index + 2 < len(buckets):  # this slot is free again: the bucket after next arrives into it
                 posted.append(self.ring.broadcast(index + 2))
         if errors:

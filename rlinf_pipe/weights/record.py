@@ -30,6 +30,8 @@ class VersionRecord:
     def packed(self, bucket: BucketLayout, buffer: torch.Tensor, crc: int | None) -> None:
         if crc is not None:
             self.crcs.append(crc)
+        if not self._wanted:  # (no checksums: nothing to look at)
+            return
         for name, view in tensor_views(bucket, buffer, self.layout.torch_dtype):
             if name in self._wanted:
                 values = view.reshape(-1)[:FINGERPRINT_VALUES].float().cpu().tolist()
