@@ -171,10 +171,15 @@ class Waiter:
             left = RECHECK_S if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 raise ChannelTimeout(f"{what}: no progress within {timeout:g} s")
-            try:
-                await asyncio.wait_for(future, min(left, RECHECK_S))
-            except asyncio.TimeoutError:
-                pass
+            await self._sleep(loop, future, min(left, RECHECK_S))
+
+    async def _sleep(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future, seconds: float) -> None:
+        """Until `future` is resolved (by `notify`) or `seconds` passed."""
+        timer = loop.call_later(seconds, _resolve, future)  # (lighter than asyncio.wait_for)
+        try:
+            await future
+        finally:
+            timer.cancel()
 
 
 def _resolve(future: asyncio.Future) -> None:

@@ -17,7 +17,7 @@ import time
 from typing import Callable, Sequence, TypeVar
 
 from rlinf_pipe.errors import ChannelTimeout
-from rlinf_pipe.scheduler.channel.buffer import PENDING, RECHECK_S, Waiter, _resolve
+from rlinf_pipe.scheduler.channel.buffer import PENDING, RECHECK_S, Waiter
 
 T = TypeVar("T")
 
@@ -53,8 +53,8 @@ class _Doorbell:
 
 
 class SocketWaiter(Waiter):
-    """A `Waiter` whose waits also end when one of the descriptors `fds()` returns (read under the lock) becomes
-    readable. Threads poll them with their own doorbell; event loops watch them with `add_reader`."""
+    """A `Waiter` whose waits also end when one of the descriptors `fds()` returns becomes readable. Threads poll
+    them with their own doorbell; event loops watch them with `add_reader`."""
 
     def __init__(self, lock: threading.RLock, fds: Callable[[], Sequence[int]]):
         super().__init__(lock)
@@ -101,27 +101,13 @@ class SocketWaiter(Waiter):
                     self._sleeping.discard(bell)
                     bell.clear()
 
-    async def await_(self, attempt: Callable[[], T], timeout: float | None, what: str) -> T:
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            with self.lock:
-                result = attempt()
-                if result is not PENDING:
-                    return result
-                future = loop.create_future()
-                self._futures.append((loop, future))
-                fds = tuple(self._fds())
-            left = RECHECK_S if deadline is None else deadline - time.monotonic()
-            if left <= 0:
-                raise ChannelTimeout(f"{what}: no progress within {timeout:g} s")
-            self._watch(loop, fds, +1)
-            timer = loop.call_later(min(left, RECHECK_S), _resolve, future)  # (lighter than asyncio.wait_for)
-            try:
-                await future
-            finally:
-                timer.cancel()
-                self._watch(loop, fds, -1)
+    async def _sleep(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future, seconds: float) -> None:
+        fds = tuple(self._fds())
+        self._watch(loop, fds, +1)
+        try:
+            await super()._sleep(loop, future, seconds)
+        finally:
+            self._watch(loop, fds, -1)
 
     def _watch(self, loop: asyncio.AbstractEventLoop, fds: tuple[int, ...], change: int) -> None:
         """Count a wait on `loop` in or out; the loop watches every descriptor its waits asked for while any of them
