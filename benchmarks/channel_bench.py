@@ -159,9 +159,9 @@ def main() -> None:
         cpu: dict[str, list[float]] = {}
 
         def timed(key: str, transport: str, run: int, items: int = count) -> None:
-            rate, cpu_us = measure(transport, size, items, run)
+            rate, per_item_us = measure(transport, size, items, run)
             runs.setdefault(key, []).append(rate)
-            cpu.setdefault(key, []).append(cpu_us)
+            cpu.setdefault(key, []).append(per_item_us)
 
         for run in range(args.repeats):  # quiet, then with one core kept busy, alternating
             timed("channel", "channel", run)

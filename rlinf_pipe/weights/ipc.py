@@ -238,7 +238,7 @@ class IpcSender(WeightSender):
                     slot.unname()  # (every receiver has mapped it)
                 buffer = slot.tensor[: bucket.nbytes]
                 views = tensor_views(bucket, buffer, layout.torch_dtype)
-                record.packed(bucket, buffer, pack_bucket(bucket, buffer, views, stream, version, checksum))
+                record.packed(views, pack_bucket(bucket, buffer, views, stream, version, checksum))
                 handle = slot.handle(bucket, layout.torch_dtype)
                 header = torch.tensor([version, len(handle), slot.shm is None], dtype=torch.int64)
                 _broadcast_bytes(self.member, header, handle)

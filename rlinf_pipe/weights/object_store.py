@@ -39,7 +39,7 @@ class ObjectStoreSender(WeightSender):
         for bucket in self.layout.buckets:
             buffer = torch.empty(bucket.nbytes, dtype=torch.uint8)
             views = tensor_views(bucket, buffer, self.layout.torch_dtype)
-            record.packed(bucket, buffer, pack_bucket(bucket, buffer, views, stream, version, checksum))
+            record.packed(views, pack_bucket(bucket, buffer, views, stream, version, checksum))
             handles.append(ray.put(buffer))
         end_of_stream(stream)
         return record.version(version, tuple(handles))

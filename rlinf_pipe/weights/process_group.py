@@ -181,17 +181,12 @@ class _Ring:
         self.layout = layout
         device = ring_device(rendezvous.backend)
         self.slots = [torch.empty(layout.max_bucket_bytes, dtype=torch.uint8, device=device) for _ in range(2)]
-        self._views: dict[int, NamedTensors] = {}  # bucket -> its tensors' views into its slot (made once)
+        # each bucket's tensors as views into its slot, made once (a version reuses them)
+        self.views: list[NamedTensors] = [tensor_views(bucket, self.buffer(index), layout.torch_dtype)
+                                          for index, bucket in enumerate(layout.buckets)]
 
     def buffer(self, index: int) -> torch.Tensor:
         return self.slots[index % 2][: self.layout.buckets[index].nbytes]
-
-    def views(self, index: int) -> NamedTensors:
-        views = self._views.get(index)
-        if views is None:
-            views = self._views[index] = tensor_views(self.layout.buckets[index], self.buffer(index),
-                                                      self.layout.torch_dtype)
-        return views
 
     def broadcast(self, index: int) -> Any:
         return self.member.group.broadcast(self.buffer(index), 0)
@@ -216,8 +211,8 @@ class ProcessGroupSender(WeightSender):
                 if in_flight[index % 2] is not None:
                     self.ring.member.wait(in_flight[index % 2])
                 buffer = self.ring.buffer(index)
-                record.packed(bucket, buffer, pack_bucket(bucket, buffer, self.ring.views(index), stream, version,
-                                                          checksum))
+                views = self.ring.views[index]
+                record.packed(views, pack_bucket(bucket, buffer, views, stream, version, checksum))
                 in_flight[index % 2] = self.ring.broadcast(index)
             end_of_stream(stream)
         finally:
@@ -256,7 +251,7 @@ class ProcessGroupReceiver(WeightReceiver):
             elif not errors:
                 if verify:
                     crcs.append(data_crc32(bucket, buffer))
-                await load_bucket(list(self.ring.views(index)))
+                await load_bucket(list(self.ring.views[index]))
             if index + 2 < len(buckets):  # this slot is free again: the bucket after next arrives into it
                 posted.append(self.ring.broadcast(index + 2))
         if errors:

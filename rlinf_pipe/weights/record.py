@@ -3,11 +3,9 @@ few tensors by name), and the driver's check of what each receiver loaded agains
 
 from __future__ import annotations
 
-import torch
-
 from rlinf_pipe.weights.api import LoadedWeights, WeightVersion
 from rlinf_pipe.weights.checks import WeightSyncError
-from rlinf_pipe.weights.layout import BucketLayout, WeightLayout, tensor_views
+from rlinf_pipe.weights.layout import NamedTensors, WeightLayout
 
 FINGERPRINT_VALUES = 8
 
@@ -27,12 +25,11 @@ class VersionRecord:
         self.fingerprint: list[tuple[str, tuple[float, ...]]] = []
         self._wanted = set(fingerprint_names(layout)) if checksum else set()
 
-    def packed(self, bucket: BucketLayout, buffer: torch.Tensor, crc: int | None) -> None:
+    def packed(self, views: NamedTensors, crc: int | None) -> None:
+        """A bucket was packed: its tensors' `views` into the sent buffer (`tensor_views`), its CRC32 if computed."""
         if crc is not None:
             self.crcs.append(crc)
-        if not self._wanted:  # (no checksums: nothing to look at)
-            return
-        for name, view in tensor_views(bucket, buffer, self.layout.torch_dtype):
+        for name, view in views:
             if name in self._wanted:
                 values = view.reshape(-1)[:FINGERPRINT_VALUES].float().cpu().tolist()
                 self.fingerprint.append((name, tuple(values)))
