@@ -135,7 +135,7 @@ class ConsumerEnd:
         sock.setsockopt(zmq.LINGER, 0)
         endpoint = record.ipc if record.node_id == self._node_id else record.tcp
         sock.connect(endpoint)
-        sock.send_multipart([wire.HELLO, wire.pack(self.spec.prefetch)])
+        wire.send(sock, [wire.HELLO, wire.pack(self.spec.prefetch)])
         self._links[record.id] = _ProducerLink(record, sock, sock.getsockopt(zmq.FD), endpoint, time.monotonic())
         self._fds = tuple(link.fd for link in self._links.values())
 
@@ -179,7 +179,7 @@ class ConsumerEnd:
         for producer, link in self._links.items():
             while True:
                 try:
-                    frames = link.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    frames = wire.recv(link.sock, wire.NOBLOCK)
                 except zmq.Again:
                     break
                 self._on_message(producer, frames)
@@ -193,7 +193,7 @@ class ConsumerEnd:
         for producer, seqs in self._handed.items():
             link = self._links.get(producer)
             if link is not None:
-                link.sock.send_multipart([wire.CREDIT, wire.pack([seqs, seqs])])
+                wire.send(link.sock, [wire.CREDIT, wire.pack([seqs, seqs])])
         self._handed.clear()
         self._report_due = None
 
@@ -204,8 +204,8 @@ class ConsumerEnd:
         state = self.buffer.producer(producer)
         if kind == wire.ITEM:
             at = 2
-            for seq, step, weight, count in wire.unpack(frames[1].buffer):
-                self.buffer.add(Entry(producer, seq, step, weight, frames[at:at + count]))
+            for seq, step, weight, header, count in wire.unpack(frames[1].buffer):
+                self.buffer.add(Entry(producer, seq, step, weight, [header, *frames[at:at + count]]))
                 at += count
         elif kind == wire.STEP_END:
             state.ended_through = max(state.ended_through, wire.unpack(frames[1].buffer))

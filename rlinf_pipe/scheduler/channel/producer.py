@@ -53,7 +53,8 @@ class _OutItem:
     seq: int
     step: int
     weight: float
-    frames: list[Any]
+    header: bytes  # the item's msgpack (sent in the message's metas)
+    buffers: list[Any]  # its tensors' and arrays' bytes (a frame each)
     nbytes: int
     taken: bool = False  # taken out of a consumer's buffer (delivery may still be pending)
 
@@ -138,7 +139,8 @@ class ProducerEnd:
                 raise ChannelPeerError(problem + "; put() would block forever")
             return PENDING
         self._seq += 1
-        self._queue.append(_OutItem(self._seq, self._step, weight, frames, sum(memoryview(f).nbytes for f in frames)))
+        # (len is the byte count: the codec's frames are bytes and flat uint8 arrays)
+        self._queue.append(_OutItem(self._seq, self._step, weight, frames[0], frames[1:], sum(map(len, frames))))
         self._outstanding[self._step] = self._outstanding.get(self._step, 0) + 1
         self._untaken += weight
         self._step_has_items = True
@@ -194,7 +196,7 @@ class ProducerEnd:
                         self._wakeup.drain()
                     if self._router in events:
                         while self._router.poll(0):
-                            self._on_message(self._router.recv_multipart(copy=False))
+                            self._on_message(wire.recv(self._router))
                     now = time.monotonic()
                     if now >= next_housekeeping:  # heartbeats and peer expiry, a few times per heartbeat
                         self._expire_consumers(now)
@@ -280,8 +282,8 @@ class ProducerEnd:
                 self._credits.popleft()
                 batch.append(self._queue.popleft())
                 size += batch[-1].nbytes
-            metas = wire.pack([[item.seq, item.step, item.weight, len(item.frames)] for item in batch])
-            if self._send(cid, wire.ITEM, metas, *(frame for item in batch for frame in item.frames)):
+            metas = wire.pack([[item.seq, item.step, item.weight, item.header, len(item.buffers)] for item in batch])
+            if self._send(cid, wire.ITEM, metas, *(buffer for item in batch for buffer in item.buffers)):
                 link.inflight.update((item.seq, item) for item in batch)
             else:
                 self._queue.extendleft(reversed(batch))
@@ -300,7 +302,7 @@ class ProducerEnd:
 
     def _send(self, cid: bytes, kind: bytes, *payload: Any) -> bool:
         try:
-            self._router.send_multipart([cid, kind, *payload], copy=False)
+            wire.send(self._router, [cid, kind, *payload])
             return True
         except zmq.Again:  # the consumer's pipe is full (a frozen process): try again later, expiry decides
             return False
