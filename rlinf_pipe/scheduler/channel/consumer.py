@@ -25,7 +25,7 @@ from rlinf_pipe.errors import ChannelClosed, ChannelPeerError
 from rlinf_pipe.scheduler.channel import wire
 from rlinf_pipe.scheduler.channel.buffer import Entry, StepBuffer
 from rlinf_pipe.scheduler.channel.producer import endpoint_id
-from rlinf_pipe.scheduler.channel.ready import SocketWaiter
+from rlinf_pipe.scheduler.channel.ready import Doorbell, SocketWaiter
 from rlinf_pipe.scheduler.channel.registry import ChannelSpec, ProducerRecord, registry, track_end
 
 REFRESH_S = 1.0  # how often the registry is asked for new producers
@@ -61,7 +61,7 @@ class ConsumerEnd:
         self._registry = registry()
         self._stopping = False
         self._error: BaseException | None = None
-        self._wakeup = wire.Wakeup()
+        self._bell = Doorbell()  # wakes the housekeeping thread (to stop)
         self._refresh()
         self._thread = threading.Thread(target=self._run, name=f"channel-{spec.name}-consumer", daemon=True)
         self._thread.start()
@@ -146,7 +146,7 @@ class ConsumerEnd:
                 wait_s = min(self.spec.heartbeat_s / 2, max(0.0, next_refresh - time.monotonic()))
                 if self._report_due is not None:
                     wait_s = min(wait_s, max(0.0, self._report_due - time.monotonic()))
-                self._wakeup.rx.poll(wait_s * 1000)
+                self._bell.wait(wait_s)
                 now = time.monotonic()
                 if now >= next_refresh:
                     self._refresh()
@@ -154,7 +154,7 @@ class ConsumerEnd:
                     missing = not self._links or (expected is not None and len(self._links) < expected)
                     next_refresh = now + (EAGER_REFRESH_S if missing else REFRESH_S)
                 with self._waiter.lock:
-                    self._wakeup.drain()
+                    self._bell.clear()
                     if self._report_due is not None and now >= self._report_due:
                         self._flush_updates()
                     if now >= next_housekeeping:  # heartbeats and peer expiry, a few times per heartbeat
@@ -243,7 +243,7 @@ class ConsumerEnd:
             if self._stopping:
                 return
             self._stopping = True
-            self._wakeup.wake()
+            self._bell.ring()
             self._waiter.notify()  # a get waiting here raises ChannelClosed at once
         self._thread.join(timeout=5)
-        self._wakeup.close()
+        self._bell.close()

@@ -22,8 +22,9 @@ from rlinf_pipe.scheduler.channel.buffer import PENDING, RECHECK_S, Waiter
 T = TypeVar("T")
 
 
-class _Doorbell:
-    """One thread's wake-up pipe: rung (under the waiter's lock) to end that thread's poll early."""
+class Doorbell:
+    """A wake-up pipe for one sleeping thread: `ring` (under its owner's lock) ends the thread's poll of `rx` early;
+    the thread `clear`s it (under the lock) once awake. At most one byte is ever pending, so ringing never blocks."""
 
     def __init__(self) -> None:
         self.rx, self.tx = os.pipe()
@@ -32,7 +33,7 @@ class _Doorbell:
         self.rung = False
 
     def ring(self) -> None:
-        if not self.rung:
+        if not self.rung and self.tx >= 0:
             self.rung = True
             os.write(self.tx, b"\0")
 
@@ -44,12 +45,22 @@ class _Doorbell:
             except BlockingIOError:
                 pass
 
-    def __del__(self) -> None:  # the thread that owned it ended
-        for fd in (self.rx, self.tx):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+    def wait(self, seconds: float) -> None:
+        """Sleep until rung or `seconds` passed (the caller clears it); at once once closed."""
+        if self.rx >= 0:
+            select.select([self.rx], [], [], seconds)
+
+    def close(self) -> None:
+        """Idempotent (also run when a thread that owned one ends)."""
+        fds, self.rx, self.tx = (self.rx, self.tx), -1, -1
+        for fd in fds:
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    __del__ = close
 
 
 class SocketWaiter(Waiter):
@@ -59,7 +70,7 @@ class SocketWaiter(Waiter):
     def __init__(self, lock: threading.RLock, fds: Callable[[], Sequence[int]]):
         super().__init__(lock)
         self._fds = fds
-        self._sleeping: set[_Doorbell] = set()  # doorbells of the threads polling now
+        self._sleeping: set[Doorbell] = set()  # doorbells of the threads polling now
         self._local = threading.local()
         self._watched: dict[asyncio.AbstractEventLoop, tuple[tuple[int, ...], int]] = {}  # loop -> (fds, waits)
 
@@ -68,10 +79,10 @@ class SocketWaiter(Waiter):
         for bell in self._sleeping:
             bell.ring()
 
-    def _doorbell(self) -> _Doorbell:
+    def _doorbell(self) -> Doorbell:
         bell = getattr(self._local, "bell", None)
         if bell is None:
-            bell = self._local.bell = _Doorbell()
+            bell = self._local.bell = Doorbell()
         return bell
 
     def wait(self, attempt: Callable[[], T], timeout: float | None, what: str) -> T:

@@ -10,7 +10,6 @@ consumer -> producer: HELLO [credit], CREDIT [taken seqs, delivered seqs], BYE, 
 
 from __future__ import annotations
 
-import uuid
 from typing import Any, Sequence
 
 import msgspec
@@ -46,33 +45,3 @@ def recv(sock: zmq.Socket, flags: int = 0) -> list[zmq.Frame]:
         frames.append(frame)
     return frames
 
-
-class Wakeup:
-    """Wakes an I/O thread's poll from other threads. At most one wake-up is pending, so callers never block on
-    it. Use `wake()` and `drain()` with the owner's lock held; poll `rx` in the I/O thread."""
-
-    def __init__(self) -> None:
-        context = zmq.Context.instance()
-        address = f"inproc://rlp-wake-{uuid.uuid4().hex}"
-        self.rx = context.socket(zmq.PAIR)
-        self.rx.bind(address)
-        self._tx = context.socket(zmq.PAIR)
-        self._tx.connect(address)
-        self._pending = False
-
-    def wake(self) -> None:
-        if not self._pending:
-            self._pending = True
-            try:
-                self._tx.send(b"", zmq.NOBLOCK)
-            except zmq.Again:
-                pass
-
-    def drain(self) -> None:
-        while self.rx.poll(0):
-            self.rx.recv()
-        self._pending = False
-
-    def close(self) -> None:
-        self.rx.close(linger=0)
-        self._tx.close(linger=0)
