@@ -69,6 +69,24 @@ def shared_prompts(input_ids: Tensor, response_mask: Tensor, min_rows: int = 2) 
     return [(first[key], len(key)) if key and counts[key] >= min_rows else (row, 0) for row, key in enumerate(keys)]
 
 
+def shared_within(shared: Sharing, rows: range, min_rows: int = 2) -> Sharing:
+    """`shared` (a whole batch's, from `shared_prompts`) for the consecutive `rows` alone, as `shared_prompts` of
+    those rows would find it: a prompt shared with rows outside `rows` is shared by fewer of them (or none)."""
+    inside = [shared[row] for row in rows]
+    counts: dict[tuple[int, int], int] = {}
+    for key in inside:
+        counts[key] = counts.get(key, 0) + 1
+    first: dict[tuple[int, int], int] = {}
+    out: Sharing = []
+    for i, key in enumerate(inside):
+        count = key[1]
+        if count and counts[key] >= min_rows:
+            out.append((first.setdefault(key, i), count))
+        else:
+            out.append((i, 0))
+    return out
+
+
 def stream_length(lengths: list[int], shared: Sharing) -> int:
     """Tokens of the stream of rows of `lengths` sharing as `shared` says (without filler)."""
     prefixes = {block: count for block, count in shared}

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlinf_pipe.models.packed_rows import PackedRows, positions_of, shared_prompts, stream_length
+from rlinf_pipe.models.packed_rows import PackedRows, positions_of, shared_prompts, shared_within, stream_length
 
 
 def _mask(lengths: list[int], width: int | None = None) -> torch.Tensor:
@@ -105,6 +105,19 @@ def test_a_prompt_of_one_row_or_without_response_is_not_shared():
     assert shared_prompts(ids, response) == [(0, 0), (1, 1), (1, 1)]
     response[1:] = False  # no response: nothing to tell a prompt by
     assert shared_prompts(ids, response) == [(0, 0), (1, 0), (2, 0)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(1, 9), min_size=1, max_size=4), min_size=1, max_size=3),
+       st.lists(st.tuples(st.integers(0, 2), st.lists(st.integers(1, 9), min_size=1, max_size=3)), min_size=1,
+                max_size=9), st.data())
+def test_a_batchs_sharing_restricted_to_a_run_of_rows_is_that_runs_own(prompts, picks, data):
+    """The log-prob pass works out the batch's sharing once and restricts it to each micro-batch's rows."""
+    ids, response = _grouped(prompts, [(g % len(prompts), r) for g, r in picks])
+    start = data.draw(st.integers(0, len(picks) - 1))
+    rows = range(start, data.draw(st.integers(start + 1, len(picks))))
+    assert shared_within(shared_prompts(ids, response), rows) == shared_prompts(ids[rows.start:rows.stop],
+                                                                              response[rows.start:rows.stop])
 
 
 def test_sharing_it_cannot_honour_is_named():

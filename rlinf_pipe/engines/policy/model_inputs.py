@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlinf_pipe.models.packed_rows import PackedRows, Sharing, shared_prompts, stream_length
+from rlinf_pipe.models.packed_rows import PackedRows, Sharing, shared_prompts, shared_within, stream_length
 
 
 @dataclass(frozen=True)
@@ -103,19 +103,19 @@ def token_chunks(lengths: Sequence[int], budget: int) -> list[range]:
     return runs
 
 
-def logprob_micro_batches(batch: Any, budget: int, packed: bool, device: torch.device, share: bool = False
+def logprob_micro_batches(batch: Any, budget: int, packed: bool, device: torch.device, shared: Sharing | None = None
                           ) -> tuple[list[range], list[ModelInputs]]:
     """The forward-only micro-batches of a `TrainBatch` (their rows, and their model inputs), all of one shape for
     the pipeline schedule: packed, runs of rows of at most `budget` real tokens (rows of one prompt sharing it
-    with `share`), each stream as long as the longest; padded, runs of at most `budget // length` rows, the last
-    one filled up with copies of its last row."""
+    where `shared`, the batch's sharing from `packing`, says so), each stream as long as the longest; padded, runs
+    of at most `budget // length` rows, the last one filled up with copies of its last row."""
     input_ids, mask = batch.input_ids, batch.attention_mask
     b, length = input_ids.shape
     if packed:
         lengths = mask.sum(dim=1).tolist()
         chunks = token_chunks(lengths, budget)
-        shares = [shared_prompts(input_ids[r.start:r.stop], batch.response_mask[r.start:r.stop]) if share else
-                  [(i, 0) for i in range(len(r))] for r in chunks]
+        shares = [shared_within(shared, r) if shared is not None else [(i, 0) for i in range(len(r))]
+                  for r in chunks]
         total = max(stream_length(lengths[r.start:r.stop], s) for r, s in zip(chunks, shares, strict=True))
         return chunks, [packed_inputs(input_ids[r.start:r.stop], mask[r.start:r.stop], device, total, s)
                         for r, s in zip(chunks, shares, strict=True)]

@@ -268,8 +268,7 @@ class MegatronPolicy:
         if input_ids.dim() != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must be a non-empty [batch, seq] tensor, got {tuple(input_ids.shape)}")
         packed, shared = packing(batch, self.pack_sequences, self.share_prompts)
-        chunks, micro_batches = logprob_micro_batches(batch, self.logprob_max_tokens, packed, self.device,
-                                                      shared is not None)
+        chunks, micro_batches = logprob_micro_batches(batch, self.logprob_max_tokens, packed, self.device, shared)
 
         def factory(index: int) -> Callable:
             inputs = micro_batches[index]
