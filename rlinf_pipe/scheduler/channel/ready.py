@@ -32,6 +32,8 @@ class Doorbell:
         os.set_blocking(self.rx, False)
         os.set_blocking(self.tx, False)
         self.rung = False
+        self._poller = select.poll()  # (not select.select: a worker's descriptors may number past 1024)
+        self._poller.register(self.rx, select.POLLIN)
 
     def ring(self) -> None:
         if not self.rung and self.tx >= 0:
@@ -43,13 +45,13 @@ class Doorbell:
             self.rung = False
             try:
                 os.read(self.rx, 64)
-            except BlockingIOError:
+            except OSError:  # nothing to read, or closed under a thread that outlived its join
                 pass
 
     def wait(self, seconds: float) -> None:
         """Sleep until rung or `seconds` passed (the caller clears it); at once once closed."""
         if self.rx >= 0:
-            select.select([self.rx], [], [], seconds)
+            self._poller.poll(seconds * 1000)
 
     def close(self) -> None:
         """Idempotent (also run when a thread that owned one ends)."""

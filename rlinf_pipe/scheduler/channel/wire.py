@@ -21,7 +21,9 @@ pack = msgspec.msgpack.encode
 unpack = msgspec.msgpack.decode
 
 # pyzmq's Cython methods, under its Python layer: `send_multipart` / `recv_multipart` spend about a microsecond a
-# frame in Python (enum flag arithmetic, type checks, a RCVMORE lookup), as much as a 64 KiB item's copy.
+# frame in Python (enum flag arithmetic, type checks, a RCVMORE lookup), as much as a 64 KiB item's copy. (Its cffi
+# backend, on PyPy, does not mark received frames `more`: there the Python layer is used.)
+_CYTHON = zmq.backend.Socket.__module__.startswith("zmq.backend.cython")
 _send = zmq.backend.Socket.send
 _recv = zmq.backend.Socket.recv
 _MORE = int(zmq.SNDMORE)
@@ -29,8 +31,12 @@ NOBLOCK = int(zmq.NOBLOCK)
 
 
 def send(sock: zmq.Socket, frames: Sequence[Any], flags: int = 0) -> None:
-    """Send `frames` as one multipart message, zero-copy above the socket's `copy_threshold`. (A ROUTER raises
-    for an unroutable or full peer at the first frame, before any of the message is queued.)"""
+    """Send `frames` (bytes and the codec's buffers: nothing is type-checked first) as one multipart message,
+    zero-copy above the socket's `copy_threshold`. (A ROUTER raises for an unroutable or full peer at the first
+    frame, before any of the message is queued.)"""
+    if not _CYTHON:
+        sock.send_multipart(frames, flags, copy=False)
+        return
     last = len(frames) - 1
     for i, frame in enumerate(frames):
         _send(sock, frame, flags | _MORE if i < last else flags, False)
@@ -38,6 +44,8 @@ def send(sock: zmq.Socket, frames: Sequence[Any], flags: int = 0) -> None:
 
 def recv(sock: zmq.Socket, flags: int = 0) -> list[zmq.Frame]:
     """Receive one multipart message as frames (no copy); raises `zmq.Again` under NOBLOCK when none waits."""
+    if not _CYTHON:
+        return sock.recv_multipart(flags, copy=False)
     frame = _recv(sock, flags, False)
     frames = [frame]
     while frame.more:  # (the rest of a message arrives with its first frame)
