@@ -55,36 +55,31 @@ def positions_of(cu_seqlens: Tensor, total: int) -> Tensor:
 Sharing = list[tuple[int, int]]  # per row: (the first row of its block, the leading tokens its block shares)
 
 
+def _blocks(keys: list[Any], counts: list[int], min_rows: int) -> Sharing:
+    """Rows with equal keys form a block sharing `counts` leading tokens (the same for equal keys) once at least
+    `min_rows` rows have the key and it shares any; per row, the block's first row and the count (else itself, 0)."""
+    rows_of: dict[Any, int] = {}
+    for key in keys:
+        rows_of[key] = rows_of.get(key, 0) + 1
+    first: dict[Any, int] = {}
+    return [(first.setdefault(key, row), count) if count and rows_of[key] >= min_rows else (row, 0)
+            for row, (key, count) in enumerate(zip(keys, counts, strict=True))]
+
+
 def shared_prompts(input_ids: Tensor, response_mask: Tensor, min_rows: int = 2) -> Sharing:
     """Which rows of a micro-batch share their first tokens: a row's prompt (the tokens before its first response
     token) but its last token, with every row of the same prompt once at least `min_rows` rows have it. Per row,
     the first row of its prompt and the count of shared tokens (an unshared row: itself and 0)."""
     starts = torch.where(response_mask.any(dim=1), response_mask.int().argmax(dim=1), 0).tolist()
     keys = [tuple(row[: max(start - 1, 0)]) for row, start in zip(input_ids.tolist(), starts, strict=True)]
-    first: dict[tuple[int, ...], int] = {}
-    counts: dict[tuple[int, ...], int] = {}
-    for row, key in enumerate(keys):
-        first.setdefault(key, row)
-        counts[key] = counts.get(key, 0) + 1
-    return [(first[key], len(key)) if key and counts[key] >= min_rows else (row, 0) for row, key in enumerate(keys)]
+    return _blocks(keys, [len(key) for key in keys], min_rows)
 
 
 def shared_within(shared: Sharing, rows: range, min_rows: int = 2) -> Sharing:
     """`shared` (a whole batch's, from `shared_prompts`) for the consecutive `rows` alone, as `shared_prompts` of
     those rows would find it: a prompt shared with rows outside `rows` is shared by fewer of them (or none)."""
     inside = [shared[row] for row in rows]
-    counts: dict[tuple[int, int], int] = {}
-    for key in inside:
-        counts[key] = counts.get(key, 0) + 1
-    first: dict[tuple[int, int], int] = {}
-    out: Sharing = []
-    for i, key in enumerate(inside):
-        count = key[1]
-        if count and counts[key] >= min_rows:
-            out.append((first.setdefault(key, i), count))
-        else:
-            out.append((i, 0))
-    return out
+    return _blocks(inside, [count for _, count in inside], min_rows)
 
 
 def stream_length(lengths: list[int], shared: Sharing) -> int:

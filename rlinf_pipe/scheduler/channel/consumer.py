@@ -177,11 +177,7 @@ class ConsumerEnd:
         wakes the other waiters if any arrived."""
         arrived = False
         for producer, link in self._links.items():
-            while True:
-                try:
-                    frames = wire.recv(link.sock, wire.NOBLOCK)
-                except zmq.Again:
-                    break
+            for frames in wire.waiting(link.sock):
                 self._on_message(producer, frames)
                 arrived = True
         if arrived:

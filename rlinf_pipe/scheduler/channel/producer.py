@@ -228,13 +228,10 @@ class ProducerEnd:
     def _receive(self) -> bool:
         """Handle every message waiting on the router; whether any was there."""
         arrived = False
-        while True:
-            try:
-                frames = wire.recv(self._router, wire.NOBLOCK)
-            except zmq.Again:
-                return arrived
+        for frames in wire.waiting(self._router):
             self._on_message(frames)
             arrived = True
+        return arrived
 
     def _drained(self) -> bool:
         return not self._queue and not self._ended and not any(c.inflight for c in self._consumers.values())

@@ -10,6 +10,7 @@ consumer -> producer: HELLO [credit], CREDIT [taken seqs, delivered seqs], BYE, 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Sequence
 
 import msgspec
@@ -53,3 +54,12 @@ def recv(sock: zmq.Socket, flags: int = 0) -> list[zmq.Frame]:
         frames.append(frame)
     return frames
 
+
+def waiting(sock: zmq.Socket) -> Iterator[list[zmq.Frame]]:
+    """Every message waiting on `sock`, received until `zmq.Again`: how each use of a socket whose descriptor is
+    polled ends (see `ready.py`)."""
+    while True:
+        try:
+            yield recv(sock, NOBLOCK)
+        except zmq.Again:
+            return
