@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from support.channel_items import Rich, Tagged, assert_same, rich
 
 from rlinf_pipe.errors import ChannelClosed, ChannelError, ChannelPeerError, ChannelTimeout
-from rlinf_pipe.scheduler.channel import Channel, StepEnd
+from rlinf_pipe.scheduler.channel import Channel, StepEnd, wire
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 FAST_FAILURE = {"heartbeat_s": 0.2, "peer_timeout_s": 1.5}
@@ -163,6 +164,32 @@ def test_same_node_roundtrip_uses_ipc(nodes):
     assert endpoint.startswith("ipc://@rlp-")  # Linux's abstract namespace: no socket file to leak
     ray.kill(producer)  # killed, so no clean-up of its own ran
     assert not list(Path(tempfile.gettempdir()).glob(f"{endpoint.removeprefix('ipc://@')}*"))
+
+
+def test_a_put_that_finds_credit_sends_from_the_callers_thread(nodes):
+    """No hand-off to the producer's I/O thread while a consumer has credit (a put neither wakes it nor leaves it
+    the send); an item put before any consumer had credit goes out from the I/O thread once credit arrives."""
+    ch = channel(maxsize=16, prefetch=8)
+    ch.put(Tagged(0, 0))  # no consumer yet: it waits in the producer's queue
+    end = ch._producer_end()
+    senders, rings = [], []
+    send, ring = end._send, end._bell.ring
+
+    def recording_send(cid, kind, *payload):
+        if kind == wire.ITEM:
+            senders.append(threading.get_ident())
+        return send(cid, kind, *payload)
+
+    end._send = recording_send
+    end._bell.ring = lambda: (rings.append(1), ring())
+    consumer = on_node(Consumer, nodes[0]).remote(ch)
+    assert ray.get(consumer.take.remote(1)) == [Tagged(0, 0)]
+    assert senders == [end._thread.ident]  # sent when the consumer's credit arrived
+    for seq in range(1, 4):
+        ch.put(Tagged(0, seq))
+    asyncio.run(ch.aput(Tagged(0, 4)))  # (from an event loop alike)
+    assert senders[1:] == [threading.get_ident()] * 4 and not rings
+    assert ray.get(consumer.take.remote(4)) == [Tagged(0, seq) for seq in range(1, 5)]
 
 
 def test_producer_blocks_at_capacity_and_resumes_when_the_consumer_drains(nodes):

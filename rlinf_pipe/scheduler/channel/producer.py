@@ -69,7 +69,8 @@ class _ConsumerLink:
 
 
 class ProducerEnd:
-    """Owns a ROUTER socket (ipc + tcp) that consumers connect to; an I/O thread runs the protocol."""
+    """Owns a ROUTER socket (ipc + tcp) that consumers connect to. A `put` that finds credit sends at once; an I/O
+    thread sends the rest as credit arrives, announces step ends, and watches the consumers."""
 
     def __init__(self, spec: ChannelSpec, codec: Codec):
         self.spec, self.codec = spec, codec
@@ -92,6 +93,9 @@ class ProducerEnd:
         self._router = context.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._router.setsockopt(zmq.LINGER, 0)
+        # Credits bound what a consumer is sent, so no high-water mark: a send (from a `put` too, which may run in an
+        # event loop) never waits, and never fails for a full pipe, which would cost the consumer its credit.
+        self._router.setsockopt(zmq.SNDHWM, 0)
         # Frames below this are copied into the message; larger ones are sent from their buffer, which costs a
         # round trip through pyzmq's garbage-collector thread per frame (it learns when libzmq is done with the
         # buffer): a copy of a few hundred KiB is cheaper than that hand-off on a busy host.
@@ -147,8 +151,19 @@ class ProducerEnd:
         self._outstanding[self._step] = self._outstanding.get(self._step, 0) + 1
         self._untaken += weight
         self._step_has_items = True
-        self._wake()
-        return None
+        if self._credits:  # a consumer can take it now: send from this thread, no hand-off to the I/O thread
+            self._send_now()
+        return None  # (otherwise the I/O thread sends it when credit arrives)
+
+    def _send_now(self) -> None:
+        """The I/O thread's work, from the app's thread (under the lock)."""
+        try:
+            if self._pump():
+                self._waiter.notify()
+        except BaseException as exc:
+            self._error = exc  # (the I/O thread stops too)
+            self._wake()
+            raise ChannelPeerError(f"channel {self.spec.name!r}: producer I/O failed: {exc}") from exc
 
     def end_step(self) -> None:
         with self._waiter.lock:
@@ -194,7 +209,7 @@ class ProducerEnd:
         poller.register(self._router_fd, select.POLLIN)
         next_housekeeping = 0.0
         try:
-            while not self._stopping and ray.is_initialized():  # Ray gone (shutdown): nothing left to serve
+            while not self._stopping and self._error is None and ray.is_initialized():  # (Ray gone: shutdown)
                 woken = poller.poll(self.spec.heartbeat_s * 1000 / 2)
                 with self._waiter.lock:
                     self._bell.clear()
@@ -204,12 +219,7 @@ class ProducerEnd:
                         self._expire_consumers(now)
                         self._broadcast(wire.HEARTBEAT)
                         next_housekeeping = now + self.spec.heartbeat_s / 2
-                    while True:
-                        self._dispatch()
-                        self._broadcast_markers()
-                        if not self._receive():  # (the sends may have taken the FD's signal)
-                            break
-                        arrived = True
+                    arrived = self._pump() or arrived
                     if self._closing and not self._closed and self._drained():
                         self._broadcast(wire.CLOSED, wire.pack(self._ended_through))
                         self._closed = True
@@ -224,6 +234,17 @@ class ProducerEnd:
                 self._waiter.notify()
         finally:
             self._shutdown_sockets()
+
+    def _pump(self) -> bool:
+        """Send what the credits allow and the step ends due, and handle what arrived, until nothing more arrives
+        (the sends may have taken the router descriptor's signal: see `ready.py`); whether anything arrived."""
+        arrived = False
+        while True:
+            self._dispatch()
+            self._broadcast_markers()
+            if not self._receive():
+                return arrived
+            arrived = True
 
     def _receive(self) -> bool:
         """Handle every message waiting on the router; whether any was there."""
@@ -316,9 +337,9 @@ class ProducerEnd:
 
     def _send(self, cid: bytes, kind: bytes, *payload: Any) -> bool:
         try:
-            wire.send(self._router, [cid, kind, *payload])
+            wire.send(self._router, [cid, kind, *payload], wire.NOBLOCK)  # (never blocks the app's thread)
             return True
-        except zmq.Again:  # the consumer's pipe is full (a frozen process): try again later, expiry decides
+        except zmq.Again:  # (not with SNDHWM 0; kept in case libzmq refuses anyway: expiry decides)
             return False
         except zmq.ZMQError as exc:
             if exc.errno != zmq.EHOSTUNREACH:
@@ -329,7 +350,11 @@ class ProducerEnd:
             return False
 
     def _shutdown_sockets(self) -> None:
-        self._router.close(linger=0)
+        with self._waiter.lock:  # (a put may be sending)
+            self._router.close(linger=0)
+            if not (self._closed or self._stopping or self._error):  # the loop ended because Ray did
+                self._error = ChannelClosed("Ray shut down under this process")
+            self._waiter.notify()
         if not self._ipc_path.startswith("@"):
             try:
                 os.unlink(self._ipc_path)
