@@ -60,3 +60,21 @@ def test_a_router_refuses_an_unknown_peer_at_the_first_frame_and_stays_usable():
     finally:
         router.close(linger=0)
         dealer.close(linger=0)
+
+
+def test_waiting_drains_every_message_and_the_next_one_wakes_the_descriptor(pair):
+    """The rule `ready.py` relies on: after `waiting` (which stops when the socket's EVENTS show nothing to read), a
+    poll of the socket's descriptor wakes for the next message. Stopping while a message still waited would leave
+    the descriptor silent: libzmq signals it only when the socket's pipe becomes readable again."""
+    import select
+
+    a, b = pair
+    for i in range(3):
+        wire.send(a, [wire.HEARTBEAT, wire.pack(i)])
+    assert b.poll(30_000)  # (the messages have arrived)
+    assert [wire.unpack(frames[1].bytes) for frames in wire.waiting(b)] == [0, 1, 2]
+    poller = select.poll()
+    poller.register(b.getsockopt(zmq.FD), select.POLLIN)
+    wire.send(a, [wire.HEARTBEAT, wire.pack(3)])
+    assert poller.poll(10_000), "the descriptor stayed silent after a drain"
+    assert [wire.unpack(frames[1].bytes) for frames in wire.waiting(b)] == [3]

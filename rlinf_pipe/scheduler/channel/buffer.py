@@ -28,7 +28,7 @@ class StepEnd(msgspec.Struct, frozen=True):
     step: int
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     """One item in a consumer's buffer. `payload` is the item (local) or its frames (socket)."""
 
@@ -84,8 +84,12 @@ class StepBuffer:
         queue = self._current_queue()
         return queue[0] if queue else None
 
-    def pop(self) -> Entry:
-        entry = self._current_queue().popleft()
+    def pop(self) -> Entry | None:
+        """Take out the entry `peek` would return, if any."""
+        queue = self._current_queue()
+        if not queue:
+            return None
+        entry = queue.popleft()
         self.count -= 1
         self.weight -= entry.weight
         return entry

@@ -55,7 +55,7 @@ class ConsumerEnd:
         self._links: dict[str, _ProducerLink] = {}
         self._fds: tuple[int, ...] = ()
         self._handed: dict[str, list[int]] = {}  # producer -> seqs handed to the app, not yet reported
-        self._report_batch = max(1, spec.prefetch // 4)  # takes reported together (fewer wake-ups on both ends)
+        self._report_batch = max(1, spec.prefetch // 2)  # takes reported together (fewer wake-ups on both ends)
         self._report_due: float | None = None  # when takes not yet reported are due
         self._node_id = ray.get_runtime_context().get_node_id()
         self._registry = registry()
@@ -78,19 +78,20 @@ class ConsumerEnd:
         """The oldest entry of the current step, handed to the app, or None if none has arrived. Receives first
         when the buffer has none (and, about to find nothing, reports the takes not yet reported: a step's end may
         hang on them)."""
-        if self.buffer.peek() is None:
+        entry = self.buffer.pop()
+        if entry is None:
             if self._handed:
                 self._flush_updates()
             self.receive()
-        entry = self.buffer.peek()
+            entry = self.buffer.pop()
         if entry is not None:
-            self._hand_over(self.buffer.pop())
+            self._hand_over(entry)
         return entry
 
     def _hand_over(self, entry: Entry) -> None:
         """An entry was taken out of the buffer and handed to the app: its producer gets one more credit, frees the
         capacity, counts it toward the end of its step, and may drop the copy kept for redelivery. Takes are
-        reported together: once a quarter of `prefetch` of them wait, when the app finds nothing more to take, else
+        reported together: once half of `prefetch` of them wait, when the app finds nothing more to take, else
         by the housekeeping thread `REPORT_DELAY_S` after the first of them (within half a heartbeat)."""
         handed = self._handed.setdefault(entry.producer, [])
         handed.append(entry.seq)

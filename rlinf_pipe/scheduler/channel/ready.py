@@ -3,8 +3,8 @@ then receives in its own thread or event loop (no hand-off through a receiving t
 hand-off cost the consumer about as much CPU as the transfer itself).
 
 The waiters poll the sockets' `zmq.FD` descriptors without the lock. libzmq signals such a descriptor when the
-socket's state changes, so whoever last used a socket must have received from it until `zmq.Again` before anyone
-sleeps on it; `ConsumerEnd` ends every use of its sockets with such a drain, and so does every use of a producer's
+socket's state changes, so whoever last used a socket must have received from it until its `zmq.EVENTS` show
+nothing to read (`wire.waiting`) before anyone sleeps on it; `ConsumerEnd` ends every use of its sockets with such a drain, and so does every use of a producer's
 router (its I/O thread's passes, which poll the router's descriptor beside a `Doorbell`, and a `put` that sends).
 """
 
@@ -15,7 +15,7 @@ import os
 import select
 import threading
 import time
-from typing import Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 from rlinf_pipe.errors import ChannelTimeout
 from rlinf_pipe.scheduler.channel.buffer import PENDING, RECHECK_S, Waiter
@@ -89,15 +89,18 @@ class SocketWaiter(Waiter):
         return bell
 
     def wait(self, attempt: Callable[[], T], timeout: float | None, what: str) -> T:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        bell = self._doorbell()
-        poller = select.poll()
+        deadline: float | None = None
+        bell: Doorbell | None = None  # (set up at the first sleep: most calls find their result at once)
+        poller: Any = None
         polled: tuple[int, ...] = ()
         while True:
             with self.lock:
                 result = attempt()
                 if result is not PENDING:
                     return result
+                if bell is None:
+                    bell = self._doorbell()
+                    deadline = None if timeout is None else time.monotonic() + timeout
                 fds = (bell.rx, *self._fds())
                 self._sleeping.add(bell)
             try:

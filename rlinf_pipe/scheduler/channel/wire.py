@@ -27,6 +27,8 @@ unpack = msgspec.msgpack.decode
 _CYTHON = zmq.backend.Socket.__module__.startswith("zmq.backend.cython")
 _send = zmq.backend.Socket.send
 _recv = zmq.backend.Socket.recv
+_get = zmq.backend.Socket.get
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 _MORE = int(zmq.SNDMORE)
 NOBLOCK = int(zmq.NOBLOCK)
 
@@ -56,10 +58,8 @@ def recv(sock: zmq.Socket, flags: int = 0) -> list[zmq.Frame]:
 
 
 def waiting(sock: zmq.Socket) -> Iterator[list[zmq.Frame]]:
-    """Every message waiting on `sock`, received until `zmq.Again`: how each use of a socket whose descriptor is
-    polled ends (see `ready.py`)."""
-    while True:
-        try:
-            yield recv(sock, NOBLOCK)
-        except zmq.Again:
-            return
+    """Every message waiting on `sock`, received until its `zmq.EVENTS` show none: how each use of a socket whose
+    descriptor is polled ends (see `ready.py`). (Asking `EVENTS` processes the socket's pending commands as a
+    receive does, and costs a third of a receive that raises `zmq.Again`.)"""
+    while _get(sock, _EVENTS) & _POLLIN:
+        yield recv(sock, NOBLOCK)
