@@ -85,6 +85,9 @@ class Channel(Generic[T]):
 
     # --- producer -------------------------------------------------------------------------------------------
     def _producer_end(self) -> ProducerEnd:
+        end = self._producer
+        if end is not None and not self._closed:  # (the hot path: no lock once the end exists)
+            return end
         with self._lock:
             if self._closed:
                 raise ChannelClosed(f"channel {self.name!r}: used after close()")
