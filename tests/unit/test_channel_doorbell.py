@@ -53,3 +53,29 @@ def test_a_doorbell_works_with_descriptors_numbered_past_1024():
     finally:
         for fd in fillers:
             os.close(fd)
+
+
+def test_a_wait_also_ends_when_a_watched_descriptor_becomes_readable_and_follows_a_changed_set():
+    """A channel consumer's thread sleeps on its doorbell and its sockets' descriptors together; the set of
+    descriptors changes when a producer joins (the doorbell's poller is rebuilt for it, kept otherwise)."""
+    bell = Doorbell()
+    first, second = os.pipe(), os.pipe()
+    try:
+        os.write(first[1], b"x")
+        bell.wait(60, (first[0],))  # returns at once: the first pipe is readable
+        os.read(first[0], 1)
+        woke = threading.Event()
+
+        def sleeper() -> None:
+            bell.wait(60, (first[0], second[0]))  # a producer joined
+            woke.set()
+
+        thread = threading.Thread(target=sleeper)
+        thread.start()
+        os.write(second[1], b"x")  # readable only in the new set
+        assert woke.wait(30)
+        thread.join()
+    finally:
+        bell.close()
+        for fd in (*first, *second):
+            os.close(fd)

@@ -15,7 +15,7 @@ import os
 import select
 import threading
 import time
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 from rlinf_pipe.errors import ChannelTimeout
 from rlinf_pipe.scheduler.channel.buffer import PENDING, RECHECK_S, Waiter
@@ -34,6 +34,7 @@ class Doorbell:
         self.rung = False
         self._poller = select.poll()  # (not select.select: a worker's descriptors may number past 1024)
         self._poller.register(self.rx, select.POLLIN)
+        self._watched: tuple[int, ...] = ()  # the other descriptors the poller watches
 
     def ring(self) -> None:
         if not self.rung and self.tx >= 0:
@@ -48,10 +49,17 @@ class Doorbell:
             except OSError:  # nothing to read, or closed under a thread that outlived its join
                 pass
 
-    def wait(self, seconds: float) -> None:
-        """Sleep until rung or `seconds` passed (the caller clears it); at once once closed."""
-        if self.rx >= 0:
-            self._poller.poll(seconds * 1000)
+    def wait(self, seconds: float, fds: tuple[int, ...] = ()) -> None:
+        """Sleep until rung, one of `fds` is readable, or `seconds` passed (the caller clears it); at once once
+        closed. (The poller is kept while the descriptors stay the same: most waits are of the same sockets.)"""
+        if self.rx < 0:
+            return
+        if fds != self._watched:
+            self._poller = select.poll()
+            for fd in (self.rx, *fds):
+                self._poller.register(fd, select.POLLIN)
+            self._watched = fds
+        self._poller.poll(seconds * 1000)
 
     def close(self) -> None:
         """Idempotent (also run when a thread that owned one ends)."""
@@ -91,8 +99,6 @@ class SocketWaiter(Waiter):
     def wait(self, attempt: Callable[[], T], timeout: float | None, what: str) -> T:
         deadline: float | None = None
         bell: Doorbell | None = None  # (set up at the first sleep: most calls find their result at once)
-        poller: Any = None
-        polled: tuple[int, ...] = ()
         while True:
             with self.lock:
                 result = attempt()
@@ -101,18 +107,13 @@ class SocketWaiter(Waiter):
                 if bell is None:
                     bell = self._doorbell()
                     deadline = None if timeout is None else time.monotonic() + timeout
-                fds = (bell.rx, *self._fds())
+                fds = tuple(self._fds())
                 self._sleeping.add(bell)
             try:
                 left = RECHECK_S if deadline is None else deadline - time.monotonic()
                 if left <= 0:
                     raise ChannelTimeout(f"{what}: no progress within {timeout:g} s")
-                if fds != polled:
-                    poller = select.poll()
-                    for fd in fds:
-                        poller.register(fd, select.POLLIN)
-                    polled = fds
-                poller.poll(min(left, RECHECK_S) * 1000)
+                bell.wait(min(left, RECHECK_S), fds)
             finally:
                 with self.lock:
                     self._sleeping.discard(bell)
