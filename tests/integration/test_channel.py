@@ -8,7 +8,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import ray
 import torch
@@ -18,6 +20,7 @@ from support.channel_items import Rich, Tagged, assert_same, rich
 
 from rlinf_pipe.errors import ChannelClosed, ChannelError, ChannelPeerError, ChannelTimeout
 from rlinf_pipe.scheduler.channel import Channel, StepEnd, wire
+from rlinf_pipe.scheduler.channel.producer import DIRECT_BYTES
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 FAST_FAILURE = {"heartbeat_s": 0.2, "peer_timeout_s": 1.5}
@@ -166,11 +169,16 @@ def test_same_node_roundtrip_uses_ipc(nodes):
     assert not list(Path(tempfile.gettempdir()).glob(f"{endpoint.removeprefix('ipc://@')}*"))
 
 
-def test_a_put_that_finds_credit_sends_from_the_callers_thread(nodes):
-    """No hand-off to the producer's I/O thread while a consumer has credit (a put neither wakes it nor leaves it
-    the send); an item put before any consumer had credit goes out from the I/O thread once credit arrives."""
-    ch = channel(maxsize=16, prefetch=8)
-    ch.put(Tagged(0, 0))  # no consumer yet: it waits in the producer's queue
+def test_a_put_that_finds_credit_sends_a_large_item_itself_and_leaves_small_ones_to_the_io_thread(nodes):
+    """No hand-off to the producer's I/O thread for an item of DIRECT_BYTES or more while a consumer has credit (a
+    put neither wakes the thread nor leaves it the send); a small item wakes it (it sends what gathered in one
+    message); an item put before any consumer had credit goes out from the I/O thread once credit arrives."""
+    ch = channel(Any, maxsize=16, prefetch=8)
+
+    def item(seq: int, nbytes: int = DIRECT_BYTES) -> list:
+        return [seq, np.full(nbytes, seq, dtype=np.uint8)]
+
+    ch.put(item(0))  # no consumer yet: it waits in the producer's queue
     end = ch._producer_end()
     senders, rings = [], []
     send, ring = end._send, end._bell.ring
@@ -183,13 +191,16 @@ def test_a_put_that_finds_credit_sends_from_the_callers_thread(nodes):
     end._send = recording_send
     end._bell.ring = lambda: (rings.append(1), ring())
     consumer = on_node(Consumer, nodes[0]).remote(ch)
-    assert ray.get(consumer.take.remote(1)) == [Tagged(0, 0)]
+    assert [seq for seq, _ in ray.get(consumer.take.remote(1))] == [0]
     assert senders == [end._thread.ident]  # sent when the consumer's credit arrived
     for seq in range(1, 4):
-        ch.put(Tagged(0, seq))
-    asyncio.run(ch.aput(Tagged(0, 4)))  # (from an event loop alike)
+        ch.put(item(seq))
+    asyncio.run(ch.aput(item(4)))  # (from an event loop alike)
     assert senders[1:] == [threading.get_ident()] * 4 and not rings
-    assert ray.get(consumer.take.remote(4)) == [Tagged(0, seq) for seq in range(1, 5)]
+    ch.put(item(5, nbytes=8))
+    taken = ray.get(consumer.take.remote(5))
+    assert [seq for seq, _ in taken] == [1, 2, 3, 4, 5] and all((data == seq).all() for seq, data in taken)
+    assert senders[5:] == [end._thread.ident] and rings
 
 
 def test_producer_blocks_at_capacity_and_resumes_when_the_consumer_drains(nodes):

@@ -35,6 +35,10 @@ from rlinf_pipe.scheduler.channel.registry import ChannelSpec, ProducerRecord, r
 log = logging.getLogger(__name__)
 COPY_THRESHOLD = 512 * 1024  # bytes: smaller frames are copied when sent (see `ProducerEnd.__init__`)
 BATCH_BYTES = 1024 * 1024  # items waiting for one consumer go in one message up to about this size (`_dispatch`)
+# A `put` of an item this large that finds credit sends it itself. Smaller items are left to the I/O thread, which
+# sends the items that gathered while it woke in one message: for small items fewer, larger messages beat the
+# hand-off (2 producers x 2 consumers of tiny items moved half as many items/s when each put sent its own).
+DIRECT_BYTES = 32 * 1024
 
 
 def endpoint_id(role: str) -> str:
@@ -69,8 +73,8 @@ class _ConsumerLink:
 
 
 class ProducerEnd:
-    """Owns a ROUTER socket (ipc + tcp) that consumers connect to. A `put` that finds credit sends at once; an I/O
-    thread sends the rest as credit arrives, announces step ends, and watches the consumers."""
+    """Owns a ROUTER socket (ipc + tcp) that consumers connect to. A `put` of a large item that finds credit sends
+    it at once; an I/O thread sends the rest, announces step ends, and watches the consumers."""
 
     def __init__(self, spec: ChannelSpec, codec: Codec):
         self.spec, self.codec = spec, codec
@@ -151,8 +155,11 @@ class ProducerEnd:
         self._outstanding[self._step] = self._outstanding.get(self._step, 0) + 1
         self._untaken += weight
         self._step_has_items = True
-        if self._credits:  # a consumer can take it now: send from this thread, no hand-off to the I/O thread
-            self._send_now()
+        if self._credits:  # a consumer can take it now
+            if self._queue[-1].nbytes >= DIRECT_BYTES:
+                self._send_now()  # from this thread: no hand-off to the I/O thread
+            else:
+                self._wake()  # the I/O thread sends what gathered meanwhile in one message
         return None  # (otherwise the I/O thread sends it when credit arrives)
 
     def _send_now(self) -> None:
