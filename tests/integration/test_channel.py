@@ -20,7 +20,7 @@ from support.channel_items import Rich, Tagged, assert_same, rich
 
 from rlinf_pipe.errors import ChannelClosed, ChannelError, ChannelPeerError, ChannelTimeout
 from rlinf_pipe.scheduler.channel import Channel, StepEnd, wire
-from rlinf_pipe.scheduler.channel.producer import DIRECT_BYTES
+from rlinf_pipe.scheduler.channel.producer import DIRECT_BYTES, _ConsumerLink, _OutItem
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 FAST_FAILURE = {"heartbeat_s": 0.2, "peer_timeout_s": 1.5}
@@ -104,6 +104,14 @@ class Consumer:
     def open(self) -> None:
         self.channel.qsize()  # creates this process's consuming end (it starts granting credit)
 
+    def open_refreshing_rarely(self) -> None:
+        """Open this process's end with producers looked up once a minute once found, so that its housekeeping
+        thread sleeps for half a heartbeat unless something wakes it."""
+        from rlinf_pipe.scheduler.channel import consumer
+
+        consumer.REFRESH_S = 60.0
+        self.channel.qsize()
+
     def busy(self, seconds: float) -> None:
         """Work that takes no item: nothing in this process asks for the channel's messages meanwhile."""
         time.sleep(seconds)
@@ -183,10 +191,10 @@ def test_a_put_that_finds_credit_sends_a_large_item_itself_and_leaves_small_ones
     senders, rings = [], []
     send, ring = end._send, end._bell.ring
 
-    def recording_send(cid, kind, *payload):
+    def recording_send(cid, kind, *payload, **options):
         if kind == wire.ITEM:
             senders.append(threading.get_ident())
-        return send(cid, kind, *payload)
+        return send(cid, kind, *payload, **options)
 
     end._send = recording_send
     end._bell.ring = lambda: (rings.append(1), ring())
@@ -201,6 +209,58 @@ def test_a_put_that_finds_credit_sends_a_large_item_itself_and_leaves_small_ones
     taken = ray.get(consumer.take.remote(5))
     assert [seq for seq, _ in taken] == [1, 2, 3, 4, 5] and all((data == seq).all() for seq, data in taken)
     assert senders[5:] == [end._thread.ident] and rings
+
+
+def test_a_take_is_reported_soon_while_the_consumer_stays_busy(nodes):
+    """A take below the report batch is reported REPORT_DELAY_S later by the consumer's housekeeping thread, which a
+    take wakes when it would sleep longer (here half a 10 s heartbeat): a producer blocked at maxsize is released
+    at once, not when the thread happens to wake."""
+    ch = channel(maxsize=16, prefetch=16, heartbeat_s=10.0)
+    ch.put(Tagged(0, 0))
+    consumer = on_node(Consumer, nodes[0]).remote(ch)
+    ray.get(consumer.open_refreshing_rarely.remote())
+    for seq in range(1, 16):
+        ch.put(Tagged(0, seq))  # maxsize reached: the next put waits for a take to be reported
+    assert ray.get(consumer.take.remote(1)) == [Tagged(0, 0)]  # then the consumer takes nothing more
+    ch.put(Tagged(0, 16), timeout=2.5)  # (without the wake-up: about 5 s)
+
+
+def test_a_signal_during_a_puts_send_ends_the_producer_and_is_raised_as_is(nodes):
+    """A signal's handler may raise between two frames of a message a put sends; nothing may be sent after half a
+    message, so the I/O thread stops before using the socket again, the exception (here `RunStopped`) reaches the
+    caller unchanged, and later puts fail."""
+    from rlinf_pipe.errors import RunStopped
+
+    ch = channel(Any, maxsize=16, prefetch=8)
+    ch.put([0, np.zeros(8, dtype=np.uint8)])
+    consumer = on_node(Consumer, nodes[0]).remote(ch)
+    assert [seq for seq, _ in ray.get(consumer.take.remote(1))] == [0]  # (credit has arrived)
+    end = ch._producer_end()
+
+    def interrupted() -> bool:
+        raise RunStopped(2, "stopped between two frames")
+
+    end._pump = interrupted
+    with pytest.raises(RunStopped):
+        ch.put([1, np.zeros(DIRECT_BYTES, dtype=np.uint8)])
+    end._thread.join(timeout=30)
+    assert not end._thread.is_alive()
+    with pytest.raises(ChannelPeerError, match="stopped between two frames"):
+        ch.put([2, np.zeros(8, dtype=np.uint8)])
+
+
+def test_a_batch_that_finds_its_consumer_gone_goes_back_in_order(nodes):
+    """When a batch's send finds its consumer disconnected, the batch and the consumer's unacknowledged items (sent
+    earlier) go back to the queue in the order they were put, ahead of the other consumers' next sends."""
+    end = channel(maxsize=16, prefetch=8)._producer_end()
+    items = [_OutItem(seq, 0, 1.0, b"", [], 0) for seq in range(1, 5)]
+    with end._waiter.lock:  # (the I/O thread waits meanwhile)
+        gone = end._consumers[b"gone"] = _ConsumerLink(time.monotonic(), inflight={1: items[0], 2: items[1]})
+        end._queue.extend(items[2:])
+        end._credits.extend([b"gone"] * 2)
+        end._dispatch()  # ROUTER_MANDATORY refuses the unknown peer, as it does a disconnected one
+        assert [item.seq for item in end._queue] == [1, 2, 3, 4]
+        assert gone.dead == "disconnected" and not end._credits
 
 
 def test_producer_blocks_at_capacity_and_resumes_when_the_consumer_drains(nodes):

@@ -55,8 +55,14 @@ class ConsumerEnd:
         self._links: dict[str, _ProducerLink] = {}
         self._fds: tuple[int, ...] = ()
         self._handed: dict[str, list[int]] = {}  # producer -> seqs handed to the app, not yet reported
-        self._report_batch = max(1, spec.prefetch // 2)  # takes reported together (fewer wake-ups on both ends)
+        self._handed_weight: dict[str, float] = {}  # producer -> their weight
+        # Takes are reported together (fewer wake-ups on both ends), at the latest once half of `prefetch` of them,
+        # or a quarter of the producer's `maxsize` in weight, wait: a producer blocked at `maxsize` (a few heavy
+        # items) is released before this consumer's buffer runs dry.
+        self._report_batch = max(1, spec.prefetch // 2)
+        self._report_weight = spec.maxsize / 4 if spec.maxsize is not None else float("inf")
         self._report_due: float | None = None  # when takes not yet reported are due
+        self._sleeps_until = 0.0  # when the housekeeping thread's current wait ends
         self._node_id = ray.get_runtime_context().get_node_id()
         self._registry = registry()
         self._stopping = False
@@ -95,11 +101,14 @@ class ConsumerEnd:
         by the housekeeping thread `REPORT_DELAY_S` after the first of them (within half a heartbeat)."""
         handed = self._handed.setdefault(entry.producer, [])
         handed.append(entry.seq)
-        if len(handed) >= self._report_batch:  # the producer may be running short of credit
+        weight = self._handed_weight[entry.producer] = self._handed_weight.get(entry.producer, 0.0) + entry.weight
+        if len(handed) >= self._report_batch or weight >= self._report_weight:  # the producer may be running short
             self._flush_updates()
             self.receive()  # (the send may have taken a socket's signal: see `ready.py`)
         elif self._report_due is None:
             self._report_due = time.monotonic() + REPORT_DELAY_S
+            if self._sleeps_until > self._report_due:  # the housekeeping thread would report them too late
+                self._bell.ring()
 
     def _socket_fds(self) -> tuple[int, ...]:
         return self._fds
@@ -144,9 +153,12 @@ class ConsumerEnd:
         next_housekeeping = next_refresh = 0.0
         try:
             while not self._stopping and ray.is_initialized():  # Ray gone (shutdown): nothing left to serve
-                wait_s = min(self.spec.heartbeat_s / 2, max(0.0, next_refresh - time.monotonic()))
-                if self._report_due is not None:
-                    wait_s = min(wait_s, max(0.0, self._report_due - time.monotonic()))
+                with self._waiter.lock:  # (a take that sets `_report_due` rings if this wait would outlast it)
+                    now = time.monotonic()
+                    wait_s = min(self.spec.heartbeat_s / 2, max(0.0, next_refresh - now))
+                    if self._report_due is not None:
+                        wait_s = min(wait_s, max(0.0, self._report_due - now))
+                    self._sleeps_until = now + wait_s
                 self._bell.wait(wait_s)
                 now = time.monotonic()
                 if now >= next_refresh:
@@ -159,8 +171,7 @@ class ConsumerEnd:
                     if self._report_due is not None and now >= self._report_due:
                         self._flush_updates()
                     if now >= next_housekeeping:  # heartbeats and peer expiry, a few times per heartbeat
-                        for link in self._links.values():
-                            link.sock.send(wire.HEARTBEAT)
+                        self._send_heartbeats()
                     self.receive()  # what waits (the app may be busy), and after the sends above
                     if now >= next_housekeeping:
                         self._expire_producers(now)
@@ -172,6 +183,18 @@ class ConsumerEnd:
                 self._waiter.notify()
         finally:
             self._close_sockets()
+
+    def _send_heartbeats(self) -> None:
+        """To every producer still alive, without waiting: one that died or froze stops taking messages, and a
+        blocked send here would hold the lock (and every take) for good."""
+        for producer, link in self._links.items():
+            state = self.buffer.producer(producer)
+            if state.closed or state.dead:
+                continue
+            try:
+                link.sock.send(wire.HEARTBEAT, zmq.NOBLOCK)
+            except zmq.Again:  # its pipe is full: it has not read for a long while, and expiry will say so
+                pass
 
     def receive(self) -> None:
         """Move every message waiting on the producer sockets into the buffer (call with the waiter lock held);
@@ -192,6 +215,7 @@ class ConsumerEnd:
             if link is not None:
                 wire.send(link.sock, [wire.CREDIT, wire.pack([seqs, seqs])])
         self._handed.clear()
+        self._handed_weight.clear()
         self._report_due = None
 
     def _on_message(self, producer: str, frames: list[Any]) -> None:

@@ -20,8 +20,9 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
+import msgspec
 import ray
 import zmq
 
@@ -163,14 +164,19 @@ class ProducerEnd:
         return None  # (otherwise the I/O thread sends it when credit arrives)
 
     def _send_now(self) -> None:
-        """The I/O thread's work, from the app's thread (under the lock)."""
+        """The I/O thread's work, from the app's thread (under the lock). Anything raised here ends this end: a
+        signal's handler (Ctrl-C, `RunStopped`) may raise between two frames of a message, and nothing may be sent
+        after half a message (it would be glued to it), so the I/O thread stops before touching the router again.
+        Socket and protocol failures become a ChannelPeerError; anything else (the signal's) is raised as is."""
         try:
             if self._pump():
                 self._waiter.notify()
         except BaseException as exc:
-            self._error = exc  # (the I/O thread stops too)
+            self._error = exc
             self._wake()
-            raise ChannelPeerError(f"channel {self.spec.name!r}: producer I/O failed: {exc}") from exc
+            if isinstance(exc, (zmq.ZMQError, msgspec.DecodeError)):
+                raise ChannelPeerError(f"channel {self.spec.name!r}: producer I/O failed: {exc}") from exc
+            raise
 
     def end_step(self) -> None:
         with self._waiter.lock:
@@ -219,6 +225,8 @@ class ProducerEnd:
             while not self._stopping and self._error is None and ray.is_initialized():  # (Ray gone: shutdown)
                 woken = poller.poll(self.spec.heartbeat_s * 1000 / 2)
                 with self._waiter.lock:
+                    if self._error is not None or self._stopping:  # (a put's send may have failed meanwhile)
+                        break
                     self._bell.clear()
                     arrived = self._receive()
                     now = time.monotonic()
@@ -325,10 +333,8 @@ class ProducerEnd:
                 batch.append(self._queue.popleft())
                 size += batch[-1].nbytes
             metas = wire.pack([[item.seq, item.step, item.weight, item.header, len(item.buffers)] for item in batch])
-            if self._send(cid, wire.ITEM, metas, *(buffer for item in batch for buffer in item.buffers)):
+            if self._send(cid, wire.ITEM, metas, *(buffer for item in batch for buffer in item.buffers), unsent=batch):
                 link.inflight.update((item.seq, item) for item in batch)
-            else:
-                self._queue.extendleft(reversed(batch))
 
     def _broadcast_markers(self) -> None:
         while self._ended and not self._outstanding.get(self._ended[0], 0):
@@ -342,15 +348,20 @@ class ProducerEnd:
             if not link.dead:
                 self._send(cid, kind, *payload)
 
-    def _send(self, cid: bytes, kind: bytes, *payload: Any) -> bool:
+    def _send(self, cid: bytes, kind: bytes, *payload: Any, unsent: Sequence[_OutItem] = ()) -> bool:
+        """Send one message to one consumer; False if it was not sent. The items of a message not sent (`unsent`)
+        go back to the front of the queue first, then a consumer found disconnected is dropped (its unacknowledged
+        items, sent earlier, go in front of them: order is kept)."""
         try:
             wire.send(self._router, [cid, kind, *payload], wire.NOBLOCK)  # (never blocks the app's thread)
             return True
         except zmq.Again:  # (not with SNDHWM 0; kept in case libzmq refuses anyway: expiry decides)
+            self._queue.extendleft(reversed(unsent))
             return False
         except zmq.ZMQError as exc:
             if exc.errno != zmq.EHOSTUNREACH:
                 raise
+            self._queue.extendleft(reversed(unsent))
             link = self._consumers.get(cid)
             if link is not None and not link.dead:
                 self._drop(cid, link, "disconnected")
