@@ -31,6 +31,8 @@ from rlinf_pipe.scheduler.channel.registry import ChannelSpec, ProducerRecord, r
 REFRESH_S = 1.0  # how often the registry is asked for new producers
 EAGER_REFRESH_S = 0.02  # ... while producers are still missing
 REPORT_DELAY_S = 0.005  # takes the app left unreported go out this long after the first of them
+STREAMING_S = 0.05  # while the app took an item this recently, the housekeeping thread wakes every ...
+STREAMING_WAKE_S = 0.02  # ... this often (a take rings it only when it would report later than this past due)
 log = logging.getLogger(__name__)
 
 
@@ -63,6 +65,7 @@ class ConsumerEnd:
         self._report_weight = spec.maxsize / 4 if spec.maxsize is not None else float("inf")
         self._report_due: float | None = None  # when takes not yet reported are due
         self._sleeps_until = 0.0  # when the housekeeping thread's current wait ends
+        self._last_take = 0.0
         self._node_id = ray.get_runtime_context().get_node_id()
         self._registry = registry()
         self._stopping = False
@@ -97,8 +100,10 @@ class ConsumerEnd:
     def _hand_over(self, entry: Entry) -> None:
         """An entry was taken out of the buffer and handed to the app: its producer gets one more credit, frees the
         capacity, counts it toward the end of its step, and may drop the copy kept for redelivery. Takes are
-        reported together: once half of `prefetch` of them wait, when the app finds nothing more to take, else
-        by the housekeeping thread `REPORT_DELAY_S` after the first of them (within half a heartbeat)."""
+        reported together: once half of `prefetch` of them (or a quarter of `maxsize` in weight) wait, when the app
+        finds nothing more to take, else by the housekeeping thread `REPORT_DELAY_S` after the first of them (or,
+        while items flow, at its next wake-up, every `STREAMING_WAKE_S`; a take after a quiet spell rings it)."""
+        self._last_take = time.monotonic()
         handed = self._handed.setdefault(entry.producer, [])
         handed.append(entry.seq)
         weight = self._handed_weight[entry.producer] = self._handed_weight.get(entry.producer, 0.0) + entry.weight
@@ -106,8 +111,8 @@ class ConsumerEnd:
             self._flush_updates()
             self.receive()  # (the send may have taken a socket's signal: see `ready.py`)
         elif self._report_due is None:
-            self._report_due = time.monotonic() + REPORT_DELAY_S
-            if self._sleeps_until > self._report_due:  # the housekeeping thread would report them too late
+            self._report_due = self._last_take + REPORT_DELAY_S
+            if self._sleeps_until > self._report_due + STREAMING_WAKE_S:  # asleep since before the stream
                 self._bell.ring()
 
     def _socket_fds(self) -> tuple[int, ...]:
@@ -158,6 +163,8 @@ class ConsumerEnd:
                     wait_s = min(self.spec.heartbeat_s / 2, max(0.0, next_refresh - now))
                     if self._report_due is not None:
                         wait_s = min(wait_s, max(0.0, self._report_due - now))
+                    elif now - self._last_take < STREAMING_S:  # items flow: stay near, so that no take rings
+                        wait_s = min(wait_s, STREAMING_WAKE_S)
                     self._sleeps_until = now + wait_s
                 self._bell.wait(wait_s)
                 now = time.monotonic()
@@ -168,14 +175,16 @@ class ConsumerEnd:
                     next_refresh = now + (EAGER_REFRESH_S if missing else REFRESH_S)
                 with self._waiter.lock:
                     self._bell.clear()
-                    if self._report_due is not None and now >= self._report_due:
+                    reported = self._report_due is not None and now >= self._report_due
+                    if reported:
                         self._flush_updates()
                     if now >= next_housekeeping:  # heartbeats and peer expiry, a few times per heartbeat
                         self._send_heartbeats()
-                    self.receive()  # what waits (the app may be busy), and after the sends above
-                    if now >= next_housekeeping:
+                        self.receive()  # what waits (the app may be busy), and after the sends
                         self._expire_producers(now)
                         next_housekeeping = now + self.spec.heartbeat_s / 2
+                    elif reported:
+                        self.receive()  # (after a send: see `ready.py`; while items flow, the app receives)
         except BaseException as exc:
             log.error("channel %r: %s I/O thread failed", self.spec.name, "consumer", exc_info=True)
             with self._waiter.lock:
