@@ -222,10 +222,10 @@ class ProducerEnd:
         poller.register(self._router_fd, select.POLLIN)
         next_housekeeping = 0.0
         try:
-            while not self._stopping and self._error is None and ray.is_initialized():  # (Ray gone: shutdown)
+            while ray.is_initialized():  # Ray gone (shutdown): nothing left to serve
                 woken = poller.poll(self.spec.heartbeat_s * 1000 / 2)
                 with self._waiter.lock:
-                    if self._error is not None or self._stopping:  # (a put's send may have failed meanwhile)
+                    if self._error is not None or self._stopping:  # (both ring: `stop`, a put's failed send)
                         break
                     self._bell.clear()
                     arrived = self._receive()

@@ -4,8 +4,9 @@ hand-off cost the consumer about as much CPU as the transfer itself).
 
 The waiters poll the sockets' `zmq.FD` descriptors without the lock. libzmq signals such a descriptor when the
 socket's state changes, so whoever last used a socket must have received from it until its `zmq.EVENTS` show
-nothing to read (`wire.waiting`) before anyone sleeps on it; `ConsumerEnd` ends every use of its sockets with such a drain, and so does every use of a producer's
-router (its I/O thread's passes, which poll the router's descriptor beside a `Doorbell`, and a `put` that sends).
+nothing to read (`wire.waiting`) before anyone sleeps on it; `ConsumerEnd` ends every use of its sockets with such
+a drain, and so does every use of a producer's router (its I/O thread's passes, which poll the router's descriptor
+beside a `Doorbell`, and a `put` that sends).
 """
 
 from __future__ import annotations
