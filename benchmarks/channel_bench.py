@@ -2,8 +2,11 @@
 
     python benchmarks/channel_bench.py [--repeats 5] [--aget] [--json]
 
-For each payload size, a producer process sends N items and a consumer process receives them; throughput is
-counted on the consumer from the first item to the last (setup excluded). Baselines, measured in the same run:
+For each payload size, a producer process sends N items and a consumer process receives them and reads one byte
+of every 4 KiB page (memory not yet mapped costs what it costs); throughput is counted on the consumer from the
+first item to the last (setup excluded). The channel runs twice: as configured by default (on one node, buffers of
+64 KiB or more go through the producer's shared memory) and with `shared_bytes=0` (every byte over the socket:
+`channel_socket`, key `ratio_vs_zmq_socket`). Baselines, measured in the same run:
 (a) raw pyzmq PUSH/PULL sending the same bytes (zero-copy for large payloads, default high-water marks,
 which measured fastest), (b) `ray.util.queue.Queue`
 (an actor-backed queue) for the small items. Each measurement is repeated; medians and ratios are reported.
@@ -37,7 +40,7 @@ from bench_items import Payload  # noqa: E402  (importable by Ray workers throug
 from rlinf_pipe.scheduler.channel import Channel  # noqa: E402
 
 PREFETCH = 32
-SIZES = {"100B": (100, 20000), "64KiB": (64 * 1024, 4000), "4MiB": (4 * 1024 * 1024, 150)}
+SIZES = {"100B": (100, 20000), "64KiB": (64 * 1024, 4000), "4MiB": (4 * 1024 * 1024, 400)}
 
 
 @ray.remote(num_cpus=0)
@@ -49,7 +52,7 @@ class Endpoint:
     def setup(self, transport: str, size: int, target: Any = None) -> Any:
         self.transport, self.data = transport, np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
         self.copy = size < 65536
-        if transport in ("channel", "channel_aget", "ray_queue"):
+        if transport.startswith("channel") or transport == "ray_queue":
             self.target = target
         elif target is None:  # zmq receiver
             self.sock = zmq.Context.instance().socket(zmq.PULL)  # default high-water marks: its fastest setting
@@ -69,9 +72,9 @@ class Endpoint:
 
     def receive(self) -> None:
         if self.transport == "zmq":
-            self.sock.recv(copy=False)
+            _touch(self.sock.recv(copy=False).buffer)
         else:
-            self.target.get()
+            _touch(self.target.get().data)
 
     def send_many(self, count: int) -> float:
         self.cpu_start = time.process_time()
@@ -94,10 +97,15 @@ class Endpoint:
         return time.process_time() - self.cpu_start
 
 
+def _touch(buffer: Any) -> None:
+    """Read one byte of every page, as a consumer that uses the bytes would."""
+    np.frombuffer(buffer, dtype=np.uint8)[::4096].sum()
+
+
 async def _areceive_many(channel: Channel, count: int) -> float:
     """(Not a method: a coroutine method would make `Endpoint` an async actor, whose methods share one loop.)"""
     for _ in range(count):
-        await channel.aget()
+        _touch((await channel.aget()).data)
     return time.perf_counter()
 
 
@@ -106,7 +114,9 @@ def measure(transport: str, size: int, count: int, run: int) -> tuple[float, flo
     (every thread) used per item from the start of their timed part until the consumer's last receive."""
     consumer, producer = Endpoint.remote(), Endpoint.remote()
     if transport.startswith("channel"):
-        target = Channel.create(f"bench-{size}-{run}", Payload, maxsize=2 * PREFETCH, prefetch=PREFETCH)
+        shared = {"shared_bytes": 0} if transport == "channel_socket" else {}
+        target = Channel.create(f"bench-{transport}-{size}-{run}", Payload, maxsize=2 * PREFETCH, prefetch=PREFETCH,
+                                **shared)
     elif transport == "ray_queue":
         from ray.util.queue import Queue
 
@@ -166,6 +176,8 @@ def main() -> None:
         for run in range(args.repeats):  # quiet, then with one core kept busy, alternating
             timed("channel", "channel", run)
             timed("zmq", "zmq", run)
+            if name != "100B":
+                timed("channel_socket", "channel_socket", 4 * args.repeats + run)
             if args.aget:
                 timed("channel_aget", "channel_aget", 2 * args.repeats + run)
             if name == "100B":
@@ -174,6 +186,7 @@ def main() -> None:
                 with one_core_busy():
                     timed("channel_loaded", "channel", args.repeats + run)
                     timed("zmq_loaded", "zmq", args.repeats + run)
+                    timed("channel_socket_loaded", "channel_socket", 5 * args.repeats + run)
                     if args.aget:
                         timed("channel_aget_loaded", "channel_aget", 3 * args.repeats + run)
         results[name] = {k: statistics.median(v) for k, v in runs.items() if v}
@@ -181,9 +194,9 @@ def main() -> None:
         line = ", ".join(f"{k} {v:,.0f} items/s ({v * size / 2**20:,.1f} MB/s)" for k, v in results[name].items())
         print(f"{name:>6}: {line}", flush=True)
 
-    def ratio(name: str, baseline: str) -> float | None:
+    def ratio(name: str, baseline: str, channel: str = "channel") -> float | None:
         r = results.get(name, {})
-        return round(r["channel"] / r[baseline], 3) if baseline in r else None
+        return round(r[channel] / r[baseline], 3) if baseline in r and channel in r else None
 
     def loaded_ratio(name: str, channel: str = "channel_loaded") -> float | None:
         r = results.get(name, {})
@@ -193,6 +206,8 @@ def main() -> None:
         "ratio_vs_zmq": {n: ratio(n, "zmq") for n in ("64KiB", "4MiB")},
         "ratio_vs_zmq_loaded": {n: loaded_ratio(n) for n in ("64KiB", "4MiB")},
         "ratio_vs_ray": {"100B": ratio("100B", "ray_queue")},
+        "ratio_vs_zmq_socket": {n: ratio(n, "zmq", "channel_socket") for n in ("64KiB", "4MiB")},
+        "ratio_vs_zmq_socket_loaded": {n: loaded_ratio(n, "channel_socket_loaded") for n in ("64KiB", "4MiB")},
         **({"ratio_vs_zmq_aget": {n: round(results[n]["channel_aget"] / results[n]["zmq"], 3)
                                   for n in ("64KiB", "4MiB") if "channel_aget" in results.get(n, {})},
             "ratio_vs_zmq_aget_loaded": {n: loaded_ratio(n, "channel_aget_loaded") for n in ("64KiB", "4MiB")}}
@@ -207,7 +222,8 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
     }
     print(f"ratio vs raw pyzmq: {summary['ratio_vs_zmq']} (one core busy: {summary['ratio_vs_zmq_loaded']}); "
-          f"vs Ray queue: {summary['ratio_vs_ray']}")
+          f"vs Ray queue: {summary['ratio_vs_ray']}; over the socket only: {summary['ratio_vs_zmq_socket']} "
+          f"(one core busy: {summary['ratio_vs_zmq_socket_loaded']})")
     if args.json:
         print(json.dumps(summary))
     ray.shutdown()

@@ -30,6 +30,32 @@ class Tagged(msgspec.Struct, frozen=True):
     step: int = 0
 
 
+BIG = 200_000  # bytes of a Big item's large tensor (over the arena's `SHARED_MIN_BYTES`)
+
+
+class Big(msgspec.Struct):
+    seq: int
+    large: torch.Tensor  # BIG bytes: through the arena on one node
+    array: np.ndarray  # 100 KB: through the arena too
+    small: torch.Tensor  # 40 bytes: always a frame
+
+
+def big(seq: int) -> Big:
+    generator = torch.Generator().manual_seed(seq)
+    return Big(
+        seq,
+        torch.randint(0, 255, (BIG,), dtype=torch.uint8, generator=generator),
+        np.random.default_rng(seq).standard_normal(12_500),
+        torch.arange(10, dtype=torch.float32) + seq,
+    )
+
+
+def assert_exact(item: Big) -> None:
+    want = big(item.seq)
+    assert torch.equal(item.large, want.large) and np.array_equal(item.array, want.array)
+    assert torch.equal(item.small, want.small)
+
+
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int8,
           torch.uint8, torch.bool]
 

@@ -6,7 +6,8 @@ waiter's lock; waits sleep on the sockets, see `ready.py`): libzmq holds what wa
 stands between the socket and the app. Each take returns one credit to that item's producer (so a slow consumer is
 sent less) and is acknowledged so the producer can forget the item. A housekeeping thread discovers producers
 through the registry, sends heartbeats, watches the producers' (receiving what waits, so a busy app does not make
-a producer look silent) and reports takes the app left unreported.
+a producer look silent) and reports takes the app left unreported. Large buffers from a producer on this node
+arrive in its shared memory (`arena.py`); their regions are reported released with the takes.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from ray.exceptions import RayActorError
 
 from rlinf_pipe.errors import ChannelClosed, ChannelPeerError
 from rlinf_pipe.scheduler.channel import wire
+from rlinf_pipe.scheduler.channel.arena import ArenaView
 from rlinf_pipe.scheduler.channel.buffer import Entry, StepBuffer
-from rlinf_pipe.scheduler.channel.producer import endpoint_id
 from rlinf_pipe.scheduler.channel.ready import Doorbell, SocketWaiter
 from rlinf_pipe.scheduler.channel.registry import ChannelSpec, ProducerRecord, registry, track_end
+from rlinf_pipe.scheduler.channel.wire import endpoint_id
 
 REFRESH_S = 1.0  # how often the registry is asked for new producers
 EAGER_REFRESH_S = 0.02  # ... while producers are still missing
@@ -43,6 +45,7 @@ class _ProducerLink:
     fd: int  # the socket's zmq.FD, which waits poll
     endpoint: str
     last_seen: float
+    arena: ArenaView | None  # the producer's shared memory, mapped (on its node)
 
 
 class ConsumerEnd:
@@ -89,7 +92,7 @@ class ConsumerEnd:
         hang on them)."""
         entry = self.buffer.pop()
         if entry is None:
-            if self._handed:
+            if self._handed or self._releases_wait():
                 self._flush_updates()
             self.receive()
             entry = self.buffer.pop()
@@ -107,13 +110,21 @@ class ConsumerEnd:
         handed = self._handed.setdefault(entry.producer, [])
         handed.append(entry.seq)
         weight = self._handed_weight[entry.producer] = self._handed_weight.get(entry.producer, 0.0) + entry.weight
-        if len(handed) >= self._report_batch or weight >= self._report_weight:  # the producer may be running short
+        arena = self._links[entry.producer].arena
+        if (
+            len(handed) >= self._report_batch
+            or weight >= self._report_weight  # the producer may be running short of capacity
+            or (arena is not None and arena.filling())  # ... or of shared memory
+        ):
             self._flush_updates()
             self.receive()  # (the send may have taken a socket's signal: see `ready.py`)
         elif self._report_due is None:
             self._report_due = self._last_take + REPORT_DELAY_S
             if self._sleeps_until > self._report_due + STREAMING_WAKE_S:  # asleep since before the stream
                 self._bell.ring()
+
+    def _releases_wait(self) -> bool:
+        return any(link.arena is not None and link.arena.released for link in self._links.values())
 
     def _socket_fds(self) -> tuple[int, ...]:
         return self._fds
@@ -148,10 +159,14 @@ class ConsumerEnd:
         sock = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.ROUTING_ID, self.id.encode())
         sock.setsockopt(zmq.LINGER, 0)
-        endpoint = record.ipc if record.node_id == self._node_id else record.tcp
+        local = record.node_id == self._node_id
+        endpoint = record.ipc if local else record.tcp
+        arena = ArenaView.open(record.arena) if local and record.arena is not None else None
         sock.connect(endpoint)
-        wire.send(sock, [wire.HELLO, wire.pack(self.spec.prefetch)])
-        self._links[record.id] = _ProducerLink(record, sock, sock.getsockopt(zmq.FD), endpoint, time.monotonic())
+        wire.send(sock, [wire.HELLO, wire.pack([self.spec.prefetch, arena is not None])])
+        self._links[record.id] = _ProducerLink(
+            record, sock, sock.getsockopt(zmq.FD), endpoint, time.monotonic(), arena
+        )
         self._fds = tuple(link.fd for link in self._links.values())
 
     def _run(self) -> None:
@@ -176,6 +191,8 @@ class ConsumerEnd:
                 with self._waiter.lock:
                     self._bell.clear()
                     reported = self._report_due is not None and now >= self._report_due
+                    if now >= next_housekeeping and self._releases_wait():  # (items the app dropped later)
+                        reported = True
                     if reported:
                         self._flush_updates()
                     if now >= next_housekeeping:  # heartbeats and peer expiry, a few times per heartbeat
@@ -218,11 +235,16 @@ class ConsumerEnd:
 
     def _flush_updates(self) -> None:
         """One CREDIT message per producer carries everything handed over since the last (taken out of the buffer
-        and delivered, which the wire protocol reports as two lists)."""
-        for producer, seqs in self._handed.items():
-            link = self._links.get(producer)
-            if link is not None:
-                wire.send(link.sock, [wire.CREDIT, wire.pack([seqs, seqs])])
+        and delivered, which the wire protocol reports as two lists) and the arena regions released since."""
+        for producer, link in self._links.items():
+            seqs = self._handed.get(producer, [])
+            released = link.arena.take_released() if link.arena is not None else []
+            if released and not seqs:
+                state = self.buffer.producer(producer)
+                if state.closed or state.dead:  # (it needs them no more, and may not read)
+                    continue
+            if seqs or released:
+                wire.send(link.sock, [wire.CREDIT, wire.pack([seqs, seqs, released])])
         self._handed.clear()
         self._handed_weight.clear()
         self._report_due = None
@@ -234,9 +256,21 @@ class ConsumerEnd:
         state = self.buffer.producer(producer)
         if kind == wire.ITEM:
             at = 2
-            for seq, step, weight, header, count in wire.unpack(frames[1].buffer):
-                self.buffer.add(Entry(producer, seq, step, weight, [header, *frames[at:at + count]]))
-                at += count
+            for seq, step, weight, header, placed in wire.unpack(frames[1].buffer):
+                if placed.__class__ is int:  # (a count of frames)
+                    payload = [header, *frames[at:at + placed]]
+                    at += placed
+                else:  # a place per buffer: the next frame, or a region of the producer's arena
+                    payload = [header]
+                    for place in placed:
+                        if place is None:
+                            payload.append(frames[at])
+                            at += 1
+                        elif link.arena is None:
+                            raise ChannelPeerError(f"producer {producer} sent shared memory this consumer never mapped")
+                        else:
+                            payload.append(link.arena.lease(*place))
+                self.buffer.add(Entry(producer, seq, step, weight, payload))
         elif kind == wire.STEP_END:
             state.ended_through = max(state.ended_through, wire.unpack(frames[1].buffer))
         elif kind == wire.STATE:

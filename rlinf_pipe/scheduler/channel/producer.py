@@ -4,7 +4,8 @@ Items wait in this process until a consumer has credit for them (consumers pull:
 producer and one more per item it takes). Sent items are kept until the consumer reports them taken, so a
 consumer that dies loses nothing: every item it had not handed to its app goes to the other consumers. `put`
 blocks while this producer's untaken weight is at `maxsize` (backpressure across processes and nodes). A step's
-end is announced once every item of it has been taken out of some consumer's buffer.
+end is announced once every item of it has been taken out of some consumer's buffer. Large buffers bound for a
+consumer on this node go through this producer's shared memory (`arena.py`) instead of the socket.
 """
 
 from __future__ import annotations
@@ -12,9 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import select
-import socket
-import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -28,10 +26,12 @@ import zmq
 
 from rlinf_pipe.errors import ChannelClosed, ChannelPeerError
 from rlinf_pipe.scheduler.channel import wire
+from rlinf_pipe.scheduler.channel.arena import SHARED_MIN_BYTES, SharedArena
 from rlinf_pipe.scheduler.channel.buffer import PENDING, Waiter
 from rlinf_pipe.scheduler.channel.codec import Codec
 from rlinf_pipe.scheduler.channel.ready import Doorbell
 from rlinf_pipe.scheduler.channel.registry import ChannelSpec, ProducerRecord, registry, track_end
+from rlinf_pipe.scheduler.channel.wire import endpoint_id, ipc_path
 
 log = logging.getLogger(__name__)
 COPY_THRESHOLD = 512 * 1024  # bytes: smaller frames are copied when sent (see `ProducerEnd.__init__`)
@@ -40,19 +40,6 @@ BATCH_BYTES = 1024 * 1024  # items waiting for one consumer go in one message up
 # sends the items that gathered while it woke in one message: for small items fewer, larger messages beat the
 # hand-off (2 producers x 2 consumers of tiny items moved half as many items/s when each put sent its own).
 DIRECT_BYTES = 32 * 1024
-
-
-def endpoint_id(role: str) -> str:
-    """A readable, unique name for this process's end of a channel (it appears in peer errors)."""
-    return f"{role}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-
-
-def ipc_path(name: str) -> str:
-    """The local socket a producer binds: in Linux's abstract namespace (`@...`: no file, so a killed process leaves
-    nothing behind), elsewhere a file in the temp folder (removed when the producer closes)."""
-    if sys.platform.startswith("linux"):
-        return f"@rlp-{name}"
-    return os.path.join(tempfile.gettempdir(), f"rlp-{name}.sock")
 
 
 @dataclass
@@ -64,6 +51,7 @@ class _OutItem:
     buffers: list[Any]  # its tensors' and arrays' bytes (a frame each)
     nbytes: int
     taken: bool = False  # taken out of a consumer's buffer (delivery may still be pending)
+    regions: list[int] = field(default_factory=list)  # arena offsets of its buffers, as sent to its consumer
 
 
 @dataclass
@@ -71,6 +59,8 @@ class _ConsumerLink:
     last_seen: float
     inflight: dict[int, _OutItem] = field(default_factory=dict)
     dead: str | None = None
+    shared: bool = False  # it mapped this producer's arena
+    held: set[int] = field(default_factory=set)  # arena offsets it has not released
 
 
 class ProducerEnd:
@@ -93,6 +83,7 @@ class ProducerEnd:
         self._ended_through = -1
         self._closing = self._closed = self._stopping = False
         self._error: BaseException | None = None
+        self._arena = SharedArena.create(spec.shared_bytes)
 
         context = zmq.Context.instance()
         self._router = context.socket(zmq.ROUTER)
@@ -115,6 +106,7 @@ class ProducerEnd:
             node_id=ray.get_runtime_context().get_node_id(),
             ipc=f"ipc://{self._ipc_path}",
             tcp=f"tcp://{ray.util.get_node_ip_address()}:{port}",
+            arena=self._arena.record if self._arena is not None else None,
         )
         # A one-time registration, often from an async worker's event loop: waited on through the reference's
         # future (Ray's blocking get would warn on every run that the loop is blocked, here on purpose).
@@ -213,6 +205,11 @@ class ProducerEnd:
             sent = sum(not item.taken for c in self._consumers.values() for item in c.inflight.values())
             return len(self._queue) + sent, self._untaken
 
+    def shared_bytes_used(self) -> int:
+        """Bytes of the arena that consumers hold (items sent and not yet released)."""
+        with self._waiter.lock:
+            return self._arena.allocator.used_bytes if self._arena is not None else 0
+
     # --- I/O thread -----------------------------------------------------------------------------------------
     def _run(self) -> None:
         # The router's zmq.FD and the doorbell, polled by the OS (zmq.Poller costs several microseconds a call in
@@ -278,14 +275,20 @@ class ProducerEnd:
         if kind == wire.HELLO:
             if link is None or link.dead:
                 link = self._consumers[cid] = _ConsumerLink(time.monotonic())
-            self._credits.extend([cid] * wire.unpack(frames[2].buffer))
+            credit, shared = wire.unpack(frames[2].buffer)
+            link.shared = shared and self._arena is not None
+            self._credits.extend([cid] * credit)
             self._send(cid, wire.STATE, wire.pack([self._ended_through, self._closed]))
             return
         if link is None or link.dead:
             return  # a consumer we gave up on; it will see itself dropped by our silence
         link.last_seen = time.monotonic()
         if kind == wire.CREDIT:
-            taken, delivered = wire.unpack(frames[2].buffer)
+            taken, delivered, released = wire.unpack(frames[2].buffer)
+            for offset in released:  # no array of the consumer views these regions any more
+                if offset in link.held:
+                    link.held.discard(offset)
+                    self._arena.free(offset)
             self._credits.extend([cid] * len(taken))
             for seq in taken:  # out of the consumer's buffer: capacity is free and the step is nearer its end
                 item = link.inflight.get(seq)
@@ -295,20 +298,23 @@ class ProducerEnd:
                     self._outstanding[item.step] -= 1
             for seq in delivered:  # in the app's hands: the copy kept for redelivery can go
                 link.inflight.pop(seq, None)
-        elif kind == wire.BYE:
-            self._drop(cid, link, "closed its end")
+        elif kind == wire.BYE:  # (its buffer's items were never handed out: their regions are free again)
+            self._drop(cid, link, "closed its end", reclaim=True)
 
     def _expire_consumers(self, now: float) -> None:
         for cid, link in list(self._consumers.items()):
             if not link.dead and now - link.last_seen > self.spec.peer_timeout_s:
                 self._drop(cid, link, f"stopped responding (no message for {now - link.last_seen:.1f} s)")
 
-    def _drop(self, cid: bytes, link: _ConsumerLink, why: str) -> None:
+    def _drop(self, cid: bytes, link: _ConsumerLink, why: str, reclaim: bool = False) -> None:
         """Forget a consumer; every item it did not hand to its app goes back to the front of the queue, in
         order. (An item it had already taken counts as outstanding again; if its step's end was already
-        announced, the item reaches another consumer after that announcement.)"""
+        announced, the item reaches another consumer after that announcement.) The arena regions of those items
+        are freed if it left cleanly (`reclaim`); one that stopped answering may still read them, so they stay
+        its own, as do the regions of items it handed out."""
         link.dead = why
         for item in sorted(link.inflight.values(), key=lambda i: i.seq, reverse=True):
+            self._forget_regions(item, link, free=reclaim)
             if item.taken:
                 item.taken = False
                 self._untaken += item.weight
@@ -332,9 +338,32 @@ class ProducerEnd:
                 self._credits.popleft()
                 batch.append(self._queue.popleft())
                 size += batch[-1].nbytes
-            metas = wire.pack([[item.seq, item.step, item.weight, item.header, len(item.buffers)] for item in batch])
-            if self._send(cid, wire.ITEM, metas, *(buffer for item in batch for buffer in item.buffers), unsent=batch):
+            metas, frames = [], []
+            for item in batch:
+                placed, sent_frames = self._place(item, link)
+                metas.append([item.seq, item.step, item.weight, item.header, placed])
+                frames.extend(sent_frames)
+            if self._send(cid, wire.ITEM, wire.pack(metas), *frames, unsent=batch):
                 link.inflight.update((item.seq, item) for item in batch)
+
+    def _place(self, item: _OutItem, link: _ConsumerLink) -> tuple[int | list[Any], Sequence[Any]]:
+        """How an item's buffers travel to `link`'s consumer: (frame count, frames), or, where it mapped the arena
+        and the item is large, (a place per buffer, frames): see `SharedArena.place`."""
+        if not link.shared or item.nbytes < SHARED_MIN_BYTES:
+            return len(item.buffers), item.buffers
+        places, frames, item.regions = self._arena.place(item.buffers)
+        link.held.update(item.regions)
+        return places, frames
+
+    def _forget_regions(self, item: _OutItem, link: _ConsumerLink | None, free: bool) -> None:
+        """The item leaves its consumer (to be sent again or not at all): its regions are freed, or (`free`
+        False) left to that consumer for good."""
+        if free:
+            for offset in item.regions:
+                self._arena.free(offset)
+                if link is not None:
+                    link.held.discard(offset)
+        item.regions = []
 
     def _broadcast_markers(self) -> None:
         while self._ended and not self._outstanding.get(self._ended[0], 0):
@@ -356,20 +385,28 @@ class ProducerEnd:
             wire.send(self._router, [cid, kind, *payload], wire.NOBLOCK)  # (never blocks the app's thread)
             return True
         except zmq.Again:  # (not with SNDHWM 0; kept in case libzmq refuses anyway: expiry decides)
-            self._queue.extendleft(reversed(unsent))
+            self._requeue(cid, unsent)
             return False
         except zmq.ZMQError as exc:
             if exc.errno != zmq.EHOSTUNREACH:
                 raise
-            self._queue.extendleft(reversed(unsent))
+            self._requeue(cid, unsent)
             link = self._consumers.get(cid)
             if link is not None and not link.dead:
                 self._drop(cid, link, "disconnected")
             return False
 
+    def _requeue(self, cid: bytes, unsent: Sequence[_OutItem]) -> None:
+        """Items of a message that was not sent go back to the front of the queue (their regions are free)."""
+        for item in unsent:
+            self._forget_regions(item, self._consumers.get(cid), free=True)
+        self._queue.extendleft(reversed(unsent))
+
     def _shutdown_sockets(self) -> None:
         with self._waiter.lock:  # (a put may be sending)
             self._router.close(linger=0)
+            if self._arena is not None:
+                self._arena.close()
             if not (self._closed or self._stopping or self._error):  # the loop ended because Ray did
                 self._error = ChannelClosed("Ray shut down under this process")
             self._waiter.notify()

@@ -10,6 +10,7 @@ import msgspec
 import ray
 
 from rlinf_pipe.errors import ChannelError
+from rlinf_pipe.scheduler.channel.arena import ArenaRecord
 from rlinf_pipe.scheduler.ray_guard import disable_auto_init, stop_before_shutdown
 
 REGISTRY_NAME = "rlinf_pipe:channel_registry"
@@ -20,6 +21,8 @@ class ChannelSpec(msgspec.Struct, frozen=True):
 
     `maxsize` bounds, per producer, the weight of items put but not yet taken by a consumer (None: unbounded).
     `prefetch` is how many items each consumer accepts ahead from each producer.
+    `shared_bytes` is the shared memory each producer lends consumers on its node for buffers of at least 64 KiB
+    (`arena.py`; 0: every byte goes over the sockets). Only what is in flight at once is ever touched.
     """
 
     name: str
@@ -28,6 +31,7 @@ class ChannelSpec(msgspec.Struct, frozen=True):
     prefetch: int = 8
     heartbeat_s: float = 1.0
     peer_timeout_s: float = 30.0
+    shared_bytes: int = 64 * 1024 * 1024
 
 
 class ProducerRecord(msgspec.Struct, frozen=True):
@@ -37,6 +41,7 @@ class ProducerRecord(msgspec.Struct, frozen=True):
     node_id: str
     ipc: str
     tcp: str
+    arena: ArenaRecord | None = None  # its shared memory, for consumers on its node
     closed: bool = False
     ended_through: int = -1  # its last ended step, once closed
 

@@ -1,15 +1,24 @@
-"""Message kinds between channel endpoints. Frame 0 is the kind; control payloads are msgpack.
+"""Message kinds between channel endpoints (frame 0 is the kind; control payloads are msgpack), and their names
+and local addresses.
 
-producer -> consumer: ITEM [metas, then each item's buffers] (metas: one (seq, step, weight, header, buffer
-                      count) per item, the header being the item's msgpack; several items to one consumer share a
-                      message), STEP_END [step],
+producer -> consumer: ITEM [metas, then the items' frames] (metas: one (seq, step, weight, header, placed) per
+                      item, the header being the item's msgpack and `placed` the count of its buffers' frames or,
+                      to a consumer that mapped the producer's arena, a place per buffer: None for the next frame,
+                      [offset, length] for a region of the arena; several items to one consumer share a message),
+                      STEP_END [step],
                       STATE [ended, closed],
                       CLOSED [ended], HEARTBEAT
-consumer -> producer: HELLO [credit], CREDIT [taken seqs, delivered seqs], BYE, HEARTBEAT
+consumer -> producer: HELLO [credit, mapped the arena], CREDIT [taken seqs, delivered seqs, released arena
+                      offsets], BYE, HEARTBEAT
 """
 
 from __future__ import annotations
 
+import os
+import socket
+import sys
+import tempfile
+import uuid
 from collections.abc import Iterator
 from typing import Any, Sequence
 
@@ -63,3 +72,16 @@ def waiting(sock: zmq.Socket) -> Iterator[list[zmq.Frame]]:
     receive does, and costs a third of a receive that raises `zmq.Again`.)"""
     while _get(sock, _EVENTS) & _POLLIN:
         yield recv(sock, NOBLOCK)
+
+
+def endpoint_id(role: str) -> str:
+    """A readable, unique name for this process's end of a channel (it appears in peer errors)."""
+    return f"{role}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def ipc_path(name: str) -> str:
+    """The local socket a producer binds: in Linux's abstract namespace (`@...`: no file, so a killed process leaves
+    nothing behind), elsewhere a file in the temp folder (removed when the producer closes)."""
+    if sys.platform.startswith("linux"):
+        return f"@rlp-{name}"
+    return os.path.join(tempfile.gettempdir(), f"rlp-{name}.sock")

@@ -1,0 +1,187 @@
+"""Large item buffers through a producer's shared memory (`scheduler/channel/arena.py`), between real processes
+on a two-node Ray cluster (one machine): exact bytes, regions released when the app lets go, a full arena falling
+back to the socket, consumers that leave or die, and no sharing across nodes."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+import ray
+import torch
+from ray.cluster_utils import Cluster as RayTestCluster
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from support.channel_items import BIG, Big, assert_exact, big
+
+from rlinf_pipe.scheduler.channel import Channel, StepEnd
+from rlinf_pipe.scheduler.channel.arena import ALIGN
+
+PER_ITEM = sum(-(-nbytes // ALIGN) * ALIGN for nbytes in (BIG, 100_000))  # arena bytes of a Big item
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@ray.remote(num_cpus=0)
+class Producer:
+    def __init__(self, channel: Channel):
+        self.channel = channel
+
+    def put(self, seqs: list[int], close: bool = False) -> None:
+        for seq in seqs:
+            self.channel.put(big(seq))
+        self.channel.end_step()
+        if close:
+            self.channel.close()
+
+    def shared_bytes_used(self) -> int:
+        return self.channel.stats()["shared_bytes_used"]
+
+
+@ray.remote(num_cpus=0)
+class Consumer:
+    def __init__(self, channel: Channel):
+        self.channel, self.held = channel, []
+
+    def open(self) -> None:
+        self.channel.qsize()
+
+    def take_and_hold(self, n: int) -> list[int]:
+        self.held += [self.channel.get(timeout=60) for _ in range(n)]
+        return [item.seq for item in self.held]
+
+    def drop_and_close(self) -> None:
+        self.held.clear()
+        self.channel.close()
+
+
+def on_node(actor_cls, node_id: str):
+    return actor_cls.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    cluster = RayTestCluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    cluster.add_node(num_cpus=2)
+    ray.init(address=cluster.address)
+    here = ray.get_runtime_context().get_node_id()
+    try:  # [the driver's node, the other node]
+        yield [here] + [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != here]
+    finally:
+        for ch in _created:
+            ch.abort()
+        ray.shutdown()
+        cluster.shutdown()
+
+
+_names = iter(range(10_000))
+_created: list[Channel] = []
+
+
+def channel(**spec) -> Channel:
+    _created.append(Channel.create(f"shm-{next(_names)}", Big, heartbeat_s=0.2, **spec))
+    return _created[-1]
+
+
+def in_arena(ch: Channel, tensor: torch.Tensor) -> bool:
+    """Whether `tensor` views the mapped arena of one of `ch`'s producers."""
+    for link in ch._consumer_end._links.values():
+        if link.arena is not None:
+            start = link.arena._mapping.ctypes.data
+            if start <= tensor.data_ptr() < start + len(link.arena._mapping):
+                return True
+    return False
+
+
+def wait_until(condition, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+
+
+def test_large_buffers_on_one_node_arrive_exactly_through_shared_memory_until_the_app_lets_go(nodes):
+    ch = channel(maxsize=16, prefetch=8)
+    producer = on_node(Producer, nodes[0]).remote(ch)
+    ray.get(producer.put.remote(list(range(6))))
+    items = [ch.get(timeout=60) for _ in range(6)]
+    assert ch.get(timeout=60) == StepEnd(0)
+    for seq, item in enumerate(items):
+        assert item.seq == seq
+        assert_exact(item)
+        assert in_arena(ch, item.large) and not in_arena(ch, item.small)
+    held = ray.get(producer.shared_bytes_used.remote())
+    assert held >= 6 * (BIG + 100_000)  # every region is the consumer's while its arrays live
+    items[0].large.fill_(7)  # private to this process until released: writable, and nobody else's
+    assert_exact(items[1])
+    del items, item
+    wait_until(lambda: ray.get(producer.shared_bytes_used.remote()) == 0, "every region was released")
+
+
+def test_a_full_arena_sends_the_rest_over_the_socket(nodes):
+    ch = channel(maxsize=16, prefetch=8, shared_bytes=512 * 1024)  # room for two items' large tensors
+    producer = on_node(Producer, nodes[0]).remote(ch)
+    ray.get(producer.put.remote(list(range(6))))
+    items = [ch.get(timeout=60) for _ in range(6)]
+    for item in items:
+        assert_exact(item)
+    assert sum(in_arena(ch, item.large) for item in items) >= 2
+    assert not all(in_arena(ch, item.large) for item in items)
+
+
+def test_with_sharing_off_everything_goes_over_the_socket(nodes):
+    ch = channel(shared_bytes=0)
+    producer = on_node(Producer, nodes[0]).remote(ch)
+    ray.get(producer.put.remote([0, 1]))
+    items = [ch.get(timeout=60) for _ in range(2)]
+    for item in items:
+        assert_exact(item)
+    assert all(link.arena is None for link in ch._consumer_end._links.values())
+
+
+def test_across_nodes_large_buffers_go_over_tcp(nodes):
+    ch = channel()
+    producer = on_node(Producer, nodes[1]).remote(ch)
+    ray.get(producer.put.remote([0, 1, 2]))
+    items = [ch.get(timeout=60) for _ in range(3)]
+    for item in items:
+        assert_exact(item)
+    assert ch._consumer_end.endpoints()[0].startswith("tcp://")
+    assert all(link.arena is None for link in ch._consumer_end._links.values())
+    assert ray.get(producer.shared_bytes_used.remote()) == 0
+
+
+def test_a_consumer_that_leaves_frees_its_regions_and_its_untaken_items_reach_another_exactly(nodes):
+    ch = channel(maxsize=16, prefetch=8)
+    leaving = on_node(Consumer, nodes[0]).remote(ch)
+    ray.get(leaving.open.remote())
+    producer = on_node(Producer, nodes[0]).remote(ch)
+    ray.get(producer.put.remote(list(range(5))))  # all five go to the only consumer, through the arena
+    assert ray.get(leaving.take_and_hold.remote(2)) == [0, 1]
+    ray.get(leaving.drop_and_close.remote())
+    rest = [ch.get(timeout=60) for _ in range(3)]
+    assert [item.seq for item in rest] == [2, 3, 4]
+    for item in rest:
+        assert_exact(item)
+    del rest, item
+    wait_until(lambda: ray.get(producer.shared_bytes_used.remote()) == 0, "every region was freed")
+
+
+def test_a_killed_consumers_regions_are_never_reused_and_its_items_reach_another_exactly(nodes):
+    ch = channel(maxsize=16, prefetch=8, peer_timeout_s=1.5)
+    doomed = on_node(Consumer, nodes[0]).remote(ch)
+    ray.get(doomed.open.remote())
+    producer = on_node(Producer, nodes[0]).remote(ch)
+    ray.get(producer.put.remote(list(range(4))))
+    assert ray.get(doomed.take_and_hold.remote(1)) == [0]
+    used = lambda: ray.get(producer.shared_bytes_used.remote())  # noqa: E731
+    wait_until(lambda: used() == 4 * PER_ITEM, "all four items went to the doomed consumer")
+    ray.kill(doomed)
+    rest = [ch.get(timeout=60) for _ in range(3)]
+    assert [item.seq for item in rest] == [1, 2, 3]
+    for item in rest:
+        assert_exact(item)
+    # What the killed consumer held stays out of use (a consumer given up for silence may still be reading): the
+    # items sent again got new regions, and only those come back.
+    assert used() == 7 * PER_ITEM
+    del rest, item
+    wait_until(lambda: used() == 4 * PER_ITEM, "the survivor released its regions")

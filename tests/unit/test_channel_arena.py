@@ -1,0 +1,107 @@
+"""The channel's shared-memory arena in one process: allocation, copies in, leased views, release."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+import torch
+
+from rlinf_pipe.scheduler.channel.arena import ALIGN, Allocator, ArenaRecord, ArenaView, SharedArena
+
+
+def test_allocation_is_first_fit_aligned_and_frees_merge_with_both_neighbours():
+    allocator = Allocator(10 * ALIGN)
+    a, b, c = allocator.alloc(1), allocator.alloc(ALIGN + 1), allocator.alloc(3 * ALIGN)
+    assert (a, b, c) == (0, ALIGN, 3 * ALIGN)  # rounded up to whole cache lines, lowest first
+    assert allocator.used_bytes == 6 * ALIGN
+    assert allocator.alloc(5 * ALIGN) is None  # 4 lines left
+    assert allocator.free(b) and not allocator.free(b) and not allocator.free(7)  # unknown offsets change nothing
+    assert allocator.alloc(ALIGN) == ALIGN  # the lowest hole first
+    assert allocator.free(ALIGN) and allocator.free(a) and allocator.free(c)
+    assert allocator.used_bytes == 0
+    assert allocator.alloc(10 * ALIGN) == 0  # the holes merged back into one region
+
+
+def test_random_alloc_and_free_never_overlap_and_return_every_byte():
+    rng = np.random.default_rng(0)
+    allocator = Allocator(4096 * ALIGN)
+    live: dict[int, int] = {}
+    for _ in range(3000):
+        if live and rng.random() < 0.45:
+            offset = int(rng.choice(list(live)))
+            assert allocator.free(offset)
+            del live[offset]
+        else:
+            nbytes = int(rng.integers(1, 64 * ALIGN))
+            offset = allocator.alloc(nbytes)
+            if offset is not None:
+                live[offset] = -(-nbytes // ALIGN) * ALIGN
+        spans = sorted(live.items())
+        assert all(o1 + n1 <= o2 for (o1, n1), (o2, _) in zip(spans, spans[1:]))
+        assert allocator.used_bytes == sum(live.values())
+    for offset in list(live):
+        allocator.free(offset)
+    assert allocator.alloc(4096 * ALIGN) == 0
+
+
+def test_a_lease_views_the_producers_bytes_and_is_released_when_its_last_view_goes():
+    arena = SharedArena.create(1 << 20)
+    assert arena is not None
+    view = ArenaView.open(arena.record)
+    data = np.arange(300_000, dtype=np.uint8)
+    offset = arena.write(data)
+    leased = view.lease(offset, len(data))
+    assert np.array_equal(leased, data) and leased.flags.writeable
+    tensor = torch.frombuffer(leased, dtype=torch.uint8)[10:20]  # views of views keep the lease
+    slice_ = leased[5:]
+    del leased
+    gc.collect()
+    assert view.take_released() == []
+    del slice_
+    assert view.take_released() == []
+    assert tensor[0].item() == 10
+    del tensor
+    assert view.take_released() == [offset]
+    assert arena.free(offset) and arena.allocator.used_bytes == 0
+    arena.close()
+
+
+def test_the_arena_is_full_rather_than_overwritten():
+    arena = SharedArena.create(256 * 1024)
+    first = arena.write(np.ones(200_000, dtype=np.uint8))
+    assert first is not None and arena.write(np.ones(100_000, dtype=np.uint8)) is None
+    arena.free(first)
+    assert arena.write(np.ones(100_000, dtype=np.uint8)) == first
+    arena.close()
+
+
+def test_a_view_opens_only_the_arena_its_record_names():
+    arena = SharedArena.create(1 << 20)
+    record = arena.record
+    assert ArenaView.open(ArenaRecord(record.path, "rlp-arena-someone-else", record.size)) is None
+    assert ArenaView.open(ArenaRecord(record.path, record.name, record.size * 2)) is None
+    assert ArenaView.open(ArenaRecord("/proc/1/fd/999999", record.name, record.size)) is None
+    view = ArenaView.open(record)
+    with pytest.raises(ValueError, match="outside the arena"):
+        view.lease(record.size - 10, 20)
+    arena.close()
+    assert ArenaView.open(record) is None  # closed: later consumers send over the socket
+
+
+def test_no_arena_when_sharing_is_off():
+    assert SharedArena.create(0) is None
+
+
+def test_filling_says_when_released_regions_reach_a_quarter_of_the_arena():
+    arena = SharedArena.create(1 << 20)
+    view = ArenaView.open(arena.record)
+    offsets = [arena.write(np.zeros(100_000, dtype=np.uint8)) for _ in range(3)]
+    leases = [view.lease(offset, 100_000) for offset in offsets]
+    leases.pop()
+    leases.pop()
+    assert not view.filling()  # 200 KB released of 1 MiB
+    leases.pop()
+    assert view.filling()  # 300 KB
+    arena.close()
