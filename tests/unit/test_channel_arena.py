@@ -105,3 +105,30 @@ def test_filling_says_when_released_regions_reach_a_quarter_of_the_arena():
     leases.pop()
     assert view.filling()  # 300 KB
     arena.close()
+
+
+def test_a_forked_child_does_not_inherit_a_consumers_mapping():
+    """A child that read a region after its parent released it could see another item's bytes: it crashes instead."""
+    import ctypes
+    import faulthandler
+    import os
+    import signal
+    import time
+
+    arena = SharedArena.create(1 << 20)
+    view = ArenaView.open(arena.record)
+    leased = view.lease(arena.write(np.full(100_000, 9, dtype=np.uint8)), 100_000)
+    address = leased.ctypes.data
+    pid = os.fork()
+    if pid == 0:  # the child: read one byte of the region, and say so by its exit status
+        faulthandler.disable()  # (its crash is expected: no report of it in the test's output)
+        os._exit(ctypes.c_ubyte.from_address(address).value)
+    deadline = time.monotonic() + 30
+    while (status := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            raise AssertionError("the forked child hung")
+        time.sleep(0.01)
+    assert os.WIFSIGNALED(status[1]) and os.WTERMSIG(status[1]) == signal.SIGSEGV, status
+    assert leased[0] == 9  # (the parent's mapping is untouched)
+    arena.close()

@@ -49,7 +49,7 @@ class Allocator:
 
     def alloc(self, nbytes: int) -> int | None:
         """The offset of a free region of `nbytes` (rounded up to `ALIGN`), or None if none is large enough."""
-        need = -(-nbytes // ALIGN) * ALIGN
+        need = max(1, -(-nbytes // ALIGN)) * ALIGN
         for i, region in enumerate(self._free):
             offset, length = region
             if length >= need:
@@ -83,8 +83,12 @@ class SharedArena:
     def __init__(self, size: int):
         self.name = f"rlp-arena-{uuid.uuid4().hex[:12]}"
         self._fd = os.memfd_create(self.name, os.MFD_CLOEXEC)
-        os.ftruncate(self._fd, size)  # (pages are only allocated when written)
-        self._map = mmap.mmap(self._fd, size)
+        try:
+            os.ftruncate(self._fd, size)  # (pages are only allocated when written)
+            self._map = mmap.mmap(self._fd, size)
+        except BaseException:
+            os.close(self._fd)
+            raise
         self._bytes = np.frombuffer(self._map, dtype=np.uint8)
         self.allocator = Allocator(size)
         self.record = ArenaRecord(f"/proc/{os.getpid()}/fd/{self._fd}", self.name, size)
@@ -173,6 +177,9 @@ class ArenaView:
                 mapping = mmap.mmap(fd, record.size)
             finally:
                 os.close(fd)
+            # A forked child must not read regions this process may release (the producer would reuse them under
+            # it): it does not inherit the mapping, and crashes on reading it instead of reading wrong bytes.
+            mapping.madvise(mmap.MADV_DONTFORK)
         except (OSError, ValueError):
             return None
         return cls(np.frombuffer(mapping, dtype=np.uint8))

@@ -244,7 +244,12 @@ class ConsumerEnd:
                 if state.closed or state.dead:  # (it needs them no more, and may not read)
                     continue
             if seqs or released:
-                wire.send(link.sock, [wire.CREDIT, wire.pack([seqs, seqs, released])])
+                try:
+                    wire.send(link.sock, [wire.CREDIT, wire.pack([seqs, seqs, released])])
+                except BaseException:
+                    if released:  # (still this consumer's to report: the producer must not lose the regions)
+                        link.arena.released.extendleft(reversed(released))
+                    raise
         self._handed.clear()
         self._handed_weight.clear()
         self._report_due = None
@@ -298,6 +303,7 @@ class ConsumerEnd:
                 except zmq.ZMQError:
                     pass
                 link.sock.close(linger=100)
+                link.arena = None  # (each lease keeps the mapping it views)
             self._fds = ()
             self._waiter.notify()
 

@@ -352,17 +352,19 @@ class ProducerEnd:
         if not link.shared or item.nbytes < SHARED_MIN_BYTES:
             return len(item.buffers), item.buffers
         places, frames, item.regions = self._arena.place(item.buffers)
+        if not item.regions:  # (all small, or the arena is full)
+            return len(item.buffers), item.buffers
         link.held.update(item.regions)
         return places, frames
 
     def _forget_regions(self, item: _OutItem, link: _ConsumerLink | None, free: bool) -> None:
         """The item leaves its consumer (to be sent again or not at all): its regions are freed, or (`free`
         False) left to that consumer for good."""
-        if free:
+        if free and link is not None:
             for offset in item.regions:
-                self._arena.free(offset)
-                if link is not None:
+                if offset in link.held:  # (not released meanwhile: that freed it already)
                     link.held.discard(offset)
+                    self._arena.free(offset)
         item.regions = []
 
     def _broadcast_markers(self) -> None:
