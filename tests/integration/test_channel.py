@@ -478,3 +478,37 @@ def test_aborting_a_process_handles_ends_its_waiting_get_and_put_at_once(nodes):
     ray.get(producer.abort_handles.remote())
     with pytest.raises(ray.exceptions.RayTaskError, match="ChannelClosed"):
         ray.get(putting, timeout=30)
+
+
+def test_a_producer_aborted_with_items_untaken_is_a_failure_to_consumers_that_connect_later(nodes):
+    """Not a clean end of the stream: a consumer arriving after it must not end its step with items missing."""
+    from rlinf_pipe.scheduler.channel.registry import registry
+
+    ch = channel(maxsize=8, **FAST_FAILURE)
+    producer = on_node(Producer, nodes[1]).remote(ch)
+    assert ray.get(producer.put_tagged.remote(3, close=False)) == 3  # no consumer yet: nothing is taken
+    ray.get(producer.abort_handles.remote())
+    deadline = time.monotonic() + 30
+    while not (records := ray.get(registry().list_producers.remote(ch.name))) or records[0].failure is None:
+        assert time.monotonic() < deadline, "the producer never told the registry it is gone"
+    assert not records[0].closed and "was aborted with 3 item(s) not taken" in records[0].failure
+    with pytest.raises(ChannelPeerError, match=r"was aborted with 3 item\(s\) not taken.*step 0 cannot complete"):
+        ch.get(timeout=30)
+
+
+def test_a_take_after_ray_went_away_under_the_consumer_raises_channel_closed(nodes, monkeypatch):
+    """The housekeeping thread ends when Ray does (no `stop`): a take then says so instead of using the sockets
+    that thread closed."""
+    from types import SimpleNamespace
+
+    from rlinf_pipe.scheduler.channel import consumer as consumer_module
+
+    ch = channel(**FAST_FAILURE)
+    ch.qsize()  # this process's consuming end
+    end = ch._consumer_end
+    monkeypatch.setattr(consumer_module, "ray", SimpleNamespace(is_initialized=lambda: False))
+    end._bell.ring()
+    end._thread.join(timeout=30)
+    assert not end._thread.is_alive()
+    with pytest.raises(ChannelClosed, match="Ray shut down under this process"):
+        ch.get(timeout=5)

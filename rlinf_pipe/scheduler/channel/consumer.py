@@ -81,6 +81,8 @@ class ConsumerEnd:
 
     # --- app side (call with the waiter lock held) ----------------------------------------------------------
     def check(self) -> None:
+        if isinstance(self._error, ChannelClosed):
+            raise ChannelClosed(str(self._error))
         if self._error is not None:
             raise ChannelPeerError(f"channel {self.spec.name!r}: consumer I/O failed: {self._error}")
         if self._stopping:
@@ -154,7 +156,9 @@ class ConsumerEnd:
 
     def _connect(self, record: ProducerRecord) -> None:
         state = self.buffer.producer(record.id)
-        if record.closed:  # it finished (every item taken) before we arrived
+        if record.failure is not None:  # it is gone, and not every item it put was taken
+            state.dead = f"{record.failure} (before this consumer connected)"
+        elif record.closed:  # it finished (every item taken) before we arrived
             state.closed, state.ended_through = True, max(state.ended_through, record.ended_through)
         sock = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.ROUTING_ID, self.id.encode())
@@ -296,6 +300,8 @@ class ConsumerEnd:
 
     def _close_sockets(self) -> None:
         with self._waiter.lock:
+            if not self._stopping and self._error is None:  # the loop ended because Ray did
+                self._error = ChannelClosed(f"channel {self.spec.name!r}: Ray shut down under this process")
             self._flush_updates()  # takes not yet reported: the producers must not hand them to other consumers
             for link in self._links.values():
                 try:

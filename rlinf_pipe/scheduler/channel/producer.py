@@ -120,6 +120,8 @@ class ProducerEnd:
         self._bell.ring()
 
     def _check(self) -> None:
+        if isinstance(self._error, ChannelClosed):
+            raise ChannelClosed(str(self._error))
         if self._error is not None:
             raise ChannelPeerError(f"channel {self.spec.name!r}: producer I/O failed: {self._error}")
         if self._stopping:
@@ -410,15 +412,26 @@ class ProducerEnd:
             if self._arena is not None:
                 self._arena.close()
             if not (self._closed or self._stopping or self._error):  # the loop ended because Ray did
-                self._error = ChannelClosed("Ray shut down under this process")
+                self._error = ChannelClosed(f"channel {self.spec.name!r}: Ray shut down under this process")
             self._waiter.notify()
+            failure = self._failure()
         if not self._ipc_path.startswith("@"):
             try:
                 os.unlink(self._ipc_path)
             except OSError:
                 pass
-        if ray.is_initialized():
-            registry().close_producer.remote(self.spec.name, self.id, self._ended_through)
+        if ray.is_initialized():  # (consumers that connect later must not take a failure for a clean end)
+            registry().close_producer.remote(self.spec.name, self.id, self._ended_through, failure)
+
+    def _failure(self) -> str | None:
+        """Why this end stops with items no consumer took (None: nothing was lost)."""
+        if self._closed:
+            return None
+        untaken = len(self._queue) + sum(len(c.inflight) for c in self._consumers.values() if not c.dead)
+        if self._error is None and not untaken:
+            return None
+        cause = f"failed ({self._error})" if self._error is not None else "was aborted"
+        return f"{cause} with {untaken} item(s) not taken"
 
     def stop(self) -> None:
         """Idempotent. Tear down without draining (process exit, abort)."""

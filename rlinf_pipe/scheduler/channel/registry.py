@@ -44,6 +44,7 @@ class ProducerRecord(msgspec.Struct, frozen=True):
     arena: ArenaRecord | None = None  # its shared memory, for consumers on its node
     closed: bool = False
     ended_through: int = -1  # its last ended step, once closed
+    failure: str | None = None  # why it ended with items undelivered (then not `closed`)
 
 
 @ray.remote(num_cpus=0)
@@ -62,11 +63,12 @@ class ChannelRegistry:
     def add_producer(self, name: str, record: ProducerRecord) -> None:
         self.producers.setdefault(name, {})[record.id] = record
 
-    def close_producer(self, name: str, producer_id: str, ended_through: int) -> None:
+    def close_producer(self, name: str, producer_id: str, ended_through: int, failure: str | None = None) -> None:
+        """The producer's end is gone: closed once everything was delivered, or (`failure`) not."""
         record = self.producers.get(name, {}).get(producer_id)
         if record is not None:
             self.producers[name][producer_id] = msgspec.structs.replace(
-                record, closed=True, ended_through=ended_through
+                record, closed=failure is None, ended_through=ended_through, failure=failure
             )
 
     def list_producers(self, name: str) -> list[ProducerRecord]:
