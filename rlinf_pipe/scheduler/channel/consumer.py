@@ -59,6 +59,7 @@ class ConsumerEnd:
         self.buffer = StepBuffer(spec.name, expected_producers=spec.num_producers)
         self._links: dict[str, _ProducerLink] = {}
         self._fds: tuple[int, ...] = ()
+        self._arenas: dict[str, ArenaView] = {}  # producer -> its arena, where mapped
         self._handed: dict[str, list[int]] = {}  # producer -> seqs handed to the app, not yet reported
         self._handed_weight: dict[str, float] = {}  # producer -> their weight
         # Takes are reported together (fewer wake-ups on both ends), at the latest once half of `prefetch` of them,
@@ -112,11 +113,11 @@ class ConsumerEnd:
         handed = self._handed.setdefault(entry.producer, [])
         handed.append(entry.seq)
         weight = self._handed_weight[entry.producer] = self._handed_weight.get(entry.producer, 0.0) + entry.weight
-        arena = self._links[entry.producer].arena
+        arena = self._arenas.get(entry.producer) if self._arenas else None
         if (
             len(handed) >= self._report_batch
             or weight >= self._report_weight  # the producer may be running short of capacity
-            or (arena is not None and arena.filling())  # ... or of shared memory
+            or (arena is not None and arena.released and arena.filling())  # ... or of shared memory
         ):
             self._flush_updates()
             self.receive()  # (the send may have taken a socket's signal: see `ready.py`)
@@ -126,7 +127,10 @@ class ConsumerEnd:
                 self._bell.ring()
 
     def _releases_wait(self) -> bool:
-        return any(link.arena is not None and link.arena.released for link in self._links.values())
+        for arena in self._arenas.values():
+            if arena.released:
+                return True
+        return False
 
     def _socket_fds(self) -> tuple[int, ...]:
         return self._fds
@@ -171,6 +175,8 @@ class ConsumerEnd:
         self._links[record.id] = _ProducerLink(
             record, sock, sock.getsockopt(zmq.FD), endpoint, time.monotonic(), arena
         )
+        if arena is not None:
+            self._arenas[record.id] = arena
         self._fds = tuple(link.fd for link in self._links.values())
 
     def _run(self) -> None:
@@ -240,9 +246,14 @@ class ConsumerEnd:
     def _flush_updates(self) -> None:
         """One CREDIT message per producer carries everything handed over since the last (taken out of the buffer
         and delivered, which the wire protocol reports as two lists) and the arena regions released since."""
-        for producer, link in self._links.items():
-            seqs = self._handed.get(producer, [])
-            released = link.arena.take_released() if link.arena is not None else []
+        handed = self._handed
+        for producer, arena in self._arenas.items():  # (producers with regions released and no takes to report)
+            if arena.released and producer not in handed:
+                handed[producer] = []
+        for producer, seqs in handed.items():
+            link = self._links[producer]
+            arena = self._arenas.get(producer)
+            released = arena.take_released() if arena is not None and arena.released else []
             if released and not seqs:
                 state = self.buffer.producer(producer)
                 if state.closed or state.dead:  # (it needs them no more, and may not read)
@@ -252,7 +263,7 @@ class ConsumerEnd:
                     wire.send(link.sock, [wire.CREDIT, wire.pack([seqs, seqs, released])])
                 except BaseException:
                     if released:  # (still this consumer's to report: the producer must not lose the regions)
-                        link.arena.released.extendleft(reversed(released))
+                        arena.released.extendleft(reversed(released))
                     raise
         self._handed.clear()
         self._handed_weight.clear()
@@ -310,6 +321,7 @@ class ConsumerEnd:
                     pass
                 link.sock.close(linger=100)
                 link.arena = None  # (each lease keeps the mapping it views)
+            self._arenas.clear()
             self._fds = ()
             self._waiter.notify()
 

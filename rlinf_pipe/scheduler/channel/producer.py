@@ -51,7 +51,7 @@ class _OutItem:
     buffers: list[Any]  # its tensors' and arrays' bytes (a frame each)
     nbytes: int
     taken: bool = False  # taken out of a consumer's buffer (delivery may still be pending)
-    regions: list[int] = field(default_factory=list)  # arena offsets of its buffers, as sent to its consumer
+    regions: Sequence[int] = ()  # arena offsets of its buffers, as sent to its consumer
 
 
 @dataclass
@@ -340,11 +340,15 @@ class ProducerEnd:
                 self._credits.popleft()
                 batch.append(self._queue.popleft())
                 size += batch[-1].nbytes
-            metas, frames = [], []
-            for item in batch:
-                placed, sent_frames = self._place(item, link)
-                metas.append([item.seq, item.step, item.weight, item.header, placed])
-                frames.extend(sent_frames)
+            if link.shared and size >= SHARED_MIN_BYTES:  # (some buffer may go through the arena)
+                metas, frames = [], []
+                for item in batch:
+                    placed, sent_frames = self._place(item, link)
+                    metas.append([item.seq, item.step, item.weight, item.header, placed])
+                    frames.extend(sent_frames)
+            else:
+                metas = [[item.seq, item.step, item.weight, item.header, len(item.buffers)] for item in batch]
+                frames = [buffer for item in batch for buffer in item.buffers]
             if self._send(cid, wire.ITEM, wire.pack(metas), *frames, unsent=batch):
                 link.inflight.update((item.seq, item) for item in batch)
 
@@ -367,7 +371,7 @@ class ProducerEnd:
                 if offset in link.held:  # (not released meanwhile: that freed it already)
                     link.held.discard(offset)
                     self._arena.free(offset)
-        item.regions = []
+        item.regions = ()
 
     def _broadcast_markers(self) -> None:
         while self._ended and not self._outstanding.get(self._ended[0], 0):
