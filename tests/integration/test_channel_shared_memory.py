@@ -10,8 +10,7 @@ import time
 import pytest
 import ray
 import torch
-from ray.cluster_utils import Cluster as RayTestCluster
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from support.channel_cluster import on_node, two_node_cluster
 from support.channel_items import BIG, Big, assert_exact, big
 
 from rlinf_pipe.scheduler.channel import Channel, StepEnd
@@ -55,23 +54,10 @@ class Consumer:
         self.channel.close()
 
 
-def on_node(actor_cls, node_id: str):
-    return actor_cls.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
-
-
 @pytest.fixture(scope="module")
 def nodes():
-    cluster = RayTestCluster(initialize_head=True, head_node_args={"num_cpus": 2})
-    cluster.add_node(num_cpus=2)
-    ray.init(address=cluster.address)
-    here = ray.get_runtime_context().get_node_id()
-    try:  # [the driver's node, the other node]
-        yield [here] + [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != here]
-    finally:
-        for ch in _created:
-            ch.abort()
-        ray.shutdown()
-        cluster.shutdown()
+    with two_node_cluster(_created) as ids:  # [the driver's node, the other node]
+        yield ids
 
 
 _names = iter(range(10_000))
