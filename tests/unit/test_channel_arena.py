@@ -68,10 +68,17 @@ def test_a_lease_views_the_producers_bytes_and_is_released_when_its_last_view_go
     arena.close()
 
 
-def test_the_arena_is_full_rather_than_overwritten():
-    arena = SharedArena.create(256 * 1024)
+def test_the_arena_is_full_rather_than_overwritten_and_says_so_once(caplog):
+    arena = SharedArena.create(256 * 1024, "channel 'groups'")
     first = arena.write(np.ones(200_000, dtype=np.uint8))
     assert first is not None and arena.write(np.ones(100_000, dtype=np.uint8)) is None
+    with caplog.at_level("WARNING", logger="rlinf_pipe.scheduler.channel.arena"):
+        for _ in range(2):
+            places, frames, regions = arena.place([np.ones(100_000, dtype=np.uint8), np.ones(10, dtype=np.uint8)])
+            assert places == [None, None] and len(frames) == 2 and regions == []
+    assert arena.overflow_bytes == 200_000  # (the small buffer was never meant for the arena)
+    (record,) = caplog.records
+    assert "channel 'groups'" in record.getMessage() and "shared_bytes" in record.getMessage()
     arena.free(first)
     assert arena.write(np.ones(100_000, dtype=np.uint8)) == first
     arena.close()

@@ -80,8 +80,10 @@ class Allocator:
 class SharedArena:
     """The producer's arena: copies buffers in and gives their regions back when consumers release them."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, label: str = ""):
         self.name = f"rlp-arena-{uuid.uuid4().hex[:12]}"
+        self.label = label  # whose arena it is, for the log
+        self.overflow_bytes = 0  # bytes of large buffers that found no room (they went over the socket)
         self._fd = os.memfd_create(self.name, os.MFD_CLOEXEC)
         try:
             os.ftruncate(self._fd, size)  # (pages are only allocated when written)
@@ -94,12 +96,12 @@ class SharedArena:
         self.record = ArenaRecord(f"/proc/{os.getpid()}/fd/{self._fd}", self.name, size)
 
     @classmethod
-    def create(cls, size: int) -> "SharedArena | None":
+    def create(cls, size: int, label: str = "") -> "SharedArena | None":
         """An arena of `size` bytes, or None where there is none (size 0, or no memfd: not Linux)."""
         if size <= 0 or not hasattr(os, "memfd_create"):
             return None
         try:
-            return cls(size)
+            return cls(size, label)
         except OSError as exc:
             log.warning("channel shared memory unavailable (%s): large items go over sockets", exc)
             return None
@@ -122,12 +124,24 @@ class SharedArena:
             nbytes = memoryview(buffer).nbytes
             offset = self.write(buffer) if nbytes >= SHARED_MIN_BYTES else None
             if offset is None:  # small, or the arena is full
+                if nbytes >= SHARED_MIN_BYTES:
+                    self._overflow(nbytes)
                 places.append(None)
                 frames.append(buffer)
             else:
                 places.append([offset, nbytes])
                 regions.append(offset)
         return places, frames, regions
+
+    def _overflow(self, nbytes: int) -> None:
+        if not self.overflow_bytes:
+            log.warning(
+                "%s: its %d MiB of shared memory are held by consumers (%d MiB in use); large buffers go over the "
+                "socket until they release some. Consumers that keep many items pin it: raise the channel's "
+                "shared_bytes if this lasts (stats()['shared_bytes_overflow'] counts what went over the socket).",
+                self.label or "a channel", self.allocator.size >> 20, self.allocator.used_bytes >> 20,
+            )
+        self.overflow_bytes += nbytes
 
     def free(self, offset: int) -> bool:
         return self.allocator.free(offset)

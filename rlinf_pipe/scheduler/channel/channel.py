@@ -211,7 +211,7 @@ class Channel(Generic[T]):
         out: dict[str, float] = {}
         if self._producer is not None:
             out["untaken_items"], out["untaken_weight"] = self._producer.untaken()
-            out["shared_bytes_used"] = self._producer.shared_bytes_used()
+            out["shared_bytes_used"], out["shared_bytes_overflow"] = self._producer.shared_memory()
         if self._consumer_end is not None:
             with self._consumer_end._waiter.lock:
                 self._consumer_end.receive()

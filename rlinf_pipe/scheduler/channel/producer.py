@@ -83,7 +83,7 @@ class ProducerEnd:
         self._ended_through = -1
         self._closing = self._closed = self._stopping = False
         self._error: BaseException | None = None
-        self._arena = SharedArena.create(spec.shared_bytes)
+        self._arena = SharedArena.create(spec.shared_bytes, f"channel {spec.name!r}")
 
         context = zmq.Context.instance()
         self._router = context.socket(zmq.ROUTER)
@@ -207,10 +207,13 @@ class ProducerEnd:
             sent = sum(not item.taken for c in self._consumers.values() for item in c.inflight.values())
             return len(self._queue) + sent, self._untaken
 
-    def shared_bytes_used(self) -> int:
-        """Bytes of the arena that consumers hold (items sent and not yet released)."""
+    def shared_memory(self) -> tuple[int, int]:
+        """Bytes of the arena that consumers hold (items sent and not yet released), and bytes of large buffers
+        for consumers on this node that went over the socket because it was full."""
         with self._waiter.lock:
-            return self._arena.allocator.used_bytes if self._arena is not None else 0
+            if self._arena is None:
+                return 0, 0
+            return self._arena.allocator.used_bytes, self._arena.overflow_bytes
 
     # --- I/O thread -----------------------------------------------------------------------------------------
     def _run(self) -> None:
