@@ -8,3 +8,10 @@ class Sample(msgspec.Struct):
     producer: int
     index: int
     tokens: torch.Tensor  # travels as an out-of-band frame
+
+
+class Block(msgspec.Struct):
+    """An item with one large tensor (of the example `large_tensors.py`)."""
+
+    index: int
+    data: torch.Tensor

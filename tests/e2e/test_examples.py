@@ -43,6 +43,16 @@ def test_channel_stream_example():
     assert int(line.split(", ")[1].split()[0]) == sum(3 + (i * 5 + r) % 9 for r in (0, 1) for i in range(6))
 
 
+def test_large_tensors_example_shows_the_shared_memory_held_and_given_back():
+    proc = run_example("examples/channels/large_tensors.py", "--items", "8")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert sum("every byte exact: True" in line for line in lines) == 2
+    assert "shared memory: 8 tensors, 8 MiB" in proc.stdout and "while the driver keeps them: 8 MiB" in proc.stdout
+    assert "shared memory: after the driver let go: 0 MiB" in lines
+    assert any(line.startswith("socket only:") and line.endswith("keeps them: 0 MiB") for line in lines)
+
+
 @pytest.mark.parametrize("script", ["run_main_math_pipeline_grpo_megatron.sh", "run_main_math_grpo_megatron.sh"])
 def test_run_scripts_report_config_errors_without_traceback(script):
     proc = subprocess.run(
