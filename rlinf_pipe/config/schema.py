@@ -96,6 +96,10 @@ class RunnerConfig:
         "loss uses the sampling log-probs, see docs/pipeline.md#staleness).", min=0
     )
     weight_bucket_mb: int = opt(64, "Size of one weight-sync bucket in MiB.", min=1)
+    channel_shared_mb: int = opt(
+        64, "Shared memory (MiB) that each worker putting into a step channel lends the consumers on its node for "
+        "tensors of 64 KiB or more (touched only as far as used; 0: every byte over sockets). Raise it when the run "
+        "logs that a channel's shared memory is full. See docs/channels.md#the-model (shared memory).", min=0)
     weight_sync: Literal["auto", "broadcast", "ipc", "object_store"] = opt(
         "auto",
         "How weights reach the engines and log-prob workers: `broadcast` (a process group from the actor's rank 0 "

@@ -34,6 +34,7 @@ class RunPlan:
     dynamic_sampling: bool
     logprob_stage: bool = True  # the algorithm needs a log-prob pass (old or reference log-probs)
     idle_inference: str = ""  # why placed inference workers are not started (empty: they are, or none are placed)
+    channel_shared_bytes: int = 64 * 1024 * 1024  # each producer's shared memory in the step channels
 
     @property
     def engines_share_actor(self) -> bool:
@@ -164,4 +165,5 @@ def plan_run(cfg: Config, gpus_per_node: Sequence[int] | None = None) -> RunPlan
         weight_routes=tuple(weight_routes(placement, transport, receivers)),
         staleness=cfg.runner.max_staleness, dynamic_sampling=cfg.algorithm.dynamic_sampling,
         logprob_stage=logprob_stage, idle_inference=idle_inference_warning(cfg, placement),
+        channel_shared_bytes=cfg.runner.channel_shared_mb * 1024 * 1024,
     )

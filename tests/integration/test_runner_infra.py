@@ -88,3 +88,23 @@ def test_channel_passed_in_every_call_keeps_one_producer(local_ray):
         while not isinstance(item := channel.get(timeout=30), StepEnd):
             got.append(item)
         assert [g["step"] for g in got] == [step, step] and item == StepEnd(step)
+
+
+def test_the_step_channels_get_the_configured_shared_memory(local_ray):
+    """`runner.channel_shared_mb` reaches every step channel's spec (0: sockets only), beside the unbounded
+    buffering of a collocated run."""
+    from rlinf_pipe.config import load_config
+    from rlinf_pipe.runner.components import create_channels
+    from rlinf_pipe.runner.plan import plan_run
+
+    default = create_channels(plan_run(load_config()), 1)
+    assert {ch.spec.shared_bytes for ch in default.train} == {64 * 1024 * 1024}
+    plan = plan_run(load_config(overrides=[
+        "runner.channel_shared_mb=0", 'cluster.component_placement={"actor,rollout": all}',
+        "algorithm.compute_ref_logprobs=true",
+    ]))
+    channels = create_channels(plan, 1)
+    specs = [channels.rollouts.spec, channels.scored.spec, *(ch.spec for ch in channels.train)]
+    assert {(spec.shared_bytes, spec.maxsize) for spec in specs} == {(0, None)}
+    default.abort()
+    channels.abort()

@@ -138,7 +138,8 @@ class SharedArena:
             log.warning(
                 "%s: its %d MiB of shared memory are held by consumers (%d MiB in use); large buffers go over the "
                 "socket until they release some. Consumers that keep many items pin it: raise the channel's "
-                "shared_bytes if this lasts (stats()['shared_bytes_overflow'] counts what went over the socket).",
+                "shared_bytes (in a run: runner.channel_shared_mb) if this lasts (stats()['shared_bytes_overflow'] "
+                "counts what went over the socket).",
                 self.label or "a channel", self.allocator.size >> 20, self.allocator.used_bytes >> 20,
             )
         self.overflow_bytes += nbytes
