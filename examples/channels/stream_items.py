@@ -1,4 +1,4 @@
-"""The item type of the channel example (a module of its own: msgspec Structs must be importable by workers)."""
+"""The item types of the channel examples (a module of its own: msgspec Structs must be importable by workers)."""
 
 import msgspec
 import torch

@@ -124,18 +124,18 @@ def create_channels(plan: RunPlan, reward_processes: int) -> StepChannels:
     GPUs taken in turns, the actor's log-probs before its training, rollout run ahead) they buffer a step unbounded.
     Without a log-prob stage there is no scored channel: the reward workers feed the train channels."""
     run_id = uuid.uuid4().hex[:8]
-    spec: dict[str, Any] = {"shared_bytes": plan.channel_shared_bytes}
+    options: dict[str, Any] = {"shared_bytes": plan.channel_shared_bytes}
     if plan.buffers_steps:
-        spec["maxsize"] = None
+        options["maxsize"] = None
     comps = plan.placement.components
     stage = plan.logprob_component
     feeders = comps[stage].dp if stage else reward_processes
     return StepChannels(
         rollouts=Channel.create(f"{run_id}-rollouts", RolloutGroup, num_producers=len(comps["rollout"].processes),
-                                **spec),
-        scored=Channel.create(f"{run_id}-scored", ScoredGroup, num_producers=reward_processes, **spec)
+                                **options),
+        scored=Channel.create(f"{run_id}-scored", ScoredGroup, num_producers=reward_processes, **options)
         if stage else None,
-        train=[Channel.create(f"{run_id}-train-{replica}", TrainBatch, num_producers=feeders, **spec)
+        train=[Channel.create(f"{run_id}-train-{replica}", TrainBatch, num_producers=feeders, **options)
                for replica in range(plan.actor_dp)],
     )
 

@@ -32,9 +32,9 @@ class RunPlan:
     weight_routes: tuple[WeightRoute, ...]
     staleness: int
     dynamic_sampling: bool
+    channel_shared_bytes: int  # each producer's shared memory in the step channels (`runner.channel_shared_mb`)
     logprob_stage: bool = True  # the algorithm needs a log-prob pass (old or reference log-probs)
     idle_inference: str = ""  # why placed inference workers are not started (empty: they are, or none are placed)
-    channel_shared_bytes: int = 64 * 1024 * 1024  # each producer's shared memory in the step channels
 
     @property
     def engines_share_actor(self) -> bool:

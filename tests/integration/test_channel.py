@@ -476,24 +476,41 @@ def test_a_producer_aborted_with_items_untaken_is_a_failure_to_consumers_that_co
     deadline = time.monotonic() + 30
     while not (records := ray.get(registry().list_producers.remote(ch.name))) or records[0].failure is None:
         assert time.monotonic() < deadline, "the producer never told the registry it is gone"
+        time.sleep(0.02)  # (a round trip each: leave the cores to the producer)
     assert not records[0].closed and "was aborted with 3 item(s) not taken" in records[0].failure
     with pytest.raises(ChannelPeerError, match=r"was aborted with 3 item\(s\) not taken.*step 0 cannot complete"):
         ch.get(timeout=30)
 
 
-def test_a_take_after_ray_went_away_under_the_consumer_raises_channel_closed(nodes, monkeypatch):
-    """The housekeeping thread ends when Ray does (no `stop`): a take then says so instead of using the sockets
-    that thread closed."""
-    from types import SimpleNamespace
+def test_a_consumer_connected_to_a_producer_that_fails_learns_it_from_the_registry(nodes):
+    """The producer says nothing on its socket before going: without the registry, a waiting get would see it only
+    after `peer_timeout_s` (30 s here), as a producer that stopped responding."""
+    ch = channel(maxsize=8, heartbeat_s=0.2, peer_timeout_s=30.0)
+    consumer = on_node(Consumer, nodes[0], max_concurrency=2).remote(ch)
+    ray.get(consumer.open.remote())
+    producer = on_node(Producer, nodes[1]).remote(ch)
+    ray.get(producer.put_tagged.remote(2, close=False))
+    assert [t.seq for t in ray.get(consumer.take.remote(2))] == [0, 1]
+    ray.get(producer.put_tagged.remote(1, steps=1, close=False))  # step 1's item, then the producer goes
+    ray.get(producer.abort_handles.remote())
+    start = time.monotonic()
+    with pytest.raises(ray.exceptions.RayTaskError, match=r"was aborted with \d item\(s\) not taken"):
+        ray.get(consumer.drain.remote(), timeout=60)
+    assert time.monotonic() - start < 20  # (the registry is asked every second; the peer timeout is 30 s)
 
-    from rlinf_pipe.scheduler.channel import consumer as consumer_module
 
+def test_ray_going_away_under_a_consumer_ends_its_calls_with_channel_closed(nodes):
+    """The housekeeping thread ends when Ray does (no `stop`): a take, `qsize`, `stats` and `iter_step` then say
+    so instead of using the sockets that thread closed (or ending the step quietly)."""
     ch = channel(**FAST_FAILURE)
     ch.qsize()  # this process's consuming end
     end = ch._consumer_end
-    monkeypatch.setattr(consumer_module, "ray", SimpleNamespace(is_initialized=lambda: False))
+    end._ray_alive = lambda: False
     end._bell.ring()
     end._thread.join(timeout=30)
     assert not end._thread.is_alive()
     with pytest.raises(ChannelClosed, match="Ray shut down under this process"):
         ch.get(timeout=5)
+    with pytest.raises(ChannelClosed, match="Ray shut down under this process"):
+        list(ch.iter_step(timeout=5))
+    assert ch.qsize() == 0 and ch.stats()["buffered_items"] == 0

@@ -39,6 +39,9 @@ class Producer:
     def shared_bytes_overflow(self) -> int:
         return self.channel.stats()["shared_bytes_overflow"]
 
+    def untaken(self) -> float:
+        return self.channel.stats()["untaken_items"]
+
 
 @ray.remote(num_cpus=0)
 class Consumer:
@@ -83,9 +86,11 @@ def in_arena(ch: Channel, tensor: torch.Tensor) -> bool:
 
 
 def wait_until(condition, what: str, timeout: float = 30.0) -> None:
+    """Ask `condition` until it holds (a few times a second: each ask is a round trip to a worker)."""
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.02)  # (not a synchronisation: it leaves the 2 cores to the processes asked)
 
 
 def test_large_buffers_on_one_node_arrive_exactly_through_shared_memory_until_the_app_lets_go(nodes):
@@ -167,6 +172,7 @@ def test_a_killed_consumers_regions_are_never_reused_and_its_items_reach_another
     assert ray.get(doomed.take_and_hold.remote(1)) == [0]
     used = lambda: ray.get(producer.shared_bytes_used.remote())  # noqa: E731
     wait_until(lambda: used() == 4 * PER_ITEM, "all four items went to the doomed consumer")
+    wait_until(lambda: ray.get(producer.untaken.remote()) == 3, "the doomed consumer's take reached the producer")
     ray.kill(doomed)
     rest = [ch.get(timeout=60) for _ in range(3)]
     assert [item.seq for item in rest] == [1, 2, 3]

@@ -98,13 +98,17 @@ def test_the_step_channels_get_the_configured_shared_memory(local_ray):
     from rlinf_pipe.runner.plan import plan_run
 
     default = create_channels(plan_run(load_config()), 1)
-    assert {ch.spec.shared_bytes for ch in default.train} == {64 * 1024 * 1024}
+    try:
+        assert {ch.spec.shared_bytes for ch in default.train} == {64 * 1024 * 1024}
+    finally:
+        default.abort()
     plan = plan_run(load_config(overrides=[
         "runner.channel_shared_mb=0", 'cluster.component_placement={"actor,rollout": all}',
         "algorithm.compute_ref_logprobs=true",
     ]))
     channels = create_channels(plan, 1)
-    specs = [channels.rollouts.spec, channels.scored.spec, *(ch.spec for ch in channels.train)]
-    assert {(spec.shared_bytes, spec.maxsize) for spec in specs} == {(0, None)}
-    default.abort()
-    channels.abort()
+    try:
+        specs = [channels.rollouts.spec, channels.scored.spec, *(ch.spec for ch in channels.train)]
+        assert {(spec.shared_bytes, spec.maxsize) for spec in specs} == {(0, None)}
+    finally:
+        channels.abort()

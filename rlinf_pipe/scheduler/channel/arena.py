@@ -148,10 +148,16 @@ class SharedArena:
         return self.allocator.free(offset)
 
     def close(self) -> None:
-        """Consumers that have not mapped the arena yet no longer can (the memory goes once nothing maps it)."""
+        """Consumers that have not mapped the arena yet no longer can, and this process unmaps it: its memory goes
+        once no consumer maps it either. Nothing may be written afterwards."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+            self._bytes = np.empty(0, dtype=np.uint8)
+            try:
+                self._map.close()
+            except BufferError:  # (a view of it is still alive somewhere: the mapping goes with it)
+                pass
 
 
 class Lease:

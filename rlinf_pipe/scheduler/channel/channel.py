@@ -142,12 +142,15 @@ class Channel(Generic[T]):
         return result if isinstance(result, StepEnd) else self.codec.decode(result.payload)
 
     def iter_step(self, timeout: float | None = None) -> Iterator[T]:
-        """Yield the current step's items; stops after its StepEnd (or at the end of the stream)."""
+        """Yield the current step's items; stops after its StepEnd, or at the end of the stream (every producer
+        closed). Any other ChannelClosed (this handle closed or aborted, Ray gone) is raised."""
         while True:
             try:
                 item = self.get(timeout)
             except ChannelClosed:
-                return
+                if self._consumer_end is not None and self._consumer_end.buffer.stream_ended():
+                    return
+                raise
             if isinstance(item, StepEnd):
                 return
             yield item

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import ray
 import zmq
@@ -72,6 +72,7 @@ class ConsumerEnd:
         self._last_take = 0.0
         self._node_id = ray.get_runtime_context().get_node_id()
         self._registry = registry()
+        self._ray_alive: Callable[[], bool] = ray.is_initialized  # (a test stands in for Ray going away)
         self._stopping = False
         self._error: BaseException | None = None
         self._bell = Doorbell()  # wakes the housekeeping thread (to stop)
@@ -142,7 +143,8 @@ class ConsumerEnd:
 
     # --- I/O thread -----------------------------------------------------------------------------------------
     def _refresh(self) -> None:
-        """Connect to producers that registered since the last look (the registry call runs without the lock)."""
+        """Connect to producers that registered since the last look, and learn which ones failed (the registry call
+        runs without the lock)."""
         try:
             # Through the reference's future, not ray.get: a blocking ray.get from this thread, which runs no Ray
             # task, crashed consumer processes with SIGSEGV inside Ray's task metrics (CoreWorker::Get ->
@@ -155,14 +157,13 @@ class ConsumerEnd:
             for record in records:
                 if record.id not in self._links:
                     self._connect(record)
+                self._note_failure(record)
             self.receive()
             self._waiter.notify()  # (waits poll the new sockets too)
 
     def _connect(self, record: ProducerRecord) -> None:
         state = self.buffer.producer(record.id)
-        if record.failure is not None:  # it is gone, and not every item it put was taken
-            state.dead = f"{record.failure} (before this consumer connected)"
-        elif record.closed:  # it finished (every item taken) before we arrived
+        if record.closed:  # it finished (every item taken) before we arrived
             state.closed, state.ended_through = True, max(state.ended_through, record.ended_through)
         sock = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.ROUTING_ID, self.id.encode())
@@ -179,10 +180,19 @@ class ConsumerEnd:
             self._arenas[record.id] = arena
         self._fds = tuple(link.fd for link in self._links.values())
 
+    def _note_failure(self, record: ProducerRecord) -> None:
+        """A producer whose end failed, or was aborted with items not taken, is dead to this consumer at once (it
+        says nothing on its socket before going): a step it did not end cannot complete."""
+        state = self.buffer.producer(record.id)
+        if record.failure is not None and not state.dead and not state.closed:
+            state.ended_through = max(state.ended_through, record.ended_through)
+            state.dead = record.failure
+            self._waiter.notify()
+
     def _run(self) -> None:
         next_housekeeping = next_refresh = 0.0
         try:
-            while not self._stopping and ray.is_initialized():  # Ray gone (shutdown): nothing left to serve
+            while not self._stopping and self._ray_alive():  # Ray gone (shutdown): nothing left to serve
                 with self._waiter.lock:  # (a take that sets `_report_due` rings if this wait would outlast it)
                     now = time.monotonic()
                     wait_s = min(self.spec.heartbeat_s / 2, max(0.0, next_refresh - now))
@@ -322,6 +332,7 @@ class ConsumerEnd:
                 link.sock.close(linger=100)
                 link.arena = None  # (each lease keeps the mapping it views)
             self._arenas.clear()
+            self._links.clear()  # (what the app asks afterwards finds no socket to read)
             self._fds = ()
             self._waiter.notify()
 

@@ -119,11 +119,15 @@ class ProducerEnd:
     def _wake(self) -> None:
         self._bell.ring()
 
-    def _check(self) -> None:
+    def _raise_error(self) -> None:
+        """Raise what ended this end's I/O, if anything did (Ray going away: ChannelClosed)."""
         if isinstance(self._error, ChannelClosed):
             raise ChannelClosed(str(self._error))
         if self._error is not None:
             raise ChannelPeerError(f"channel {self.spec.name!r}: producer I/O failed: {self._error}")
+
+    def _check(self) -> None:
+        self._raise_error()
         if self._stopping:
             raise ChannelClosed(f"channel {self.spec.name!r}: this process's end was aborted")
         if self._closing:
@@ -193,8 +197,7 @@ class ProducerEnd:
             self._wake()
 
     def try_finish_close(self) -> Any:
-        if self._error is not None:
-            raise ChannelPeerError(f"channel {self.spec.name!r}: producer I/O failed: {self._error}")
+        self._raise_error()
         if self._closed:
             return None
         problem = self._no_live_consumer()
@@ -358,7 +361,7 @@ class ProducerEnd:
     def _place(self, item: _OutItem, link: _ConsumerLink) -> tuple[int | list[Any], Sequence[Any]]:
         """How an item's buffers travel to `link`'s consumer: (frame count, frames), or, where it mapped the arena
         and the item is large, (a place per buffer, frames): see `SharedArena.place`."""
-        if not link.shared or item.nbytes < SHARED_MIN_BYTES:
+        if item.nbytes < SHARED_MIN_BYTES:
             return len(item.buffers), item.buffers
         places, frames, item.regions = self._arena.place(item.buffers)
         if not item.regions:  # (all small, or the arena is full)
@@ -366,10 +369,10 @@ class ProducerEnd:
         link.held.update(item.regions)
         return places, frames
 
-    def _forget_regions(self, item: _OutItem, link: _ConsumerLink | None, free: bool) -> None:
+    def _forget_regions(self, item: _OutItem, link: _ConsumerLink, free: bool) -> None:
         """The item leaves its consumer (to be sent again or not at all): its regions are freed, or (`free`
         False) left to that consumer for good."""
-        if free and link is not None:
+        if free:
             for offset in item.regions:
                 if offset in link.held:  # (not released meanwhile: that freed it already)
                     link.held.discard(offset)
@@ -409,8 +412,8 @@ class ProducerEnd:
 
     def _requeue(self, cid: bytes, unsent: Sequence[_OutItem]) -> None:
         """Items of a message that was not sent go back to the front of the queue (their regions are free)."""
-        for item in unsent:
-            self._forget_regions(item, self._consumers.get(cid), free=True)
+        for item in unsent:  # (an item message goes to a consumer this producer knows)
+            self._forget_regions(item, self._consumers[cid], free=True)
         self._queue.extendleft(reversed(unsent))
 
     def _shutdown_sockets(self) -> None:
@@ -431,10 +434,11 @@ class ProducerEnd:
             registry().close_producer.remote(self.spec.name, self.id, self._ended_through, failure)
 
     def _failure(self) -> str | None:
-        """Why this end stops with items no consumer took (None: nothing was lost)."""
+        """Why this end stops short: it failed, or was aborted while items it put were not taken (None: it closed,
+        or was aborted with nothing lost). Call with the lock held."""
         if self._closed:
             return None
-        untaken = len(self._queue) + sum(len(c.inflight) for c in self._consumers.values() if not c.dead)
+        untaken = sum(self._outstanding.values())  # (queued, sent, or cut off in the middle of a send)
         if self._error is None and not untaken:
             return None
         cause = f"failed ({self._error})" if self._error is not None else "was aborted"
