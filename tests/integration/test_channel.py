@@ -19,7 +19,8 @@ from support.channel_items import Rich, Tagged, assert_same, rich
 
 from rlinf_pipe.errors import ChannelClosed, ChannelError, ChannelPeerError, ChannelTimeout
 from rlinf_pipe.scheduler.channel import Channel, StepEnd, wire
-from rlinf_pipe.scheduler.channel.producer import DIRECT_BYTES, _ConsumerLink, _OutItem
+from rlinf_pipe.scheduler.channel.links import ConsumerLink, OutItem
+from rlinf_pipe.scheduler.channel.producer import DIRECT_BYTES
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 FAST_FAILURE = {"heartbeat_s": 0.2, "peer_timeout_s": 1.5}
@@ -238,9 +239,9 @@ def test_a_batch_that_finds_its_consumer_gone_goes_back_in_order(nodes):
     """When a batch's send finds its consumer disconnected, the batch and the consumer's unacknowledged items (sent
     earlier) go back to the queue in the order they were put, ahead of the other consumers' next sends."""
     end = channel(maxsize=16, prefetch=8)._producer_end()
-    items = [_OutItem(seq, 0, 1.0, b"", [], 0) for seq in range(1, 5)]
+    items = [OutItem(seq, 0, 1.0, b"", [], 0) for seq in range(1, 5)]
     with end._waiter.lock:  # (the I/O thread waits meanwhile)
-        gone = end._consumers[b"gone"] = _ConsumerLink(time.monotonic(), inflight={1: items[0], 2: items[1]})
+        gone = end._consumers[b"gone"] = ConsumerLink(time.monotonic(), inflight={1: items[0], 2: items[1]})
         end._queue.extend(items[2:])
         end._credits.extend([b"gone"] * 2)
         end._dispatch()  # ROUTER_MANDATORY refuses the unknown peer, as it does a disconnected one

@@ -139,3 +139,25 @@ def test_a_forked_child_does_not_inherit_a_consumers_mapping():
     assert os.WIFSIGNALED(status[1]) and os.WTERMSIG(status[1]) == signal.SIGSEGV, status
     assert leased[0] == 9  # (the parent's mapping is untouched)
     arena.close()
+
+
+def test_a_consumer_link_places_large_buffers_and_frees_only_the_regions_it_holds():
+    from rlinf_pipe.scheduler.channel.links import ConsumerLink, OutItem
+
+    arena = SharedArena.create(1 << 20)
+    large, small = np.ones(100_000, dtype=np.uint8), np.ones(10, dtype=np.uint8)
+    item = OutItem(1, 0, 1.0, b"h", [large, small], 100_010)
+    assert ConsumerLink(0.0).place(item) == (2, item.buffers)  # (it did not map the arena: frames)
+    a, b = ConsumerLink(0.0, arena=arena), ConsumerLink(0.0, arena=arena)
+    places, frames = a.place(item)
+    assert places[0][1] == 100_000 and places[1] is None and len(frames) == 1 and frames[0] is small
+    assert a.held == {places[0][0]} and item.regions == [places[0][0]]
+    b.release([places[0][0]])  # not b's: nothing happens
+    assert arena.allocator.used_bytes > 0
+    a.forget_regions(item, free=False)  # (given up: the region stays a's for good)
+    assert item.regions == () and arena.allocator.used_bytes > 0
+    a.release([places[0][0]])
+    assert arena.allocator.used_bytes == 0 and not a.held
+    tiny = OutItem(2, 0, 1.0, b"h", [small], 10)
+    assert a.place(tiny) == (1, tiny.buffers)
+    arena.close()

@@ -17,7 +17,6 @@ import threading
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import msgspec
@@ -27,6 +26,7 @@ import zmq
 from rlinf_pipe.errors import ChannelClosed, ChannelPeerError
 from rlinf_pipe.scheduler.channel import wire
 from rlinf_pipe.scheduler.channel.arena import SHARED_MIN_BYTES, SharedArena
+from rlinf_pipe.scheduler.channel.links import ConsumerLink, OutItem
 from rlinf_pipe.scheduler.channel.buffer import PENDING, Waiter
 from rlinf_pipe.scheduler.channel.codec import Codec
 from rlinf_pipe.scheduler.channel.ready import Doorbell
@@ -42,27 +42,6 @@ BATCH_BYTES = 1024 * 1024  # items waiting for one consumer go in one message up
 DIRECT_BYTES = 32 * 1024
 
 
-@dataclass
-class _OutItem:
-    seq: int
-    step: int
-    weight: float
-    header: bytes  # the item's msgpack (sent in the message's metas)
-    buffers: list[Any]  # its tensors' and arrays' bytes (a frame each)
-    nbytes: int
-    taken: bool = False  # taken out of a consumer's buffer (delivery may still be pending)
-    regions: Sequence[int] = ()  # arena offsets of its buffers, as sent to its consumer
-
-
-@dataclass
-class _ConsumerLink:
-    last_seen: float
-    inflight: dict[int, _OutItem] = field(default_factory=dict)
-    dead: str | None = None
-    shared: bool = False  # it mapped this producer's arena
-    held: set[int] = field(default_factory=set)  # arena offsets it has not released
-
-
 class ProducerEnd:
     """Owns a ROUTER socket (ipc + tcp) that consumers connect to. A `put` of a large item that finds credit sends
     it at once; an I/O thread sends the rest, announces step ends, and watches the consumers."""
@@ -71,8 +50,8 @@ class ProducerEnd:
         self.spec, self.codec = spec, codec
         self.id = endpoint_id("producer")
         self._waiter = Waiter(threading.RLock())
-        self._queue: deque[_OutItem] = deque()
-        self._consumers: dict[bytes, _ConsumerLink] = {}
+        self._queue: deque[OutItem] = deque()
+        self._consumers: dict[bytes, ConsumerLink] = {}
         self._credits: deque[bytes] = deque()
         self._outstanding: dict[int, int] = {}  # step -> items not yet taken
         self._untaken = 0.0
@@ -150,7 +129,7 @@ class ProducerEnd:
             return PENDING
         self._seq += 1
         # (len is the byte count: the codec's frames are bytes and flat uint8 arrays)
-        self._queue.append(_OutItem(self._seq, self._step, weight, frames[0], frames[1:], sum(map(len, frames))))
+        self._queue.append(OutItem(self._seq, self._step, weight, frames[0], frames[1:], sum(map(len, frames))))
         self._outstanding[self._step] = self._outstanding.get(self._step, 0) + 1
         self._untaken += weight
         self._step_has_items = True
@@ -282,9 +261,9 @@ class ProducerEnd:
         link = self._consumers.get(cid)
         if kind == wire.HELLO:
             if link is None or link.dead:
-                link = self._consumers[cid] = _ConsumerLink(time.monotonic())
+                link = self._consumers[cid] = ConsumerLink(time.monotonic())
             credit, shared = wire.unpack(frames[2].buffer)
-            link.shared = shared and self._arena is not None
+            link.arena = self._arena if shared else None
             self._credits.extend([cid] * credit)
             self._send(cid, wire.STATE, wire.pack([self._ended_through, self._closed]))
             return
@@ -293,10 +272,7 @@ class ProducerEnd:
         link.last_seen = time.monotonic()
         if kind == wire.CREDIT:
             taken, delivered, released = wire.unpack(frames[2].buffer)
-            for offset in released:  # no array of the consumer views these regions any more
-                if offset in link.held:
-                    link.held.discard(offset)
-                    self._arena.free(offset)
+            link.release(released)  # no array of the consumer views these regions any more
             self._credits.extend([cid] * len(taken))
             for seq in taken:  # out of the consumer's buffer: capacity is free and the step is nearer its end
                 item = link.inflight.get(seq)
@@ -314,7 +290,7 @@ class ProducerEnd:
             if not link.dead and now - link.last_seen > self.spec.peer_timeout_s:
                 self._drop(cid, link, f"stopped responding (no message for {now - link.last_seen:.1f} s)")
 
-    def _drop(self, cid: bytes, link: _ConsumerLink, why: str, reclaim: bool = False) -> None:
+    def _drop(self, cid: bytes, link: ConsumerLink, why: str, reclaim: bool = False) -> None:
         """Forget a consumer; every item it did not hand to its app goes back to the front of the queue, in
         order. (An item it had already taken counts as outstanding again; if its step's end was already
         announced, the item reaches another consumer after that announcement.) The arena regions of those items
@@ -322,7 +298,7 @@ class ProducerEnd:
         its own, as do the regions of items it handed out."""
         link.dead = why
         for item in sorted(link.inflight.values(), key=lambda i: i.seq, reverse=True):
-            self._forget_regions(item, link, free=reclaim)
+            link.forget_regions(item, free=reclaim)
             if item.taken:
                 item.taken = False
                 self._untaken += item.weight
@@ -346,10 +322,10 @@ class ProducerEnd:
                 self._credits.popleft()
                 batch.append(self._queue.popleft())
                 size += batch[-1].nbytes
-            if link.shared and size >= SHARED_MIN_BYTES:  # (some buffer may go through the arena)
+            if link.arena is not None and size >= SHARED_MIN_BYTES:  # (some buffer may go through the arena)
                 metas, frames = [], []
                 for item in batch:
-                    placed, sent_frames = self._place(item, link)
+                    placed, sent_frames = link.place(item)
                     metas.append([item.seq, item.step, item.weight, item.header, placed])
                     frames.extend(sent_frames)
             else:
@@ -357,27 +333,6 @@ class ProducerEnd:
                 frames = [buffer for item in batch for buffer in item.buffers]
             if self._send(cid, wire.ITEM, wire.pack(metas), *frames, unsent=batch):
                 link.inflight.update((item.seq, item) for item in batch)
-
-    def _place(self, item: _OutItem, link: _ConsumerLink) -> tuple[int | list[Any], Sequence[Any]]:
-        """How an item's buffers travel to `link`'s consumer: (frame count, frames), or, where it mapped the arena
-        and the item is large, (a place per buffer, frames): see `SharedArena.place`."""
-        if item.nbytes < SHARED_MIN_BYTES:
-            return len(item.buffers), item.buffers
-        places, frames, item.regions = self._arena.place(item.buffers)
-        if not item.regions:  # (all small, or the arena is full)
-            return len(item.buffers), item.buffers
-        link.held.update(item.regions)
-        return places, frames
-
-    def _forget_regions(self, item: _OutItem, link: _ConsumerLink, free: bool) -> None:
-        """The item leaves its consumer (to be sent again or not at all): its regions are freed, or (`free`
-        False) left to that consumer for good."""
-        if free:
-            for offset in item.regions:
-                if offset in link.held:  # (not released meanwhile: that freed it already)
-                    link.held.discard(offset)
-                    self._arena.free(offset)
-        item.regions = ()
 
     def _broadcast_markers(self) -> None:
         while self._ended and not self._outstanding.get(self._ended[0], 0):
@@ -391,7 +346,7 @@ class ProducerEnd:
             if not link.dead:
                 self._send(cid, kind, *payload)
 
-    def _send(self, cid: bytes, kind: bytes, *payload: Any, unsent: Sequence[_OutItem] = ()) -> bool:
+    def _send(self, cid: bytes, kind: bytes, *payload: Any, unsent: Sequence[OutItem] = ()) -> bool:
         """Send one message to one consumer; False if it was not sent. The items of a message not sent (`unsent`)
         go back to the front of the queue first, then a consumer found disconnected is dropped (its unacknowledged
         items, sent earlier, go in front of them: order is kept)."""
@@ -410,10 +365,10 @@ class ProducerEnd:
                 self._drop(cid, link, "disconnected")
             return False
 
-    def _requeue(self, cid: bytes, unsent: Sequence[_OutItem]) -> None:
+    def _requeue(self, cid: bytes, unsent: Sequence[OutItem]) -> None:
         """Items of a message that was not sent go back to the front of the queue (their regions are free)."""
         for item in unsent:  # (an item message goes to a consumer this producer knows)
-            self._forget_regions(item, self._consumers[cid], free=True)
+            self._consumers[cid].forget_regions(item, free=True)
         self._queue.extendleft(reversed(unsent))
 
     def _shutdown_sockets(self) -> None:
