@@ -55,6 +55,19 @@ class Consumer:
         self.held += [self.channel.get(timeout=60) for _ in range(n)]
         return [item.seq for item in self.held]
 
+    def buffered(self) -> int:
+        return self.channel.qsize()
+
+    def take_exact_and_drop(self, n: int) -> list[int]:
+        """Take `n` items one at a time, checking each and letting it go before the next."""
+        seqs = []
+        for _ in range(n):
+            item = self.channel.get(timeout=60)
+            assert_exact(item)
+            seqs.append(item.seq)
+            del item
+        return seqs
+
     def drop_and_close(self) -> None:
         self.held.clear()
         self.channel.close()
@@ -183,3 +196,19 @@ def test_a_killed_consumers_regions_are_never_reused_and_its_items_reach_another
     assert used() == 7 * PER_ITEM
     del rest, item
     wait_until(lambda: used() == 4 * PER_ITEM, "the survivor released its regions")
+
+
+def test_a_consumer_with_items_to_take_waits_for_room_instead_of_being_sent_the_rest_over_the_socket(nodes):
+    """A consumer that falls behind holds the arena with the items in its buffer; sending it more over the socket
+    (dearer for both ends) would put it further behind. Once it has nothing left to take, it is sent over the
+    socket rather than kept waiting (`test_a_full_arena_sends_the_rest_over_the_socket`)."""
+    ch = channel(maxsize=16, prefetch=8, shared_bytes=2 * PER_ITEM)  # room for two items
+    consumer = on_node(Consumer, nodes[0]).remote(ch)
+    ray.get(consumer.open.remote())
+    producer = on_node(Producer, nodes[0]).remote(ch)
+    ray.get(producer.put.remote(list(range(6))))
+    wait_until(lambda: ray.get(consumer.buffered.remote()) == 2, "two items reached the consumer, which takes none")
+    assert ray.get(producer.shared_bytes_overflow.remote()) == 0  # the other four wait at the producer
+    assert ray.get(producer.shared_bytes_used.remote()) == 2 * PER_ITEM
+    assert ray.get(consumer.take_exact_and_drop.remote(6)) == list(range(6))
+    assert ray.get(producer.shared_bytes_overflow.remote()) == 0  # all six went through the arena

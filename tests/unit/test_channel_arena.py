@@ -74,9 +74,11 @@ def test_the_arena_is_full_rather_than_overwritten_and_says_so_once(caplog):
     assert first is not None and arena.write(np.ones(100_000, dtype=np.uint8)) is None
     with caplog.at_level("WARNING", logger="rlinf_pipe.scheduler.channel.arena"):
         for _ in range(2):
-            places, frames, regions = arena.place([np.ones(100_000, dtype=np.uint8), np.ones(10, dtype=np.uint8)])
+            places, frames, regions, missed = arena.place([np.ones(100_000, np.uint8), np.ones(10, np.uint8)])
             assert places == [None, None] and len(frames) == 2 and regions == []
-    assert arena.overflow_bytes == 200_000  # (the small buffer was never meant for the arena)
+            assert missed == 100_000  # (the small buffer was never meant for the arena)
+            arena.note_overflow(missed)
+    assert arena.overflow_bytes == 200_000
     (record,) = caplog.records
     assert "channel 'groups'" in record.getMessage() and "shared_bytes" in record.getMessage()
     arena.free(first)
@@ -147,9 +149,10 @@ def test_a_consumer_link_places_large_buffers_and_frees_only_the_regions_it_hold
     arena = SharedArena.create(1 << 20)
     large, small = np.ones(100_000, dtype=np.uint8), np.ones(10, dtype=np.uint8)
     item = OutItem(1, 0, 1.0, b"h", [large, small], 100_010)
-    assert ConsumerLink(0.0).place(item) == (2, item.buffers)  # (it did not map the arena: frames)
+    assert ConsumerLink(0.0).place(item) == (2, item.buffers, 0)  # (it did not map the arena: frames)
     a, b = ConsumerLink(0.0, arena=arena), ConsumerLink(0.0, arena=arena)
-    places, frames = a.place(item)
+    places, frames, missed = a.place(item)
+    assert missed == 0
     assert places[0][1] == 100_000 and places[1] is None and len(frames) == 1 and frames[0] is small
     assert a.held == {places[0][0]} and item.regions == [places[0][0]]
     b.release([places[0][0]])  # not b's: nothing happens
@@ -159,5 +162,5 @@ def test_a_consumer_link_places_large_buffers_and_frees_only_the_regions_it_hold
     a.release([places[0][0]])
     assert arena.allocator.used_bytes == 0 and not a.held
     tiny = OutItem(2, 0, 1.0, b"h", [small], 10)
-    assert a.place(tiny) == (1, tiny.buffers)
+    assert a.place(tiny) == (1, tiny.buffers, 0)
     arena.close()

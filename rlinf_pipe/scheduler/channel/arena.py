@@ -114,26 +114,28 @@ class SharedArena:
             self._bytes[offset:offset + nbytes] = np.frombuffer(buffer, dtype=np.uint8)  # (numpy drops the GIL)
         return offset
 
-    def place(self, buffers: Sequence[Any]) -> tuple[list[Any], list[Any], list[int]]:
+    def place(self, buffers: Sequence[Any]) -> tuple[list[Any], list[Any], list[int], int]:
         """Copy the large `buffers` in, while there is room: (a place per buffer, None for one left to travel as a
-        frame and [offset, length] for a region; the frames; the regions' offsets)."""
+        frame and [offset, length] for a region; the frames; the regions' offsets; the bytes of large buffers that
+        found no room)."""
         places: list[Any] = []
         frames: list[Any] = []
         regions: list[int] = []
+        missed = 0
         for buffer in buffers:
             nbytes = memoryview(buffer).nbytes
             offset = self.write(buffer) if nbytes >= SHARED_MIN_BYTES else None
             if offset is None:  # small, or the arena is full
-                if nbytes >= SHARED_MIN_BYTES:
-                    self._overflow(nbytes)
+                missed += nbytes if nbytes >= SHARED_MIN_BYTES else 0
                 places.append(None)
                 frames.append(buffer)
             else:
                 places.append([offset, nbytes])
                 regions.append(offset)
-        return places, frames, regions
+        return places, frames, regions, missed
 
-    def _overflow(self, nbytes: int) -> None:
+    def note_overflow(self, nbytes: int) -> None:
+        """`nbytes` of large buffers go over the socket for want of room (the first time, a warning says so)."""
         if not self.overflow_bytes:
             log.warning(
                 "%s: its %d MiB of shared memory are held by consumers (%d MiB in use); large buffers go over the "

@@ -33,16 +33,17 @@ class ConsumerLink:
     arena: SharedArena | None = None  # the producer's arena, if this consumer mapped it
     held: set[int] = field(default_factory=set)  # arena offsets it holds (not released)
 
-    def place(self, item: OutItem) -> tuple[int | list[Any], Sequence[Any]]:
+    def place(self, item: OutItem) -> tuple[int | list[Any], Sequence[Any], int]:
         """How an item's buffers travel to this consumer: (frame count, frames), or, where it mapped the arena and
-        large buffers found room there, (a place per buffer, frames): see `SharedArena.place`."""
+        large buffers found room there, (a place per buffer, frames): see `SharedArena.place`; and the bytes of
+        large buffers that found no room."""
         if self.arena is None or item.nbytes < SHARED_MIN_BYTES:
-            return len(item.buffers), item.buffers
-        places, frames, item.regions = self.arena.place(item.buffers)
+            return len(item.buffers), item.buffers, 0
+        places, frames, item.regions, missed = self.arena.place(item.buffers)
         if not item.regions:  # (all small, or the arena is full)
-            return len(item.buffers), item.buffers
+            return len(item.buffers), item.buffers, missed
         self.held.update(item.regions)
-        return places, frames
+        return places, frames, missed
 
     def release(self, offsets: Iterable[int]) -> None:
         """Free the regions this consumer gave back (offsets it does not hold are ignored)."""

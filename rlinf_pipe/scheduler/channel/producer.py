@@ -310,11 +310,18 @@ class ProducerEnd:
     def _dispatch(self) -> None:
         """Send queued items along the credits, in order. The items that the next credits in a row give to the same
         consumer go in one message (up to `BATCH_BYTES`): a producer ahead of its consumers sends fewer, larger
-        messages, and each end wakes once for several items."""
+        messages, and each end wakes once for several items. A consumer on this node whose share of the arena is
+        used up while it still has items to take waits, keeping its credit, until its reports free some room (it
+        falls behind less than it would with the rest sent over the socket); one with nothing left to take is sent
+        the rest over the socket (its app may hold every region until more arrives)."""
+        waiting: list[bytes] = []  # credits of consumers waiting for room in the arena, in their order
         while self._queue and self._credits:
             cid = self._credits.popleft()
             link = self._consumers.get(cid)
             if link is None or link.dead:
+                continue
+            if waiting and cid in waiting:
+                waiting.append(cid)
                 continue
             batch = [self._queue.popleft()]
             size = batch[0].nbytes
@@ -323,16 +330,37 @@ class ProducerEnd:
                 batch.append(self._queue.popleft())
                 size += batch[-1].nbytes
             if link.arena is not None and size >= SHARED_MIN_BYTES:  # (some buffer may go through the arena)
-                metas, frames = [], []
-                for item in batch:
-                    placed, sent_frames = link.place(item)
-                    metas.append([item.seq, item.step, item.weight, item.header, placed])
-                    frames.extend(sent_frames)
+                metas, frames = self._place(link, batch)
+                if len(metas) < len(batch):  # the rest waits for room, back at the front, with its credits
+                    unsent = batch[len(metas):]
+                    del batch[len(metas):]
+                    self._queue.extendleft(reversed(unsent))
+                    waiting.extend([cid] * len(unsent))
+                if not batch:
+                    continue
             else:
                 metas = [[item.seq, item.step, item.weight, item.header, len(item.buffers)] for item in batch]
                 frames = [buffer for item in batch for buffer in item.buffers]
             if self._send(cid, wire.ITEM, wire.pack(metas), *frames, unsent=batch):
                 link.inflight.update((item.seq, item) for item in batch)
+        self._credits.extendleft(reversed(waiting))
+
+    def _place(self, link: ConsumerLink, batch: list[OutItem]) -> tuple[list[Any], list[Any]]:
+        """The metas and frames of the batch's items that go now (a prefix of the batch): an item whose large
+        buffers find no room in the arena stops it while the consumer has items to take (those it was sent, or this
+        batch's), else goes over the socket."""
+        metas: list[Any] = []
+        frames: list[Any] = []
+        for item in batch:
+            placed, sent_frames, missed = link.place(item)
+            if missed and (link.inflight or metas):
+                link.forget_regions(item, free=True)
+                break
+            if missed:
+                self._arena.note_overflow(missed)
+            metas.append([item.seq, item.step, item.weight, item.header, placed])
+            frames.extend(sent_frames)
+        return metas, frames
 
     def _broadcast_markers(self) -> None:
         while self._ended and not self._outstanding.get(self._ended[0], 0):
