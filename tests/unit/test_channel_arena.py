@@ -164,3 +164,16 @@ def test_a_consumer_link_places_large_buffers_and_frees_only_the_regions_it_hold
     tiny = OutItem(2, 0, 1.0, b"h", [small], 10)
     assert a.place(tiny) == (1, tiny.buffers, 0)
     arena.close()
+
+
+def test_an_item_goes_into_the_arena_whole_or_not_at_all():
+    arena = SharedArena.create(256 * 1024)
+    first, second = np.full(100_000, 1, np.uint8), np.full(200_000, 2, np.uint8)
+    places, frames, regions, missed = arena.place([first, second])  # 300 KB: no room for both
+    assert places == [None, None] and len(frames) == 2 and regions == [] and missed == 300_000
+    assert arena.allocator.used_bytes == 0  # (the first one's region was given back, and nothing was copied)
+    places, frames, regions, missed = arena.place([first, np.ones(10, np.uint8)])
+    assert places[0] == [regions[0], 100_000] and places[1] is None and missed == 0 and len(frames) == 1
+    view = ArenaView.open(arena.record)
+    assert np.array_equal(view.lease(regions[0], 100_000), first)
+    arena.close()

@@ -111,28 +111,37 @@ class SharedArena:
         nbytes = memoryview(buffer).nbytes
         offset = self.allocator.alloc(nbytes)
         if offset is not None:
-            self._bytes[offset:offset + nbytes] = np.frombuffer(buffer, dtype=np.uint8)  # (numpy drops the GIL)
+            self._copy_in(offset, buffer, nbytes)
         return offset
 
+    def _copy_in(self, offset: int, buffer: Any, nbytes: int) -> None:
+        self._bytes[offset:offset + nbytes] = np.frombuffer(buffer, dtype=np.uint8)  # (numpy drops the GIL)
+
     def place(self, buffers: Sequence[Any]) -> tuple[list[Any], list[Any], list[int], int]:
-        """Copy the large `buffers` in, while there is room: (a place per buffer, None for one left to travel as a
-        frame and [offset, length] for a region; the frames; the regions' offsets; the bytes of large buffers that
-        found no room)."""
+        """Copy an item's large `buffers` in if there is room for all of them (else nothing is copied): (a place
+        per buffer, None for one that travels as a frame and [offset, length] for a region; the frames; the
+        regions' offsets; the bytes of large buffers that found no room)."""
+        sizes = [memoryview(buffer).nbytes for buffer in buffers]
+        offsets: dict[int, int] = {}  # buffer index -> region
+        for i, nbytes in enumerate(sizes):
+            if nbytes >= SHARED_MIN_BYTES:
+                offset = self.allocator.alloc(nbytes)
+                if offset is None:  # no room for the whole item: it all travels as frames
+                    for taken in offsets.values():
+                        self.allocator.free(taken)
+                    missed = sum(n for n in sizes if n >= SHARED_MIN_BYTES)
+                    return [None] * len(buffers), list(buffers), [], missed
+                offsets[i] = offset
         places: list[Any] = []
         frames: list[Any] = []
-        regions: list[int] = []
-        missed = 0
-        for buffer in buffers:
-            nbytes = memoryview(buffer).nbytes
-            offset = self.write(buffer) if nbytes >= SHARED_MIN_BYTES else None
-            if offset is None:  # small, or the arena is full
-                missed += nbytes if nbytes >= SHARED_MIN_BYTES else 0
+        for i, buffer in enumerate(buffers):
+            if i in offsets:
+                self._copy_in(offsets[i], buffer, sizes[i])
+                places.append([offsets[i], sizes[i]])
+            else:
                 places.append(None)
                 frames.append(buffer)
-            else:
-                places.append([offset, nbytes])
-                regions.append(offset)
-        return places, frames, regions, missed
+        return places, frames, list(offsets.values()), 0
 
     def note_overflow(self, nbytes: int) -> None:
         """`nbytes` of large buffers go over the socket for want of room (the first time, a warning says so)."""
