@@ -42,6 +42,12 @@ class Producer:
     def untaken(self) -> float:
         return self.channel.stats()["untaken_items"]
 
+    def open(self) -> None:
+        self.channel._producer_end()  # (this process's producing end, before any put)
+
+    def consumers(self) -> int:
+        return len(self.channel._producer._consumers)
+
 
 @ray.remote(num_cpus=0)
 class Consumer:
@@ -212,3 +218,26 @@ def test_a_consumer_with_items_to_take_waits_for_room_instead_of_being_sent_the_
     assert ray.get(producer.shared_bytes_used.remote()) == 2 * PER_ITEM
     assert ray.get(consumer.take_exact_and_drop.remote(6)) == list(range(6))
     assert ray.get(producer.shared_bytes_overflow.remote()) == 0  # all six went through the arena
+
+
+def test_an_item_sent_again_is_not_kept_waiting_behind_a_later_steps_items(nodes):
+    """A consumer's buffer full of step 1's items holds the arena, and a step-0 item comes back from a consumer that
+    died: waiting for room would wait forever (the consumer takes nothing of step 1 before step 0 ends), so it goes
+    over the socket."""
+    ch = channel(maxsize=64, prefetch=4, shared_bytes=2 * PER_ITEM, peer_timeout_s=1.5)
+    producer = on_node(Producer, nodes[0]).remote(ch)
+    ray.get(producer.open.remote())
+    doomed = on_node(Consumer, nodes[1]).remote(ch)  # (on the other node: its items go over tcp)
+    ray.get(doomed.open.remote())
+    wait_until(lambda: ray.get(producer.consumers.remote()) == 1, "the doomed consumer connected")
+    ch.qsize()  # the driver's consuming end: its credit comes after the doomed one's
+    wait_until(lambda: ray.get(producer.consumers.remote()) == 2, "the driver connected")
+    ray.get(producer.put.remote([0, 1, 2, 3]))  # step 0: all four to the doomed consumer, which takes none
+    ray.get(producer.put.remote([10, 11, 12, 13]))  # step 1: to the driver; two fill the arena, two wait for room
+    wait_until(lambda: ray.get(producer.shared_bytes_used.remote()) == 2 * PER_ITEM, "step 1 filled the arena")
+    ray.kill(doomed)  # its four step-0 items go back to the front of the queue
+    got = [ch.get(timeout=30) for _ in range(10)]
+    assert [g.step if isinstance(g, StepEnd) else g.seq for g in got] == [0, 1, 2, 3, 0, 10, 11, 12, 13, 1]
+    for item in got:
+        if not isinstance(item, StepEnd):
+            assert_exact(item)

@@ -310,10 +310,10 @@ class ProducerEnd:
     def _dispatch(self) -> None:
         """Send queued items along the credits, in order. The items that the next credits in a row give to the same
         consumer go in one message (up to `BATCH_BYTES`): a producer ahead of its consumers sends fewer, larger
-        messages, and each end wakes once for several items. A consumer on this node whose share of the arena is
-        used up while it still has items to take waits, keeping its credit, until its reports free some room (it
-        falls behind less than it would with the rest sent over the socket); one with nothing left to take is sent
-        the rest over the socket (its app may hold every region until more arrives)."""
+        messages, and each end wakes once for several items. A consumer on this node for whose next item the arena
+        has no room waits, keeping its credit, while items it will take first hold regions (`_may_wait`): its
+        reports free room soon, and sending it the rest over the socket, dearer for both ends, would put it further
+        behind. Otherwise the item goes over the socket (its app may hold every region until more arrives)."""
         waiting: list[bytes] = []  # credits of consumers waiting for room in the arena, in their order
         while self._queue and self._credits:
             cid = self._credits.popleft()
@@ -347,20 +347,31 @@ class ProducerEnd:
 
     def _place(self, link: ConsumerLink, batch: list[OutItem]) -> tuple[list[Any], list[Any]]:
         """The metas and frames of the batch's items that go now (a prefix of the batch): an item whose large
-        buffers find no room in the arena stops it while the consumer has items to take (those it was sent, or this
-        batch's), else goes over the socket."""
+        buffers find no room in the arena stops it where it may wait (`_may_wait`), else goes over the socket."""
         metas: list[Any] = []
         frames: list[Any] = []
+        placed_any = False  # an earlier item of this batch holds regions
         for item in batch:
             placed, sent_frames, missed = link.place(item)
-            if missed and (link.inflight or metas):
+            if missed and self._may_wait(link, item, missed, placed_any):
                 link.forget_regions(item, free=True)
                 break
+            placed_any = placed_any or bool(item.regions)
             if missed:
                 self._arena.note_overflow(missed)
             metas.append([item.seq, item.step, item.weight, item.header, placed])
             frames.extend(sent_frames)
         return metas, frames
+
+    def _may_wait(self, link: ConsumerLink, item: OutItem, large_bytes: int, placed_any: bool) -> bool:
+        """Whether an item that finds no room may wait for `link`'s consumer to free some: only if it can ever fit,
+        and regions are held by items that consumer will take before it (this batch's, or sent and untaken ones of
+        its step or an earlier one: a consumer takes no item of a later step before this one's ends)."""
+        if large_bytes > self._arena.allocator.size:
+            return False
+        return placed_any or any(
+            held.regions and not held.taken and held.step <= item.step for held in link.inflight.values()
+        )
 
     def _broadcast_markers(self) -> None:
         while self._ended and not self._outstanding.get(self._ended[0], 0):
