@@ -60,6 +60,17 @@ class Producer:
     def untaken(self) -> float:
         return self.channel.stats()["untaken_items"]
 
+    def put_step(self, seqs: list[int]) -> None:
+        for seq in seqs:
+            self.channel.put(Tagged(self.producer, seq))
+        self.channel.end_step()
+
+    def open(self) -> None:
+        self.channel._producer_end()  # (this process's producing end, before any put)
+
+    def consumers(self) -> int:
+        return len(self.channel._producer._consumers)
+
     def abort_handles(self) -> int:
         from rlinf_pipe.scheduler.channel.channel import abort_process_handles
 
@@ -515,3 +526,28 @@ def test_ray_going_away_under_a_consumer_ends_its_calls_with_channel_closed(node
     with pytest.raises(ChannelClosed, match="Ray shut down under this process"):
         list(ch.iter_step(timeout=5))
     assert ch.qsize() == 0 and ch.stats()["buffered_items"] == 0
+
+
+def test_a_consumer_holding_only_a_later_steps_items_still_receives_the_current_steps_items_sent_again(nodes):
+    """The driver's buffer holds step 1's items, as many as its credit; step 0's items come back from a consumer
+    that died. Without one more credit from the driver, they could reach no consumer and step 0 would never end."""
+    ch = channel(maxsize=64, prefetch=2, heartbeat_s=0.2, peer_timeout_s=1.5)
+    producer = on_node(Producer, nodes[0]).remote(ch)
+    ray.get(producer.open.remote())
+    doomed = on_node(Consumer, nodes[1]).remote(ch)
+    ray.get(doomed.open.remote())
+    deadline = time.monotonic() + 30
+    while ray.get(producer.consumers.remote()) < 1:  # (its credit comes first)
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    ch.qsize()  # the driver's consuming end
+    while ray.get(producer.consumers.remote()) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    ray.get(producer.put_step.remote([0, 1]))  # step 0: both to the doomed consumer, which takes none
+    ray.get(producer.put_step.remote([10, 11]))  # step 1: both to the driver, which has no credit left
+    while ch.qsize() < 2:
+        assert time.monotonic() < deadline
+    ray.kill(doomed)  # step 0's items go back to the producer's queue
+    got = [ch.get(timeout=30) for _ in range(6)]
+    assert got == [Tagged(0, 0), Tagged(0, 1), StepEnd(0), Tagged(0, 10), Tagged(0, 11), StepEnd(1)]

@@ -60,6 +60,7 @@ class ConsumerEnd:
         self._links: dict[str, _ProducerLink] = {}
         self._fds: tuple[int, ...] = ()
         self._arenas: dict[str, ArenaView] = {}  # producer -> its arena, where mapped
+        self._extra_credit: dict[str, int] = {}  # producer -> the step for which it was granted one more credit
         self._handed: dict[str, list[int]] = {}  # producer -> seqs handed to the app, not yet reported
         self._handed_weight: dict[str, float] = {}  # producer -> their weight
         # Takes are reported together (fewer wake-ups on both ends), at the latest once half of `prefetch` of them,
@@ -100,9 +101,30 @@ class ConsumerEnd:
                 self._flush_updates()
             self.receive()
             entry = self.buffer.pop()
+            if entry is None and self.buffer.count:
+                self._credit_for_current_step()
         if entry is not None:
             self._hand_over(entry)
         return entry
+
+    def _credit_for_current_step(self) -> None:
+        """The buffer holds only later steps' items. If they use up a producer's credit, an item of the current step
+        that this producer sends again (another consumer died holding it) could reach no consumer, and the step
+        would never end: the producer is granted one more credit, once per step."""
+        held: dict[str, int] = {}
+        for queue in self.buffer.by_step.values():
+            for entry in queue:
+                held[entry.producer] = held.get(entry.producer, 0) + 1
+        for producer, count in held.items():
+            state = self.buffer.producer(producer)
+            if count < self.spec.prefetch or self._extra_credit.get(producer) == self.buffer.step:
+                continue
+            link = self._links.get(producer)
+            if link is None or state.closed or state.dead:
+                continue
+            self._extra_credit[producer] = self.buffer.step
+            wire.send(link.sock, [wire.CREDIT, wire.pack([[], [], [], 1])])
+            self.receive()  # (after a send: see `ready.py`)
 
     def _hand_over(self, entry: Entry) -> None:
         """An entry was taken out of the buffer and handed to the app: its producer gets one more credit, frees the
@@ -270,7 +292,7 @@ class ConsumerEnd:
                     continue
             if seqs or released:
                 try:
-                    wire.send(link.sock, [wire.CREDIT, wire.pack([seqs, seqs, released])])
+                    wire.send(link.sock, [wire.CREDIT, wire.pack([seqs, seqs, released, 0])])
                 except BaseException:
                     if released:  # (still this consumer's to report: the producer must not lose the regions)
                         arena.released.extendleft(reversed(released))

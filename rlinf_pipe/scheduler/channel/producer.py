@@ -271,9 +271,9 @@ class ProducerEnd:
             return  # a consumer we gave up on; it will see itself dropped by our silence
         link.last_seen = time.monotonic()
         if kind == wire.CREDIT:
-            taken, delivered, released = wire.unpack(frames[2].buffer)
+            taken, delivered, released, extra = wire.unpack(frames[2].buffer)
             link.release(released)  # no array of the consumer views these regions any more
-            self._credits.extend([cid] * len(taken))
+            self._credits.extend([cid] * (len(taken) + extra))
             for seq in taken:  # out of the consumer's buffer: capacity is free and the step is nearer its end
                 item = link.inflight.get(seq)
                 if item is not None and not item.taken:

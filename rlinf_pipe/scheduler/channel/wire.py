@@ -9,7 +9,7 @@ producer -> consumer: ITEM [metas, then the items' frames] (metas: one (seq, ste
                       STATE [ended, closed],
                       CLOSED [ended], HEARTBEAT
 consumer -> producer: HELLO [credit, mapped the arena], CREDIT [taken seqs, delivered seqs, released arena
-                      offsets], BYE, HEARTBEAT
+                      offsets, extra credit], BYE, HEARTBEAT
 """
 
 from __future__ import annotations
