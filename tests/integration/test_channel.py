@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import ray
 import torch
-from support.channel_cluster import on_node, two_node_cluster
+from support.channel_cluster import nodes_fixture, on_node
 from support.channel_items import Rich, Tagged, assert_same, rich
 
 from rlinf_pipe.errors import ChannelClosed, ChannelError, ChannelPeerError, ChannelTimeout
@@ -128,14 +128,9 @@ class Consumer:
         time.sleep(seconds)
 
 
-@pytest.fixture(scope="module")
-def nodes():
-    with two_node_cluster(_created) as ids:  # [the driver's node, the other node]
-        yield ids
-
-
 _names = iter(range(10_000))
 _created: list[Channel] = []
+nodes = nodes_fixture(_created)
 
 
 def channel(item_type=Tagged, **spec) -> Channel:

@@ -7,10 +7,9 @@ from __future__ import annotations
 import sys
 import time
 
-import pytest
 import ray
 import torch
-from support.channel_cluster import on_node, two_node_cluster
+from support.channel_cluster import nodes_fixture, on_node
 from support.channel_items import BIG, Big, assert_exact, big
 
 from rlinf_pipe.scheduler.channel import Channel, StepEnd
@@ -79,14 +78,9 @@ class Consumer:
         self.channel.close()
 
 
-@pytest.fixture(scope="module")
-def nodes():
-    with two_node_cluster(_created) as ids:  # [the driver's node, the other node]
-        yield ids
-
-
 _names = iter(range(10_000))
 _created: list[Channel] = []
+nodes = nodes_fixture(_created)
 
 
 def channel(**spec) -> Channel:
@@ -96,11 +90,10 @@ def channel(**spec) -> Channel:
 
 def in_arena(ch: Channel, tensor: torch.Tensor) -> bool:
     """Whether `tensor` views the mapped arena of one of `ch`'s producers."""
-    for link in ch._consumer_end._links.values():
-        if link.arena is not None:
-            start = link.arena._mapping.ctypes.data
-            if start <= tensor.data_ptr() < start + len(link.arena._mapping):
-                return True
+    for arena in ch._consumer_end._arenas.values():
+        start = arena._mapping.ctypes.data
+        if start <= tensor.data_ptr() < start + len(arena._mapping):
+            return True
     return False
 
 
@@ -151,7 +144,7 @@ def test_with_sharing_off_everything_goes_over_the_socket(nodes):
     items = [ch.get(timeout=60) for _ in range(2)]
     for item in items:
         assert_exact(item)
-    assert all(link.arena is None for link in ch._consumer_end._links.values())
+    assert ch._consumer_end._links and not ch._consumer_end._arenas  # (connected, nothing mapped)
 
 
 def test_across_nodes_large_buffers_go_over_tcp(nodes):
@@ -162,7 +155,7 @@ def test_across_nodes_large_buffers_go_over_tcp(nodes):
     for item in items:
         assert_exact(item)
     assert ch._consumer_end.endpoints()[0].startswith("tcp://")
-    assert all(link.arena is None for link in ch._consumer_end._links.values())
+    assert ch._consumer_end._links and not ch._consumer_end._arenas  # (connected, nothing mapped)
     assert ray.get(producer.shared_bytes_used.remote()) == 0
 
 

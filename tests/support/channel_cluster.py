@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import ray
 from ray.cluster_utils import Cluster as RayTestCluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -26,6 +27,17 @@ def two_node_cluster(created: list[Any]) -> Iterator[list[str]]:
             channel.abort()
         ray.shutdown()
         cluster.shutdown()
+
+
+def nodes_fixture(created: list[Any]) -> Any:
+    """A module's `nodes` fixture: the cluster of `two_node_cluster(created)` for every test of the module."""
+
+    @pytest.fixture(scope="module")
+    def nodes() -> Iterator[list[str]]:
+        with two_node_cluster(created) as ids:  # [the driver's node, the other node]
+            yield ids
+
+    return nodes
 
 
 def on_node(actor_cls: Any, node_id: str, **options: Any) -> Any:

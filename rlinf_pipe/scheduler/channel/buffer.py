@@ -47,6 +47,11 @@ class ProducerState:
     closed: bool = False
     dead: str | None = None  # why it is considered dead
 
+    @property
+    def gone(self) -> bool:
+        """Closed or dead: it reads nothing more."""
+        return self.closed or self.dead is not None
+
 
 @dataclass
 class StepBuffer:

@@ -45,7 +45,6 @@ class _ProducerLink:
     fd: int  # the socket's zmq.FD, which waits poll
     endpoint: str
     last_seen: float
-    arena: ArenaView | None  # the producer's shared memory, mapped (on its node)
 
 
 class ConsumerEnd:
@@ -116,11 +115,10 @@ class ConsumerEnd:
             for entry in queue:
                 held[entry.producer] = held.get(entry.producer, 0) + 1
         for producer, count in held.items():
-            state = self.buffer.producer(producer)
             if count < self.spec.prefetch or self._extra_credit.get(producer) == self.buffer.step:
                 continue
             link = self._links.get(producer)
-            if link is None or state.closed or state.dead:
+            if link is None or self.buffer.producer(producer).gone:
                 continue
             self._extra_credit[producer] = self.buffer.step
             wire.send(link.sock, [wire.CREDIT, wire.pack([[], [], [], 1])])
@@ -195,9 +193,7 @@ class ConsumerEnd:
         arena = ArenaView.open(record.arena) if local and record.arena is not None else None
         sock.connect(endpoint)
         wire.send(sock, [wire.HELLO, wire.pack([self.spec.prefetch, arena is not None])])
-        self._links[record.id] = _ProducerLink(
-            record, sock, sock.getsockopt(zmq.FD), endpoint, time.monotonic(), arena
-        )
+        self._links[record.id] = _ProducerLink(record, sock, sock.getsockopt(zmq.FD), endpoint, time.monotonic())
         if arena is not None:
             self._arenas[record.id] = arena
         self._fds = tuple(link.fd for link in self._links.values())
@@ -256,8 +252,7 @@ class ConsumerEnd:
         """To every producer still alive, without waiting: one that died or froze stops taking messages, and a
         blocked send here would hold the lock (and every take) for good."""
         for producer, link in self._links.items():
-            state = self.buffer.producer(producer)
-            if state.closed or state.dead:
+            if self.buffer.producer(producer).gone:
                 continue
             try:
                 link.sock.send(wire.HEARTBEAT, zmq.NOBLOCK)
@@ -286,10 +281,8 @@ class ConsumerEnd:
             link = self._links[producer]
             arena = self._arenas.get(producer)
             released = arena.take_released() if arena is not None and arena.released else []
-            if released and not seqs:
-                state = self.buffer.producer(producer)
-                if state.closed or state.dead:  # (it needs them no more, and may not read)
-                    continue
+            if released and not seqs and self.buffer.producer(producer).gone:
+                continue  # (it needs them no more, and may not read)
             if seqs or released:
                 try:
                     wire.send(link.sock, [wire.CREDIT, wire.pack([seqs, seqs, released, 0])])
@@ -302,8 +295,7 @@ class ConsumerEnd:
         self._report_due = None
 
     def _on_message(self, producer: str, frames: list[Any]) -> None:
-        link = self._links[producer]
-        link.last_seen = time.monotonic()
+        self._links[producer].last_seen = time.monotonic()
         kind = frames[0].bytes
         state = self.buffer.producer(producer)
         if kind == wire.ITEM:
@@ -314,14 +306,15 @@ class ConsumerEnd:
                     at += placed
                 else:  # a place per buffer: the next frame, or a region of the producer's arena
                     payload = [header]
+                    arena = self._arenas.get(producer)
                     for place in placed:
                         if place is None:
                             payload.append(frames[at])
                             at += 1
-                        elif link.arena is None:
+                        elif arena is None:
                             raise ChannelPeerError(f"producer {producer} sent shared memory this consumer never mapped")
                         else:
-                            payload.append(link.arena.lease(*place))
+                            payload.append(arena.lease(*place))
                 self.buffer.add(Entry(producer, seq, step, weight, payload))
         elif kind == wire.STEP_END:
             state.ended_through = max(state.ended_through, wire.unpack(frames[1].buffer))
@@ -352,8 +345,7 @@ class ConsumerEnd:
                 except zmq.ZMQError:
                     pass
                 link.sock.close(linger=100)
-                link.arena = None  # (each lease keeps the mapping it views)
-            self._arenas.clear()
+            self._arenas.clear()  # (each lease keeps the mapping it views)
             self._links.clear()  # (what the app asks afterwards finds no socket to read)
             self._fds = ()
             self._waiter.notify()

@@ -26,9 +26,9 @@ import zmq
 from rlinf_pipe.errors import ChannelClosed, ChannelPeerError
 from rlinf_pipe.scheduler.channel import wire
 from rlinf_pipe.scheduler.channel.arena import SHARED_MIN_BYTES, SharedArena
-from rlinf_pipe.scheduler.channel.links import ConsumerLink, OutItem
 from rlinf_pipe.scheduler.channel.buffer import PENDING, Waiter
 from rlinf_pipe.scheduler.channel.codec import Codec
+from rlinf_pipe.scheduler.channel.links import ConsumerLink, OutItem
 from rlinf_pipe.scheduler.channel.ready import Doorbell
 from rlinf_pipe.scheduler.channel.registry import ChannelSpec, ProducerRecord, registry, track_end
 from rlinf_pipe.scheduler.channel.wire import endpoint_id, ipc_path
@@ -353,8 +353,7 @@ class ProducerEnd:
         placed_any = False  # an earlier item of this batch holds regions
         for item in batch:
             placed, sent_frames, missed = link.place(item)
-            if missed and self._may_wait(link, item, missed, placed_any):
-                link.forget_regions(item, free=True)
+            if missed and self._may_wait(link, item, missed, placed_any):  # (an item that missed holds no region)
                 break
             placed_any = placed_any or bool(item.regions)
             if missed:
