@@ -106,17 +106,6 @@ class SharedArena:
             log.warning("channel shared memory unavailable (%s): large items go over sockets", exc)
             return None
 
-    def write(self, buffer: Any) -> int | None:
-        """Copy `buffer` (bytes-like) into a free region: its offset, or None if the arena has no room."""
-        nbytes = memoryview(buffer).nbytes
-        offset = self.allocator.alloc(nbytes)
-        if offset is not None:
-            self._copy_in(offset, buffer, nbytes)
-        return offset
-
-    def _copy_in(self, offset: int, buffer: Any, nbytes: int) -> None:
-        self._bytes[offset:offset + nbytes] = np.frombuffer(buffer, dtype=np.uint8)  # (numpy drops the GIL)
-
     def place(self, buffers: Sequence[Any]) -> tuple[list[Any], list[Any], list[int], int]:
         """Copy an item's large `buffers` in if there is room for all of them (else nothing is copied): (a place
         per buffer, None for one that travels as a frame and [offset, length] for a region; the frames; the
@@ -136,8 +125,9 @@ class SharedArena:
         frames: list[Any] = []
         for i, buffer in enumerate(buffers):
             if i in offsets:
-                self._copy_in(offsets[i], buffer, sizes[i])
-                places.append([offsets[i], sizes[i]])
+                start, nbytes = offsets[i], sizes[i]
+                self._bytes[start:start + nbytes] = np.frombuffer(buffer, dtype=np.uint8)  # (numpy drops the GIL)
+                places.append([start, nbytes])
             else:
                 places.append(None)
                 frames.append(buffer)
@@ -147,8 +137,9 @@ class SharedArena:
         """`nbytes` of large buffers go over the socket for want of room (the first time, a warning says so)."""
         if not self.overflow_bytes:
             log.warning(
-                "%s: its %d MiB of shared memory are held by consumers (%d MiB in use); large buffers go over the "
-                "socket until they release some. Consumers that keep many items pin it: raise the channel's "
+                "%s: no room in its %d MiB of shared memory (%d MiB held by consumers); large buffers go over the "
+                "socket until consumers release some. Consumers that keep many items pin it, and an item larger than "
+                "it never fits: raise the channel's "
                 "shared_bytes (in a run: runner.channel_shared_mb) if this lasts (stats()['shared_bytes_overflow'] "
                 "counts what went over the socket).",
                 self.label or "a channel", self.allocator.size >> 20, self.allocator.used_bytes >> 20,
