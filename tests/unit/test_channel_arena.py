@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
-from rlinf_pipe.scheduler.channel.arena import ALIGN, Allocator, ArenaRecord, ArenaView, SharedArena
+from rlinf_pipe.scheduler.channel.arena import (
+    ALIGN,
+    Allocator,
+    ArenaRecord,
+    ArenaView,
+    SharedArena,
+    process_start,
+    this_process,
+)
 
 
 def write(arena: SharedArena, buffer: np.ndarray) -> int | None:
@@ -182,4 +193,35 @@ def test_an_item_goes_into_the_arena_whole_or_not_at_all():
     assert places[0] == [regions[0], 100_000] and places[1] is None and missed == 0 and len(frames) == 1
     view = ArenaView.open(arena.record)
     assert np.array_equal(view.lease(regions[0], 100_000), first)
+    arena.close()
+
+
+def test_a_process_is_named_by_its_pid_and_start_until_it_exits():
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    start = process_start(child.pid)
+    assert start is not None and start >= this_process()[1]  # (started after this process)
+    child.stdin.close()  # it exits
+    child.wait()
+    assert process_start(child.pid) is None
+    assert this_process() == (os.getpid(), process_start(os.getpid()))
+
+
+def test_a_given_up_consumers_regions_are_freed_only_once_its_process_is_gone():
+    from rlinf_pipe.scheduler.channel.links import ConsumerLink, OutItem
+
+    arena = SharedArena.create(1 << 20)
+    reader = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    alive = ConsumerLink(0.0, arena=arena, reader=(reader.pid, process_start(reader.pid)))
+    reused = ConsumerLink(0.0, arena=arena, reader=(os.getpid(), this_process()[1] + 1))  # same pid, later start
+    for seq, link in enumerate((alive, reused)):
+        link.place(OutItem(seq, 0, 1.0, b"h", [np.ones(100_000, dtype=np.uint8)], 100_000))
+        link.dead = "stopped responding"
+    one_region = arena.allocator.used_bytes // 2
+    assert reused.free_if_gone() == one_region and not reused.held  # (the pid now names another process)
+    assert alive.free_if_gone() == 0 and alive.held  # silent, but it may still read them
+    reader.stdin.close()
+    reader.wait()
+    assert alive.free_if_gone() == one_region and not alive.held
+    assert arena.allocator.used_bytes == 0
+    assert ConsumerLink(0.0).free_if_gone() == 0  # (it mapped nothing)
     arena.close()

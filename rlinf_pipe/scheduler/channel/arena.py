@@ -26,6 +26,24 @@ SHARED_MIN_BYTES = 64 * 1024  # smaller buffers go on the socket (copying them t
 ALIGN = 64  # regions start on cache lines
 
 
+def process_start(pid: int) -> int | None:
+    """When process `pid` started (clock ticks after boot: with the pid, names one process for the machine's
+    uptime), or None if no process `pid` is running (none, or one that exited and is not yet reaped: its memory,
+    mappings included, is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()  # (after the command name, which may hold anything)
+    except OSError:
+        return None
+    return None if fields[0] in (b"Z", b"X") else int(fields[19])  # (state, then starttime: fields 3 and 22)
+
+
+def this_process() -> tuple[int, int] | None:
+    """This process's pid and start (`process_start`), or None where /proc does not say."""
+    start = process_start(os.getpid())
+    return None if start is None else (os.getpid(), start)
+
+
 class ArenaRecord(msgspec.Struct, frozen=True):
     """How a consumer on the producer's node maps its arena."""
 

@@ -24,7 +24,7 @@ from ray.exceptions import RayActorError
 
 from rlinf_pipe.errors import ChannelClosed, ChannelPeerError
 from rlinf_pipe.scheduler.channel import wire
-from rlinf_pipe.scheduler.channel.arena import ArenaView
+from rlinf_pipe.scheduler.channel.arena import ArenaView, this_process
 from rlinf_pipe.scheduler.channel.buffer import Entry, StepBuffer
 from rlinf_pipe.scheduler.channel.ready import Doorbell, SocketWaiter
 from rlinf_pipe.scheduler.channel.registry import ChannelSpec, ProducerRecord, registry, track_end
@@ -191,8 +191,11 @@ class ConsumerEnd:
         local = record.node_id == self._node_id
         endpoint = record.ipc if local else record.tcp
         arena = ArenaView.open(record.arena) if local and record.arena is not None else None
+        reader = this_process() if arena is not None else None  # (the producer frees its regions once it is gone)
+        if reader is None:
+            arena = None
         sock.connect(endpoint)
-        wire.send(sock, [wire.HELLO, wire.pack([self.spec.prefetch, arena is not None])])
+        wire.send(sock, [wire.HELLO, wire.pack([self.spec.prefetch, reader])])
         self._links[record.id] = _ProducerLink(record, sock, sock.getsockopt(zmq.FD), endpoint, time.monotonic())
         if arena is not None:
             self._arenas[record.id] = arena

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from rlinf_pipe.scheduler.channel.arena import SHARED_MIN_BYTES, SharedArena
+from rlinf_pipe.scheduler.channel.arena import SHARED_MIN_BYTES, SharedArena, process_start
 
 
 @dataclass
@@ -31,6 +31,7 @@ class ConsumerLink:
     inflight: dict[int, OutItem] = field(default_factory=dict)  # sent, not yet reported delivered
     dead: str | None = None  # why it was given up
     arena: SharedArena | None = None  # the producer's arena, if this consumer mapped it
+    reader: tuple[int, int] | None = None  # pid and start of the process that mapped it (`arena.process_start`)
     held: set[int] = field(default_factory=set)  # arena offsets it holds (not released)
 
     def place(self, item: OutItem) -> tuple[int | list[Any], Sequence[Any], int]:
@@ -58,3 +59,12 @@ class ConsumerLink:
         if free:
             self.release(item.regions)
         item.regions = ()
+
+    def free_if_gone(self) -> int:
+        """Free every region this consumer holds if the process that mapped the arena has exited (its mapping went
+        with it: nothing reads them any more); the bytes freed."""
+        if not self.held or self.reader is None or process_start(self.reader[0]) == self.reader[1]:
+            return 0
+        used = self.arena.allocator.used_bytes
+        self.release(list(self.held))
+        return used - self.arena.allocator.used_bytes

@@ -262,8 +262,8 @@ class ProducerEnd:
         if kind == wire.HELLO:
             if link is None or link.dead:
                 link = self._consumers[cid] = ConsumerLink(time.monotonic())
-            credit, shared = wire.unpack(frames[2].buffer)
-            link.arena = self._arena if shared else None
+            credit, reader = wire.unpack(frames[2].buffer)
+            link.arena, link.reader = (self._arena, tuple(reader)) if reader else (None, None)
             self._credits.extend([cid] * credit)
             self._send(cid, wire.STATE, wire.pack([self._ended_through, self._closed]))
             return
@@ -286,16 +286,23 @@ class ProducerEnd:
             self._drop(cid, link, "closed its end", reclaim=True)
 
     def _expire_consumers(self, now: float) -> None:
+        """Give up consumers silent for `peer_timeout_s`, and free the regions of given-up ones whose process is
+        gone (one that is merely silent may still read them)."""
         for cid, link in list(self._consumers.items()):
             if not link.dead and now - link.last_seen > self.spec.peer_timeout_s:
                 self._drop(cid, link, f"stopped responding (no message for {now - link.last_seen:.1f} s)")
+            if link.dead and link.held:
+                freed = link.free_if_gone()
+                if freed:
+                    log.info("channel %r: consumer %s exited; the %d bytes of shared memory it held are free again",
+                             self.spec.name, cid.decode(), freed)
 
     def _drop(self, cid: bytes, link: ConsumerLink, why: str, reclaim: bool = False) -> None:
         """Forget a consumer; every item it did not hand to its app goes back to the front of the queue, in
         order. (An item it had already taken counts as outstanding again; if its step's end was already
         announced, the item reaches another consumer after that announcement.) The arena regions of those items
         are freed if it left cleanly (`reclaim`); one that stopped answering may still read them, so they stay
-        its own, as do the regions of items it handed out."""
+        its own, as do the regions of items it handed out, until its process is gone (`_expire_consumers`)."""
         link.dead = why
         for item in sorted(link.inflight.values(), key=lambda i: i.seq, reverse=True):
             link.forget_regions(item, free=reclaim)

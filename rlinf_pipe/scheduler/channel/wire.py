@@ -8,7 +8,8 @@ producer -> consumer: ITEM [metas, then the items' frames] (metas: one (seq, ste
                       STEP_END [step],
                       STATE [ended, closed],
                       CLOSED [ended], HEARTBEAT
-consumer -> producer: HELLO [credit, mapped the arena], CREDIT [taken seqs, delivered seqs, released arena
+consumer -> producer: HELLO [credit, reader: the pid and start (`arena.process_start`) of a process that mapped
+                      the arena, or None], CREDIT [taken seqs, delivered seqs, released arena
                       offsets, extra credit], BYE, HEARTBEAT
 """
 
