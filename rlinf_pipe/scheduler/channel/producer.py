@@ -25,9 +25,10 @@ import zmq
 
 from rlinf_pipe.errors import ChannelClosed, ChannelPeerError
 from rlinf_pipe.scheduler.channel import wire
-from rlinf_pipe.scheduler.channel.arena import SHARED_MIN_BYTES, SharedArena
+from rlinf_pipe.scheduler.channel.arena import SharedArena
 from rlinf_pipe.scheduler.channel.buffer import PENDING, Waiter
 from rlinf_pipe.scheduler.channel.codec import Codec
+from rlinf_pipe.scheduler.channel.dispatch import next_message
 from rlinf_pipe.scheduler.channel.links import ConsumerLink, OutItem
 from rlinf_pipe.scheduler.channel.ready import Doorbell
 from rlinf_pipe.scheduler.channel.registry import ChannelSpec, ProducerRecord, registry, track_end
@@ -35,7 +36,6 @@ from rlinf_pipe.scheduler.channel.wire import endpoint_id, ipc_path
 
 log = logging.getLogger(__name__)
 COPY_THRESHOLD = 512 * 1024  # bytes: smaller frames are copied when sent (see `ProducerEnd.__init__`)
-BATCH_BYTES = 1024 * 1024  # items waiting for one consumer go in one message up to about this size (`_dispatch`)
 # A `put` of an item this large that finds credit sends it itself. Smaller items are left to the I/O thread, which
 # sends the items that gathered while it woke in one message: for small items fewer, larger messages beat the
 # hand-off (2 producers x 2 consumers of tiny items moved half as many items/s when each put sent its own).
@@ -315,69 +315,12 @@ class ProducerEnd:
         self._credits = deque(c for c in self._credits if c != cid)
 
     def _dispatch(self) -> None:
-        """Send queued items along the credits, in order. The items that the next credits in a row give to the same
-        consumer go in one message (up to `BATCH_BYTES`): a producer ahead of its consumers sends fewer, larger
-        messages, and each end wakes once for several items. A consumer on this node for whose next item the arena
-        has no room waits, keeping its credit, while items it will take first hold regions (`_may_wait`): its
-        reports free room soon, and sending it the rest over the socket, dearer for both ends, would put it further
-        behind. Otherwise the item goes over the socket (its app may hold every region until more arrives)."""
+        """Send queued items along the credits, in order (`dispatch.next_message`)."""
         waiting: list[bytes] = []  # credits of consumers waiting for room in the arena, in their order
-        while self._queue and self._credits:
-            cid = self._credits.popleft()
-            link = self._consumers.get(cid)
-            if link is None or link.dead:
-                continue
-            if waiting and cid in waiting:
-                waiting.append(cid)
-                continue
-            batch = [self._queue.popleft()]
-            size = batch[0].nbytes
-            while self._queue and self._credits and self._credits[0] == cid and size < BATCH_BYTES:
-                self._credits.popleft()
-                batch.append(self._queue.popleft())
-                size += batch[-1].nbytes
-            if link.arena is not None and size >= SHARED_MIN_BYTES:  # (some buffer may go through the arena)
-                metas, frames = self._place(link, batch)
-                if len(metas) < len(batch):  # the rest waits for room, back at the front, with its credits
-                    unsent = batch[len(metas):]
-                    del batch[len(metas):]
-                    self._queue.extendleft(reversed(unsent))
-                    waiting.extend([cid] * len(unsent))
-                if not batch:
-                    continue
-            else:
-                metas = [[item.seq, item.step, item.weight, item.header, len(item.buffers)] for item in batch]
-                frames = [buffer for item in batch for buffer in item.buffers]
-            if self._send(cid, wire.ITEM, wire.pack(metas), *frames, unsent=batch):
-                link.inflight.update((item.seq, item) for item in batch)
+        while message := next_message(self._queue, self._credits, self._consumers, waiting):
+            if self._send(message.cid, wire.ITEM, wire.pack(message.metas), *message.frames, unsent=message.items):
+                self._consumers[message.cid].inflight.update((item.seq, item) for item in message.items)
         self._credits.extendleft(reversed(waiting))
-
-    def _place(self, link: ConsumerLink, batch: list[OutItem]) -> tuple[list[Any], list[Any]]:
-        """The metas and frames of the batch's items that go now (a prefix of the batch): an item whose large
-        buffers find no room in the arena stops it where it may wait (`_may_wait`), else goes over the socket."""
-        metas: list[Any] = []
-        frames: list[Any] = []
-        placed_any = False  # an earlier item of this batch holds regions
-        for item in batch:
-            placed, sent_frames, missed = link.place(item)
-            if missed and self._may_wait(link, item, missed, placed_any):  # (an item that missed holds no region)
-                break
-            placed_any = placed_any or bool(item.regions)
-            if missed:
-                self._arena.note_overflow(missed)
-            metas.append([item.seq, item.step, item.weight, item.header, placed])
-            frames.extend(sent_frames)
-        return metas, frames
-
-    def _may_wait(self, link: ConsumerLink, item: OutItem, large_bytes: int, placed_any: bool) -> bool:
-        """Whether an item that finds no room may wait for `link`'s consumer to free some: only if it can ever fit,
-        and regions are held by items that consumer will take before it (this batch's, or sent and untaken ones of
-        its step or an earlier one: a consumer takes no item of a later step before this one's ends)."""
-        if large_bytes > self._arena.allocator.size:
-            return False
-        return placed_any or any(
-            held.regions and not held.taken and held.step <= item.step for held in link.inflight.values()
-        )
 
     def _broadcast_markers(self) -> None:
         while self._ended and not self._outstanding.get(self._ended[0], 0):
