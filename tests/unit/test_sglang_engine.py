@@ -6,6 +6,8 @@ TP ranks joining as sglang's do) and over IPC, verified by name where sglang can
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -96,6 +98,27 @@ async def test_built_inside_a_running_loop_it_works_and_owns_a_tokenizer(model_p
     result = (await run(engine, [req("t", PROMPTS[0], max_new_tokens=4, ignore_eos=True)]))["t"]
     text = engine.tokenizer.decode(result.samples[0].response_ids)
     assert isinstance(text, str) and standin(engine).tokenizer_manager.tokenizer is None
+
+
+def test_the_standins_scheduler_process_dies_with_the_thread_that_built_the_engine(model_path: Path) -> None:
+    """What the stand-in models, checked against the kernel: sglang's processes set PR_SET_PDEATHSIG, whose parent
+    is the thread that started them."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the thread ends when the block does
+        built = pool.submit(sglang_standin.Engine, model_path=str(model_path), skip_tokenizer_init=True).result()
+    assert built.scheduler.process.wait(timeout=60) == -signal.SIGKILL
+    with pytest.raises(SchedulerDied, match="PR_SET_PDEATHSIG"):
+        built.scheduler.check_alive()
+    built.shutdown()
+
+
+async def test_the_engine_outlives_the_thread_that_built_it_until_shutdown(model_path: Path) -> None:
+    engine = make_engine(model_path)
+    process = standin(engine).scheduler.process
+    result = (await run(engine, [req("t", PROMPTS[0], max_new_tokens=3, ignore_eos=True)]))["t"]
+    assert len(result.samples[0].response_ids) == 3 and process.poll() is None
+    engine.shutdown()
+    assert process.poll() == 0  # stopped by the shutdown (stdin closed), not killed
+    assert not engine._engine_thread._thread.is_alive()
 
 
 def test_missing_sglang_error_names_the_extra_and_the_gpu(monkeypatch: pytest.MonkeyPatch, model_path: Path) -> None:

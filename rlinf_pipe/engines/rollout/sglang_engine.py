@@ -4,8 +4,9 @@ sglang 0.5.23 (the contract `scripts/sglang_contract.py` extracts from its wheel
 It runs inside an async Ray actor, which shapes everything:
 
 * the Engine's blocking methods drive the event loop it captured when built (`run_until_complete`), which cannot
-  run inside the actor's running loop. So the Engine is built in a thread of its own (its captured loop is never
-  used) and this adapter calls only coroutines, from the actor's loop: `engine.async_generate` and the tokenizer
+  run inside the actor's running loop. So the Engine is built in a thread of its own (`EngineThread`: its captured
+  loop is never used; the thread lives as long as the Engine, whose processes die with it) and this adapter calls
+  only coroutines, from the actor's loop: `engine.async_generate` and the tokenizer
   manager's control coroutines with sglang's request classes (`io_struct`), plus the synchronous
   `tokenizer_manager.abort_request` on the same loop;
 * weight updates run inside a weight-update session (`begin_weight_update` ... `end_weight_update`), which sglang
@@ -30,6 +31,7 @@ import concurrent.futures
 import importlib
 import os
 import random
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -109,10 +111,33 @@ def server_args(model_path: str, *, tp_size: int, mem_fraction_static: float, ma
     return args
 
 
-def _build_off_loop(factory: Any, args: dict[str, Any]) -> Any:
-    """Build the Engine in a fresh thread with no running event loop (it captures a loop of its own there)."""
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sglang-engine") as pool:
-        return pool.submit(factory, **args).result()
+class EngineThread:
+    """Builds the Engine in a thread of its own, with no running event loop (the Engine captures a loop of its own
+    there, never used), and keeps that thread alive until `close`: sglang's scheduler and detokenizer processes ask
+    the kernel to kill them when their parent dies (`PR_SET_PDEATHSIG`), and on Linux their parent is the thread
+    that started them, not the process. (A thread that ended after building left an Engine whose processes were
+    already killed.) When this process dies, they die with it."""
+
+    def __init__(self, factory: Any, args: dict[str, Any]):
+        self._built: concurrent.futures.Future = concurrent.futures.Future()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(factory, args), name="sglang-engine", daemon=True)
+        self._thread.start()
+        self.engine = self._built.result()
+
+    def _run(self, factory: Any, args: dict[str, Any]) -> None:
+        try:
+            engine = factory(**args)
+        except BaseException as exc:  # (handed to the constructor's caller)
+            self._built.set_exception(exc)
+            return
+        self._built.set_result(engine)
+        self._closed.wait()
+
+    def close(self) -> None:
+        """Let the thread end (after the Engine's shutdown: its processes would be killed with the thread)."""
+        self._closed.set()
+        self._thread.join()
 
 
 def _finish_reason(meta_info: dict[str, Any]) -> FinishReason:
@@ -146,7 +171,8 @@ class SGLangEngine:
         self.server_args = server_args(str(model_path), tp_size=tp_size, mem_fraction_static=mem_fraction_static,
                                        max_running_requests=max_running_requests, seed=seed,
                                        deterministic=deterministic, dtype=dtype, cpu_backup=cpu_backup)
-        self.engine = _build_off_loop(api.Engine, self.server_args)
+        self._engine_thread = EngineThread(api.Engine, self.server_args)
+        self.engine = self._engine_thread.engine
         self.tm = self.engine.tokenizer_manager
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         self.tp_size, self.deterministic, self.cpu_backup = tp_size, deterministic, cpu_backup
@@ -286,7 +312,10 @@ class SGLangEngine:
 
     def shutdown(self) -> None:
         """Stop sglang's scheduler and detokenizer processes."""
-        self.engine.shutdown()
+        try:
+            self.engine.shutdown()
+        finally:
+            self._engine_thread.close()
 
     # --- weights ----------------------------------------------------------------------------------------------
     @asynccontextmanager

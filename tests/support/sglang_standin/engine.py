@@ -7,12 +7,21 @@ blocking methods drive that loop with `run_until_complete`: called from inside a
 "This event loop is already running" (or "Cannot run the event loop while another loop is running"). It has no
 `tokenizer` attribute, and it refuses keyword arguments that are not server arguments. Like the real one it has
 `shutdown` run at interpreter exit (`atexit`), so an engine nobody shut down leaves no scheduler task pending.
+
+Like the real one it starts a scheduler process from the calling thread, which asks the kernel to SIGKILL it when
+its parent dies (`prctl(PR_SET_PDEATHSIG)`, sglang's `kill_itself_when_parent_died`); on Linux that parent is the
+THREAD that started it, so an Engine built in a thread that then ends loses its scheduler (sglang's watchdog then
+SIGQUITs the engine's process; here every later call raises `SchedulerDied`). The stand-in's process does no work:
+the scheduler itself is a task on the tokenizer manager's loop (`scheduler.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import subprocess
+import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +56,24 @@ def _ensure_event_loop() -> asyncio.AbstractEventLoop:
             return loop
 
 
+# The scheduler process: its death signal set (PR_SET_PDEATHSIG = 1, as sglang's `kill_itself_when_parent_died`),
+# it says so and waits until its stdin closes (the engine's shutdown) or the signal comes.
+_SCHEDULER_PROCESS = ("import ctypes, signal, sys\n"
+                      "ctypes.CDLL(None).prctl(1, signal.SIGKILL)\n"
+                      "sys.stdout.write('ready\\n'); sys.stdout.flush()\n"
+                      "sys.stdin.read()\n")
+
+
+def _start_scheduler_process() -> subprocess.Popen:
+    """Start the scheduler process from this thread and wait until its death signal is set (sglang too waits for
+    its scheduler to be ready before the Engine is built)."""
+    child = subprocess.Popen([sys.executable, "-S", "-c", _SCHEDULER_PROCESS], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE)
+    if child.stdout.readline() != b"ready\n":
+        raise RuntimeError("the stand-in's scheduler process did not start")
+    return child
+
+
 class Engine:
     """Stand-in for `sglang.Engine(**server_args)`; see the module docstring."""
 
@@ -58,6 +85,7 @@ class Engine:
             raise TypeError("Missing required argument: 'model_path'")
         self.server_args = dict(kwargs)
         self.scheduler = StandinScheduler(self.server_args)
+        self.scheduler.process, self.scheduler.parent = _start_scheduler_process(), threading.current_thread()
         self.tokenizer_manager = StandinTokenizerManager(self.scheduler, self.server_args)
         self.is_shut_down = False
         self.loop = _ensure_event_loop()
@@ -143,8 +171,13 @@ class Engine:
         """sglang kills its scheduler processes; here the scheduler task is cancelled, and run to its end when its
         loop is idle (a task left pending is reported as destroyed when the loop is collected)."""
         self.is_shut_down = True
+        process = self.scheduler.process
+        if process is not None and process.poll() is None:
+            process.stdin.close()
+            process.wait()
         task = self.scheduler.task
         if task is not None and not task.done():
             task.cancel()
-            if not self.loop.is_running() and not self.loop.is_closed():
-                self.loop.run_until_complete(asyncio.wait([task]))
+            loop = task.get_loop()  # (the tokenizer manager's: running when shut down from a coroutine)
+            if not loop.is_running() and not loop.is_closed():
+                loop.run_until_complete(asyncio.wait([task]))

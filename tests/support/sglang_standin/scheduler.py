@@ -18,7 +18,8 @@ What it models of sglang 0.5.23, because an adapter trips over it:
 * memory: releasing while not idle, resuming a tag not released, generating without a KV cache and loading into
   released weights kill the scheduler (as the real one dies, taking the engine with it); released weights are lost
   unless `enable_weights_cpu_backup`; without `enable_memory_saver` release and resume do nothing;
-* `get_weights_by_name` answers only for model classes that implement it (None otherwise).
+* `get_weights_by_name` answers only for model classes that implement it (None otherwise);
+* its process (`engine.py`) dies with the thread that built the Engine, and so does the scheduler.
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ class StandinScheduler:
         self.released: set[str] = set()
         self.groups: dict[str, list[Any]] = {}
         self.died: str | None = None
+        self.process: Any = None  # the scheduler process (`engine._start_scheduler_process`), and the thread that
+        self.parent: threading.Thread | None = None  # started it: its parent as far as its death signal goes
         self.work: asyncio.Event | None = None  # created on the loop the scheduler runs on
         self.task: asyncio.Task | None = None
         self.iterations = 0
@@ -109,6 +112,11 @@ class StandinScheduler:
         self.task = loop.create_task(self._run())
 
     def check_alive(self) -> None:
+        if self.died is None and self.process is not None and (self.process.poll() is not None or
+                                                               not self.parent.is_alive()):
+            self.die(f"its process was killed (exit code {self.process.poll()}): sglang's scheduler and detokenizer "
+                     "processes ask to be killed when the thread that started them ends (PR_SET_PDEATHSIG), so the "
+                     "thread that builds the Engine must outlive it")
         if self.died is not None:
             raise SchedulerDied(f"the SGLang scheduler died: {self.died}")
 
@@ -146,6 +154,7 @@ class StandinScheduler:
 
     def _iterate(self) -> None:
         self.iterations += 1
+        self.check_alive()
         controls, self.controls = self.controls, []
         for call, reply in controls:
             try:
