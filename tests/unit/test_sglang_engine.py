@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import pickle
 import signal
 import sys
 from pathlib import Path
@@ -28,7 +29,7 @@ from rlinf_pipe.engines.rollout.sglang_engine import (
     SGLangNotInstalledError,
     import_sglang,
 )
-from rlinf_pipe.engines.rollout.sglang_weights import verify_by_name
+from rlinf_pipe.engines.rollout.sglang_weights import tensor_payloads, verify_by_name
 from rlinf_pipe.models.weight_map import read_hf_arch
 from rlinf_pipe.models.tiny import ensure_tiny_model
 from rlinf_pipe.utils.net import free_port
@@ -239,6 +240,21 @@ async def test_abort_and_an_early_exit_end_only_their_own_requests(model_path: P
     assert all(r.samples[0].finish_reason == "length" for r in (await other).values())
 
 
+async def test_an_abort_from_another_thread_reaches_sglang_from_the_generating_loop(model_path: Path) -> None:
+    """A worker abandons a step from its control thread; sglang's `abort_request` may only run on the thread of
+    the tokenizer manager's loop (its zmq socket is not thread-safe: the stand-in raises)."""
+    engine = make_engine(model_path)
+    results = {}
+    async for result in engine.generate([req("short", PROMPTS[0], max_new_tokens=3, ignore_eos=True),
+                                         req("running", PROMPTS[1], max_new_tokens=400, ignore_eos=True, n=2)]):
+        results[result.request_id] = result
+        if result.request_id == "short":
+            await asyncio.to_thread(engine.abort)
+    for s in results["running"].samples:
+        assert s.finish_reason == "abort" and 0 < len(s.response_ids) < 400
+    assert len(standin(engine).tokenizer_manager.calls_of("abort_request")) == 2
+
+
 async def test_sleep_right_after_an_early_exit_waits_until_the_scheduler_is_idle(model_path: Path) -> None:
     engine = make_engine(model_path)
     gen = engine.generate([req("a", PROMPTS[0], max_new_tokens=2, ignore_eos=True),
@@ -258,6 +274,23 @@ async def test_sleep_right_after_an_early_exit_waits_until_the_scheduler_is_idle
 
 
 # --- weights and memory -------------------------------------------------------------------------------------
+
+
+async def test_each_tp_rank_gets_a_payload_of_its_own(model_path: Path) -> None:
+    """sglang's ranks each deserialize their own payload: torch counts a CUDA IPC handle's users per pickling."""
+    bucket = [("a", torch.arange(6.0).reshape(2, 3)), ("b", torch.ones(4, dtype=torch.bfloat16))]
+    payloads, _ = tensor_payloads(bucket, 3)
+    assert len({id(p) for p in payloads}) == 3
+    for payload in payloads:
+        loaded = pickle.loads(payload)  # (as sglang's ranks do, through its allow-list)
+        flat, metadata = loaded["flattened_tensor"], loaded["metadata"]
+        for (name, tensor), meta in zip(bucket, metadata, strict=True):
+            got = flat[meta.start_idx : meta.end_idx].view(meta.dtype).reshape(meta.shape)
+            assert meta.name == name and torch.equal(got, tensor)
+    engine = make_engine(model_path, tp_size=2)
+    async with engine.weight_update(version=1):
+        with pytest.raises(ValueError, match="payload of its own"):  # (the stand-in says what sglang does not)
+            await engine.load_payload([payloads[0]] * 2)
 
 
 async def test_weight_updates_run_in_sessions_and_survive_sleep(model_path: Path) -> None:

@@ -182,6 +182,7 @@ class SGLangEngine:
         self._weights_lost = False  # released without a CPU backup and not loaded since
         self._abort_epoch = 0
         self._inflight: set[str] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop generating (the tokenizer manager's)
 
     @property
     def version(self) -> int:
@@ -219,6 +220,7 @@ class SGLangEngine:
             raise EngineAsleepError("SGLangEngine released its weights without a CPU backup: load a weight version "
                                     "(a weight sync) before generating")
         requests = list(requests)
+        self._loop = asyncio.get_running_loop()
         epoch, version = self._abort_epoch, self._version
         seeds = [r.sampling.seed if r.sampling.seed is not None else self._seeds.getrandbits(63) for r in requests]
         done: list[list[SampleOutput | None]] = [[None] * r.sampling.n for r in requests]
@@ -276,8 +278,27 @@ class SGLangEngine:
         return SampleOutput(response_ids=lp_ids, logprobs=logprobs, finish_reason=reason, version=version)
 
     def abort(self) -> None:
-        """End all requests of the `generate` calls now in flight with `abort` (tokens so far are kept)."""
-        self._abort_epoch += 1
+        """End all requests of the `generate` calls now in flight with `abort` (tokens so far are kept). Safe from
+        any thread (a worker's control thread abandons a step): sglang's `abort_request` sends on the tokenizer
+        manager's zmq socket, which only the thread of the loop generating may use, so the aborts are handed to
+        that loop."""
+        self._abort_epoch += 1  # (samples not yet sent return `abort` at once)
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._abort_inflight()
+            return
+        try:
+            loop.call_soon_threadsafe(self._abort_inflight)
+        except RuntimeError:  # the loop is closed: nothing is generating
+            pass
+
+    def _abort_inflight(self) -> None:
         for rid in list(self._inflight):
             self.tm.abort_request(rid=rid)
 

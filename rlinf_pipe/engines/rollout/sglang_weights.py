@@ -34,7 +34,9 @@ from rlinf_pipe.weights.record import FINGERPRINT_VALUES
 def tensor_payloads(bucket: list[tuple[str, torch.Tensor]], ranks: int) -> tuple[list[bytes], torch.Tensor]:
     """A bucket as sglang's flattened-bucket payloads, one per TP rank, and the flat tensor they share (keep it
     alive until sglang has loaded it). On a GPU the bucket is copied into one device buffer that every rank maps by
-    its IPC handle; on CPU (a stand-in) each rank gets its own pickle of the host buffer."""
+    its IPC handle. Each rank gets a pickle of its own: torch counts the processes using a CUDA IPC handle per
+    pickling, so ranks sharing one would let the buffer be freed while one of them still reads it (sglang 0.5.23
+    asks for one payload per rank, `tp_worker.deserialize_own_rank`)."""
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     sizes = [t.numel() * t.element_size() for _, t in bucket]
     flat = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
@@ -45,8 +47,6 @@ def tensor_payloads(bucket: list[tuple[str, torch.Tensor]], ranks: int) -> tuple
                                               end_idx=offset + nbytes, numel=nbytes))
         offset += nbytes
     payload = {"flattened_tensor": flat, "metadata": metadata}
-    if device.type == "cuda":
-        return [cuda_handle(payload)] * ranks, flat
     return [cuda_handle(payload) for _ in range(ranks)], flat
 
 
@@ -117,6 +117,8 @@ class SGLangIpcReceiver(IpcReceiver):
         if not handle.cuda:  # shared memory (CPU): map it here, pass the tensors on through the engine's session
             return await super().load_handle(index, bucket, handle, load_bucket, verify)
         self.cuda_handles = True
+        # (Every rank maps the actor's one pickle. Unlike `tensor_payloads`' buffers, the actor's slots live until
+        # its sender closes, so a use count shared between ranks frees nothing early.)
         await self.engine.load_payload([handle.data] * self.engine.tp_size)
         return None, None
 

@@ -4,13 +4,15 @@
 Modelled because it bites: the manager binds to the first event loop that calls it (its locks and its receive
 loop live there; a call from another loop fails); a generate request holds the model-update lock as a reader for
 its whole life and weight-update calls take it as a writer; `abort_request` is synchronous, looks the rid up
-exactly (an unknown rid does nothing) and the scheduler then aborts every request whose rid starts with it;
+exactly (an unknown rid does nothing) and the scheduler then aborts every request whose rid starts with it; it
+sends on the manager's zmq socket, which only the thread of its loop may use (from another thread: RuntimeError);
 `skip_tokenizer_init` leaves `tokenizer` None and refuses text prompts; results carry no text.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -70,6 +72,7 @@ class StandinTokenizerManager:
         skip = bool(server_args.get("skip_tokenizer_init"))
         self.tokenizer = None if skip else AutoTokenizer.from_pretrained(server_args["model_path"])
         self.event_loop: asyncio.AbstractEventLoop | None = None
+        self.loop_thread: int | None = None  # the thread running `event_loop`
         self.rid_to_state: dict[str, dict[str, Any]] = {}
         self.model_update_lock = _ReadWriteLock()
         self.is_pause = False
@@ -78,7 +81,7 @@ class StandinTokenizerManager:
     def auto_create_handle_loop(self) -> None:
         loop = asyncio.get_running_loop()
         if self.event_loop is None:
-            self.event_loop = loop
+            self.event_loop, self.loop_thread = loop, threading.get_ident()
             self.scheduler.start(loop)
         elif loop is not self.event_loop:
             raise RuntimeError(f"{self.model_update_lock!r} is bound to a different event loop")
@@ -137,6 +140,9 @@ class StandinTokenizerManager:
 
     def abort_request(self, rid="", abort_all=False):
         self.calls.append(("abort_request", {"rid": rid, "abort_all": abort_all}))
+        if self.loop_thread is not None and threading.get_ident() != self.loop_thread:
+            raise RuntimeError("abort_request called from a thread other than the tokenizer manager's loop: sglang "
+                               "sends it on a zmq.asyncio socket, which is not thread-safe")
         if not abort_all and not rid:
             return
         if not abort_all and rid not in self.rid_to_state:
@@ -185,6 +191,10 @@ class StandinTokenizerManager:
     async def update_weights_from_tensor(self, obj, request=None):
         self.auto_create_handle_loop()
         self.calls.append(("update_weights_from_tensor", obj))
+        payloads = obj.serialized_named_tensors
+        if obj.load_format == "flattened_bucket" and len({id(p) for p in payloads}) < len(payloads):
+            raise ValueError("every TP rank needs a payload of its own (sglang's deserialize_own_rank: ranks "
+                             "sharing one break the sender's CUDA IPC use counts)")
         return await self._writing(lambda: self.scheduler.update_from_tensor(
             [bytes(p) for p in obj.serialized_named_tensors], obj.load_format))
 
