@@ -3,6 +3,7 @@ sampler, the device locks. `Components.shutdown()` stops the workers and release
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +28,16 @@ from rlinf_pipe.workers.step_channels import StepChannels
 EXIT_GRACE_S = 5.0  # a worker's time to release what a kill leaves behind, before it is killed (`Worker.before_stop`)
 
 WORKER_ENV = {"PYTHONWARNINGS": "ignore::UserWarning,ignore::FutureWarning"}  # apex/TE fallbacks, deprecations
+NCCL_CUMEM = "NCCL_CUMEM_ENABLE"
+
+
+def nccl_env(cfg: Config) -> dict[str, str]:
+    """One `NCCL_CUMEM_ENABLE` for every worker of a run with SGLang engines: sglang's Engine sets it to 0 in its
+    process unless it is set (so in its schedulers, which join the weight group with the actor), and the ranks of
+    an NCCL communicator that disagree on it fail. The driver's value if it has one, else sglang's 0."""
+    if cfg.rollout.backend != "sglang":
+        return {}
+    return {NCCL_CUMEM: os.environ.get(NCCL_CUMEM, "0")}
 
 
 @dataclass
@@ -226,8 +237,8 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
     def start(worker_cls: type, name: str, *args: Any, env: dict[str, str] | None = None,
               **kwargs: Any) -> WorkerGroup:
         nsight = {"nsight": "default"} if name in cfg.runner.nsight else None  # `runner.nsight`
-        started.append(WorkerGroup.start(worker_cls, name, *args, runtime_env=nsight, env={**cpus, **(env or {})},
-                                         **kwargs))
+        started.append(WorkerGroup.start(worker_cls, name, *args, runtime_env=nsight,
+                                         env={**cpus, **nccl_env(cfg), **(env or {})}, **kwargs))
         return started[-1]
 
     try:

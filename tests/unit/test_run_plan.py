@@ -153,3 +153,15 @@ def test_packed_collocated_engines_take_weights_from_the_actor_rank_on_their_fir
     assert p.collocated and p.weight_transport == "ipc" and gathering_ranks(p.placement.components["actor"]) == [
         0, 1, 2, 3]
     assert [(r.sender, r.receivers) for r in p.weight_routes] == [(0, (("rollout", 0),)), (2, (("rollout", 1),))]
+
+
+def test_with_sglang_engines_every_worker_gets_one_nccl_cumem_setting(monkeypatch):
+    """sglang sets NCCL_CUMEM_ENABLE=0 in its process unless set; the actor's NCCL must agree with its schedulers."""
+    from rlinf_pipe.runner.components import nccl_env
+
+    monkeypatch.delenv("NCCL_CUMEM_ENABLE", raising=False)
+    assert nccl_env(load_config()) == {}  # (the torch engine: NCCL's own default everywhere)
+    sglang = load_config(overrides=["rollout.backend=sglang"])
+    assert nccl_env(sglang) == {"NCCL_CUMEM_ENABLE": "0"}
+    monkeypatch.setenv("NCCL_CUMEM_ENABLE", "1")  # the user's choice, for every worker
+    assert nccl_env(sglang) == {"NCCL_CUMEM_ENABLE": "1"}
