@@ -31,6 +31,7 @@ from rlinf_pipe.runner.stop import StopSignals
 from rlinf_pipe.utils.metrics import read_metrics
 from rlinf_pipe.utils.timeline import STEP_SPAN, overlaps, read_chrome_trace
 from support.faults import Fault, Saboteur, reward_pool_processes, wait_for
+from support.runs import assert_trains_like, final_weights
 
 REQUIRED_METRICS = {
     "step", "reward/mean", "reward/accuracy", "response_length/mean", "loss", "grad_norm", "kl", "timing/step",
@@ -74,11 +75,6 @@ def run(config_name: str, out: Path, model: str, *overrides: str) -> Path:
 COMPARED = ("algorithm.n_minibatches=2", "algorithm.compute_ref_logprobs=true", "runner.save_interval=1")
 # The three-stage pipeline: log-prob (inference) workers of their own, which COMPARED gives something to compute.
 THREE_STAGES = ("cluster.num_gpus_per_node=3", "cluster.component_placement={rollout: 0, inference: 1, actor: 2}")
-
-
-def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    ckpt = sorted((run_dir / "checkpoints").glob("step_*"))[-1]
-    return load_model_shard(ckpt / "actor", 0, 0)
 
 
 @pytest.fixture(scope="module")
@@ -159,21 +155,6 @@ def test_pipeline_run_outputs_and_versions(pipeline_run):
     assert json.loads((ckpt / "actor" / "trainer" / "state.json").read_text())["step"] == 4  # optimizer steps
     for r in records:  # the driver sends control only: no training data passes through it
         assert r["driver/data_bytes"] == 0 and r["actor/train_data_bytes"] > 0
-
-
-def assert_trains_like(reference: Path, other: Path) -> None:
-    """Same seed: the same rollouts, and losses and final parameters equal within float tolerance."""
-    ref = read_metrics(reference / "metrics.jsonl")
-    got = [r for r in read_metrics(other / "metrics.jsonl") if "reward/mean" in r]  # (not validation's)
-    for a, b in zip(ref, got, strict=True):
-        for key in ("reward/mean", "reward/accuracy", "response_length/mean", "rollout/samples"):
-            assert a[key] == b[key], (key, a["step"], a[key], b[key])
-        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
-        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4, abs=1e-6)
-    wa, wb = final_weights(reference), final_weights(other)
-    assert wa.keys() == wb.keys()
-    for name in wa:
-        torch.testing.assert_close(wa[name], wb[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
 @pytest.mark.slow

@@ -1,0 +1,95 @@
+"""The runner with `rollout.backend: sglang` end to end on CPU: the SGLang adapter inside real rollout workers,
+against the stand-in of sglang 0.5.23 (tests/support/sglang_standin; sglang itself installs only with a GPU), in
+both modes: weights over its own ranks' broadcast group (pipeline) and over shared memory with sleep and wake
+(collocated), a lost actor's step abandoned by the engine, which joins the relaunched actor's weight group, and
+retried. With `rollout.deterministic` the stand-in draws per-sample seeded tokens, so runs that differ only in how
+they were scheduled train alike."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import ray
+from support.faults import Fault, Saboteur
+from support.runs import assert_trains_like
+
+from rlinf_pipe.config import load_config
+from rlinf_pipe.engines.rollout.sglang_engine import STANDIN_ENV
+from rlinf_pipe.runner import run as run_config
+from rlinf_pipe.utils.metrics import read_metrics
+from rlinf_pipe.utils.timeline import read_chrome_trace
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("sglang") is not None,
+                                reason="sglang is installed: the GPU suite runs the real one")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_session():
+    """One local Ray (3 virtual GPUs) whose workers build the stand-in when the adapter imports sglang."""
+    assert not ray.is_initialized(), "another test left Ray running"
+    ray.init(address="local", num_cpus=2, num_gpus=3, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {STANDIN_ENV: "support.sglang_standin"}})
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> str:
+    from rlinf_pipe.config.schema import DataConfig
+    from rlinf_pipe.models.warmstart import ensure_warm_tiny_model
+
+    return str(ensure_warm_tiny_model(None, DataConfig()))
+
+
+def run(config_name: str, out: Path, model: str, *overrides: str) -> Path:
+    common = [f"actor.model_path={model}", f"runner.output_dir={out}", "cluster.ray_address=local",
+              "runner.progress=false", "data.rollout_batch_size=4", "algorithm.group_size=4",
+              "actor.micro_batch_size=4", "runner.max_steps=2", "rollout.backend=sglang", "rollout.deterministic=true",
+              "runner.save_interval=1"]
+    assert os.environ.get(STANDIN_ENV) is None  # (the workers' environment names the stand-in, not the driver's)
+    return run_config(load_config("examples/math/config", config_name, [*common, *overrides]))
+
+
+@pytest.fixture(scope="module")
+def pipeline_run(tmp_path_factory, tiny_model) -> Path:
+    return run("tiny-grpo-megatron-pipeline", tmp_path_factory.mktemp("sglang-pipe"), tiny_model,
+               "runner.verify_weights=true")
+
+
+def test_the_pipeline_generates_with_sglang_and_loads_each_version_through_its_ranks(pipeline_run):
+    records = read_metrics(pipeline_run / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1]
+    for r in records:
+        assert r["rollout/samples"] == 16 and r["weight_sync/bytes"] > 0 and 0 <= r["reward/accuracy"] <= 1
+    spans = read_chrome_trace(pipeline_run / "timeline.json")
+    assert {"generate", "weight_sync"} <= {s.name for s in spans if s.track == "rollout/0"}
+    generated = sorted((s for s in spans if s.name == "generate"), key=lambda s: s.start)
+    assert [s.args["version"] for s in generated] == [0, 1]  # step k generates with version k
+
+
+def test_collocated_sglang_sleeps_wakes_and_trains_like_the_pipeline(tmp_path, tiny_model, pipeline_run):
+    out = run("tiny-grpo-megatron", tmp_path, tiny_model, "cluster.num_gpus_per_node=1", "actor.offload_on_cpu=true")
+    assert_trains_like(pipeline_run, out)
+    spans = read_chrome_trace(out / "timeline.json")
+    assert {"sleep", "wake"} <= {s.name for s in spans if s.track == "rollout/0"}
+
+
+def test_a_lost_actor_abandons_the_step_on_the_sglang_engine_and_the_retry_trains_alike(tmp_path, tiny_model,
+                                                                                         pipeline_run):
+    saboteur = Saboteur(tmp_path, [Fault("step_000001", "rlinf_pipe:actor:0", signal.SIGKILL)])
+    saboteur.start()
+    try:
+        out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, "runner.verify_weights=true",
+                  "runner.max_restarts=1")
+    finally:
+        saboteur.stop()
+    assert len(saboteur.pids) == 1
+    (restart,) = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    # only the actor was relaunched: the engine abandoned the step, joined the new actor's weight group, retried
+    assert (restart["worker"], restart["relaunched"], restart["resumed_at"]) == ("rlinf_pipe:actor:0", "actor rank 0", 1)
+    assert_trains_like(pipeline_run, out)
