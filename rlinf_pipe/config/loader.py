@@ -183,9 +183,17 @@ def _parse_overrides(overrides: typing.Sequence[str]) -> list[tuple[str, Any]]:
 
 def _check_split_placement(key: str, value: Any) -> None:
     """`cluster.component_placement={actor,rollout: all}` on a command line: YAML splits the flow mapping at the
-    comma into `actor: null` and `rollout: all`. Say so, with the quoting that keeps the joined key."""
+    comma into `actor: null` and `rollout: all`. Say so, with the quoting that keeps the joined key. Likewise
+    `{rollout:0, actor:1}`: without a space after the colon, `rollout:0` is one key with no value."""
     if key == "cluster.component_placement" and isinstance(value, dict):
         empty = [name for name, ids in value.items() if ids is None]
+        glued = [str(name) for name in empty if ":" in str(name)]
+        if glued:
+            fixed = ", ".join(f"`{n.split(':', 1)[0]}: {n.split(':', 1)[1]}`" for n in glued)
+            raise ConfigError(
+                f"override `{key}=...`: {', '.join(f'`{n}`' for n in glued)} got no GPUs: YAML needs a space after "
+                f"the colon, or it reads one key with no value; write {fixed}"
+            )
         if empty:
             raise ConfigError(
                 f"override `{key}=...`: {', '.join(f'`{n}`' for n in empty)} got no GPUs. YAML splits "
