@@ -333,13 +333,13 @@ async def test_a_refused_update_raises_and_keeps_the_version(model_path: Path) -
     assert engine.version == 0 and standin(engine).scheduler.session is None
 
 
-async def _broadcast_version(engine: SGLangEngine, path: Path, version: int,
-                             verify: bool) -> tuple[Any, Any, dict[str, torch.Tensor]]:
+async def _broadcast_version(engine: SGLangEngine, path: Path, version: int, verify: bool,
+                             timeout_s: float = 300.0) -> tuple[Any, Any, dict[str, torch.Tensor]]:
     """A real gloo broadcast group: our sender at rank 0, the engine's TP ranks after it (joining as sglang's do)."""
     arch = read_hf_arch(path)
     layout = plan_weight_layout(arch, torch.float32, 40_000, trailer=False)
     rendezvous = Rendezvous("127.0.0.1", free_port(), 1 + engine.weight_group_ranks(), "gloo",
-                            f"test-broadcast-{free_port()}")
+                            f"test-broadcast-{free_port()}", timeout_s)
     sender, receiver = await asyncio.gather(asyncio.to_thread(open_sender, "broadcast", layout, rendezvous),
                                             engine.open_weight_receiver("broadcast", layout, rendezvous, 1))
     weights = random_weights(arch, seed=version)
@@ -364,6 +364,30 @@ async def test_a_broadcast_reaches_every_tp_rank_of_the_engine(model_path: Path)
     calls = standin(engine).tokenizer_manager.calls_of("update_weights_from_distributed")
     assert all(c.load_format == "flattened_bucket" and c.dtypes[0] == "float32" for c in calls) and len(calls) > 1
     assert engine.version == 1
+
+
+async def test_a_bucket_sglang_cannot_load_fails_the_version_once_every_bucket_was_taken_in(model_path: Path) -> None:
+    """sglang reports a bucket it received but could not load and stays in the group; the sender broadcasts every
+    bucket, so the receiver takes in the rest before it raises (stopping at the failure left the sender waiting
+    for a collective nobody joined)."""
+    engine = make_engine(model_path)
+    scheduler = standin(engine).scheduler
+    load, loads = scheduler.load_weights, []
+
+    def first_fails(named: list[tuple[str, torch.Tensor]]) -> None:
+        loads.append(len(named))
+        if len(loads) == 1:
+            raise AssertionError("Attempted to load weight (the test's) into parameter")
+        load(named)
+
+    scheduler.load_weights = first_fails
+    with pytest.raises(WeightSyncError, match="bucket 0: Failed to update parameter online"):
+        await _broadcast_version(engine, model_path, 1, verify=False, timeout_s=20)
+    buckets = len(standin(engine).tokenizer_manager.calls_of("update_weights_from_distributed"))
+    assert len(loads) == buckets > 1 and engine.version == 0
+    scheduler.load_weights = load
+    await _broadcast_version(engine, model_path, 2, verify=False)  # the group is still whole: the next one loads
+    assert engine.version == 2
 
 
 async def test_verification_by_name_catches_weights_that_differ(llama_path: Path) -> None:

@@ -189,10 +189,11 @@ class SGLangEngine:
         """The weight version currently loaded."""
         return self._version
 
-    async def call(self, method: str, request: Any) -> Any:
-        """Await a tokenizer-manager control coroutine; a `(success, message)` reply that failed raises."""
+    async def call(self, method: str, request: Any, check: bool = True) -> Any:
+        """Await a tokenizer-manager control coroutine; with `check`, a `(success, message)` reply that failed
+        raises."""
         result = await getattr(self.tm, method)(request, None)
-        if isinstance(result, tuple) and len(result) >= 2 and not result[0]:
+        if check and isinstance(result, tuple) and len(result) >= 2 and not result[0]:
             raise SGLangError(f"sglang {method} failed: {result[1]}")
         return result
 

@@ -95,12 +95,24 @@ class SGLangGroupReceiver(WeightReceiver):
         self.engine, self.layout, self.group_name = engine, layout, group_name
 
     async def receive(self, published: WeightVersion, load_bucket: LoadBucket, verify: bool = False) -> LoadedWeights:
+        """One `update_weights_from_distributed` per bucket. A bucket sglang failed to load after its broadcast
+        (it reports that and stays in the group) does not stop the version: the sender broadcasts every bucket,
+        so the rest are taken in before `WeightSyncError` names the failures (as every receiver does)."""
         layout, requests = self.layout, self.engine.requests
-        for bucket in layout.buckets:
-            await self.engine.call("update_weights_from_distributed", requests.UpdateWeightsFromDistributedReqInput(
-                names=[s.name for s in bucket.slots], dtypes=[layout.dtype] * len(bucket.slots),
-                shapes=[list(s.shape) for s in bucket.slots], group_name=self.group_name, flush_cache=False,
-                load_format="flattened_bucket"))
+        failed: list[str] = []
+        for index, bucket in enumerate(layout.buckets):
+            ok, message = (await self.engine.call("update_weights_from_distributed",
+                                                  requests.UpdateWeightsFromDistributedReqInput(
+                                                      names=[s.name for s in bucket.slots],
+                                                      dtypes=[layout.dtype] * len(bucket.slots),
+                                                      shapes=[list(s.shape) for s in bucket.slots],
+                                                      group_name=self.group_name, flush_cache=False,
+                                                      load_format="flattened_bucket"), check=False))[:2]
+            if not ok:
+                failed.append(f"bucket {index}: {message}")
+        if failed:
+            raise WeightSyncError(f"weight sync of version {published.version}: sglang could not load "
+                                  + "; ".join(failed))
         return LoadedWeights(published.version, layout.num_bytes, layout.num_tensors, len(layout.buckets))
 
 
