@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Mapping, Sequence
 
 from rlinf_pipe.runner.devices import ActorPhase
@@ -65,8 +66,10 @@ class WeightSync:
             point = None
             if self.concurrent:
                 addr, port = await self.actor.rank(route.sender).free_port()
+                # (a name of its own each time: SGLang's ranks keep the groups of earlier opens, and a port can come
+                # round again)
                 point = Rendezvous(addr, port, 1 + sum(ranks), backend if self.transport == "broadcast" else "gloo",
-                                   f"{GROUP_NAME}-{port}")
+                                   f"{GROUP_NAME}-{port}-{uuid.uuid4().hex[:8]}")
             rendezvous[route.sender] = point
             rank = 1
             for (name, member), taken in zip(route.receivers, ranks, strict=True):
