@@ -9,7 +9,7 @@ on its GPU), else the first on its node.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from rlinf_pipe.errors import ConfigError
@@ -41,6 +41,18 @@ def ipc_unreachable(placement: Placement, receivers: Sequence[str]) -> str | Non
             if proc.node_rank not in nodes_with_sender:
                 return (f"{name} rank {proc.rank} runs on node {proc.node_rank}, where no actor rank holds a whole "
                         "replica's weights (tensor rank 0 of pipeline stage 0)")
+    return None
+
+
+def on_sender_gpu(actor: ComponentPlacement, receivers: Mapping[str, ComponentPlacement]) -> str | None:
+    """A receiver on a GPU of the actor's rank 0 (the sender of `broadcast`), named, or None. NCCL refuses a group
+    with two ranks on one GPU ("Duplicate GPU detected"), so on GPUs `broadcast` cannot serve it."""
+    sender = set(actor.processes[0].global_gpus)
+    for name, component in receivers.items():
+        for proc in component.processes:
+            shared = sender & set(proc.global_gpus)
+            if shared:
+                return f"{name} rank {proc.rank} is on GPU {min(shared)} with actor rank 0"
     return None
 
 

@@ -62,7 +62,9 @@ def test_partly_shared_placements_decide_who_takes_turns_and_who_computes_log_pr
     p = plan("cluster.num_gpus_per_node=2", f"cluster.component_placement={placement}", REF)
     assert (p.engines_share_actor, p.actor_logprobs, p.collocated) == (shares, by_actor, False)
     assert p.device_locks == (shares or "rollout,inference" in placement)
-    assert p.weight_receivers == receivers and p.weight_transport == "broadcast"  # auto: some receiver is apart
+    assert p.weight_receivers == receivers
+    # auto: broadcast, but not with a receiver on the actor's GPU (NCCL refuses two ranks of a group on one GPU)
+    assert p.weight_transport == ("ipc" if "actor,rollout" in placement else "broadcast")
     assert p.buffers_steps  # a consumer waits for its producer's phase: the channels hold a step
     assert [member for route in p.weight_routes for member in route.receivers] == [(n, 0) for n in receivers]
     assert not plan().buffers_steps and plan("runner.max_staleness=1").buffers_steps
@@ -113,6 +115,12 @@ def test_staleness_needs_the_disaggregated_pipeline():
 def test_auto_weight_sync_resolves_by_mode_and_reach():
     assert resolve_weight_transport("auto", plan().placement, ("rollout", "inference")) == "broadcast"
     assert resolve_weight_transport("auto", plan(*COLLOCATED).placement, ("rollout",)) == "ipc"
+    # a collocated engine on a node without an actor rank holding a whole replica (pipeline stage 1 only): no
+    # ipc, and no broadcast either (the engine on the actor's GPU): the object store
+    staged = load_config(overrides=["cluster.num_nodes=2", "cluster.num_gpus_per_node=1",
+                                    'cluster.component_placement={"actor,rollout": all}',
+                                    "actor.pipeline_parallel_size=2"])
+    assert plan_run(staged, [1, 1]).weight_transport == "object_store"
     assert resolve_weight_transport("object_store", plan().placement, ("rollout",)) == "object_store"
 
 
