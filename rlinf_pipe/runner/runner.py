@@ -263,8 +263,8 @@ class Runner:
         """After `lost`: relaunch what was lost on the same GPUs, keep the other workers (`rlinf_pipe.runner.recovery`)
         and continue. A lost engine, reward or log-prob worker: step `step` is retried from the actor's state before
         it. A lost actor: the run continues from its last complete checkpoint (the start, before the first). With
-        rollout running ahead (`runner.max_staleness`), with SGLang engines in the actor's weight group, or when
-        replacing does not work out, every worker is relaunched and the run continues from the checkpoint. Returns the step to continue at; with
+        rollout running ahead (`runner.max_staleness`), for a lost member of a weight group SGLang's ranks joined,
+        or when replacing does not work out, every worker is relaunched and the run continues from the checkpoint. Returns the step to continue at; with
         `runner.max_restarts` spent, raises `lost`."""
         limit = self.cfg.runner.max_restarts
         if len(self.restarts) >= limit:
@@ -276,8 +276,8 @@ class Runner:
         self.spans += self.tracer.drain()  # the failed step's driver spans
         ckpt = self.last_checkpoint
         unit = None if self.c.plan.staleness else lost_unit(self.c, lost.worker)
-        if unit is not None and unit.group == "actor" and self.weights.native:
-            # SGLang's ranks share the actor's weight group: a version it died sending never completes on their
+        if unit is not None and self.weights.native and unit.group in ("actor", *self.c.weight_receivers):
+            # SGLang's ranks share the lost worker's weight group: a version in flight never completes on their
             # devices (an NCCL collective), and sglang has no way to abort the group, so the engines go too
             unit = None
         log.warning("worker %s %s (%s) in step %d: restart %d of %d, relaunching %s on the same GPUs", lost.worker,

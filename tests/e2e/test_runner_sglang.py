@@ -1,8 +1,8 @@
 """The runner with `rollout.backend: sglang` end to end on CPU: the SGLang adapter inside real rollout workers,
 against the stand-in of sglang 0.5.23 (tests/support/sglang_standin; sglang itself installs only with a GPU), in
 both modes: weights over its own ranks' broadcast group (pipeline) and over shared memory with sleep and wake
-(collocated), a lost actor (the engines, in its weight group, are relaunched with it) and the run resumed from
-its checkpoint. With `rollout.deterministic` the stand-in draws per-sample seeded tokens, so runs that differ only in how
+(collocated), a lost member of the weight group (every worker relaunched, the run resumed from its
+checkpoint). With `rollout.deterministic` the stand-in draws per-sample seeded tokens, so runs that differ only in how
 they were scheduled train alike."""
 
 from __future__ import annotations
@@ -79,9 +79,12 @@ def test_collocated_sglang_sleeps_wakes_and_trains_like_the_pipeline(tmp_path, t
     assert {"sleep", "wake"} <= {s.name for s in spans if s.track == "rollout/0"}
 
 
-def test_a_lost_actor_relaunches_the_sglang_engines_too_and_the_resumed_run_trains_alike(tmp_path, tiny_model,
-                                                                                         pipeline_run):
-    saboteur = Saboteur(tmp_path, [Fault("step_000001", "rlinf_pipe:actor:0", signal.SIGKILL)])
+@pytest.mark.parametrize("lost", ["actor", "rollout"])
+def test_a_lost_member_of_the_weight_group_relaunches_every_worker_and_the_resumed_run_trains_alike(
+        tmp_path, tiny_model, pipeline_run, lost):
+    """SGLang's ranks are in the weight group with the actor and every engine: on GPUs a version in flight when a
+    member dies never completes on their devices (an NCCL collective), and sglang cannot abort the group."""
+    saboteur = Saboteur(tmp_path, [Fault("step_000001", f"rlinf_pipe:{lost}:0", signal.SIGKILL)])
     saboteur.start()
     try:
         out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, "runner.verify_weights=true",
@@ -90,8 +93,6 @@ def test_a_lost_actor_relaunches_the_sglang_engines_too_and_the_resumed_run_trai
         saboteur.stop()
     assert len(saboteur.pids) == 1
     (restart,) = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
-    # SGLang's ranks were in the actor's weight group (on GPUs a collective its sender died in never completes, and
-    # sglang cannot abort it): every worker was relaunched, and the run resumed from the checkpoint
-    assert (restart["worker"], restart["relaunched"], restart["resumed_at"]) == ("rlinf_pipe:actor:0", "every worker",
-                                                                                  1)
+    assert (restart["worker"], restart["relaunched"], restart["resumed_at"]) == (f"rlinf_pipe:{lost}:0",
+                                                                                  "every worker", 1)
     assert_trains_like(pipeline_run, out)
