@@ -11,7 +11,7 @@ import pickle
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import pytest
 import torch
@@ -218,17 +218,28 @@ def test_output_mapping_checks_alignment_and_reasons() -> None:
         SGLangEngine.to_sample(out([1], [1], None), 0)
 
 
-async def test_abort_and_an_early_exit_end_only_their_own_requests(model_path: Path) -> None:
-    engine = make_engine(model_path)
+async def generate_then_abort(engine: SGLangEngine, abort: Callable[[], Awaitable[Any]]) -> dict[str, GenerateResult]:
+    """A short request and a long one of two samples, with `abort` awaited once the short one is done: the long
+    one's samples end aborted, with the tokens (and log-probs) they had."""
     results = {}
     async for result in engine.generate([req("short", PROMPTS[0], max_new_tokens=3, ignore_eos=True),
                                          req("running", PROMPTS[1], max_new_tokens=400, ignore_eos=True, n=2)]):
         results[result.request_id] = result
         if result.request_id == "short":
-            engine.abort()
+            await abort()
     assert results["short"].samples[0].finish_reason == "length"
     for s in results["running"].samples:
         assert s.finish_reason == "abort" and 0 < len(s.response_ids) < 400 and len(s.logprobs) == len(s.response_ids)
+    return results
+
+
+async def test_abort_and_an_early_exit_end_only_their_own_requests(model_path: Path) -> None:
+    engine = make_engine(model_path)
+
+    async def abort_here() -> None:
+        engine.abort()
+
+    await generate_then_abort(engine, abort_here)
 
     # two calls at once: stopping one early aborts its requests, never the other's
     other = asyncio.ensure_future(run(engine, [req(str(i), PROMPTS[2], max_new_tokens=30, ignore_eos=True)
@@ -244,14 +255,7 @@ async def test_an_abort_from_another_thread_reaches_sglang_from_the_generating_l
     """A worker abandons a step from its control thread; sglang's `abort_request` may only run on the thread of
     the tokenizer manager's loop (its zmq socket is not thread-safe: the stand-in raises)."""
     engine = make_engine(model_path)
-    results = {}
-    async for result in engine.generate([req("short", PROMPTS[0], max_new_tokens=3, ignore_eos=True),
-                                         req("running", PROMPTS[1], max_new_tokens=400, ignore_eos=True, n=2)]):
-        results[result.request_id] = result
-        if result.request_id == "short":
-            await asyncio.to_thread(engine.abort)
-    for s in results["running"].samples:
-        assert s.finish_reason == "abort" and 0 < len(s.response_ids) < 400
+    await generate_then_abort(engine, lambda: asyncio.to_thread(engine.abort))
     assert len(standin(engine).tokenizer_manager.calls_of("abort_request")) == 2
 
 
