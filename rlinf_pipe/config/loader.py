@@ -188,18 +188,18 @@ def _check_split_placement(key: str, value: Any) -> None:
     if key == "cluster.component_placement" and isinstance(value, dict):
         empty = [name for name, ids in value.items() if ids is None]
         glued = [str(name) for name in empty if ":" in str(name)]
+        split = [str(name) for name in empty if ":" not in str(name)]
+        problems = []
         if glued:
             fixed = ", ".join(f"`{n.split(':', 1)[0]}: {n.split(':', 1)[1]}`" for n in glued)
-            raise ConfigError(
-                f"override `{key}=...`: {', '.join(f'`{n}`' for n in glued)} got no GPUs: YAML needs a space after "
-                f"the colon, or it reads one key with no value; write {fixed}"
-            )
-        if empty:
-            raise ConfigError(
-                f"override `{key}=...`: {', '.join(f'`{n}`' for n in empty)} got no GPUs. YAML splits "
-                "`{actor,rollout: all}` at the comma into `actor: null, rollout: all`; quote a joined key inside "
-                "the braces: 'cluster.component_placement={\"actor,rollout\": all}'"
-            )
+            problems.append(f"{', '.join(f'`{n}`' for n in glued)} got no GPUs: YAML needs a space after the colon, "
+                            f"or it reads one key with no value; write {fixed}")
+        if split:
+            problems.append(f"{', '.join(f'`{n}`' for n in split)} got no GPUs. YAML splits `{{actor,rollout: all}}` "
+                            "at the comma into `actor: null, rollout: all`; quote a joined key inside the braces: "
+                            "'cluster.component_placement={\"actor,rollout\": all}'")
+        if problems:
+            raise ConfigError(f"override `{key}=...`: " + "; and ".join(problems))
 
 
 def _mapping_fields(tp: Any, prefix: str = "") -> list[str]:

@@ -105,9 +105,9 @@ class RunnerConfig:
         "How weights reach the engines and log-prob workers: `broadcast` (a process group from the actor's rank 0 "
         "to every receiver: NCCL on GPUs, gloo on CPU), `ipc` (collocated, within each node: CUDA IPC handles on "
         "GPUs, shared memory on CPU; no copy between processes), `object_store` (Ray's object store, the fallback "
-        "that works anywhere) or `auto` (broadcast when no receiver shares a GPU with the actor's rank 0, as NCCL "
-        "takes one rank per GPU; otherwise ipc when every node with receivers has an actor rank holding a whole "
-        "replica, else object_store). See docs/weight-sync.md.",
+        "that works anywhere) or `auto` (broadcast when no two members of its group, the actor's rank 0 and the "
+        "receivers, share a GPU, as NCCL takes one rank per GPU; otherwise ipc when every node with receivers has "
+        "an actor rank holding a whole replica, else object_store). See docs/weight-sync.md.",
     )
     verify_weights: bool = opt(
         False, "Verify every weight version where it lands: a CRC32 of every bucket (torch engines and log-prob "

@@ -31,11 +31,11 @@ WORKER_ENV = {"PYTHONWARNINGS": "ignore::UserWarning,ignore::FutureWarning"}  # 
 NCCL_CUMEM = "NCCL_CUMEM_ENABLE"
 
 
-def nccl_env(cfg: Config) -> dict[str, str]:
-    """One `NCCL_CUMEM_ENABLE` for every worker of a run with SGLang engines: sglang's Engine sets it to 0 in its
-    process unless it is set (so in its schedulers, which join the weight group with the actor), and the ranks of
-    an NCCL communicator that disagree on it fail. The driver's value if it has one, else sglang's 0."""
-    if cfg.rollout.backend != "sglang":
+def nccl_env(cfg: Config, transport: str) -> dict[str, str]:
+    """One `NCCL_CUMEM_ENABLE` for every worker of a run whose SGLang engines join the actor's `broadcast` group:
+    sglang's Engine sets it to 0 in its process unless it is set (so in its schedulers), and the ranks of an NCCL
+    communicator that disagree on it fail. The driver's value if it has one, else sglang's 0."""
+    if cfg.rollout.backend != "sglang" or transport != "broadcast":
         return {}
     return {NCCL_CUMEM: os.environ.get(NCCL_CUMEM, "0")}
 
@@ -238,13 +238,14 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
               **kwargs: Any) -> WorkerGroup:
         nsight = {"nsight": "default"} if name in cfg.runner.nsight else None  # `runner.nsight`
         started.append(WorkerGroup.start(worker_cls, name, *args, runtime_env=nsight,
-                                         env={**cpus, **nccl_env(cfg), **(env or {})}, **kwargs))
+                                         env={**cpus, **nccl, **(env or {})}, **kwargs))
         return started[-1]
 
     try:
         plan = plan_run(cfg, cluster.gpus_per_node)
         comps = plan.placement.components
         cpus = node_procs_env(node_procs(comps[name] for name in cpu_stages(cfg) if name in comps))
+        nccl = nccl_env(cfg, plan.weight_transport)
         reward_place = reward_placement(plan.placement)
         channels = create_channels(plan, len(reward_place.processes))
         locks = DeviceLocks.remote() if plan.device_locks else None

@@ -19,7 +19,7 @@ from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.scheduler.gpu_ids import format_ids
 from rlinf_pipe.scheduler.placement import Placement, plan_placement
 from rlinf_pipe.utils.text import closest
-from rlinf_pipe.runner.weight_routes import WeightRoute, ipc_unreachable, on_sender_gpu, weight_routes
+from rlinf_pipe.runner.weight_routes import WeightRoute, gpu_shared_in_group, ipc_unreachable, weight_routes
 from rlinf_pipe.weights.transports import TRANSPORTS, Transport
 
 
@@ -120,14 +120,14 @@ def idle_inference_warning(cfg: Config, placement: Placement) -> str:
 
 
 def resolve_weight_transport(setting: str, placement: Placement, receivers: Sequence[str]) -> Transport:
-    """`runner.weight_sync`: `auto` is `broadcast` (NCCL on GPUs, gloo on CPU) when no receiver shares a GPU with
-    the actor's rank 0. Otherwise (collocated, or a hybrid placement) NCCL could not form the group: `ipc` when
-    every node with a receiver has an actor rank that holds a whole replica (CUDA IPC on GPUs, shared memory on
-    CPU), else `object_store`."""
+    """`runner.weight_sync`: `auto` is `broadcast` (NCCL on GPUs, gloo on CPU) when no two members of its group
+    (the actor's rank 0 and the receivers) share a GPU. Otherwise (collocated, or a hybrid placement) NCCL could
+    not form the group: `ipc` when every node with a receiver has an actor rank that holds a whole replica (CUDA
+    IPC on GPUs, shared memory on CPU), else `object_store`."""
     if setting == "auto":
         comps = placement.components
-        if placement.mode != "collocated" and on_sender_gpu(comps["actor"], {n: comps[n] for n in receivers
-                                                                             if n in comps}) is None:
+        members = {name: comps[name] for name in receivers if name in comps}
+        if placement.mode != "collocated" and gpu_shared_in_group(comps["actor"], members) is None:
             return "broadcast"
         return "ipc" if ipc_unreachable(placement, receivers) is None else "object_store"
     if setting in TRANSPORTS:

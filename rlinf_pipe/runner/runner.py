@@ -264,8 +264,8 @@ class Runner:
         and continue. A lost engine, reward or log-prob worker: step `step` is retried from the actor's state before
         it. A lost actor: the run continues from its last complete checkpoint (the start, before the first). With
         rollout running ahead (`runner.max_staleness`), for a lost member of a weight group SGLang's ranks joined,
-        or when replacing does not work out, every worker is relaunched and the run continues from the checkpoint. Returns the step to continue at; with
-        `runner.max_restarts` spent, raises `lost`."""
+        or when replacing does not work out, every worker is relaunched and the run continues from the checkpoint.
+        Returns the step to continue at; with `runner.max_restarts` spent, raises `lost`."""
         limit = self.cfg.runner.max_restarts
         if len(self.restarts) >= limit:
             if limit:

@@ -44,15 +44,17 @@ def ipc_unreachable(placement: Placement, receivers: Sequence[str]) -> str | Non
     return None
 
 
-def on_sender_gpu(actor: ComponentPlacement, receivers: Mapping[str, ComponentPlacement]) -> str | None:
-    """A receiver on a GPU of the actor's rank 0 (the sender of `broadcast`), named, or None. NCCL refuses a group
-    with two ranks on one GPU ("Duplicate GPU detected"), so on GPUs `broadcast` cannot serve it."""
-    sender = set(actor.processes[0].global_gpus)
+def gpu_shared_in_group(actor: ComponentPlacement, receivers: Mapping[str, ComponentPlacement]) -> str | None:
+    """Two members of the `broadcast` group (the actor's rank 0 and every receiver) on one GPU, named, or None.
+    NCCL refuses a group with two ranks on one GPU ("Duplicate GPU detected"), so on GPUs `broadcast` cannot serve
+    them."""
+    seen: dict[int, str] = {gpu: "actor rank 0" for gpu in actor.processes[0].global_gpus}
     for name, component in receivers.items():
         for proc in component.processes:
-            shared = sender & set(proc.global_gpus)
-            if shared:
-                return f"{name} rank {proc.rank} is on GPU {min(shared)} with actor rank 0"
+            for gpu in proc.global_gpus:
+                if gpu in seen:
+                    return f"{seen[gpu]} and {name} rank {proc.rank} are both on GPU {gpu}"
+                seen[gpu] = f"{name} rank {proc.rank}"
     return None
 
 

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.runner.devices import ActorPhase
-from rlinf_pipe.runner.weight_routes import WeightRoute, on_sender_gpu
+from rlinf_pipe.runner.weight_routes import WeightRoute, gpu_shared_in_group
 from rlinf_pipe.scheduler.worker_group import WorkerGroup
 from rlinf_pipe.utils.tracing import Tracer
 from rlinf_pipe.weights import LoadedWeights, WeightSyncError, WeightVersion
@@ -59,10 +59,10 @@ class WeightSync:
             *(group.rank(0).native_weight_receiver(self.transport) for group in self.receivers.values())))
         layout = await self.actor.rank(0).weight_layout(not native)
         backend = await self.actor.rank(0).weight_backend()
-        clash = on_sender_gpu(self.actor.placement, {n: g.placement for n, g in self.receivers.items()})
+        clash = gpu_shared_in_group(self.actor.placement, {n: g.placement for n, g in self.receivers.items()})
         if self.transport == "broadcast" and backend == "nccl" and clash:
-            raise ConfigError(f"runner.weight_sync: broadcast needs every receiver on a GPU apart from the actor's "
-                              f"rank 0, as NCCL takes one rank per GPU, but {clash}: use ipc (or auto)")
+            raise ConfigError(f"runner.weight_sync: broadcast puts the actor's rank 0 and every receiver in one NCCL "
+                              f"group, which takes one rank per GPU, but {clash}: use ipc (or auto)")
         rendezvous: dict[int, Rendezvous | None] = {}
         calls = []
         for route in self.routes:

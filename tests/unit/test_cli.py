@@ -100,7 +100,10 @@ def test_plan_json(capsys):
         (["runner.max_step=1"], "unknown key `runner.max_step`"),
         (["--config-name", "nope"], "--config-name nope"),
         (["cluster.component_placement={actor,rollout: all}"], "YAML splits `{actor,rollout: all}` at the comma"),
-        (["cluster.component_placement={rollout:0,actor:1}"], "a space after the colon, or it reads one key with no value; write `rollout: 0`, `actor: 1`"),
+        (["cluster.component_placement={actor,rollout:all}"],
+         "write `rollout: all`; and `actor` got no GPUs. YAML splits"),
+        (["cluster.component_placement={rollout:0,actor:1}"],
+         "a space after the colon, or it reads one key with no value; write `rollout: 0`, `actor: 1`"),
     ],
 )
 def test_user_errors_exit_2_with_message(capsys, args, expected):

@@ -63,8 +63,10 @@ def test_partly_shared_placements_decide_who_takes_turns_and_who_computes_log_pr
     assert (p.engines_share_actor, p.actor_logprobs, p.collocated) == (shares, by_actor, False)
     assert p.device_locks == (shares or "rollout,inference" in placement)
     assert p.weight_receivers == receivers
-    # auto: broadcast, but not with a receiver on the actor's GPU (NCCL refuses two ranks of a group on one GPU)
-    assert p.weight_transport == ("ipc" if "actor,rollout" in placement else "broadcast")
+    # auto: broadcast, but not with two members of its group on one GPU (NCCL refuses that): the actor's rank 0
+    # and an engine, or an engine and a log-prob worker
+    shared = "actor,rollout" in placement or ("rollout,inference" in placement and len(receivers) == 2)
+    assert p.weight_transport == ("ipc" if shared else "broadcast")
     assert p.buffers_steps  # a consumer waits for its producer's phase: the channels hold a step
     assert [member for route in p.weight_routes for member in route.receivers] == [(n, 0) for n in receivers]
     assert not plan().buffers_steps and plan("runner.max_staleness=1").buffers_steps
@@ -168,8 +170,9 @@ def test_with_sglang_engines_every_worker_gets_one_nccl_cumem_setting(monkeypatc
     from rlinf_pipe.runner.components import nccl_env
 
     monkeypatch.delenv("NCCL_CUMEM_ENABLE", raising=False)
-    assert nccl_env(load_config()) == {}  # (the torch engine: NCCL's own default everywhere)
+    assert nccl_env(load_config(), "broadcast") == {}  # (the torch engine: NCCL's own default everywhere)
     sglang = load_config(overrides=["rollout.backend=sglang"])
-    assert nccl_env(sglang) == {"NCCL_CUMEM_ENABLE": "0"}
+    assert nccl_env(sglang, "broadcast") == {"NCCL_CUMEM_ENABLE": "0"}
+    assert nccl_env(sglang, "ipc") == {}  # (no NCCL group with sglang's ranks)
     monkeypatch.setenv("NCCL_CUMEM_ENABLE", "1")  # the user's choice, for every worker
-    assert nccl_env(sglang) == {"NCCL_CUMEM_ENABLE": "1"}
+    assert nccl_env(sglang, "broadcast") == {"NCCL_CUMEM_ENABLE": "1"}

@@ -29,7 +29,7 @@ from rlinf_pipe.engines.rollout.sglang_engine import (
     SGLangNotInstalledError,
     import_sglang,
 )
-from rlinf_pipe.engines.rollout.sglang_weights import tensor_payloads, verify_by_name
+from rlinf_pipe.engines.rollout.sglang_weights import SGLangGroupError, tensor_payloads, verify_by_name
 from rlinf_pipe.models.weight_map import read_hf_arch
 from rlinf_pipe.models.tiny import ensure_tiny_model
 from rlinf_pipe.utils.net import free_port
@@ -392,6 +392,20 @@ async def test_a_bucket_sglang_cannot_load_fails_the_version_once_every_bucket_w
     scheduler.load_weights = load
     await _broadcast_version(engine, model_path, 2, verify=False)  # the group is still whole: the next one loads
     assert engine.version == 2
+
+
+async def test_a_bucket_refused_before_its_broadcast_fails_the_version_at_once(model_path: Path) -> None:
+    """A refusal that may come before sglang joined the broadcast (here: outside a weight-update session) leaves its
+    ranks out of step with the group: nothing more is asked of them."""
+    engine = make_engine(model_path)
+    arch = read_hf_arch(model_path)
+    layout = plan_weight_layout(arch, torch.float32, 40_000, trailer=False)
+    rendezvous = Rendezvous("127.0.0.1", free_port(), 2, "gloo", f"test-refused-{free_port()}", 20)
+    sender, receiver = await asyncio.gather(asyncio.to_thread(open_sender, "broadcast", layout, rendezvous),
+                                            engine.open_weight_receiver("broadcast", layout, rendezvous, 1))
+    with pytest.raises(SGLangGroupError, match="refused bucket 0 .*begin_weight_update"):
+        await receiver.receive(WeightVersion(1), lambda bucket: None)  # (no session opened; nothing sent)
+    assert len(standin(engine).tokenizer_manager.calls_of("update_weights_from_distributed")) == 1
 
 
 async def test_verification_by_name_catches_weights_that_differ(llama_path: Path) -> None:

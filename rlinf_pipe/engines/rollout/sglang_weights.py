@@ -86,6 +86,15 @@ async def verify_by_name(engine: Any, published: WeightVersion) -> str:
     return "name"
 
 
+# sglang 0.5.23's reply when a bucket's broadcast arrived but its model could not load it (model_runner_components/
+# weight_updater.py, `load_weights_from_distributed`); a failed receive says "Failed to receive weights".
+LOADED_BUT_FAILED = "Failed to update parameter online"
+
+
+class SGLangGroupError(WeightSyncError):
+    """sglang refused a bucket of the weight group where it may not have taken its broadcast."""
+
+
 class SGLangGroupReceiver(WeightReceiver):
     """sglang's TP ranks as members of the broadcast group (see the module docstring)."""
 
@@ -95,9 +104,11 @@ class SGLangGroupReceiver(WeightReceiver):
         self.engine, self.layout, self.group_name = engine, layout, group_name
 
     async def receive(self, published: WeightVersion, load_bucket: LoadBucket, verify: bool = False) -> LoadedWeights:
-        """One `update_weights_from_distributed` per bucket. A bucket sglang failed to load after its broadcast
-        (it reports that and stays in the group) does not stop the version: the sender broadcasts every bucket,
-        so the rest are taken in before `WeightSyncError` names the failures (as every receiver does)."""
+        """One `update_weights_from_distributed` per bucket. A bucket sglang received but failed to load (its model's
+        `load_weights` raised: `LOADED_BUT_FAILED`) does not stop the version: the sender broadcasts every bucket,
+        so the rest are taken in before `WeightSyncError` names the failures (as every receiver does). Any other
+        refusal may have come before sglang joined the bucket's broadcast (no session, a failed receive): the
+        group is out of step, and it raises at once."""
         layout, requests = self.layout, self.engine.requests
         failed: list[str] = []
         for index, bucket in enumerate(layout.buckets):
@@ -108,6 +119,9 @@ class SGLangGroupReceiver(WeightReceiver):
                                                       shapes=[list(s.shape) for s in bucket.slots],
                                                       group_name=self.group_name, flush_cache=False,
                                                       load_format="flattened_bucket"), check=False))[:2]
+            if not ok and not str(message).startswith(LOADED_BUT_FAILED):
+                raise SGLangGroupError(f"weight sync of version {published.version}: sglang refused bucket {index} "
+                                       f"({message}); its ranks are out of step with the weight group")
             if not ok:
                 failed.append(f"bucket {index}: {message}")
         if failed:

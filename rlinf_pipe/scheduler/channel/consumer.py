@@ -193,7 +193,7 @@ class ConsumerEnd:
         arena = ArenaView.open(record.arena) if local and record.arena is not None else None
         reader = this_process() if arena is not None else None  # (the producer frees its regions once it is gone)
         if reader is None:
-            arena = None
+            arena = None  # (unmapped with its last reference)
         sock.connect(endpoint)
         wire.send(sock, [wire.HELLO, wire.pack([self.spec.prefetch, reader])])
         self._links[record.id] = _ProducerLink(record, sock, sock.getsockopt(zmq.FD), endpoint, time.monotonic())

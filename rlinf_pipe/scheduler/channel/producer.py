@@ -25,7 +25,7 @@ import zmq
 
 from rlinf_pipe.errors import ChannelClosed, ChannelPeerError
 from rlinf_pipe.scheduler.channel import wire
-from rlinf_pipe.scheduler.channel.arena import SharedArena
+from rlinf_pipe.scheduler.channel.arena import SharedArena, process_start
 from rlinf_pipe.scheduler.channel.buffer import PENDING, Waiter
 from rlinf_pipe.scheduler.channel.codec import Codec
 from rlinf_pipe.scheduler.channel.dispatch import next_message
@@ -263,7 +263,9 @@ class ProducerEnd:
             if link is None or link.dead:
                 link = self._consumers[cid] = ConsumerLink(time.monotonic())
             credit, reader = wire.unpack(frames[2].buffer)
-            link.arena, link.reader = (self._arena, tuple(reader)) if reader else (None, None)
+            link.arena = self._arena if reader else None
+            # (a reader this process cannot see in /proc, e.g. another pid namespace, is never taken for gone)
+            link.reader = tuple(reader) if reader and process_start(reader[0]) == reader[1] else None
             self._credits.extend([cid] * credit)
             self._send(cid, wire.STATE, wire.pack([self._ended_through, self._closed]))
             return
