@@ -59,8 +59,8 @@ class WeightSync:
             *(group.rank(0).native_weight_receiver(self.transport) for group in self.receivers.values())))
         layout = await self.actor.rank(0).weight_layout(not native)
         backend = await self.actor.rank(0).weight_backend()
-        clash = gpu_shared_in_group(self.actor.placement, {n: g.placement for n, g in self.receivers.items()})
-        if self.transport == "broadcast" and backend == "nccl" and clash:
+        if self.transport == "broadcast" and backend == "nccl" and (clash := gpu_shared_in_group(
+                self.actor.placement, {n: g.placement for n, g in self.receivers.items()})):
             raise ConfigError(f"runner.weight_sync: broadcast puts the actor's rank 0 and every receiver in one NCCL "
                               f"group, which takes one rank per GPU, but {clash}: use ipc (or auto)")
         rendezvous: dict[int, Rendezvous | None] = {}

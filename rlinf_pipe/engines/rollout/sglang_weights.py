@@ -112,18 +112,17 @@ class SGLangGroupReceiver(WeightReceiver):
         layout, requests = self.layout, self.engine.requests
         failed: list[str] = []
         for index, bucket in enumerate(layout.buckets):
-            ok, message = (await self.engine.call("update_weights_from_distributed",
-                                                  requests.UpdateWeightsFromDistributedReqInput(
-                                                      names=[s.name for s in bucket.slots],
-                                                      dtypes=[layout.dtype] * len(bucket.slots),
-                                                      shapes=[list(s.shape) for s in bucket.slots],
-                                                      group_name=self.group_name, flush_cache=False,
-                                                      load_format="flattened_bucket"), check=False))[:2]
-            if not ok and not str(message).startswith(LOADED_BUT_FAILED):
+            request = requests.UpdateWeightsFromDistributedReqInput(
+                names=[s.name for s in bucket.slots], dtypes=[layout.dtype] * len(bucket.slots),
+                shapes=[list(s.shape) for s in bucket.slots], group_name=self.group_name, flush_cache=False,
+                load_format="flattened_bucket")
+            ok, message = (await self.engine.call("update_weights_from_distributed", request, check=False))[:2]
+            if ok:
+                continue
+            if not str(message).startswith(LOADED_BUT_FAILED):
                 raise SGLangGroupError(f"weight sync of version {published.version}: sglang refused bucket {index} "
                                        f"({message}); its ranks are out of step with the weight group")
-            if not ok:
-                failed.append(f"bucket {index}: {message}")
+            failed.append(f"bucket {index}: {message}")
         if failed:
             raise WeightSyncError(f"weight sync of version {published.version}: sglang could not load "
                                   + "; ".join(failed))
