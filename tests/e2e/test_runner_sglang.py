@@ -19,7 +19,7 @@ from support.faults import Fault, Saboteur
 from support.runs import assert_trains_like
 
 from rlinf_pipe.config import load_config
-from rlinf_pipe.engines.rollout.sglang_engine import STANDIN_ENV
+from rlinf_pipe.engines.rollout.sglang_launch import STANDIN_ENV
 from rlinf_pipe.runner import run as run_config
 from rlinf_pipe.utils.metrics import read_metrics
 from rlinf_pipe.utils.timeline import read_chrome_trace

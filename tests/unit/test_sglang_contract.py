@@ -18,12 +18,12 @@ from support import sglang_standin
 from support.sglang_standin.engine import Engine
 from support.sglang_standin.tokenizer_manager import StandinTokenizerManager
 
-from rlinf_pipe.engines.rollout import sglang_engine, sglang_weights
+from rlinf_pipe.engines.rollout import sglang_engine, sglang_launch, sglang_weights
 from rlinf_pipe.models.tiny import ensure_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = sglang_standin.CONTRACT
-ADAPTER_SOURCES = [Path(sglang_engine.__file__), Path(sglang_weights.__file__)]
+ADAPTER_SOURCES = [Path(m.__file__) for m in (sglang_engine, sglang_launch, sglang_weights)]
 
 
 def params(fn: object) -> list[str]:
@@ -48,7 +48,7 @@ def params(fn: object) -> list[str]:
 @pytest.mark.parametrize("cls, key", [(Engine, "engine_methods"), (StandinTokenizerManager,
                                                                     "tokenizer_manager_methods")])
 def test_standin_methods_have_the_real_parameters(cls: type, key: str) -> None:
-    assert CONTRACT["sglang_version"] == sglang_engine.SGLANG_VERSION
+    assert CONTRACT["sglang_version"] == sglang_launch.SGLANG_VERSION
     for name, real in CONTRACT[key].items():
         method = getattr(cls, name)
         assert params(method) == real["params"], name
@@ -128,7 +128,7 @@ def test_the_adapter_calls_only_what_the_contract_lists() -> None:
     assert {"begin_weight_update", "end_weight_update", "update_weights_from_tensor", "update_weights_from_distributed",
             "init_weights_update_group", "release_memory_occupation", "resume_memory_occupation", "flush_cache",
             "abort_request", "get_weights_by_name"} <= used_tm
-    args = sglang_engine.server_args("m", tp_size=2, mem_fraction_static=0.5, max_running_requests=8, seed=3,
+    args = sglang_launch.server_args("m", tp_size=2, mem_fraction_static=0.5, max_running_requests=8, seed=3,
                                      deterministic=True, dtype="auto", cpu_backup=False)
     assert set(args) <= set(CONTRACT["server_args"])
 
@@ -149,7 +149,7 @@ def test_the_checked_in_contract_is_what_the_wheel_says(tmp_path_factory: pytest
     cache = Path(pytest_cache.mkdir("sglang_wheel") if pytest_cache else tmp_path_factory.mktemp("sglang_wheel"))
     if not list(cache.glob("sglang-*.whl")):
         download = subprocess.run(
-            [sys.executable, "-m", "pip", "download", f"sglang=={sglang_engine.SGLANG_VERSION}", "--no-deps", "-q",
+            [sys.executable, "-m", "pip", "download", f"sglang=={sglang_launch.SGLANG_VERSION}", "--no-deps", "-q",
              "-d", str(cache)], capture_output=True, text=True, timeout=300, check=False)
         if download.returncode:
             pytest.skip(f"cannot download the sglang wheel here: {download.stderr.strip()[-300:]}")

@@ -22,13 +22,8 @@ from transformers import AutoModelForCausalLM
 
 from rlinf_pipe.engines.rollout import EngineAsleepError, GenerateRequest, GenerateResult, RolloutEngine, SamplingParams
 from rlinf_pipe.engines.rollout.engine import sample_seed
-from rlinf_pipe.engines.rollout.sglang_engine import (
-    INSTALL_HINT,
-    SGLangEngine,
-    SGLangError,
-    SGLangNotInstalledError,
-    import_sglang,
-)
+from rlinf_pipe.engines.rollout.sglang_engine import SGLangEngine, SGLangError
+from rlinf_pipe.engines.rollout.sglang_launch import INSTALL_HINT, SGLangNotInstalledError, import_sglang
 from rlinf_pipe.engines.rollout.sglang_weights import SGLangGroupError, tensor_payloads, verify_by_name
 from rlinf_pipe.models.weight_map import read_hf_arch
 from rlinf_pipe.models.tiny import ensure_tiny_model
@@ -275,6 +270,48 @@ async def test_sleep_right_after_an_early_exit_waits_until_the_scheduler_is_idle
     await gen.aclose()
     with pytest.raises(SchedulerDied, match="only when server is idle"):
         await raw.tm.release_memory_occupation(raw.requests.ReleaseMemoryOccupationReqInput(), None)
+
+
+async def test_a_wait_for_idle_cancelled_midway_does_not_fail_the_next(model_path: Path) -> None:
+    """A worker's `sleep` cancelled while sglang waits for idle (an abandoned step) leaves sglang's deferred flush
+    pending: sglang answers any flush asked for meanwhile at once, unflushed ("Another flush_cache is already in
+    progress"). The next wait takes the pending one's answer first instead of failing."""
+    engine = make_engine(model_path)
+    scheduler = standin(engine).scheduler
+    gen = engine.generate([req("long", PROMPTS[1], max_new_tokens=120, ignore_eos=True)])
+    running = asyncio.ensure_future(gen.__anext__())
+    waiting = asyncio.ensure_future(engine.until_idle())
+    while scheduler.pending_flush is None:  # (the stand-in's scheduler took the deferred flush)
+        await asyncio.sleep(0)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await engine.until_idle()  # returns once the generation ended and the scheduler went idle
+    assert (await running).samples[0].finish_reason == "length" and scheduler.is_fully_idle()
+    await gen.aclose()
+
+
+async def test_an_abort_reaches_samples_asked_for_during_a_weight_update(model_path: Path) -> None:
+    """sglang holds a request that arrives while a weight update runs back until the update is done, and an abort
+    in between never reaches its scheduler (which does not hold it yet; sglang sends one abort per request), so
+    the sample would run to `max_new_tokens`. Samples asked for during a weight-update session wait in the adapter
+    instead, where an abort ends them at once, and are sent on the new weights once it is done."""
+    engine = make_engine(model_path)
+    tm = standin(engine).tokenizer_manager
+    bucket = [(k, v.detach().clone()) for k, v in standin(engine).scheduler.model.state_dict().items()]
+    async with engine.weight_update(version=1) as load:
+        generating = asyncio.ensure_future(run(engine, [req("held", PROMPTS[1], max_new_tokens=300,
+                                                              ignore_eos=True)]))
+        loading = asyncio.ensure_future(load(bucket))
+        while not (engine.held_back or tm.rid_to_state):  # (until the sample was asked for)
+            await asyncio.sleep(0)
+        engine.abort()
+        await loading
+    sample = (await generating)["held"].samples[0]
+    assert sample.finish_reason == "abort" and sample.response_ids == []
+    assert not tm.calls_of("generate_request")  # it never reached sglang
+    after = await run(engine, [req("after", PROMPTS[0], max_new_tokens=5, ignore_eos=True)])
+    assert after["after"].samples[0].finish_reason == "length" and after["after"].samples[0].version == 1
 
 
 # --- weights and memory -------------------------------------------------------------------------------------

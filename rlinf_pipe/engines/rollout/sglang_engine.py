@@ -12,7 +12,12 @@ It runs inside an async Ray actor, which shapes everything:
 * weight updates run inside a weight-update session (`begin_weight_update` ... `end_weight_update`), which sglang
   0.5.23 requires; the prefix cache is flushed once the version is in;
 * memory is released only once the scheduler is idle (sglang asserts it and its scheduler dies otherwise, which
-  an early-stopped generate leaves it not yet): `flush_cache(timeout_s)` waits for that;
+  an early-stopped generate leaves it not yet): `flush_cache(timeout_s)` waits for that. sglang holds one such
+  deferred flush at a time and answers any other at once, unflushed, so a wait whose caller was cancelled is
+  shielded and the next wait takes its answer first;
+* samples asked for during a weight update wait in the adapter until it is done: sglang would hold them back
+  itself, but an abort sent meanwhile never reaches its scheduler (which does not hold them yet), and sglang sends
+  one abort per request, so they would run to `max_new_tokens`;
 * sglang runs with `skip_tokenizer_init` (token ids in and out), so the adapter owns a tokenizer for decoding;
 * every sample is its own request with a fixed-width random rid (sglang aborts by rid prefix: `3#0#1` would abort
   `3#0#12`); with `deterministic` each carries `sampling_seed = sample_seed(request seed, k)`, which sglang honours
@@ -27,15 +32,11 @@ the GPU and passed as IPC handles.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import importlib
 import os
 import random
-import threading
 import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -48,96 +49,24 @@ from rlinf_pipe.engines.rollout.engine import (
     SampleOutput,
     sample_seed,
 )
+from rlinf_pipe.engines.rollout.sglang_launch import EngineThread, import_sglang, server_args
 from rlinf_pipe.weights import LoadBucket, WeightLayout, WeightReceiver, WeightVersion
 from rlinf_pipe.weights.process_group import Rendezvous
 
-SGLANG_VERSION = "0.5.23"
-"""The sglang release this adapter was written and contract-tested against."""
-
-INSTALL_HINT = "pip install 'rlinf_pipe[sglang]'"
 MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # sglang/srt/constants.py
 WEIGHTS_TAG = "weights"
 IDLE_WAIT_S = 30.0  # one `flush_cache(timeout_s)` wait for the scheduler to go idle
 IDLE_ATTEMPTS = 10
 
 
-class SGLangNotInstalledError(ImportError):
-    """sglang is missing (it installs and runs only on a machine with a CUDA GPU)."""
-
-
 class SGLangError(RuntimeError):
     """sglang refused a call (its message is included)."""
 
 
-STANDIN_ENV = "RLINF_PIPE_SGLANG_MODULE"
-"""For tests: the import name of a module with `Engine` and `io_struct` to use instead of sglang's."""
-
-
-def import_sglang() -> Any:
-    """The `sglang` API this adapter uses (`Engine` and `io_struct`), or `SGLangNotInstalledError`."""
-    standin = os.environ.get(STANDIN_ENV)
-    if standin:
-        return importlib.import_module(standin)
-    try:
-        import sglang
-        from sglang.srt.managers import io_struct
-    except ImportError as e:
-        raise SGLangNotInstalledError(
-            f"rollout.backend 'sglang' needs the sglang package (=={SGLANG_VERSION}), which needs a CUDA GPU: "
-            f"{INSTALL_HINT}. On a CPU-only machine use rollout.backend 'torch'."
-        ) from e
-    return SimpleNamespace(Engine=sglang.Engine, io_struct=io_struct)
-
-
-def server_args(model_path: str, *, tp_size: int, mem_fraction_static: float, max_running_requests: int | None,
-                seed: int, deterministic: bool, dtype: str, cpu_backup: bool) -> dict[str, Any]:
-    """The Engine's keyword arguments (sglang `ServerArgs` fields)."""
-    for name, value, low in (("tp_size", tp_size, 1), ("max_running_requests", max_running_requests or 1, 1)):
-        if value < low:
-            raise ValueError(f"{name} must be >= {low}, got {value}")
-    if not 0.0 < mem_fraction_static < 1.0:
-        raise ValueError(f"mem_fraction_static must be in (0, 1), got {mem_fraction_static}")
-    args: dict[str, Any] = {
-        "model_path": model_path, "tp_size": tp_size, "mem_fraction_static": mem_fraction_static,
-        "random_seed": seed, "dtype": dtype,
-        "skip_tokenizer_init": True,  # token ids in and out; the adapter decodes
-        "enable_memory_saver": True,  # release / resume_memory_occupation
-        "enable_weights_cpu_backup": cpu_backup,
-        "enable_deterministic_inference": deterministic,
-        "log_level": "error",
-    }
-    if max_running_requests is not None:
-        args["max_running_requests"] = max_running_requests
-    return args
-
-
-class EngineThread:
-    """Builds the Engine in a thread of its own, with no running event loop (the Engine captures a loop of its own
-    there, never used), and keeps that thread alive until `close`: sglang's scheduler and detokenizer processes ask
-    the kernel to kill them when their parent dies (`PR_SET_PDEATHSIG`), and on Linux their parent is the thread
-    that started them, not the process. (A thread that ended after building left an Engine whose processes were
-    already killed.) When this process dies, they die with it."""
-
-    def __init__(self, factory: Any, args: dict[str, Any]):
-        self._built: concurrent.futures.Future = concurrent.futures.Future()
-        self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(factory, args), name="sglang-engine", daemon=True)
-        self._thread.start()
-        self.engine = self._built.result()
-
-    def _run(self, factory: Any, args: dict[str, Any]) -> None:
-        try:
-            engine = factory(**args)
-        except BaseException as exc:  # (handed to the constructor's caller)
-            self._built.set_exception(exc)
-            return
-        self._built.set_result(engine)
-        self._closed.wait()
-
-    def close(self) -> None:
-        """Let the thread end (after the Engine's shutdown: its processes would be killed with the thread)."""
-        self._closed.set()
-        self._thread.join()
+def _retrieved(flush: asyncio.Future) -> None:
+    """Mark a flush's failure as seen: the wait that asked for it may have been cancelled."""
+    if not flush.cancelled():
+        flush.exception()
 
 
 def _finish_reason(meta_info: dict[str, Any]) -> FinishReason:
@@ -183,11 +112,20 @@ class SGLangEngine:
         self._abort_epoch = 0
         self._inflight: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop generating (the tokenizer manager's)
+        self._no_update = asyncio.Event()  # clear during a weight-update session: samples wait to be sent
+        self._no_update.set()
+        self._held_back = 0
+        self._flush: asyncio.Future | None = None  # the last `flush_cache(timeout_s)` (shielded: it may outlive us)
 
     @property
     def version(self) -> int:
         """The weight version currently loaded."""
         return self._version
+
+    @property
+    def held_back(self) -> int:
+        """Samples asked for that wait for a weight update to end before they are sent."""
+        return self._held_back
 
     async def call(self, method: str, request: Any, check: bool = True) -> Any:
         """Await a tokenizer-manager control coroutine; with `check`, a `(success, message)` reply that failed
@@ -222,13 +160,20 @@ class SGLangEngine:
                                     "(a weight sync) before generating")
         requests = list(requests)
         self._loop = asyncio.get_running_loop()
-        epoch, version = self._abort_epoch, self._version
+        epoch = self._abort_epoch
         seeds = [r.sampling.seed if r.sampling.seed is not None else self._seeds.getrandbits(63) for r in requests]
         done: list[list[SampleOutput | None]] = [[None] * r.sampling.n for r in requests]
         left = [r.sampling.n for r in requests]
         mine: set[str] = set()  # this call's rids still running in sglang
 
         async def run_sample(i: int, k: int) -> tuple[int, int, SampleOutput]:
+            if not self._no_update.is_set():
+                self._held_back += 1
+                try:
+                    await self._no_update.wait()
+                finally:
+                    self._held_back -= 1
+            version = self._version  # (sglang runs a request sent now on these weights to its end)
             if self._abort_epoch != epoch:
                 return i, k, SampleOutput(response_ids=[], logprobs=[], finish_reason="abort", version=version)
             rid = uuid.uuid4().hex  # fixed width: no rid is a prefix of another
@@ -305,9 +250,14 @@ class SGLangEngine:
 
     # --- memory -----------------------------------------------------------------------------------------------
     async def until_idle(self) -> None:
-        """Wait until the scheduler is idle (and flush its cache): releasing memory before that kills it."""
+        """Wait until the scheduler is idle (and flush its cache): releasing memory before that kills it. A wait an
+        earlier, cancelled call left pending in sglang is waited for first (sglang refuses a second meanwhile)."""
         for _ in range(IDLE_ATTEMPTS):
-            if (await self.tm.flush_cache(timeout_s=IDLE_WAIT_S)).success:
+            if self._flush is not None and not self._flush.done():
+                await asyncio.shield(self._flush)
+            self._flush = flush = asyncio.ensure_future(self.tm.flush_cache(timeout_s=IDLE_WAIT_S))
+            flush.add_done_callback(_retrieved)
+            if (await asyncio.shield(flush)).success:
                 return
         raise SGLangError(f"sglang's scheduler did not go idle within {IDLE_ATTEMPTS * IDLE_WAIT_S:.0f} s (requests "
                           "still running?)")
@@ -344,7 +294,20 @@ class SGLangEngine:
     async def weight_update(self, version: int) -> AsyncIterator[LoadBucket]:
         """A weight-update session: resumes released weights, opens sglang's session, yields `load(bucket)` (the
         bucket goes to the GPU and on as an IPC handle), closes the session and flushes the cache; on a clean exit
-        sets `version`. A bucket sglang refuses raises `SGLangError`; the version is then unchanged."""
+        sets `version`. A bucket sglang refuses raises `SGLangError`; the version is then unchanged. Samples asked
+        for meanwhile are sent once it is done (see the module docstring)."""
+        self._no_update.clear()
+        try:
+            async with self._session() as load:
+                yield load
+            await self.until_idle()  # flushes the prefix cache: its entries came from the old weights
+            self._version, self._weights_lost = version, False
+        finally:
+            self._no_update.set()
+
+    @asynccontextmanager
+    async def _session(self) -> AsyncIterator[LoadBucket]:
+        """sglang's weight-update session (released weights resumed first), yielding `load(bucket)`."""
         from rlinf_pipe.engines.rollout.sglang_weights import tensor_payloads
 
         if WEIGHTS_TAG in self._released:
@@ -360,8 +323,6 @@ class SGLangEngine:
             yield load
         finally:
             await self.call("end_weight_update", self.requests.EndWeightUpdateReqInput())
-        await self.until_idle()  # flushes the prefix cache: its entries came from the old weights
-        self._version, self._weights_lost = version, False
 
     async def load_payload(self, payloads: list[bytes]) -> None:
         """Load one flattened bucket given as pickled IPC payloads, one per TP rank."""

@@ -6,7 +6,9 @@ What it models of sglang 0.5.23, because an adapter trips over it:
   prefix) finishes at the next iteration. A scheduler is idle only once an iteration ran with nothing to do after
   the last batch (`last_batch`), and it does not iterate without work: a release request arriving after the last
   result is handled at the start of the next iteration, before that batch is forgotten, and trips the idle
-  assertion, while `flush_cache(timeout_s)` makes it iterate and answers once it is idle;
+  assertion, while `flush_cache(timeout_s)` makes it iterate and answers once it is idle. It holds one such
+  deferred flush at a time: a flush asked for while one is pending is answered at once, unflushed ("Another
+  flush_cache is already in progress."), and the pending one still answers later (`SchedulerFlushWrapper`);
 * seeds: `sampling_seed` draws per position only with deterministic inference; otherwise every request draws from
   the engine's one generator (seeded by `random_seed`) and a request seed is ignored, silently;
 * weight updates only inside a weight-update session; a flattened-bucket payload is deserialized with the
@@ -32,6 +34,7 @@ import random
 import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -86,7 +89,7 @@ class StandinScheduler:
         self.deterministic = bool(server_args.get("enable_deterministic_inference"))
         self.running: dict[str, _Request] = {}
         self.last_batch: list[str] = []
-        self.flushes: list[tuple[float, asyncio.Future]] = []
+        self.pending_flush: tuple[float, Callable[[bool, str], None]] | None = None  # (deadline, reply)
         self.controls: list[tuple[Any, asyncio.Future]] = []  # requests handled at the start of an iteration
         self.session: str | None = None
         self.released: set[str] = set()
@@ -138,7 +141,7 @@ class StandinScheduler:
     async def _run(self) -> None:
         assert self.work is not None
         while self.died is None:
-            if not self.running and not self.flushes and not self.controls:
+            if not self.running and self.pending_flush is None and not self.controls:
                 await self.work.wait()
             self.work.clear()
             self._iterate()
@@ -175,11 +178,12 @@ class StandinScheduler:
                 del self.running[request.rid]
                 request.done.set_result(request)
         self.last_batch = [r.rid for r in batch]
-        now = asyncio.get_running_loop().time()
-        for deadline, reply in list(self.flushes):
-            if self.is_fully_idle() or now >= deadline:
-                self.flushes.remove((deadline, reply))
-                reply.set_result(self.is_fully_idle())
+        if self.pending_flush is not None:
+            deadline, reply = self.pending_flush
+            if self.is_fully_idle() or asyncio.get_running_loop().time() >= deadline:
+                self.pending_flush = None
+                idle = self.is_fully_idle()
+                reply(idle, "" if idle else "Timed out waiting for idle state.")
 
     # --- generation -------------------------------------------------------------------------------------------
     def submit(self, rid: str, prompt: list[int], params: dict[str, Any]) -> asyncio.Future:
@@ -230,15 +234,15 @@ class StandinScheduler:
         elif len(request.tokens) >= sp["max_new_tokens"]:
             request.finish = {"type": "length", "length": sp["max_new_tokens"]}
 
-    async def flush(self, timeout_s: float | None) -> bool:
-        """Flush the cache when idle: at once, or (with a timeout) once idle within it; whether it flushed."""
-        self.check_alive()
-        if self.is_fully_idle() or not timeout_s:
-            return self.is_fully_idle()
-        reply = asyncio.get_running_loop().create_future()
-        self.flushes.append((asyncio.get_running_loop().time() + timeout_s, reply))
-        self._wake()
-        return await reply
+    def flush(self, timeout_s: float | None, reply: Callable[[bool, str], None]) -> None:
+        """A flush request, handled at the start of an iteration: `reply(flushed, message)` at once (idle, no
+        timeout, or another flush pending), or once idle within `timeout_s` (deferred: one at a time)."""
+        if self.pending_flush is not None:
+            reply(False, "Another flush_cache is already in progress.")
+        elif self.is_fully_idle() or not timeout_s:
+            reply(self.is_fully_idle(), "")
+        else:
+            self.pending_flush = (asyncio.get_running_loop().time() + timeout_s, reply)
 
     # --- weights ----------------------------------------------------------------------------------------------
     def begin_weight_update(self, selector: str) -> tuple[bool, str]:

@@ -3,9 +3,13 @@
 
 Modelled because it bites: the manager binds to the first event loop that calls it (its locks and its receive
 loop live there; a call from another loop fails); a generate request holds the model-update lock as a reader for
-its whole life and weight-update calls take it as a writer; `abort_request` is synchronous, looks the rid up
-exactly (an unknown rid does nothing) and the scheduler then aborts every request whose rid starts with it; it
-sends on the manager's zmq socket, which only the thread of its loop may use (from another thread: RuntimeError);
+its whole life and weight-update calls take it as a writer, and a request's state exists before it takes the
+lock (so one held back behind a weight update is known but has not reached the scheduler); `abort_request` is
+synchronous, looks the rid up exactly (an unknown rid does nothing), sends one abort per request (a second does
+nothing) and the scheduler then aborts every request it holds whose rid starts with it (one it does not hold yet
+is never aborted); it sends on the manager's zmq socket, which only the thread of its loop may use (from another
+thread: RuntimeError); a control call's answer goes to whichever call of its kind waits now (sglang's
+`FanOutCommunicator`): a deferred `flush_cache` whose caller was cancelled answers the next caller, or nobody;
 `skip_tokenizer_init` leaves `tokenizer` None and refuses text prompts; results carry no text.
 """
 
@@ -76,6 +80,8 @@ class StandinTokenizerManager:
         self.rid_to_state: dict[str, dict[str, Any]] = {}
         self.model_update_lock = _ReadWriteLock()
         self.is_pause = False
+        self.flush_lock: asyncio.Lock | None = None  # one flush_cache call at a time (bound on first use)
+        self.flush_waiter: asyncio.Future | None = None  # the flush_cache call an answer goes to
         self.calls: list[tuple[str, Any]] = []  # every call, for the tests
 
     def auto_create_handle_loop(self) -> None:
@@ -88,12 +94,13 @@ class StandinTokenizerManager:
         self.scheduler.check_alive()
 
     async def _writing(self, call: Any) -> Any:
-        """A weight-update call under the model-update lock (straight through while generation is paused)."""
+        """A weight-update call under the model-update lock (straight through while generation is paused), handled
+        by the scheduler at the start of its next iteration: the lock is held while the manager awaits the answer."""
         if self.is_pause:
-            return call()
+            return await self.scheduler.control(call)
         await self.model_update_lock.acquire_write()
         try:
-            return call()
+            return await self.scheduler.control(call)
         finally:
             await self.model_update_lock.release_write()
 
@@ -120,14 +127,16 @@ class StandinTokenizerManager:
             raise ValueError(f"Duplicate request ID detected: {rid}")
         if self.is_pause:
             raise NotImplementedError("the stand-in does not hold requests back while generation is paused")
-        await self.model_update_lock.acquire_read()
-        self.rid_to_state[rid] = {"finished": False}
+        self.rid_to_state[rid] = {"finished": False, "abort_sent": False}
         try:
-            done = self.scheduler.submit(rid, list(obj.input_ids), params)
-            req = await done
+            await self.model_update_lock.acquire_read()
+            try:
+                done = self.scheduler.submit(rid, list(obj.input_ids), params)
+                req = await done
+            finally:
+                await self.model_update_lock.release_read()
         finally:
             self.rid_to_state.pop(rid, None)
-            await self.model_update_lock.release_read()
         meta: dict[str, Any] = {
             "id": rid, "finish_reason": req.finish, "prompt_tokens": len(req.prompt), "weight_version": "default",
             "completion_tokens": len(req.tokens), "cached_tokens": 0,
@@ -145,8 +154,13 @@ class StandinTokenizerManager:
                                "sends it on a zmq.asyncio socket, which is not thread-safe")
         if not abort_all and not rid:
             return
-        if not abort_all and rid not in self.rid_to_state:
-            return  # an unknown rid: nothing is sent
+        state = None if abort_all else self.rid_to_state.get(rid)
+        if not abort_all:
+            if state is None:
+                return  # an unknown rid: nothing is sent
+            if state["abort_sent"]:
+                return
+            state["abort_sent"] = True
         self.scheduler.abort(rid, abort_all)
 
     async def pause_generation(self, obj):
@@ -161,9 +175,18 @@ class StandinTokenizerManager:
     async def flush_cache(self, timeout_s=None):
         self.auto_create_handle_loop()
         self.calls.append(("flush_cache", {"timeout_s": timeout_s}))
-        flushed = await self.scheduler.flush(timeout_s)
-        return io_struct.FlushCacheReqOutput(success=flushed, message="" if flushed else
-                                             "Cache not flushed because there are pending requests")
+        if self.flush_lock is None:
+            self.flush_lock = asyncio.Lock()
+        async with self.flush_lock:  # (a cancelled caller leaves its waiter behind: the next call replaces it)
+            self.flush_waiter = waiter = asyncio.get_running_loop().create_future()
+            await self.scheduler.control(lambda: self.scheduler.flush(timeout_s, self._flush_answer))
+            return await waiter
+
+    def _flush_answer(self, flushed: bool, message: str) -> None:
+        """An answer from the scheduler, to whichever flush_cache call waits now (dropped when none does)."""
+        waiter = self.flush_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(io_struct.FlushCacheReqOutput(success=flushed, message=message))
 
     # --- weights ----------------------------------------------------------------------------------------------
     async def init_weights_update_group(self, obj, request=None):

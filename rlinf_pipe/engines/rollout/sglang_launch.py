@@ -1,0 +1,91 @@
+"""Building an `sglang.Engine` for `SGLangEngine`: the package (or a stand-in, for tests), its server arguments,
+and the thread that builds it and lives as long as it does (`EngineThread`)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib
+import os
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+SGLANG_VERSION = "0.5.23"
+"""The sglang release this adapter was written and contract-tested against."""
+
+INSTALL_HINT = "pip install 'rlinf_pipe[sglang]'"
+
+
+class SGLangNotInstalledError(ImportError):
+    """sglang is missing (it installs and runs only on a machine with a CUDA GPU)."""
+
+
+STANDIN_ENV = "RLINF_PIPE_SGLANG_MODULE"
+"""For tests: the import name of a module with `Engine` and `io_struct` to use instead of sglang's."""
+
+
+def import_sglang() -> Any:
+    """The `sglang` API this adapter uses (`Engine` and `io_struct`), or `SGLangNotInstalledError`."""
+    standin = os.environ.get(STANDIN_ENV)
+    if standin:
+        return importlib.import_module(standin)
+    try:
+        import sglang
+        from sglang.srt.managers import io_struct
+    except ImportError as e:
+        raise SGLangNotInstalledError(
+            f"rollout.backend 'sglang' needs the sglang package (=={SGLANG_VERSION}), which needs a CUDA GPU: "
+            f"{INSTALL_HINT}. On a CPU-only machine use rollout.backend 'torch'."
+        ) from e
+    return SimpleNamespace(Engine=sglang.Engine, io_struct=io_struct)
+
+
+def server_args(model_path: str, *, tp_size: int, mem_fraction_static: float, max_running_requests: int | None,
+                seed: int, deterministic: bool, dtype: str, cpu_backup: bool) -> dict[str, Any]:
+    """The Engine's keyword arguments (sglang `ServerArgs` fields)."""
+    for name, value, low in (("tp_size", tp_size, 1), ("max_running_requests", max_running_requests or 1, 1)):
+        if value < low:
+            raise ValueError(f"{name} must be >= {low}, got {value}")
+    if not 0.0 < mem_fraction_static < 1.0:
+        raise ValueError(f"mem_fraction_static must be in (0, 1), got {mem_fraction_static}")
+    args: dict[str, Any] = {
+        "model_path": model_path, "tp_size": tp_size, "mem_fraction_static": mem_fraction_static,
+        "random_seed": seed, "dtype": dtype,
+        "skip_tokenizer_init": True,  # token ids in and out; the adapter decodes
+        "enable_memory_saver": True,  # release / resume_memory_occupation
+        "enable_weights_cpu_backup": cpu_backup,
+        "enable_deterministic_inference": deterministic,
+        "log_level": "error",
+    }
+    if max_running_requests is not None:
+        args["max_running_requests"] = max_running_requests
+    return args
+
+
+class EngineThread:
+    """Builds the Engine in a thread of its own, with no running event loop (the Engine captures a loop of its own
+    there, never used), and keeps that thread alive until `close`: sglang's scheduler and detokenizer processes ask
+    the kernel to kill them when their parent dies (`PR_SET_PDEATHSIG`), and on Linux their parent is the thread
+    that started them, not the process. (A thread that ended after building left an Engine whose processes were
+    already killed.) When this process dies, they die with it."""
+
+    def __init__(self, factory: Any, args: dict[str, Any]):
+        self._built: concurrent.futures.Future = concurrent.futures.Future()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(factory, args), name="sglang-engine", daemon=True)
+        self._thread.start()
+        self.engine = self._built.result()
+
+    def _run(self, factory: Any, args: dict[str, Any]) -> None:
+        try:
+            engine = factory(**args)
+        except BaseException as exc:  # (handed to the constructor's caller)
+            self._built.set_exception(exc)
+            return
+        self._built.set_result(engine)
+        self._closed.wait()
+
+    def close(self) -> None:
+        """Let the thread end (after the Engine's shutdown: its processes would be killed with the thread)."""
+        self._closed.set()
+        self._thread.join()
