@@ -73,10 +73,17 @@ def test_the_pipeline_generates_with_sglang_and_loads_each_version_through_its_r
 
 
 def test_collocated_sglang_sleeps_wakes_and_trains_like_the_pipeline(tmp_path, tiny_model, pipeline_run):
-    out = run("tiny-grpo-megatron", tmp_path, tiny_model, "cluster.num_gpus_per_node=1", "actor.offload_on_cpu=true")
+    """Validation first: the engine sleeps after it and wakes for step 0 with no weight sync between (the version
+    is loaded), so it must have kept its weights through the sleep (sglang's CPU backup)."""
+    out = run("tiny-grpo-megatron", tmp_path, tiny_model, "cluster.num_gpus_per_node=1", "actor.offload_on_cpu=true",
+              "runner.val_before_train=true")
     assert_trains_like(pipeline_run, out)
     spans = read_chrome_trace(out / "timeline.json")
-    assert {"sleep", "wake"} <= {s.name for s in spans if s.track == "rollout/0"}
+    rollout = sorted((s for s in spans if s.track == "rollout/0"), key=lambda s: s.start)
+    names = [s.name for s in rollout]
+    evaluated, generated = rollout[names.index("evaluate")], rollout[names.index("generate")]
+    assert evaluated.end < generated.start and {"sleep", "wake"} <= set(names)
+    assert not [s for s in rollout if s.name == "weight_sync" and evaluated.end < s.start < generated.start]
 
 
 @pytest.mark.parametrize("lost", ["actor", "rollout"])

@@ -41,7 +41,11 @@ def build_engine(rollout: RolloutConfig, model_path: str, seed: int, collocated:
     if rollout.backend == "sglang":
         from rlinf_pipe.engines.rollout.sglang_engine import SGLangEngine
 
+        # (an engine that takes turns on its GPUs sleeps after every generation, and one may follow with no weight
+        # sync between, e.g. after validation or a second round of dynamic sampling: it keeps its weights on the
+        # host, as TorchEngine does)
         return SGLangEngine(model_path, tp_size=rollout.tensor_parallel_size, seed=seed,
                             mem_fraction_static=memory_fraction(rollout, collocated),
-                            max_running_requests=rollout.max_running_requests, deterministic=rollout.deterministic)
+                            max_running_requests=rollout.max_running_requests, deterministic=rollout.deterministic,
+                            cpu_backup=collocated)
     raise ValueError(f"unknown rollout.backend {rollout.backend!r}; expected one of {BACKENDS}")
