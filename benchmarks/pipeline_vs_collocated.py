@@ -373,7 +373,7 @@ def main() -> None:
                         "`python -m rlinf_pipe.models.tiny` folder to see weight sync where bandwidth dominates")
     parser.add_argument("--weight-sync", choices=["auto", "object_store", "broadcast", "ipc"], default="auto",
                         help="runner.weight_sync of both modes (auto: broadcast in the pipeline, ipc collocated; "
-                        "ipc reaches the pipeline's engines too: all on one node)")
+                        "ipc needs every receiver on an actor GPU: collocated only)")
     parser.add_argument("--weight-bucket-mb", type=int, default=None,
                         help="runner.weight_bucket_mb for both modes (default: the config's)")
     parser.add_argument("--staleness", type=int, default=0,

@@ -122,8 +122,8 @@ def idle_inference_warning(cfg: Config, placement: Placement) -> str:
 def resolve_weight_transport(setting: str, placement: Placement, receivers: Sequence[str]) -> Transport:
     """`runner.weight_sync`: `auto` is `broadcast` (NCCL on GPUs, gloo on CPU) when no two members of its group
     (the actor's rank 0 and the receivers) share a GPU. Otherwise (collocated, or a hybrid placement) NCCL could
-    not form the group: `ipc` when every node with a receiver has an actor rank that holds a whole replica (CUDA
-    IPC on GPUs, shared memory on CPU), else `object_store`."""
+    not form the group: `ipc` when every receiver shares a GPU with an actor rank that holds a whole replica (CUDA
+    IPC on GPUs, shared memory on CPU; `weight_routes`), else `object_store`."""
     if setting == "auto":
         comps = placement.components
         members = {name: comps[name] for name in receivers if name in comps}

@@ -2,9 +2,10 @@
 
 A sender is a gathering rank of the actor (tensor rank 0 of pipeline stage 0 of a replica: it yields the whole
 replica's HF weights). `broadcast` and `object_store` have one sender, the actor's rank 0, for every receiver.
-`ipc` works within a node only, so every node with receivers needs a gathering rank of its own; each receiver takes
-the one on its GPU if there is one (collocated with a tensor-parallel size of 1: every actor rank serves the engine
-on its GPU), else the first on its node.
+`ipc` hands out CUDA IPC handles, which open only in a process that sees the GPU holding the memory, and each
+process sees only its own GPUs: every receiver takes the gathering rank that shares one of its GPUs (collocated
+with an actor tensor-parallel size of 1, or an engine spanning its sender's GPU), and one with none cannot use it.
+On CPU the same rule holds (shared memory would reach further), so a placement that works there works on GPUs.
 """
 
 from __future__ import annotations
@@ -33,14 +34,16 @@ def gathering_ranks(actor: ComponentPlacement) -> list[int]:
 
 
 def ipc_unreachable(placement: Placement, receivers: Sequence[str]) -> str | None:
-    """Why `ipc` cannot reach every receiver (a node with receivers but no gathering rank), or None."""
+    """Why `ipc` cannot reach every receiver (one that shares no GPU with a gathering rank), or None."""
     comps = placement.components
-    nodes_with_sender = {comps["actor"].processes[r].node_rank for r in gathering_ranks(comps["actor"])}
+    senders = [comps["actor"].processes[r] for r in gathering_ranks(comps["actor"])]
     for name in receivers:
         for proc in comps[name].processes:
-            if proc.node_rank not in nodes_with_sender:
-                return (f"{name} rank {proc.rank} runs on node {proc.node_rank}, where no actor rank holds a whole "
-                        "replica's weights (tensor rank 0 of pipeline stage 0)")
+            if not any(set(s.global_gpus) & set(proc.global_gpus) for s in senders):
+                gpus = ",".join(map(str, proc.global_gpus))
+                return (f"{name} rank {proc.rank} (GPU {gpus}) shares no GPU with an actor rank that holds a whole "
+                        "replica's weights (tensor rank 0 of pipeline stage 0), and a CUDA IPC handle opens only in a "
+                        "process that sees the sender's GPU")
     return None
 
 
@@ -66,14 +69,13 @@ def weight_routes(placement: Placement, transport: Transport, receivers: Sequenc
         return [WeightRoute(0, everyone)]
     reason = ipc_unreachable(placement, receivers)
     if reason is not None:
-        raise ConfigError(f"runner.weight_sync: ipc reaches processes on one node only: {reason}. Use broadcast "
-                          "(or auto).")
+        raise ConfigError(f"runner.weight_sync: ipc needs each receiver on the GPU of an actor rank that sends: "
+                          f"{reason}. Use auto (it takes object_store here).")
     actor = comps["actor"]
     senders = [actor.processes[r] for r in gathering_ranks(actor)]
     routes: dict[int, list[tuple[str, int]]] = {}
     for name, rank in everyone:
-        proc = comps[name].processes[rank]
-        on_node = [s for s in senders if s.node_rank == proc.node_rank]
-        same_gpu = [s for s in on_node if set(s.global_gpus) & set(proc.global_gpus)]
-        routes.setdefault((same_gpu or on_node)[0].rank, []).append((name, rank))
+        gpus = set(comps[name].processes[rank].global_gpus)
+        sender = next(s for s in senders if set(s.global_gpus) & gpus)
+        routes.setdefault(sender.rank, []).append((name, rank))
     return [WeightRoute(sender, tuple(members)) for sender, members in sorted(routes.items())]

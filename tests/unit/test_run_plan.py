@@ -64,9 +64,10 @@ def test_partly_shared_placements_decide_who_takes_turns_and_who_computes_log_pr
     assert p.device_locks == (shares or "rollout,inference" in placement)
     assert p.weight_receivers == receivers
     # auto: broadcast, but not with two members of its group on one GPU (NCCL refuses that): the actor's rank 0
-    # and an engine, or an engine and a log-prob worker
+    # and an engine, or an engine and a log-prob worker; nor ipc, with a receiver on no actor GPU (a CUDA IPC
+    # handle opens only where the sender's GPU is visible): the object store
     shared = "actor,rollout" in placement or ("rollout,inference" in placement and len(receivers) == 2)
-    assert p.weight_transport == ("ipc" if shared else "broadcast")
+    assert p.weight_transport == ("object_store" if shared else "broadcast")
     assert p.buffers_steps  # a consumer waits for its producer's phase: the channels hold a step
     assert [member for route in p.weight_routes for member in route.receivers] == [(n, 0) for n in receivers]
     assert not plan().buffers_steps and plan("runner.max_staleness=1").buffers_steps
@@ -96,14 +97,13 @@ def test_unknown_advantage_estimator_suggests_registered_ones():
         plan("algorithm.adv_estimator=gpro")
 
 
-def test_every_transport_works_collocated_and_ipc_needs_a_sender_on_every_engine_node():
+def test_every_transport_works_collocated_and_ipc_needs_a_sender_on_every_receivers_gpu():
     for transport in ("broadcast", "object_store", "ipc"):
         assert plan(*COLLOCATED, f"runner.weight_sync={transport}").weight_transport == transport
-    assert plan("runner.weight_sync=ipc").weight_transport == "ipc"  # one node: every process is within reach
-    two_nodes = load_config(overrides=["cluster.num_nodes=2", "cluster.num_gpus_per_node=4", "runner.weight_sync=ipc",
-                                       "cluster.component_placement={rollout: 0-3, inference: 4-5, actor: 6-7}"])
-    with pytest.raises(ConfigError, match="ipc reaches processes on one node only: rollout rank 0 runs on node 0"):
-        plan_run(two_nodes, [4, 4])
+    # the default pipeline: the engine on GPU 0, the actor on GPU 1 (one node, but a process sees its own GPUs only)
+    with pytest.raises(ConfigError, match=r"ipc needs each receiver on the GPU of an actor rank that sends: rollout "
+                                          r"rank 0 \(GPU 0\) shares no GPU with an actor rank .* Use auto"):
+        plan("runner.weight_sync=ipc")
     with pytest.raises(ConfigError, match="not one of auto, object_store, broadcast, ipc"):
         resolve_weight_transport("nccl", plan().placement, ("rollout",))
 
@@ -140,16 +140,21 @@ def test_dynamic_sampling_rejects_what_it_cannot_do(overrides, expected):
     assert plan("algorithm.dynamic_sampling=true").dynamic_sampling
 
 
-def test_ipc_routes_pair_each_engine_with_a_gathering_rank_on_its_gpu_or_node():
-    cfg = load_config(overrides=["cluster.num_nodes=2", "cluster.num_gpus_per_node=4",
-                                 'cluster.component_placement={"actor,rollout": all}',
-                                 "actor.tensor_parallel_size=2"])
-    p = plan_run(cfg, [4, 4])
-    assert p.weight_transport == "ipc"
+def test_ipc_routes_pair_each_engine_with_the_gathering_rank_on_its_gpu():
+    """Actor TP 2 collocated with TP-1 engines on two nodes: engines 0, 2, 4, 6 share a GPU with a gathering rank;
+    1, 3, 5, 7 share none (their actor rank only helps gather), and a CUDA IPC handle from another GPU does not
+    open in their processes: explicit ipc is refused naming one, auto takes the object store."""
+    placement = ["cluster.num_nodes=2", "cluster.num_gpus_per_node=4",
+                 'cluster.component_placement={"actor,rollout": all}', "actor.tensor_parallel_size=2"]
+    p = plan_run(load_config(overrides=placement), [4, 4])
     assert gathering_ranks(p.placement.components["actor"]) == [0, 2, 4, 6]  # tensor rank 0 of each replica
-    routes = {r.sender: [rank for _, rank in r.receivers] for r in p.weight_routes}
-    # engines 0, 2, 4, 6 share a GPU with their sender; 1, 3, 5, 7 take a sender on their node
-    assert routes == {0: [0, 1, 3], 2: [2], 4: [4, 5, 7], 6: [6]}
+    assert p.weight_transport == "object_store"
+    with pytest.raises(ConfigError, match=r"rollout rank 1 \(GPU 1\) shares no GPU with an actor rank"):
+        plan_run(load_config(overrides=[*placement, "runner.weight_sync=ipc"]), [4, 4])
+    same_tp = plan_run(load_config(overrides=[*placement, "rollout.tensor_parallel_size=2"]), [4, 4])
+    assert same_tp.weight_transport == "ipc"
+    assert {r.sender: [rank for _, rank in r.receivers] for r in same_tp.weight_routes} == {0: [0], 2: [1], 4: [2],
+                                                                                           6: [3]}
     split = load_config(overrides=["cluster.num_nodes=2", "cluster.num_gpus_per_node=4",
                                    "cluster.component_placement={rollout: 0-3, inference: 4-5, actor: 6-7}"])
     assert plan_run(split, [4, 4]).weight_transport == "broadcast"
