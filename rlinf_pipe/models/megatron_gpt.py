@@ -195,6 +195,7 @@ def build_gpt_model(
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
     from rlinf_pipe.models import megatron_rope
     from rlinf_pipe.models.megatron_sdpa import SdpaAttention
@@ -212,10 +213,14 @@ def build_gpt_model(
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     # attention on torch's fused kernel, which also takes packed sequences (megatron_sdpa.py)
     spec.submodules.self_attention.submodules.core_attention = SdpaAttention
+    # The block's final norm is the layers' own: given a layer spec, Megatron picks it from what is installed
+    # (Transformer Engine's TENorm, else apex's FusedLayerNorm, which refuses RMSNorm, else torch's).
+    block = TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(config),
+                                       layer_norm=spec.submodules.input_layernorm)
     megatron_rope.install()  # (the rotary embedding: cos / sin once per forward, packed streams in one gather)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=spec,
+        transformer_layer_spec=block,
         vocab_size=padded_vocab_size(arch.vocab_size, ps.get_tensor_model_parallel_world_size()),
         max_sequence_length=arch.max_position_embeddings,
         pre_process=ps.is_pipeline_first_stage() if pre_process is None else pre_process,

@@ -1,6 +1,7 @@
 """`SdpaAttention` (rlinf_pipe/models/megatron_sdpa.py) against megatron-core's own `DotProductAttention`: the same
 context and the same gradients for a causal mask, with and without grouped-query attention, and Megatron's path
-where SDPA does not apply (attention dropout in training); packed sequences against the same rows padded."""
+where SDPA does not apply (attention dropout in training); packed sequences against the same rows padded; and the
+model's final norm, the layers' own whatever Megatron finds installed."""
 
 from __future__ import annotations
 
@@ -111,3 +112,25 @@ def test_packing_needs_the_sdpa_path(model_parallel_of_one):
     with pytest.raises(ValueError, match="packed sequences only"):
         dropping(*[t[:, 0] for t in _inputs(4, s=3, b=1)], attention_mask=None,
                  packed_seq_params=packed_params(rows, None))
+
+
+def test_the_final_norm_is_the_layers_whatever_megatron_finds_installed(model_parallel_of_one, tmp_path, monkeypatch):
+    """Given a layer spec, Megatron picks the block's final norm from what is installed: apex's FusedLayerNorm
+    (which refuses RMSNorm: every last pipeline stage failed to build) or Transformer Engine's TENorm (another
+    kernel than every CPU test's). The model passes its block spec, so the final norm is the layers' torch RMSNorm."""
+    from megatron.core.transformer import transformer_block
+    from transformers import AutoConfig
+
+    from rlinf_pipe.models.megatron_gpt import build_gpt_model
+    from rlinf_pipe.models.tiny import ensure_tiny_model
+
+    class Refused(torch.nn.Module):  # what Megatron would find: FusedLayerNorm asserts LayerNorm
+        def __init__(self, config, *args, **kwargs):
+            super().__init__()
+            raise AssertionError(f"({config.normalization}) is not supported in FusedLayerNorm")
+
+    monkeypatch.setattr(transformer_block, "LayerNormImpl", Refused)
+    model = build_gpt_model(AutoConfig.from_pretrained(ensure_tiny_model(tmp_path)))
+    final = model.decoder.final_layernorm
+    assert isinstance(final, torch.nn.RMSNorm)
+    assert type(final) is type(model.decoder.layers[0].input_layernorm)
