@@ -9,7 +9,7 @@ deadlocks against another because it is granted all at once). The lock is re-ent
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
 import ray
@@ -80,8 +80,10 @@ class DeviceLocks:
 
 
 @asynccontextmanager
-async def device_lock(locks: object | None, devices: Sequence[int], owner: str) -> AsyncIterator[None]:
-    """Hold `devices` for `owner` for the block (a no-op when `locks` is None: disaggregated mode)."""
+async def device_lock(locks: object | None, devices: Sequence[int], owner: str,
+                      before_release: Callable[[], None] | None = None) -> AsyncIterator[None]:
+    """Hold `devices` for `owner` for the block (a no-op when `locks` is None: disaggregated mode); with
+    `before_release`, call it while still holding them (e.g. to hand cached device memory back)."""
     if locks is None or not devices:
         yield
         return
@@ -89,4 +91,8 @@ async def device_lock(locks: object | None, devices: Sequence[int], owner: str) 
     try:
         yield
     finally:
-        await locks.release.remote(list(devices), owner)  # type: ignore[attr-defined]
+        try:
+            if before_release is not None:
+                before_release()
+        finally:
+            await locks.release.remote(list(devices), owner)  # type: ignore[attr-defined]

@@ -10,6 +10,8 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from rlinf_pipe.algorithms.logprob_needs import needs_ref, recomputes_old
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.engines.policy import MegatronPolicy
@@ -23,6 +25,14 @@ from rlinf_pipe.weights.transports import Transport
 from rlinf_pipe.workers.logprob_stage import LogprobStage, pad_token_id, policy_options, train_routing
 from rlinf_pipe.workers.step_channels import StepChannels
 from rlinf_pipe.workers.weight_inbox import WeightInbox
+
+
+def hand_back_cached_memory() -> None:
+    """Return the allocator's cached GPU blocks before the device lock goes: an engine sharing the GPU wakes next
+    and allocates its KV cache and weights outside torch's allocator (sglang's memory saver), where blocks this
+    process keeps cached would be missing."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 class InferenceWorker(Worker):
@@ -39,7 +49,8 @@ class InferenceWorker(Worker):
         self.stage = LogprobStage(
             self.policy, ref, scored, train, train_routing(cfg, actor_dp), pad_token_id(model_path),
             recompute_old=recomputes_old(cfg), tracer=self.tracer,
-            on_devices=functools.partial(device_lock, locks, self.info.global_gpus, self.owner),
+            on_devices=functools.partial(device_lock, locks, self.info.global_gpus, self.owner,
+                                         before_release=hand_back_cached_memory),
         )
         self.inbox = WeightInbox(self.owner, self.policy.arch, self.tracer)
 

@@ -53,6 +53,23 @@ def test_device_lock_context_manager_releases_on_error(local_ray):
     assert ray.get(locks.holders.remote()) == {}
 
 
+def test_device_lock_runs_its_release_hook_while_still_holding_the_devices(local_ray):
+    """The inference worker hands its cached GPU memory back there: before the engine sharing the GPU can wake."""
+    locks = DeviceLocks.remote()
+    seen = []
+
+    async def compute(fail: bool) -> None:
+        hook = lambda: seen.append(ray.get(locks.holders.remote()))  # noqa: E731
+        async with device_lock(locks, [2], "inference/0", before_release=hook):
+            if fail:
+                raise RuntimeError("boom")
+
+    asyncio.run(compute(False))
+    with pytest.raises(RuntimeError, match="boom"):
+        asyncio.run(compute(True))
+    assert seen == [{2: "inference/0"}] * 2 and ray.get(locks.holders.remote()) == {}
+
+
 def test_forfeit_and_reset_free_the_devices_of_owners_that_are_gone(local_ray):
     """A worker lost while holding its devices never releases them: the recovery forfeits what the lost one held
     (whoever waited gets the devices), and once the others settled, resets the table."""
