@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import pickle
 import signal
 import sys
@@ -127,6 +128,16 @@ def test_missing_sglang_error_names_the_extra_and_the_gpu(monkeypatch: pytest.Mo
         import_sglang()
 
 
+async def test_an_allocator_setting_sglangs_memory_saver_refuses_is_left_out(model_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """`expandable_segments:True`, common for Megatron, makes torch_memory_saver refuse to start in sglang's
+    scheduler processes (which inherit the worker's environment); the rest of the setting is kept."""
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True,max_split_size_mb:128")
+    engine = make_engine(model_path)
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
+    assert (await run(engine, [req("a", PROMPTS[0], max_new_tokens=2)]))["a"].samples
+
+
 # --- generation ---------------------------------------------------------------------------------------------
 
 
@@ -155,6 +166,11 @@ async def test_samples_fan_out_with_unambiguous_rids_and_seeds_only_when_determi
         assert c.input_ids == PROMPTS[0] and c.return_logprob is True
         assert (sp["n"], sp["top_k"], sp["top_p"], sp["max_new_tokens"], sp["stop_token_ids"]) == (
             1, 50, 0.95, 10, [7])
+    # without ignore_eos the tokenizer's end-of-sequence id is a stop id too: sglang's scheduler has no tokenizer
+    # (skip_tokenizer_init) and stops only on the model configs' ids, which need not hold it
+    await run(plain, [req("eos", PROMPTS[0], max_new_tokens=3, stop_token_ids=[7])])
+    eos = plain.tokenizer.eos_token_id
+    assert eos is not None and generate_calls(plain)[-1].sampling_params["stop_token_ids"] == [7, eos]
 
     exact = make_engine(model_path, seed=1, deterministic=True)
     assert standin(exact).server_args["enable_deterministic_inference"]

@@ -49,7 +49,13 @@ from rlinf_pipe.engines.rollout.engine import (
     SampleOutput,
     sample_seed,
 )
-from rlinf_pipe.engines.rollout.sglang_launch import EngineThread, import_sglang, server_args
+from rlinf_pipe.engines.rollout.sglang_launch import (
+    ALLOC_CONF,
+    EngineThread,
+    import_sglang,
+    server_args,
+    without_expandable_segments,
+)
 from rlinf_pipe.weights import LoadBucket, WeightLayout, WeightReceiver, WeightVersion
 from rlinf_pipe.weights.process_group import Rendezvous
 
@@ -100,6 +106,8 @@ class SGLangEngine:
         self.server_args = server_args(str(model_path), tp_size=tp_size, mem_fraction_static=mem_fraction_static,
                                        max_running_requests=max_running_requests, seed=seed,
                                        deterministic=deterministic, dtype=dtype, cpu_backup=cpu_backup)
+        if ALLOC_CONF in os.environ:  # (this process runs the engine only: its schedulers inherit the setting)
+            os.environ[ALLOC_CONF] = without_expandable_segments(os.environ[ALLOC_CONF])
         self._engine_thread = EngineThread(api.Engine, self.server_args)
         self.engine = self._engine_thread.engine
         self.tm = self.engine.tokenizer_manager
@@ -143,13 +151,23 @@ class SGLangEngine:
             "top_p": sp.top_p,
             "top_k": sp.top_k if sp.top_k > 0 else -1,
             "max_new_tokens": sp.max_new_tokens,
-            "stop_token_ids": list(sp.stop_token_ids),
+            "stop_token_ids": self._stop_ids(sp.stop_token_ids, sp.ignore_eos),
             "ignore_eos": sp.ignore_eos,
             "n": 1,
         }
         if self.deterministic:
             params["sampling_seed"] = seed
         return params
+
+    def _stop_ids(self, stop_token_ids: Sequence[int], ignore_eos: bool) -> list[int]:
+        """The request's stop ids and, unless `ignore_eos`, the tokenizer's end-of-sequence id: with
+        `skip_tokenizer_init` sglang's scheduler has no tokenizer and stops only on the model configs' ids (as
+        `TorchEngine` does, both count)."""
+        ids = list(stop_token_ids)
+        eos = self.tokenizer.eos_token_id
+        if not ignore_eos and eos is not None and eos not in ids:
+            ids.append(eos)
+        return ids
 
     async def generate(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[GenerateResult]:
         """Yield one `GenerateResult` per request, in the order requests finish."""

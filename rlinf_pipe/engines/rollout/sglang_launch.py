@@ -62,6 +62,16 @@ def server_args(model_path: str, *, tp_size: int, mem_fraction_static: float, ma
     return args
 
 
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def without_expandable_segments(conf: str) -> str:
+    """`PYTORCH_CUDA_ALLOC_CONF` without `expandable_segments`, which sglang's memory saver (torch_memory_saver)
+    refuses in the scheduler processes that inherit it (a common setting for Megatron, so workers may get it)."""
+    kept = [o for o in conf.split(",") if o.strip() and o.split(":")[0].strip() != "expandable_segments"]
+    return ",".join(kept)
+
+
 class EngineThread:
     """Builds the Engine in a thread of its own, with no running event loop (the Engine captures a loop of its own
     there, never used), and keeps that thread alive until `close`: sglang's scheduler and detokenizer processes ask

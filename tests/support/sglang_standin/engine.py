@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import os
 import subprocess
 import sys
 import threading
@@ -84,6 +85,11 @@ class Engine:
         if "model_path" not in kwargs:
             raise TypeError("Missing required argument: 'model_path'")
         self.server_args = dict(kwargs)
+        if kwargs.get("enable_memory_saver") and "expandable_segments:true" in os.environ.get(
+                "PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower():
+            # (torch_memory_saver, in the scheduler process that inherits this environment)
+            raise RuntimeError("TorchMemorySaver is disabled for the current process because expandable_segments "
+                               "is not supported yet.")
         self.scheduler = StandinScheduler(self.server_args)
         self.scheduler.process, self.scheduler.parent = _start_scheduler_process(), threading.current_thread()
         self.tokenizer_manager = StandinTokenizerManager(self.scheduler, self.server_args)
