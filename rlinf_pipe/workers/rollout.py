@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import msgspec
+import ray
 
 from rlinf_pipe.config.schema import RolloutConfig
 from rlinf_pipe.data.structs import PromptItem, RolloutGroup
@@ -22,7 +23,7 @@ from rlinf_pipe.engines.rollout.factory import build_engine
 from rlinf_pipe.models.weight_map import read_hf_arch
 from rlinf_pipe.scheduler.channel import Channel
 from rlinf_pipe.scheduler.locks import device_lock
-from rlinf_pipe.scheduler.worker import Worker
+from rlinf_pipe.scheduler.worker import CONTROL_GROUP, Worker
 from rlinf_pipe.weights import LoadedWeights, WeightLayout, WeightVersion
 from rlinf_pipe.weights.process_group import Rendezvous
 from rlinf_pipe.weights.transports import Transport
@@ -44,6 +45,15 @@ class RolloutWorker(Worker):
     def use_channels(self, channels: StepChannels) -> None:
         """Put the step's groups into `channels.rollouts` from now on (new channels after a lost worker)."""
         self.rollouts = channels.rollouts
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def before_stop(self) -> None:
+        """Shut the engine down before the kill: SGLang's scheduler processes then release their GPUs (and shared
+        memory) at once, before a relaunched engine measures what is free, rather than when they notice this
+        process is gone."""
+        shutdown = getattr(self.engine, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
 
     def on_abandon(self) -> None:
         self.engine.abort()

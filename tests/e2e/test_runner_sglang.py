@@ -17,6 +17,7 @@ import pytest
 import ray
 from support.faults import Fault, Saboteur
 from support.runs import assert_trains_like
+from support.sglang_standin.engine import SHUTDOWN_RECORD_ENV
 
 from rlinf_pipe.config import load_config
 from rlinf_pipe.engines.rollout.sglang_launch import STANDIN_ENV
@@ -28,12 +29,18 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("sglang") is not None,
                                 reason="sglang is installed: the GPU suite runs the real one")
 
 
+@pytest.fixture(scope="module")
+def shutdowns(tmp_path_factory) -> Path:
+    """Where each stand-in engine that was shut down records its scheduler's pid."""
+    return tmp_path_factory.mktemp("standin") / "shutdowns"
+
+
 @pytest.fixture(scope="module", autouse=True)
-def ray_session():
+def ray_session(shutdowns):
     """One local Ray (3 virtual GPUs) whose workers build the stand-in when the adapter imports sglang."""
     assert not ray.is_initialized(), "another test left Ray running"
     ray.init(address="local", num_cpus=2, num_gpus=3, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {STANDIN_ENV: "support.sglang_standin"}})
+             runtime_env={"env_vars": {STANDIN_ENV: "support.sglang_standin", SHUTDOWN_RECORD_ENV: str(shutdowns)}})
     yield
     ray.shutdown()
 
@@ -61,7 +68,7 @@ def pipeline_run(tmp_path_factory, tiny_model) -> Path:
                "runner.verify_weights=true")
 
 
-def test_the_pipeline_generates_with_sglang_and_loads_each_version_through_its_ranks(pipeline_run):
+def test_the_pipeline_generates_with_sglang_and_loads_each_version_through_its_ranks(pipeline_run, shutdowns):
     records = read_metrics(pipeline_run / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1]
     for r in records:
@@ -70,6 +77,9 @@ def test_the_pipeline_generates_with_sglang_and_loads_each_version_through_its_r
     assert {"generate", "weight_sync"} <= {s.name for s in spans if s.track == "rollout/0"}
     generated = sorted((s for s in spans if s.name == "generate"), key=lambda s: s.start)
     assert [s.args["version"] for s in generated] == [0, 1]  # step k generates with version k
+    # at the end the engine was shut down before its worker was killed (its schedulers free their GPUs at once)
+    pids = [int(line) for line in shutdowns.read_text().split()]
+    assert len(pids) >= 1 and not any(Path(f"/proc/{pid}").exists() for pid in pids)
 
 
 def test_collocated_sglang_sleeps_wakes_and_trains_like_the_pipeline(tmp_path, tiny_model, pipeline_run):

@@ -75,6 +75,9 @@ def _start_scheduler_process() -> subprocess.Popen:
     return child
 
 
+SHUTDOWN_RECORD_ENV = "RLINF_PIPE_STANDIN_SHUTDOWNS"  # a file each shut-down engine adds its scheduler's pid to
+
+
 class Engine:
     """Stand-in for `sglang.Engine(**server_args)`; see the module docstring."""
 
@@ -176,14 +179,21 @@ class Engine:
     def shutdown(self):
         """sglang kills its scheduler processes; here the scheduler task is cancelled, and run to its end when its
         loop is idle (a task left pending is reported as destroyed when the loop is collected)."""
+        if self.is_shut_down:
+            return
         self.is_shut_down = True
         process = self.scheduler.process
         if process is not None and process.poll() is None:
             process.stdin.close()
             process.wait()
+        if (record := os.environ.get(SHUTDOWN_RECORD_ENV)) and process is not None:
+            with open(record, "a", encoding="utf-8") as out:  # (for the tests: which engines were shut down)
+                out.write(f"{process.pid}\n")
         task = self.scheduler.task
         if task is not None and not task.done():
-            task.cancel()
-            loop = task.get_loop()  # (the tokenizer manager's: running when shut down from a coroutine)
-            if not loop.is_running() and not loop.is_closed():
+            loop = task.get_loop()  # (the tokenizer manager's: running when shut down from a coroutine, or from
+            if loop.is_running():   # another thread: a worker's control thread before it is killed)
+                loop.call_soon_threadsafe(task.cancel)
+            elif not loop.is_closed():
+                task.cancel()
                 loop.run_until_complete(asyncio.wait([task]))
