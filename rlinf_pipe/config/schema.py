@@ -104,10 +104,11 @@ class RunnerConfig:
         "auto",
         "How weights reach the engines and log-prob workers: `broadcast` (a process group from the actor's rank 0 "
         "to every receiver: NCCL on GPUs, gloo on CPU), `ipc` (each receiver on the GPU of an actor rank holding a "
-        "whole replica, as collocated: CUDA IPC handles on GPUs, shared memory on CPU; no copy between processes), `object_store` (Ray's object store, the fallback "
-        "that works anywhere) or `auto` (broadcast when no two members of its group, the actor's rank 0 and the "
-        "receivers, share a GPU, as NCCL takes one rank per GPU; otherwise ipc when every receiver shares a GPU with "
-        "an actor rank holding a whole replica, else object_store). See docs/weight-sync.md.",
+        "whole replica, as collocated: CUDA IPC handles on GPUs, shared memory on CPU; no copy between processes), "
+        "`object_store` (Ray's object store, the fallback that works anywhere) or `auto` (broadcast when no two "
+        "members of its group, the actor's rank 0 and the receivers, share a GPU, as NCCL takes one rank per GPU; "
+        "otherwise ipc when every receiver shares a GPU with an actor rank holding a whole replica, else "
+        "object_store). See docs/weight-sync.md.",
     )
     verify_weights: bool = opt(
         False, "Verify every weight version where it lands: a CRC32 of every bucket (torch engines and log-prob "

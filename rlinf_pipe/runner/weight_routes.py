@@ -33,13 +33,17 @@ def gathering_ranks(actor: ComponentPlacement) -> list[int]:
     return [p.rank for p in actor.processes if p.rank % tp == 0 and p.rank < tp * actor.dp]
 
 
+def ipc_sender(actor: ComponentPlacement, gpus: Sequence[int]) -> int | None:
+    """The gathering rank that `ipc` serves a receiver on `gpus` from: the first on one of them, or None."""
+    return next((r for r in gathering_ranks(actor) if set(actor.processes[r].global_gpus) & set(gpus)), None)
+
+
 def ipc_unreachable(placement: Placement, receivers: Sequence[str]) -> str | None:
     """Why `ipc` cannot reach every receiver (one that shares no GPU with a gathering rank), or None."""
     comps = placement.components
-    senders = [comps["actor"].processes[r] for r in gathering_ranks(comps["actor"])]
     for name in receivers:
         for proc in comps[name].processes:
-            if not any(set(s.global_gpus) & set(proc.global_gpus) for s in senders):
+            if ipc_sender(comps["actor"], proc.global_gpus) is None:
                 gpus = ",".join(map(str, proc.global_gpus))
                 return (f"{name} rank {proc.rank} (GPU {gpus}) shares no GPU with an actor rank that holds a whole "
                         "replica's weights (tensor rank 0 of pipeline stage 0), and a CUDA IPC handle opens only in a "
@@ -71,11 +75,9 @@ def weight_routes(placement: Placement, transport: Transport, receivers: Sequenc
     if reason is not None:
         raise ConfigError(f"runner.weight_sync: ipc needs each receiver on the GPU of an actor rank that sends: "
                           f"{reason}. Use auto (it takes object_store here).")
-    actor = comps["actor"]
-    senders = [actor.processes[r] for r in gathering_ranks(actor)]
     routes: dict[int, list[tuple[str, int]]] = {}
     for name, rank in everyone:
-        gpus = set(comps[name].processes[rank].global_gpus)
-        sender = next(s for s in senders if set(s.global_gpus) & gpus)
-        routes.setdefault(sender.rank, []).append((name, rank))
+        sender = ipc_sender(comps["actor"], comps[name].processes[rank].global_gpus)
+        assert sender is not None  # (ipc_unreachable found none unserved)
+        routes.setdefault(sender, []).append((name, rank))
     return [WeightRoute(sender, tuple(members)) for sender, members in sorted(routes.items())]

@@ -25,6 +25,7 @@ from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.runner.devices import ActorPhase
 from rlinf_pipe.runner.weight_routes import WeightRoute, gpu_shared_in_group
 from rlinf_pipe.scheduler.worker_group import WorkerGroup
+from rlinf_pipe.utils.futures import mark_retrieved
 from rlinf_pipe.utils.tracing import Tracer
 from rlinf_pipe.weights import LoadedWeights, WeightSyncError, WeightVersion
 from rlinf_pipe.weights.process_group import GROUP_NAME, Rendezvous
@@ -62,7 +63,7 @@ class WeightSync:
         if self.transport == "broadcast" and backend == "nccl" and (clash := gpu_shared_in_group(
                 self.actor.placement, {n: g.placement for n, g in self.receivers.items()})):
             raise ConfigError(f"runner.weight_sync: broadcast puts the actor's rank 0 and every receiver in one NCCL "
-                              f"group, which takes one rank per GPU, but {clash}: use ipc (or auto)")
+                              f"group, which takes one rank per GPU, but {clash}: use auto")
         rendezvous: dict[int, Rendezvous | None] = {}
         calls = []
         for route in self.routes:
@@ -104,7 +105,7 @@ class WeightSync:
         receiver group (by name) to take it once its calls in `after` are done (the group is then idle). Returns
         the transfer (the bytes moved); `sync(version)` collects it."""
         transfer = asyncio.ensure_future(self._transfer(version, after, trained=True))
-        transfer.add_done_callback(_retrieved)  # (a step abandoned meanwhile never collects it)
+        transfer.add_done_callback(mark_retrieved)  # (a step abandoned meanwhile never collects it)
         self.pushed[version] = transfer
         return transfer
 
@@ -192,9 +193,3 @@ class WeightSync:
             self.warned_unverified = True
             log.warning("runner.verify_weights: %s cannot verify what it loaded (SGLang reads weights back by name "
                         "only for some model classes); its byte and tensor counts are checked", ", ".join(unverified))
-
-
-def _retrieved(transfer: asyncio.Future) -> None:
-    """Mark a pushed transfer's failure as seen: the step that would collect it may have been abandoned."""
-    if not transfer.cancelled():
-        transfer.exception()

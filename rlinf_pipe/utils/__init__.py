@@ -1,1 +1,2 @@
-"""Utilities: spans and timelines (tracing, timeline), metric sinks (metrics), LaTeX answer helpers."""
+"""Utilities: spans and timelines (tracing, timeline), metric sinks (metrics), LaTeX answer helpers, asyncio
+future helpers (futures)."""

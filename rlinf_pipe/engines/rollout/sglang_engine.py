@@ -56,6 +56,7 @@ from rlinf_pipe.engines.rollout.sglang_launch import (
     server_args,
     without_expandable_segments,
 )
+from rlinf_pipe.utils.futures import mark_retrieved
 from rlinf_pipe.weights import LoadBucket, WeightLayout, WeightReceiver, WeightVersion
 from rlinf_pipe.weights.process_group import Rendezvous
 
@@ -67,12 +68,6 @@ IDLE_ATTEMPTS = 10
 
 class SGLangError(RuntimeError):
     """sglang refused a call (its message is included)."""
-
-
-def _retrieved(flush: asyncio.Future) -> None:
-    """Mark a flush's failure as seen: the wait that asked for it may have been cancelled."""
-    if not flush.cancelled():
-        flush.exception()
 
 
 def _finish_reason(meta_info: dict[str, Any]) -> FinishReason:
@@ -274,7 +269,7 @@ class SGLangEngine:
             if self._flush is not None and not self._flush.done():
                 await asyncio.shield(self._flush)
             self._flush = flush = asyncio.ensure_future(self.tm.flush_cache(timeout_s=IDLE_WAIT_S))
-            flush.add_done_callback(_retrieved)
+            flush.add_done_callback(mark_retrieved)
             if (await asyncio.shield(flush)).success:
                 return
         raise SGLangError(f"sglang's scheduler did not go idle within {IDLE_ATTEMPTS * IDLE_WAIT_S:.0f} s (requests "
