@@ -1,9 +1,15 @@
-"""Per-device locks for collocated mode: two components never run on the same GPU at the same time.
+"""Per-device locks for time-shared GPUs: two components never run on the same GPU at the same time.
 
 `DeviceLocks` is one Ray actor per job. A worker wraps each device-occupying phase (wake + generate + sleep,
-onload + compute + offload) in `async with device_lock(locks, devices, owner):`; the lock is granted when no
-other owner holds any of those devices, in request order (no starvation, and a multi-device request never
-deadlocks against another because it is granted all at once). The lock is re-entrant for the same owner.
+onload + compute + offload) in `async with device_lock(locks, devices, owner):`. A request is granted when no
+other holder has any of its devices and no earlier waiting request wants one of them (first come, first served per
+device: no starvation, and a multi-device request is granted all at once, so two of them never deadlock).
+
+Ranks that compute together (the tensor- and pipeline-parallel ranks of one log-prob replica, each locking its own
+GPUs) take the lock as one `gang`: the first rank to ask queues as above; once the gang holds a device, the rest of
+its ranks are granted theirs as soon as no other holder has them, ahead of the queue. Otherwise a rank holding its
+GPU inside a collective would wait for a sibling queued behind an engine that waits for that GPU: a deadlock. A
+holder is re-entrant (the same owner, or gang, again), and gives its devices back when its last hold is released.
 """
 
 from __future__ import annotations
@@ -11,68 +17,94 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 
 import ray
 
 
+@dataclass
+class _Request:
+    ticket: int
+    devices: frozenset[int]
+    holder: str
+
+
+@dataclass
+class _Hold:
+    depth: int = 0
+    members: set[str] = field(default_factory=set)  # the owners inside (a gang's ranks)
+
+
 @ray.remote(num_cpus=0)
 class DeviceLocks:
-    """The job's device lock table (a Ray actor): device id -> owner, granted FIFO."""
+    """The job's device lock table (a Ray actor): device id -> holder (an owner, or a gang of owners)."""
 
     def __init__(self) -> None:
-        self._owner: dict[int, str] = {}
-        self._depth: dict[str, int] = {}
+        self._holder: dict[int, str] = {}
+        self._holds: dict[str, _Hold] = {}
         self._cond = asyncio.Condition()
-        self._queue: list[int] = []
+        self._queue: list[_Request] = []
         self._ticket = 0
 
-    def _free_for(self, devices: Sequence[int], owner: str) -> bool:
-        return all(self._owner.get(d, owner) == owner for d in devices)
+    def _grantable(self, request: _Request) -> bool:
+        if any(self._holder.get(d, request.holder) != request.holder for d in request.devices):
+            return False
+        if request.holder in self._holds:  # re-entrant, or a gang already running: ahead of the queue
+            return True
+        earlier = self._queue[:self._queue.index(request)]
+        return not any(r.devices & request.devices for r in earlier)
 
-    async def acquire(self, devices: list[int], owner: str) -> None:
+    async def acquire(self, devices: list[int], owner: str, gang: str | None = None) -> None:
+        """Wait until `devices` are `owner`'s (with `gang`: its gang's, shared with the gang's other ranks)."""
         async with self._cond:
             self._ticket += 1
-            ticket = self._ticket
-            self._queue.append(ticket)
+            request = _Request(self._ticket, frozenset(devices), gang or owner)
+            self._queue.append(request)
             try:
-                await self._cond.wait_for(lambda: self._queue[0] == ticket and self._free_for(devices, owner))
+                await self._cond.wait_for(lambda: self._grantable(request))
             finally:
-                self._queue.remove(ticket)
+                self._queue.remove(request)
                 self._cond.notify_all()
             for d in devices:
-                self._owner[d] = owner
-            self._depth[owner] = self._depth.get(owner, 0) + 1
+                self._holder[d] = request.holder
+            hold = self._holds.setdefault(request.holder, _Hold())
+            hold.depth += 1
+            hold.members.add(owner)
 
-    async def release(self, devices: list[int], owner: str) -> None:
+    async def release(self, devices: list[int], owner: str, gang: str | None = None) -> None:
+        """End one hold of `owner` (or its gang); the last one gives back every device the holder took."""
         async with self._cond:
-            self._depth[owner] = self._depth.get(owner, 1) - 1
-            if self._depth[owner] <= 0:
-                self._depth.pop(owner, None)
-                for d in devices:
-                    if self._owner.get(d) == owner:
-                        del self._owner[d]
+            holder = gang or owner
+            hold = self._holds.get(holder)
+            if hold is not None:
+                hold.depth -= 1
+                if hold.depth <= 0:
+                    self._drop(holder)
             self._cond.notify_all()
 
+    def _drop(self, holder: str) -> None:
+        self._holds.pop(holder, None)
+        for device in [d for d, h in self._holder.items() if h == holder]:
+            del self._holder[device]
+
     async def forfeit(self, owners: list[str]) -> None:
-        """Free whatever `owners` hold (workers that were lost: they never release)."""
+        """Free whatever `owners` hold, alone or in a gang (workers that were lost: they never release)."""
         async with self._cond:
-            for device, owner in list(self._owner.items()):
-                if owner in owners:
-                    del self._owner[device]
-            for owner in owners:
-                self._depth.pop(owner, None)
+            for holder in [h for h, hold in self._holds.items() if hold.members & set(owners) or h in owners]:
+                self._drop(holder)
             self._cond.notify_all()
 
     async def reset(self) -> None:
         """Forget every holder (after a lost worker: its locks would never be released; the workers that stayed are
         idle and hold their devices no more)."""
         async with self._cond:
-            self._owner.clear()
-            self._depth.clear()
+            self._holder.clear()
+            self._holds.clear()
             self._cond.notify_all()
 
     def holders(self) -> dict[int, str]:
-        return dict(self._owner)
+        """Device id -> its holder (an owner, or a gang)."""
+        return dict(self._holder)
 
     def num_waiting(self) -> int:
         """Requests queued and not yet granted."""
@@ -80,14 +112,15 @@ class DeviceLocks:
 
 
 @asynccontextmanager
-async def device_lock(locks: object | None, devices: Sequence[int], owner: str,
+async def device_lock(locks: object | None, devices: Sequence[int], owner: str, gang: str | None = None,
                       before_release: Callable[[], None] | None = None) -> AsyncIterator[None]:
-    """Hold `devices` for `owner` for the block (a no-op when `locks` is None: disaggregated mode); with
-    `before_release`, call it while still holding them (e.g. to hand cached device memory back)."""
+    """Hold `devices` for `owner` (in `gang`, see the module docstring) for the block (a no-op when `locks` is
+    None: disaggregated mode); with `before_release`, call it while still holding them (e.g. to hand cached
+    device memory back)."""
     if locks is None or not devices:
         yield
         return
-    await locks.acquire.remote(list(devices), owner)  # type: ignore[attr-defined]
+    await locks.acquire.remote(list(devices), owner, gang)  # type: ignore[attr-defined]
     try:
         yield
     finally:
@@ -95,4 +128,4 @@ async def device_lock(locks: object | None, devices: Sequence[int], owner: str,
             if before_release is not None:
                 before_release()
         finally:
-            await locks.release.remote(list(devices), owner)  # type: ignore[attr-defined]
+            await locks.release.remote(list(devices), owner, gang)  # type: ignore[attr-defined]

@@ -6,8 +6,8 @@ weights of the step's version, reference log-probs with the initial weights (a s
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import torch
@@ -44,15 +44,21 @@ class InferenceWorker(Worker):
                  locks: Any = None):
         super().__init__()
         init_model_parallel(cfg.inference.tensor_parallel_size, cfg.inference.pipeline_parallel_size)
+        self.locks = locks
         self.policy = MegatronPolicy(model_path, train=False, **policy_options(cfg))
         ref = MegatronPolicy(model_path, train=False, **policy_options(cfg)) if needs_ref(cfg) else None
         self.stage = LogprobStage(
             self.policy, ref, scored, train, train_routing(cfg, actor_dp), pad_token_id(model_path),
-            recompute_old=recomputes_old(cfg), tracer=self.tracer,
-            on_devices=functools.partial(device_lock, locks, self.info.global_gpus, self.owner,
-                                         before_release=hand_back_cached_memory),
+            recompute_old=recomputes_old(cfg), tracer=self.tracer, on_devices=self._on_devices,
         )
         self.inbox = WeightInbox(self.owner, self.policy.arch, self.tracer)
+
+    def _on_devices(self, turn: str) -> AbstractAsyncContextManager[None]:
+        """This rank's GPUs for one group's log-probs (`turn`, the same on every rank of the replica), taken with
+        the replica's other ranks as one gang: they meet in collectives while holding their GPUs."""
+        gang = f"{self.info.group}/replica{self.stage.ranks.dp_rank}@{turn}"
+        return device_lock(self.locks, self.info.global_gpus, self.owner, gang,
+                           before_release=hand_back_cached_memory)
 
     def use_channels(self, channels: StepChannels) -> None:
         """Stream from `channels.scored` into `channels.train` from now on (new channels after a lost worker)."""

@@ -9,6 +9,7 @@ channel of the actor replica that trains it (`rlinf_pipe.data.routing`).
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -65,10 +66,11 @@ class LogprobStage:
     def __init__(
         self, policy: MegatronPolicy, ref: MegatronPolicy | None, scored: Channel, train: Sequence[Channel],
         routing: TrainRouting, pad_token_id: int, recompute_old: bool, tracer: Tracer,
-        on_devices: Callable[[], AbstractAsyncContextManager[None]] = contextlib.nullcontext,
+        on_devices: Callable[[str], AbstractAsyncContextManager[None]] = lambda turn: contextlib.nullcontext(),
     ):
         self.policy, self.ref, self.scored, self.train = policy, ref, scored, list(train)
-        self.on_devices = on_devices  # held around each group's log-probs (the device lock of a shared set)
+        self.on_devices = on_devices  # held around each group's log-probs (the device lock of a shared set), given
+        # the group's turn: "<step>.<index>", the same on every rank of the replica (they read the same groups)
         self.routing, self.pad_token_id, self.recompute_old, self.tracer = routing, pad_token_id, recompute_old, tracer
         self.ranks = ReplicaRanks.current()
         self.version = 0  # the weight version `policy` holds
@@ -107,11 +109,11 @@ class LogprobStage:
         """Take the step's scored groups until its end and put their `TrainBatch`es into the train channels (the
         output rank ends the step on every one of them); returns the batches this rank put."""
         count = 0
-        while True:
+        for index in itertools.count():
             item = await read_shared(self.ranks, self.scored.aget)
             if isinstance(item, StepEnd):
                 break
-            async with self.on_devices():
+            async with self.on_devices(f"{step}.{index}"):
                 batch = await compute_thread().run(self._logprobs, step, item)
             if batch is not None:
                 await self.train[self.routing.replica_of(batch.slot)].aput(batch, weight=batch.num_sequences)

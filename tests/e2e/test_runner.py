@@ -407,6 +407,24 @@ def test_dynamic_sampling_trains_only_varied_groups(tmp_path, tiny_model):
 
 
 @pytest.mark.slow
+def test_a_tensor_parallel_log_prob_replica_takes_turns_with_the_engines(tmp_path, tiny_model):
+    """`rollout,inference: 0-1` with inference TP 2: each rank locks its own GPU for each group, the replica's two
+    ranks as one gang (they meet in collectives while holding their GPUs), while the rollout runs a step ahead
+    (`max_staleness` 1), so the engines ask for their GPUs while the replica computes. Every group is computed by
+    both ranks, and no two components compute on a GPU at once."""
+    out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, "runner.max_staleness=1", "runner.max_steps=3",
+              "cluster.num_gpus_per_node=3", "algorithm.compute_ref_logprobs=true", "inference.tensor_parallel_size=2",
+              'cluster.component_placement={"rollout,inference": 0-1, actor: 2}')
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2]
+    spans = read_chrome_trace(out / "timeline.json")
+    logprob = {rank: [s for s in spans if s.name == "logprob" and s.track == f"inference/{rank}"] for rank in (0, 1)}
+    assert [s.devices for s in logprob[0]] == [(0,)] * 12 and [s.devices for s in logprob[1]] == [(1,)] * 12
+    assert {s.name for s in spans if s.track.startswith("rollout/")} >= {"wake", "generate", "sleep"}
+    found = [(a, b) for a, b in overlaps(spans) if not {a.name, b.name} <= {"weight_sync", "publish_weights"}]
+    assert found == []
+
+
+@pytest.mark.slow
 def test_dynamic_sampling_with_only_uniform_groups_spends_its_rounds_and_skips_training(tmp_path, tiny_model):
     """Greedy decoding makes both samples of every group identical: no group is ever kept, every extra round is
     spent, and the step trains nothing (no optimizer step) instead of failing."""

@@ -24,21 +24,49 @@ def queued(locks, count: int, polls: int = 10_000) -> bool:
     return any(ray.get(locks.num_waiting.remote()) >= count for _ in range(polls))
 
 
-def test_device_lock_serialises_owners_and_is_fifo(local_ray):
+def test_device_lock_serialises_owners_first_come_first_served_per_device(local_ray):
     locks = DeviceLocks.remote()
     ray.get(locks.acquire.remote([0, 1], "actor/0"))
     ray.get(locks.acquire.remote([0], "actor/0"))  # re-entrant for the same owner
     waiting = locks.acquire.remote([1], "rollout/0")
     assert queued(locks, 1)  # async actor calls may start out of order: let this one queue first
-    later = locks.acquire.remote([5], "reward/0")  # FIFO: queued behind rollout even though device 5 is free
+    behind = locks.acquire.remote([1, 2], "rollout/1")  # device 1 is rollout/0's next: 2 free does not let it pass
     assert queued(locks, 2)
-    ready, _ = ray.wait([waiting, later], timeout=0.3)
-    assert ready == [] and ray.get(locks.holders.remote()) == {0: "actor/0", 1: "actor/0"}
+    ray.get(locks.acquire.remote([5], "reward/0"), timeout=30)  # nobody waits for device 5: granted at once
+    ready, _ = ray.wait([waiting, behind], timeout=0.3)
+    assert ready == [] and ray.get(locks.holders.remote()) == {0: "actor/0", 1: "actor/0", 5: "reward/0"}
     ray.get(locks.release.remote([0], "actor/0"))
-    assert ray.get(locks.holders.remote()) == {0: "actor/0", 1: "actor/0"}  # still held once
+    assert ray.get(locks.holders.remote()) == {0: "actor/0", 1: "actor/0", 5: "reward/0"}  # still held once
     ray.get(locks.release.remote([0, 1], "actor/0"))
-    ray.get([waiting, later])
-    assert ray.get(locks.holders.remote()) == {1: "rollout/0", 5: "reward/0"}
+    ray.get(waiting, timeout=30)
+    assert ray.wait([behind], timeout=0.3)[0] == []
+    ray.get(locks.release.remote([1], "rollout/0"))
+    ray.get(behind, timeout=30)
+    assert ray.get(locks.holders.remote()) == {1: "rollout/1", 2: "rollout/1", 5: "reward/0"}
+
+
+@pytest.mark.parametrize("engine_gpus", [[0], [0, 1]], ids=["tp1-engine", "tp2-engine"])
+def test_the_ranks_of_a_gang_never_wait_behind_an_engine_that_waits_for_them(local_ray, engine_gpus):
+    """Log-prob replica with TP 2 on GPUs 0-1, taken in turns with the engines. Its rank 0 holds GPU 0 and waits
+    in a collective for rank 1; an engine asks for GPU 0 (or 0 and 1) in between. Rank 1's GPU is free of other
+    holders: it must be granted, ahead of the engine, or the three wait for each other forever. Once both ranks
+    release, the engine runs, and the replica's next group queues behind it."""
+    locks = DeviceLocks.remote()
+    ray.get(locks.acquire.remote([0], "inference/0", "replica0@1.0"))
+    engine = locks.acquire.remote(engine_gpus, "rollout/0")
+    assert queued(locks, 1)
+    ray.get(locks.acquire.remote([1], "inference/1", "replica0@1.0"), timeout=30)
+    assert ray.get(locks.holders.remote()) == {0: "replica0@1.0", 1: "replica0@1.0"}
+    ray.get(locks.release.remote([1], "inference/1", "replica0@1.0"))
+    assert ray.wait([engine], timeout=0.3)[0] == []  # rank 0 still computes: the gang holds both GPUs
+    ray.get(locks.release.remote([0], "inference/0", "replica0@1.0"))
+    ray.get(engine, timeout=30)
+    after = locks.acquire.remote([1], "inference/1", "replica0@1.1")  # the next group: a new gang, in the queue
+    if len(engine_gpus) == 2:
+        assert queued(locks, 1) and ray.wait([after], timeout=0.3)[0] == []
+        ray.get(locks.release.remote(engine_gpus, "rollout/0"))
+    ray.get(after, timeout=30)
+    assert ray.get(locks.holders.remote())[1] == "replica0@1.1"
 
 
 def test_device_lock_context_manager_releases_on_error(local_ray):
@@ -80,6 +108,10 @@ def test_forfeit_and_reset_free_the_devices_of_owners_that_are_gone(local_ray):
     assert queued(locks, 1)
     ray.get(locks.forfeit.remote(["rollout/0"]))
     ray.get(waiting, timeout=30)
+    assert ray.get(locks.holders.remote()) == {0: "actor/0", 2: "inference/0"}
+    ray.get(locks.acquire.remote([4], "inference/0", "replica0@2.0"))  # a gang loses one of its ranks
+    ray.get(locks.acquire.remote([5], "inference/1", "replica0@2.0"))
+    ray.get(locks.forfeit.remote(["inference/1"]))
     assert ray.get(locks.holders.remote()) == {0: "actor/0", 2: "inference/0"}
     ray.get(locks.reset.remote())
     assert ray.get(locks.holders.remote()) == {}
