@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import sys
 
@@ -17,6 +18,7 @@ from rlinf_pipe.scheduler.cluster import NODE_RANK_LABEL, Cluster
 from rlinf_pipe.scheduler.placement import plan_placement
 from rlinf_pipe.scheduler.worker import Worker
 from rlinf_pipe.scheduler.worker_group import WorkerGroup
+from rlinf_pipe.utils.net import GLOO_IFNAME_ENV, gloo_interface_env
 
 # Worker classes below are shipped to Ray workers by value (the tests folder is not importable there).
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -37,6 +39,9 @@ class Probe(Worker):
         value = torch.tensor([float(self.rank)])
         dist.all_reduce(value)
         return value.item(), dist.get_backend()
+
+    def env(self, name: str) -> str | None:
+        return os.environ.get(name)
 
     def fail_on(self, rank: int) -> int:
         if self.rank == rank:
@@ -134,10 +139,14 @@ def test_workers_land_on_their_nodes_with_their_gpus(cluster):
 
 
 def test_gloo_all_reduce_across_nodes(actor_group):
+    """... with gloo on the interface of each node's Ray IP (GLOO_SOCKET_IFNAME, unless that IP is loopback)."""
     assert actor_group.all.all_reduce_rank().wait() == [(6.0, "gloo")] * 4
     infos = actor_group.infos()
     assert [i.node_rank for i in infos] == [0, 0, 1, 1]
     assert [i.cuda_visible_devices for i in infos] == ["6", "7", "0", "1"]
+    expected = [gloo_interface_env(i.ip, {}).get(GLOO_IFNAME_ENV) for i in infos]
+    assert actor_group.all.env(GLOO_IFNAME_ENV).wait() == expected
+    assert all(expected) or ipaddress.ip_address(infos[0].ip).is_loopback
 
 
 def test_constructor_args_reach_every_rank(actor_group):

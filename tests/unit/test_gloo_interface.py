@@ -1,0 +1,37 @@
+"""GLOO_SOCKET_IFNAME from a node's Ray IP: gloo would otherwise bind to what the host name resolves to, often
+loopback (`127.0.1.1 <hostname>`), which ranks on other nodes cannot reach."""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+
+from rlinf_pipe.utils.net import GLOO_IFNAME_ENV, gloo_interface_env, interface_of
+
+# What psutil reports on a typical machine: loopback, the NIC Ray advertises, a container bridge.
+INTERFACES = {
+    "lo": ["127.0.0.1", "::1", "00:00:00:00:00:00"],
+    "ens5": ["10.0.3.17", "fe80::8ff:feff:fe12:3456%ens5", "0a:ff:fe:12:34:56"],
+    "docker0": ["172.17.0.1", "02:42:ac:11:00:01"],
+    "ib0": ["fd00:1::7"],
+}
+
+
+@pytest.mark.parametrize(("ip", "name"), [
+    ("10.0.3.17", "ens5"), ("172.17.0.1", "docker0"), ("fd00:1::7", "ib0"), ("fe80::8ff:feff:fe12:3456", "ens5"),
+    ("10.0.3.18", None),
+])
+def test_the_interface_holding_an_address(ip, name):
+    assert interface_of(ip, INTERFACES) == name
+
+
+def test_a_worker_uses_the_interface_of_its_node_ip_unless_told_otherwise():
+    assert gloo_interface_env("10.0.3.17", {}, INTERFACES) == {GLOO_IFNAME_ENV: "ens5"}
+    assert gloo_interface_env("10.0.3.17", {GLOO_IFNAME_ENV: "ib0"}, INTERFACES) == {}  # the user's choice stays
+    assert gloo_interface_env("127.0.0.1", {}, INTERFACES) == {}  # one machine: whatever gloo picks works
+    assert gloo_interface_env("10.9.9.9", {}, INTERFACES) == {}  # not here (NAT): leave gloo's own choice
+
+
+def test_this_machines_interfaces_are_read_from_psutil():
+    name, addresses = next((n, a) for n, a in psutil.net_if_addrs().items() if a)
+    assert interface_of(addresses[0].address) == name
