@@ -3,6 +3,8 @@ DP=2 == DP=1, offload round trip, checkpoint resume. Each scenario runs in fresh
 
 from __future__ import annotations
 
+import time
+
 import msgspec
 import pytest
 import torch
@@ -199,6 +201,28 @@ def _dp2_then_save(rank: int, model_path: str, ckpt: str) -> dict:
     return out
 
 
+def _save_with_a_slow_rank_zero(rank: int, model_path: str, ckpt: str) -> dict:
+    """The world's collectives time out after 1 s (as NCCL's minutes would for a large checkpoint on NFS); rank 0
+    writes its model shard for 3 s."""
+    from datetime import timedelta
+
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    from rlinf_pipe.models import megatron_checkpoint
+
+    p = _policy(model_path)
+    _set_pg_timeout(timedelta(seconds=1))
+    save = megatron_checkpoint.save_model_shard
+
+    def slow_save(*args, **kwargs):
+        if rank == 0:
+            time.sleep(3)  # (a slow file system, not a synchronisation)
+        return save(*args, **kwargs)
+
+    megatron_checkpoint.save_model_shard = slow_save
+    return {"saved": str(p.save_checkpoint(ckpt))}
+
+
 def _dp2_resume(rank: int, model_path: str, ckpt: str) -> dict:
     vocab = vocab_size(model_path)
     p = _policy(model_path)
@@ -340,3 +364,10 @@ def test_checkpoint_resume_is_exact(dp2):
         assert a["metrics2"] == b["metrics2"]
         for name, p in a["params2"].items():
             assert torch.equal(p, b["params2"][name]), name
+
+
+def test_a_checkpoint_waits_for_a_rank_that_writes_longer_than_the_worlds_timeout(model_path, tmp_path):
+    """The ranks wait for each other's files on a gloo group with a timeout of its own (checkpoint.py)."""
+    ckpt = tmp_path / "ckpt"
+    results = spawn(2, _save_with_a_slow_rank_zero, str(tmp_path / "run"), model_path=model_path, ckpt=str(ckpt))
+    assert [r["saved"] for r in results] == [str(ckpt.resolve())] * 2 and (ckpt / "COMPLETE").exists()

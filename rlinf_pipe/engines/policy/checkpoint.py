@@ -7,6 +7,9 @@
     <folder>/COMPLETE                                                    written last
 
 Written to a temporary sibling and renamed into place by rank 0 after a barrier, so a folder is whole or absent.
+The ranks wait for each other's file reads and writes on a gloo group of their own whose timeout
+(`FILE_BARRIER_TIMEOUT`) allows for slow file systems: on the world's group (NCCL on GPUs, minutes) a rank 0 that
+writes a large unsharded optimizer state to NFS would time the others out, and the job with them.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import os
 import random
 import shutil
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,6 +31,18 @@ from rlinf_pipe.utils.folders import COMPLETE, is_complete, mark_complete
 
 TRAINER_SUBDIR = "trainer"
 STATE_FILE = "state.json"
+FILE_BARRIER_TIMEOUT = timedelta(hours=2)
+_file_group: list[Any] = []  # [world group, its gloo group for file barriers] once made
+
+
+def file_barrier() -> None:
+    """Wait until every rank of the world got here, however long their files took (`FILE_BARRIER_TIMEOUT`)."""
+    import torch.distributed as dist
+
+    world = dist.group.WORLD
+    if not _file_group or _file_group[0] is not world:  # (collective: every rank makes it at its first use)
+        _file_group[:] = [world, dist.new_group(backend="gloo", timeout=FILE_BARRIER_TIMEOUT)]
+    dist.barrier(group=_file_group[1])
 
 
 class MegatronPolicy(Protocol):
@@ -78,13 +94,13 @@ def save_checkpoint(policy: MegatronPolicy, folder: str | os.PathLike[str], reco
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         (tmp / TRAINER_SUBDIR).mkdir(parents=True)
-    dist.barrier()
+    file_barrier()
     if policy.dp_rank == 0:
         save_model_shard(tmp, policy.tp_rank, policy.pp_rank, policy.module.state_dict())
     if policy.use_distributed_optimizer or policy.dp_rank == 0:
         torch.save(optimizer.state_dict(), tmp / TRAINER_SUBDIR / _optim_file(policy))
     torch.save(_rng_state(), tmp / TRAINER_SUBDIR / _rng_file(rank))
-    dist.barrier()
+    file_barrier()
     if rank == 0:
         write_megatron_meta(tmp, policy.tp_size, policy.pp_size, policy.model_path)
         state = {"step": optimizer.steps_taken, "peak_lr": optimizer.peak_lr,
@@ -98,7 +114,7 @@ def save_checkpoint(policy: MegatronPolicy, folder: str | os.PathLike[str], reco
             os.rename(final, old)
         os.rename(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
-    dist.barrier()
+    file_barrier()
     return final
 
 
@@ -171,7 +187,7 @@ def load_checkpoint(policy: MegatronPolicy, folder: str | os.PathLike[str]) -> N
         steps=int(state["step"]),
         rng=torch.load(path / TRAINER_SUBDIR / _rng_file(dist.get_rank()), weights_only=False),
     ))
-    dist.barrier()
+    file_barrier()
 
 
 def _rng_state() -> dict[str, Any]:
