@@ -15,13 +15,17 @@ The model of the estimate (docs/memory.md walks through it):
   and the log-prob code's float32 chunks (`engines.policy.logprobs.CHUNK_BYTES` each); 2.5 GiB per process on the
   GPU for what it holds outside the allocator's blocks (CUDA context, NCCL and library workspaces). Checked against
   a measured step on an H200 (docs/memory.md);
-* **kv_cache**: SGLang's share of the GPU (`rollout.gpu_memory_fraction` of the capacity) less its weights; the
-  torch engine's cache for `max_running_requests` sequences at full length.
+* **kv_cache**: SGLang's static share (`rollout.gpu_memory_fraction` of the memory free when it starts: the
+  capacity less what the set's other processes hold, as sglang 0.5.23 measures it) less its weights; the torch
+  engine's cache for `max_running_requests` sequences at full length;
+* **resident**: what other components keep on the GPU while this one runs: the log-prob workers' models on a set
+  they share with the engines (they stay loaded; the engines release theirs while they sleep).
 
 Components that share a GPU set take turns on it, so each is checked on its own (the other's state is offloaded, or
 released by the engine, meanwhile; each other process on the set still holds its CUDA context); an actor that
 computes the log-probs (no inference workers) also holds the reference model. Inference workers placed for an
-algorithm with no log-prob pass are not started, so they have no estimate and hold no share of their GPUs.
+algorithm with no log-prob pass are not started, so they have no estimate and hold no share of their GPUs. An
+SGLang engine whose share cannot hold its weights does not fit whatever the total (sglang refuses to start).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ if TYPE_CHECKING:
 GIB = 1 << 30
 DEFAULT_CAPACITY_GB = 80.0
 PROCESS_OVERHEAD = 5 * GIB // 2  # measured 2.28 GiB beyond the allocator in a trainer process (H200, docs/memory.md)
-KINDS = ("weights", "grads", "optimizer", "activations", "kv_cache")
+KINDS = ("weights", "grads", "optimizer", "activations", "kv_cache", "resident")
 Recompute = Literal["none", "selective", "full"]
 
 
@@ -78,6 +82,7 @@ class ComponentMemory:
     component: str
     per_gpu_bytes: dict[str, int]
     capacity_bytes: int
+    problem: str = ""  # why it cannot run whatever the total ("" when it can)
 
     @property
     def total(self) -> int:
@@ -85,11 +90,11 @@ class ComponentMemory:
 
     @property
     def fits(self) -> bool:
-        return self.total <= self.capacity_bytes
+        return self.total <= self.capacity_bytes and not self.problem
 
     def to_json(self) -> dict[str, Any]:
         return {"per_gpu_bytes": {**self.per_gpu_bytes, "total": self.total}, "capacity_bytes": self.capacity_bytes,
-                "fits": self.fits}
+                "fits": self.fits, **({"problem": self.problem} if self.problem else {})}
 
 
 def _bytes(kinds: dict[str, float], processes: int) -> dict[str, int]:
@@ -148,16 +153,28 @@ def estimate_memory(cfg: Config, placement: Placement, shape: HfArch, capacity_b
     started = {name for name in placement.components if name != "inference" or computes_logprobs(cfg)}
     sharing = {name: len(started.intersection(gpu_set.components))
                for gpu_set in placement.gpu_sets() for name in gpu_set.components}
+    resident = {}
+    if "inference" in started and placement.inference_shares_rollout:  # (their models stay on the GPUs)
+        resident["rollout"] = _inference(cfg, placement.components["inference"], shape, dtype_bytes)["weights"]
     out: dict[str, ComponentMemory] = {}
     for name, comp in placement.components.items():
-        estimate = {"actor": _actor, "inference": _inference, "rollout": _rollout}.get(name)
-        if comp.gpus and estimate is not None and name in started:
-            kinds = estimate(cfg, comp, shape, seq_len, capacity_bytes, dtype_bytes, placement)
-            out[name] = ComponentMemory(name, _bytes(kinds, sharing[name]), capacity_bytes)
+        if not comp.gpus or name not in started or name not in ("actor", "inference", "rollout"):
+            continue
+        context = sharing[name] * PROCESS_OVERHEAD  # every process on the set holds its CUDA context
+        others = resident.get(name, 0.0)
+        if name == "actor":
+            kinds = _actor(cfg, comp, shape, seq_len, dtype_bytes, placement)
+        elif name == "inference":
+            kinds = _inference(cfg, comp, shape, dtype_bytes)
+        else:
+            kinds = _rollout(cfg, shape, seq_len, capacity_bytes - others - context, dtype_bytes, placement)
+        problem = kinds.pop("problem", "")
+        out[name] = ComponentMemory(name, _bytes({**kinds, "resident": others}, sharing[name]), capacity_bytes,
+                                    str(problem))
     return out
 
 
-def _actor(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, capacity: int, dtype_bytes: int,
+def _actor(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, dtype_bytes: int,
            placement: Placement) -> dict[str, float]:
     params = params_per_rank(shape, comp.tp, comp.pp)
     distributed_optimizer = comp.dp > 1
@@ -174,8 +191,7 @@ def _actor(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, c
     }
 
 
-def _inference(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, capacity: int,
-               dtype_bytes: int, placement: Placement) -> dict[str, float]:
+def _inference(cfg: Config, comp: ComponentPlacement, shape: HfArch, dtype_bytes: int) -> dict[str, float]:
     params = params_per_rank(shape, comp.tp, comp.pp)
     copies = 2 if needs_ref(cfg) else 1
     return {
@@ -184,20 +200,32 @@ def _inference(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: in
     }
 
 
-def _rollout(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, capacity: int, dtype_bytes: int,
-             placement: Placement) -> dict[str, float]:
+def _rollout(cfg: Config, shape: HfArch, seq_len: int, free_at_start: float, dtype_bytes: int,
+             placement: Placement) -> dict[str, Any]:
+    """`free_at_start`: the GPU memory free when the engine starts (capacity less what the set's processes hold)."""
     tp = cfg.rollout.tensor_parallel_size
     weights = params_per_rank(shape, tp, 1) * dtype_bytes
     if cfg.rollout.backend == "sglang":
         fraction = memory_fraction(cfg.rollout, placement.rollout_time_shared)
-        return {"weights": weights, "kv_cache": max(fraction * capacity - weights, 0.0)}
+        share = fraction * free_at_start  # sglang 0.5.23: its KV cache is what this share leaves after the weights
+        if share <= weights:
+            held = " and the log-prob workers' models" if placement.inference_shares_rollout else ""
+            return {"weights": weights, "problem": (
+                f"SGLang's share, rollout.gpu_memory_fraction {fraction:g} of the {free_at_start / GIB:.1f} GiB free "
+                f"when it starts (the capacity less the CUDA contexts{held} on its GPUs) = {share / GIB:.1f} GiB, "
+                f"does not hold its weights ({weights / GIB:.1f} GiB): no room for a KV cache, sglang refuses to "
+                "start; raise rollout.gpu_memory_fraction or rollout.tensor_parallel_size"
+                + (", or inference.tensor_parallel_size" if held else ""))}
+        return {"weights": weights, "kv_cache": share - weights}
     sequences = cfg.rollout.max_running_requests or TORCH_MAX_RUNNING
     return {"weights": weights, "kv_cache": kv_cache_bytes(shape, sequences, seq_len, tp, dtype_bytes),
             "activations": forward_activations(shape, sequences, tp)}
 
 
 def advice(memory: ComponentMemory) -> str:
-    """One line naming the largest part and the keys that shrink it."""
+    """One line naming the largest part and the keys that shrink it (or what stops it whatever the total)."""
+    if memory.problem:
+        return f"{memory.component}: {memory.problem}"
     parts = memory.per_gpu_bytes
     largest = max(parts, key=parts.__getitem__)
     keys = {
@@ -212,6 +240,7 @@ def advice(memory: ComponentMemory) -> str:
         "grads": "actor.tensor_parallel_size or actor.pipeline_parallel_size",
         "optimizer": "more actor GPUs (data-parallel replicas shard the optimizer state)",
         "kv_cache": "rollout.gpu_memory_fraction" if memory.component == "rollout" else "",
+        "resident": "inference.tensor_parallel_size (the log-prob workers' models stay on the engines' GPUs)",
     }[largest]
     return (f"{memory.component}: about {memory.total / GIB:.1f} GiB per GPU of {memory.capacity_bytes / GIB:.1f} GiB "
             f"({largest} {parts[largest] / GIB:.1f} GiB); lower it with {keys}")

@@ -87,7 +87,7 @@ def test_plan_json(capsys):
     assert set(memory) == {"rollout", "inference", "actor"}
     for component in memory.values():
         kinds = component["per_gpu_bytes"]
-        assert set(kinds) == {"weights", "grads", "optimizer", "activations", "kv_cache", "total"}
+        assert set(kinds) == {"weights", "grads", "optimizer", "activations", "kv_cache", "resident", "total"}
         assert kinds["total"] == sum(v for k, v in kinds.items() if k != "total") <= component["capacity_bytes"]
         assert component["capacity_bytes"] == 80 * 10**9 and component["fits"] is True
     assert memory["actor"]["per_gpu_bytes"]["optimizer"] > 0 == memory["rollout"]["per_gpu_bytes"]["optimizer"]

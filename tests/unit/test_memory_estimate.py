@@ -108,14 +108,48 @@ def test_each_knob_the_warning_names_lowers_the_estimate():
     assert fp32["weights"] == 2 * actor["weights"] and fp32["optimizer"] < actor["optimizer"]  # no master copy
 
 
-def test_sglang_takes_its_memory_fraction_and_less_when_collocated():
+def test_sglang_takes_its_memory_fraction_of_what_is_free_and_less_when_collocated():
+    """sglang 0.5.23 sizes its KV cache as `mem_fraction_static` of the memory free when it starts, less its weights:
+    the CUDA contexts of the set's processes are not free (one process alone, the engine and the actor collocated)."""
     alone = _estimate("qwen2.5-1.5b-grpo-megatron-pipeline")["rollout"]
     weights = alone.per_gpu_bytes["weights"]
-    assert alone.per_gpu_bytes["kv_cache"] == pytest.approx(0.85 * CAPACITY - weights, abs=1)
+    assert alone.per_gpu_bytes["kv_cache"] == pytest.approx(0.85 * (CAPACITY - PROCESS_OVERHEAD) - weights, abs=1)
     shared = _estimate("qwen2.5-1.5b-grpo-megatron")["rollout"]
-    assert shared.per_gpu_bytes["kv_cache"] == pytest.approx(0.5 * CAPACITY - weights, abs=1)
+    assert shared.per_gpu_bytes["kv_cache"] == pytest.approx(0.5 * (CAPACITY - 2 * PROCESS_OVERHEAD) - weights, abs=1)
     tuned = _estimate("qwen2.5-1.5b-grpo-megatron", "rollout.gpu_memory_fraction=0.3")["rollout"]
-    assert tuned.per_gpu_bytes["kv_cache"] == pytest.approx(0.3 * CAPACITY - weights, abs=1)
+    assert tuned.per_gpu_bytes["kv_cache"] == pytest.approx(0.3 * (CAPACITY - 2 * PROCESS_OVERHEAD) - weights, abs=1)
+    assert alone.per_gpu_bytes["resident"] == shared.per_gpu_bytes["resident"] == 0  # the actor offloads
+
+
+SHARED_WITH_INFERENCE = ('cluster.component_placement={"rollout,inference": 0-23, actor: 24-31}',)
+
+
+@pytest.mark.parametrize("ref", [False, True])
+def test_log_prob_workers_on_the_engines_gpus_keep_their_models_there(ref):
+    """While the engines generate, the log-prob workers' models stay loaded on the same GPUs (twice with reference
+    log-probs): counted for the engine, and out of the memory sglang finds free when it starts."""
+    base = "qwen2.5-1.5b-grpo-megatron-pipeline"
+    extra = (f"algorithm.compute_ref_logprobs={str(ref).lower()}", "rollout.gpu_memory_fraction=0.7")
+    estimate = _estimate(base, *SHARED_WITH_INFERENCE, *extra)
+    rollout, inference = estimate["rollout"].per_gpu_bytes, estimate["inference"].per_gpu_bytes
+    assert rollout["resident"] == inference["weights"] == (2 if ref else 1) * rollout["weights"]
+    free = CAPACITY - rollout["resident"] - 2 * PROCESS_OVERHEAD
+    assert rollout["kv_cache"] == pytest.approx(0.7 * free - rollout["weights"], abs=1)
+    assert inference["resident"] == 0  # the engines release theirs while they sleep
+    assert _estimate(base, *extra)["rollout"].per_gpu_bytes["resident"] == 0  # inference on GPUs of its own
+
+
+def test_an_sglang_share_that_cannot_hold_its_weights_does_not_fit_and_says_why():
+    cfg = load_config(CONFIGS, "qwen2.5-1.5b-grpo-megatron-pipeline", [
+        *SHARED_WITH_INFERENCE, "algorithm.compute_ref_logprobs=true", "cluster.gpu_memory_gb=24",
+        "rollout.gpu_memory_fraction=0.25"])
+    report = memory_report(cfg, plan_placement(cfg))
+    rollout = report.components["rollout"]
+    assert rollout.total < rollout.capacity_bytes and not rollout.fits and rollout.per_gpu_bytes["kv_cache"] == 0
+    (warning,) = [w for w in report.warnings() if w.startswith("rollout:")]
+    assert "rollout.gpu_memory_fraction 0.25 of the" in warning and "log-prob workers' models" in warning
+    assert "raise rollout.gpu_memory_fraction" in warning and "inference.tensor_parallel_size" in warning
+    assert rollout.to_json()["problem"] == rollout.problem and "DOES NOT FIT" in render_plan(plan_placement(cfg), report)
 
 
 def test_collocated_actor_phase_holds_the_reference_model_only_when_it_is_used():
