@@ -38,7 +38,8 @@ class RolloutWorker(Worker):
                  rollouts: Channel, locks: Any = None, first_batch_size: int | None = None):
         super().__init__()
         self.engine = build_engine(rollout, model_path, seed=run_seed + self.rank, collocated=locks is not None,
-                                   first_batch_size=first_batch_size)
+                                   first_batch_size=first_batch_size,
+                                   first_gpu=self.info.local_gpus[0] if self.info.local_gpus else None)
         self.sampling, self.run_seed, self.rollouts, self.locks = sampling, run_seed, rollouts, locks
         self.inbox = WeightInbox(self.owner, read_hf_arch(model_path), self.tracer)
 

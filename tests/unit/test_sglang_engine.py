@@ -24,7 +24,13 @@ from transformers import AutoModelForCausalLM
 from rlinf_pipe.engines.rollout import EngineAsleepError, GenerateRequest, GenerateResult, RolloutEngine, SamplingParams
 from rlinf_pipe.engines.rollout.engine import sample_seed
 from rlinf_pipe.engines.rollout.sglang_engine import SGLangEngine, SGLangError
-from rlinf_pipe.engines.rollout.sglang_launch import INSTALL_HINT, SGLangNotInstalledError, import_sglang
+from rlinf_pipe.engines.rollout.sglang_launch import (
+    INSTALL_HINT,
+    NCCL_PORT_BASE,
+    SGLangNotInstalledError,
+    import_sglang,
+    nccl_port_for,
+)
 from rlinf_pipe.engines.rollout.sglang_weights import SGLangGroupError, tensor_payloads, verify_by_name
 from rlinf_pipe.models.weight_map import read_hf_arch
 from rlinf_pipe.models.tiny import ensure_tiny_model
@@ -106,6 +112,51 @@ def test_the_standins_scheduler_process_dies_with_the_thread_that_built_the_engi
     with pytest.raises(SchedulerDied, match="PR_SET_PDEATHSIG"):
         built.scheduler.check_alive()
     built.shutdown()
+
+
+def _free_pair_of_store_ports() -> int:
+    """A GPU index g whose store port and the next (NCCL_PORT_BASE + g, + g + 1) are free here now."""
+    for gpu in range(0, 400, 2):
+        if nccl_port_for(gpu) is not None and nccl_port_for(gpu + 1) is not None:
+            return gpu
+    raise AssertionError("no two free ports above NCCL_PORT_BASE")
+
+
+async def test_engines_on_one_node_take_the_store_port_of_their_first_gpu(model_path: Path) -> None:
+    """sglang draws each engine's torch.distributed store port at random (22000-29999): engines started at once on a
+    node can draw the same, and the second fails to listen (the stand-in's scheduler process binds it as sglang's
+    TP rank 0 does). Each engine takes NCCL_PORT_BASE + its first GPU instead, or lets sglang draw when another
+    process holds that port."""
+    gpu = _free_pair_of_store_ports()
+    engines = [make_engine(model_path, first_gpu=g) for g in (gpu, gpu + 1)]
+    try:
+        assert [standin(e).server_args["nccl_port"] for e in engines] == [NCCL_PORT_BASE + gpu, NCCL_PORT_BASE + gpu + 1]
+        with pytest.raises(RuntimeError, match="EADDRINUSE"):  # what a clash does to the second engine
+            sglang_standin.Engine(model_path=str(model_path), skip_tokenizer_init=True, nccl_port=NCCL_PORT_BASE + gpu)
+        held = make_engine(model_path, first_gpu=gpu)  # its port is taken: sglang's own draw
+        assert "nccl_port" not in standin(held).server_args and standin(held).nccl_port != NCCL_PORT_BASE + gpu
+        held.shutdown()
+    finally:
+        for engine in engines:
+            engine.shutdown()
+
+
+@pytest.mark.parametrize("visible", ["GPU-5d0c2a4e-0b1f-4a7e-9c2d-1f3e5a7b9c0d,GPU-8e1f3b5a-2c4d-4e6f-8a0b-3c5d7e9f1a2b",
+                                     "MIG-2f6c1a3e-4b5d-5e7f-9a1b-2c3d4e5f6a7b,MIG-3a7d2b4f-5c6e-6f8a-0b2c-3d4e5f6a7b8c"])
+async def test_tensor_parallel_engines_on_gpus_named_by_uuid_start_without_custom_all_reduce(
+        model_path: Path, monkeypatch: pytest.MonkeyPatch, visible: str) -> None:
+    """sglang's custom all-reduce reads CUDA_VISIBLE_DEVICES as integers and fails the start at TP > 1 on UUIDs (a
+    Slurm or Kubernetes node may name its GPUs so): such an engine runs without it (NCCL's all-reduce)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    with pytest.raises(ValueError):  # what sglang does with them
+        sglang_standin.Engine(model_path=str(model_path), skip_tokenizer_init=True, tp_size=2)
+    engine = make_engine(model_path, tp_size=2)
+    assert standin(engine).server_args["disable_custom_all_reduce"] is True
+    engine.shutdown()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    engine = make_engine(model_path, tp_size=2)
+    assert "disable_custom_all_reduce" not in standin(engine).server_args  # indices: sglang's fast path stays
+    engine.shutdown()
 
 
 async def test_the_engine_outlives_the_thread_that_built_it_until_shutdown(model_path: Path) -> None:

@@ -25,9 +25,10 @@ def sampling_params(rollout: RolloutConfig, n: int) -> SamplingParams:
 
 
 def build_engine(rollout: RolloutConfig, model_path: str, seed: int, collocated: bool,
-                 first_batch_size: int | None = None) -> RolloutEngine:
+                 first_batch_size: int | None = None, first_gpu: int | None = None) -> RolloutEngine:
     """The engine of `rollout.backend` (`torch`: any device; `sglang`: GPU only) serving `model_path`; `seed` is
-    this engine's own (the run seed plus its rank); `first_batch_size`: the torch engine's first batch of a call."""
+    this engine's own (the run seed plus its rank); `first_batch_size`: the torch engine's first batch of a call;
+    `first_gpu`: the index on its node of its first GPU (SGLang's engines on one node take distinct ports by it)."""
     if rollout.backend == "torch":
         import torch
 
@@ -47,5 +48,5 @@ def build_engine(rollout: RolloutConfig, model_path: str, seed: int, collocated:
         return SGLangEngine(model_path, tp_size=rollout.tensor_parallel_size, seed=seed,
                             mem_fraction_static=memory_fraction(rollout, collocated),
                             max_running_requests=rollout.max_running_requests, deterministic=rollout.deterministic,
-                            cpu_backup=collocated)
+                            cpu_backup=collocated, first_gpu=first_gpu)
     raise ValueError(f"unknown rollout.backend {rollout.backend!r}; expected one of {BACKENDS}")

@@ -52,7 +52,9 @@ from rlinf_pipe.engines.rollout.engine import (
 from rlinf_pipe.engines.rollout.sglang_launch import (
     ALLOC_CONF,
     EngineThread,
+    custom_all_reduce_works,
     import_sglang,
+    nccl_port_for,
     server_args,
     without_expandable_segments,
 )
@@ -85,7 +87,8 @@ class SGLangEngine:
     caps the sequences decoded at once (None: sglang's choice); `seed` is the engine's `random_seed` (give each
     engine its own); `deterministic` turns on sglang's deterministic inference and per-sample seeds; `cpu_backup`
     keeps a host copy of the weights through `sleep` (without it a weight update must follow `sleep` before the
-    next `generate`, which is what the runner does). `version` is the weight version of the folder's weights.
+    next `generate`, which is what the runner does). `first_gpu`: the index on its node of the engine's first GPU,
+    which picks its torch.distributed port (`nccl_port_for`). `version` is the weight version of the folder's weights.
     `sglang` replaces the real package (an object with `Engine` and `io_struct`; the tests pass a CPU stand-in).
     """
 
@@ -93,14 +96,17 @@ class SGLangEngine:
 
     def __init__(self, model_path: str | os.PathLike[str], *, tp_size: int = 1, mem_fraction_static: float = 0.85,
                  max_running_requests: int | None = None, seed: int = 0, deterministic: bool = False,
-                 dtype: str = "auto", cpu_backup: bool = False, version: int = 0, sglang: Any = None):
+                 dtype: str = "auto", cpu_backup: bool = False, first_gpu: int | None = None, version: int = 0,
+                 sglang: Any = None):
         from transformers import AutoTokenizer
 
         api = sglang if sglang is not None else import_sglang()
         self.requests = api.io_struct
         self.server_args = server_args(str(model_path), tp_size=tp_size, mem_fraction_static=mem_fraction_static,
                                        max_running_requests=max_running_requests, seed=seed,
-                                       deterministic=deterministic, dtype=dtype, cpu_backup=cpu_backup)
+                                       deterministic=deterministic, dtype=dtype, cpu_backup=cpu_backup,
+                                       nccl_port=nccl_port_for(first_gpu),
+                                       custom_all_reduce=custom_all_reduce_works(os.environ.get("CUDA_VISIBLE_DEVICES")))
         if ALLOC_CONF in os.environ:  # (this process runs the engine only: its schedulers inherit the setting)
             os.environ[ALLOC_CONF] = without_expandable_segments(os.environ[ALLOC_CONF])
         self._engine_thread = EngineThread(api.Engine, self.server_args)

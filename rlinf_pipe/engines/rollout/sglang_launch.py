@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import importlib
 import os
+import socket
 import threading
 from types import SimpleNamespace
 from typing import Any
@@ -40,9 +41,36 @@ def import_sglang() -> Any:
     return SimpleNamespace(Engine=sglang.Engine, io_struct=io_struct)
 
 
+NCCL_PORT_BASE = 22000
+"""sglang 0.5.23 draws the port of an engine's torch.distributed store at random from 22000-29999
+(`get_free_port_below_ephemeral`), so engines started at once on one node can draw the same one, and all but one
+fail to start. Each engine takes this base plus its first GPU's index on the node instead (`nccl_port_for`)."""
+
+
+def nccl_port_for(first_gpu: int | None) -> int | None:
+    """The torch.distributed port of the engine whose first GPU is `first_gpu` (index on its node), if free now;
+    None (sglang draws one) without a GPU index or when another process holds that port."""
+    if first_gpu is None:
+        return None
+    port = NCCL_PORT_BASE + first_gpu
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # (IPv4: the store binds that side, as sglang
+        try:                                                           # checks it)
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return None
+    return port
+
+
+def custom_all_reduce_works(visible_devices: str | None) -> bool:
+    """Whether sglang's custom all-reduce (TP > 1) can start: it reads `CUDA_VISIBLE_DEVICES` as integers, and raises
+    at start-up on GPU UUIDs or MIG ids (as a Slurm or Kubernetes node may set them)."""
+    return all(part.strip().isdigit() for part in (visible_devices or "").split(",") if part.strip())
+
+
 def server_args(model_path: str, *, tp_size: int, mem_fraction_static: float, max_running_requests: int | None,
-                seed: int, deterministic: bool, dtype: str, cpu_backup: bool) -> dict[str, Any]:
-    """The Engine's keyword arguments (sglang `ServerArgs` fields)."""
+                seed: int, deterministic: bool, dtype: str, cpu_backup: bool, nccl_port: int | None = None,
+                custom_all_reduce: bool = True) -> dict[str, Any]:
+    """The Engine's keyword arguments (sglang `ServerArgs` fields); `nccl_port` None: sglang draws one."""
     for name, value, low in (("tp_size", tp_size, 1), ("max_running_requests", max_running_requests or 1, 1)):
         if value < low:
             raise ValueError(f"{name} must be >= {low}, got {value}")
@@ -59,6 +87,10 @@ def server_args(model_path: str, *, tp_size: int, mem_fraction_static: float, ma
     }
     if max_running_requests is not None:
         args["max_running_requests"] = max_running_requests
+    if nccl_port is not None:
+        args["nccl_port"] = nccl_port
+    if not custom_all_reduce:
+        args["disable_custom_all_reduce"] = True  # (NCCL's all-reduce instead)
     return args
 
 

@@ -11,8 +11,11 @@ blocking methods drive that loop with `run_until_complete`: called from inside a
 Like the real one it starts a scheduler process from the calling thread, which asks the kernel to SIGKILL it when
 its parent dies (`prctl(PR_SET_PDEATHSIG)`, sglang's `kill_itself_when_parent_died`); on Linux that parent is the
 THREAD that started it, so an Engine built in a thread that then ends loses its scheduler (sglang's watchdog then
-SIGQUITs the engine's process; here every later call raises `SchedulerDied`). The stand-in's process does no work:
-the scheduler itself is a task on the tokenizer manager's loop (`scheduler.py`).
+SIGQUITs the engine's process; here every later call raises `SchedulerDied`). The stand-in's process does no work
+but listen on the engine's torch.distributed store port, as sglang's TP rank 0 does (`nccl_port`, else a random free
+one of 22000-29999 as sglang draws it): a port another process holds fails the start ("EADDRINUSE"). The scheduler
+itself is a task on the tokenizer manager's loop (`scheduler.py`). At TP > 1 without `disable_custom_all_reduce`
+it reads `CUDA_VISIBLE_DEVICES` as integers, as sglang's custom all-reduce does (a UUID there fails the start).
 """
 
 from __future__ import annotations
@@ -58,21 +61,56 @@ def _ensure_event_loop() -> asyncio.AbstractEventLoop:
 
 
 # The scheduler process: its death signal set (PR_SET_PDEATHSIG = 1, as sglang's `kill_itself_when_parent_died`),
-# it says so and waits until its stdin closes (the engine's shutdown) or the signal comes.
-_SCHEDULER_PROCESS = ("import ctypes, signal, sys\n"
+# it listens on its torch.distributed store's port (TP rank 0's TCPStore, at `nccl_port`), says so and waits until
+# its stdin closes (the engine's shutdown) or the signal comes.
+_SCHEDULER_PROCESS = ("import ctypes, signal, socket, sys\n"
                       "ctypes.CDLL(None).prctl(1, signal.SIGKILL)\n"
+                      "store = socket.socket()\n"
+                      "try:\n"
+                      "    store.bind(('0.0.0.0', int(sys.argv[1]))); store.listen()\n"
+                      "except OSError:\n"
+                      "    sys.stdout.write('EADDRINUSE\\n'); sys.exit(1)\n"
                       "sys.stdout.write('ready\\n'); sys.stdout.flush()\n"
                       "sys.stdin.read()\n")
 
 
-def _start_scheduler_process() -> subprocess.Popen:
-    """Start the scheduler process from this thread and wait until its death signal is set (sglang too waits for
-    its scheduler to be ready before the Engine is built)."""
-    child = subprocess.Popen([sys.executable, "-S", "-c", _SCHEDULER_PROCESS], stdin=subprocess.PIPE,
+def _draw_port(low: int = 22000, high: int = 29999) -> int:
+    """sglang's `get_free_port_below_ephemeral` when `nccl_port` is None: a random port of the range that binds now
+    (the store binds it later, in the scheduler process)."""
+    import random
+    import socket
+
+    for port in random.sample(range(low, high + 1), 64):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port")
+
+
+def _start_scheduler_process(nccl_port: int) -> subprocess.Popen:
+    """Start the scheduler process from this thread and wait until its death signal is set and its store listens
+    (sglang too waits for its scheduler to be ready before the Engine is built)."""
+    child = subprocess.Popen([sys.executable, "-S", "-c", _SCHEDULER_PROCESS, str(nccl_port)], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE)
-    if child.stdout.readline() != b"ready\n":
+    line = child.stdout.readline()
+    if line == b"EADDRINUSE\n":  # (torch's TCPStore, in sglang's scheduler: the engine fails to start)
+        child.wait()
+        raise RuntimeError(f"The server socket has failed to listen on any local network address. port: {nccl_port}, "
+                           "useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
+    if line != b"ready\n":
         raise RuntimeError("the stand-in's scheduler process did not start")
     return child
+
+
+def _check_custom_all_reduce(server_args: dict[str, Any]) -> None:
+    """sglang's custom all-reduce (TP > 1, unless disabled) maps each rank's device through CUDA_VISIBLE_DEVICES read
+    as integers (`custom_all_reduce.py`): a UUID there fails the scheduler's start."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if int(server_args.get("tp_size", 1)) > 1 and not server_args.get("disable_custom_all_reduce") and visible:
+        list(map(int, visible.split(",")))
 
 
 SHUTDOWN_RECORD_ENV = "RLINF_PIPE_STANDIN_SHUTDOWNS"  # a file each shut-down engine adds its scheduler's pid to
@@ -93,8 +131,11 @@ class Engine:
             # (torch_memory_saver, in the scheduler process that inherits this environment)
             raise RuntimeError("TorchMemorySaver is disabled for the current process because expandable_segments "
                                "is not supported yet.")
+        _check_custom_all_reduce(kwargs)
         self.scheduler = StandinScheduler(self.server_args)
-        self.scheduler.process, self.scheduler.parent = _start_scheduler_process(), threading.current_thread()
+        self.nccl_port = kwargs.get("nccl_port") or _draw_port()
+        self.scheduler.process = _start_scheduler_process(self.nccl_port)
+        self.scheduler.parent = threading.current_thread()
         self.tokenizer_manager = StandinTokenizerManager(self.scheduler, self.server_args)
         self.is_shut_down = False
         self.loop = _ensure_event_loop()
