@@ -17,17 +17,33 @@ def free_port(host: str = "127.0.0.1") -> int:
 GLOO_IFNAME_ENV = "GLOO_SOCKET_IFNAME"
 
 
+def _ips(addresses: Sequence[str]) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    out = []
+    for address in addresses:
+        try:
+            out.append(ipaddress.ip_address(address.split("%")[0]))  # (IPv6 link-local: "fe80::1%eth0")
+        except ValueError:  # a MAC address
+            continue
+    return out
+
+
 def interface_of(ip: str, interfaces: Mapping[str, Sequence[str]] | None = None) -> str | None:
     """The name of the network interface holding `ip` (None when none does); `interfaces` maps each interface's
-    name to its addresses (default: this machine's)."""
+    name to its addresses in the system's order (default: this machine's)."""
     if interfaces is None:
         import psutil
 
         interfaces = {name: [a.address for a in addrs] for name, addrs in psutil.net_if_addrs().items()}
-    for name, addresses in interfaces.items():
-        if any(address.split("%")[0] == ip for address in addresses):  # (IPv6 link-local: "fe80::1%eth0")
-            return name
-    return None
+    wanted = ipaddress.ip_address(ip)
+    return next((name for name, addresses in interfaces.items() if wanted in _ips(addresses)), None)
+
+
+def gloo_address(addresses: Sequence[str]) -> str | None:
+    """The address gloo binds on an interface named in `GLOO_SOCKET_IFNAME`: its first IPv4 address, else its first
+    IPv6 one."""
+    ips = _ips(addresses)
+    chosen = next((a for a in ips if a.version == 4), None) or next(iter(ips), None)
+    return None if chosen is None else str(chosen)
 
 
 def gloo_interface_env(node_ip: str, env: Mapping[str, str],
@@ -36,9 +52,18 @@ def gloo_interface_env(node_ip: str, env: Mapping[str, str],
     address the other nodes reach this one at. Unset, gloo takes the address the host name resolves to, which
     on many machines (`127.0.1.1 <hostname>` in /etc/hosts) is loopback: the ranks on other nodes cannot connect
     to it, and a gloo group across nodes (Megatron's data-parallel ones among them) waits until its timeout.
-    Empty (nothing to set) when already set, when `node_ip` is loopback (a single machine), or when no interface
-    here holds it."""
+    Named, gloo binds the interface's first address (`gloo_address`), so it is named only where that is `node_ip`
+    (not for a second address, an IPv6 node IP beside IPv4 ones, or a loopback interface). Empty (nothing to set)
+    when already set, when `node_ip` is loopback, or when no interface here binds it so."""
     if env.get(GLOO_IFNAME_ENV) or ipaddress.ip_address(node_ip).is_loopback:
         return {}
+    if interfaces is None:
+        import psutil
+
+        interfaces = {name: [a.address for a in addrs] for name, addrs in psutil.net_if_addrs().items()}
     name = interface_of(node_ip, interfaces)
-    return {GLOO_IFNAME_ENV: name} if name else {}
+    if name is None or gloo_address(interfaces[name]) != str(ipaddress.ip_address(node_ip)):
+        return {}
+    if any(ip.is_loopback for ip in _ips(interfaces[name])):  # (a node IP added to `lo`: other nodes route to it,
+        return {}                                              # but gloo would take 127.0.0.1)
+    return {GLOO_IFNAME_ENV: name}

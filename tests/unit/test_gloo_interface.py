@@ -27,9 +27,21 @@ def test_the_interface_holding_an_address(ip, name):
 
 def test_a_worker_uses_the_interface_of_its_node_ip_unless_told_otherwise():
     assert gloo_interface_env("10.0.3.17", {}, INTERFACES) == {GLOO_IFNAME_ENV: "ens5"}
+    assert gloo_interface_env("fd00:1::7", {}, INTERFACES) == {GLOO_IFNAME_ENV: "ib0"}
     assert gloo_interface_env("10.0.3.17", {GLOO_IFNAME_ENV: "ib0"}, INTERFACES) == {}  # the user's choice stays
     assert gloo_interface_env("127.0.0.1", {}, INTERFACES) == {}  # one machine: whatever gloo picks works
     assert gloo_interface_env("10.9.9.9", {}, INTERFACES) == {}  # not here (NAT): leave gloo's own choice
+
+
+@pytest.mark.parametrize(("ip", "interfaces"), [
+    ("10.0.3.99", {"ens5": ["10.0.3.17", "10.0.3.99"]}),  # a second address: gloo would bind the first
+    ("fd00::2", {"eth0": ["192.0.2.2", "fd00::2"]}),  # IPv6 beside IPv4: gloo would bind the IPv4 one
+    ("10.77.0.1", {"lo": ["127.0.0.1", "10.77.0.1", "::1"]}),  # a routed address on loopback (L3 fabrics)
+])
+def test_no_interface_is_named_where_gloo_would_bind_another_address(ip, interfaces):
+    """Named an interface, gloo binds its first IPv4 address, else its first IPv6 one, not the node IP: naming it
+    there would move gloo off an address that may have worked (the host name resolving to the node IP)."""
+    assert interface_of(ip, interfaces) is not None and gloo_interface_env(ip, {}, interfaces) == {}
 
 
 def test_this_machines_interfaces_are_read_from_psutil():
