@@ -53,7 +53,6 @@ SERVER_ARGS = (
     "model_path", "tp_size", "mem_fraction_static", "max_running_requests", "random_seed", "dtype",
     "skip_tokenizer_init", "enable_memory_saver", "enable_weights_cpu_backup", "sampling_backend",
     "enable_deterministic_inference", "log_level", "base_gpu_id", "disable_cuda_graph", "nccl_port",
-    "disable_custom_all_reduce",
 )
 MESSAGES = {  # name -> (file, a substring that identifies the message)
     "tensor_update_outside_session": ("managers/scheduler_components/weight_updater.py",

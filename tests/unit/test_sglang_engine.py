@@ -141,24 +141,6 @@ async def test_engines_on_one_node_take_the_store_port_of_their_first_gpu(model_
             engine.shutdown()
 
 
-@pytest.mark.parametrize("visible", ["GPU-5d0c2a4e-0b1f-4a7e-9c2d-1f3e5a7b9c0d,GPU-8e1f3b5a-2c4d-4e6f-8a0b-3c5d7e9f1a2b",
-                                     "MIG-2f6c1a3e-4b5d-5e7f-9a1b-2c3d4e5f6a7b,MIG-3a7d2b4f-5c6e-6f8a-0b2c-3d4e5f6a7b8c"])
-async def test_tensor_parallel_engines_on_gpus_named_by_uuid_start_without_custom_all_reduce(
-        model_path: Path, monkeypatch: pytest.MonkeyPatch, visible: str) -> None:
-    """sglang's custom all-reduce reads CUDA_VISIBLE_DEVICES as integers and fails the start at TP > 1 on UUIDs (a
-    Slurm or Kubernetes node may name its GPUs so): such an engine runs without it (NCCL's all-reduce)."""
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    with pytest.raises(ValueError):  # what sglang does with them
-        sglang_standin.Engine(model_path=str(model_path), skip_tokenizer_init=True, tp_size=2)
-    engine = make_engine(model_path, tp_size=2)
-    assert standin(engine).server_args["disable_custom_all_reduce"] is True
-    engine.shutdown()
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
-    engine = make_engine(model_path, tp_size=2)
-    assert "disable_custom_all_reduce" not in standin(engine).server_args  # indices: sglang's fast path stays
-    engine.shutdown()
-
-
 async def test_the_engine_outlives_the_thread_that_built_it_until_shutdown(model_path: Path) -> None:
     engine = make_engine(model_path)
     process = standin(engine).scheduler.process

@@ -52,7 +52,6 @@ from rlinf_pipe.engines.rollout.engine import (
 from rlinf_pipe.engines.rollout.sglang_launch import (
     ALLOC_CONF,
     EngineThread,
-    custom_all_reduce_works,
     import_sglang,
     nccl_port_for,
     server_args,
@@ -105,8 +104,7 @@ class SGLangEngine:
         self.server_args = server_args(str(model_path), tp_size=tp_size, mem_fraction_static=mem_fraction_static,
                                        max_running_requests=max_running_requests, seed=seed,
                                        deterministic=deterministic, dtype=dtype, cpu_backup=cpu_backup,
-                                       nccl_port=nccl_port_for(first_gpu),
-                                       custom_all_reduce=custom_all_reduce_works(os.environ.get("CUDA_VISIBLE_DEVICES")))
+                                       nccl_port=nccl_port_for(first_gpu))
         if ALLOC_CONF in os.environ:  # (this process runs the engine only: its schedulers inherit the setting)
             os.environ[ALLOC_CONF] = without_expandable_segments(os.environ[ALLOC_CONF])
         self._engine_thread = EngineThread(api.Engine, self.server_args)

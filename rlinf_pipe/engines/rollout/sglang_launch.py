@@ -61,15 +61,9 @@ def nccl_port_for(first_gpu: int | None) -> int | None:
     return port
 
 
-def custom_all_reduce_works(visible_devices: str | None) -> bool:
-    """Whether sglang's custom all-reduce (TP > 1) can start: it reads `CUDA_VISIBLE_DEVICES` as integers, and raises
-    at start-up on GPU UUIDs or MIG ids (as a Slurm or Kubernetes node may set them)."""
-    return all(part.strip().isdigit() for part in (visible_devices or "").split(",") if part.strip())
-
-
 def server_args(model_path: str, *, tp_size: int, mem_fraction_static: float, max_running_requests: int | None,
-                seed: int, deterministic: bool, dtype: str, cpu_backup: bool, nccl_port: int | None = None,
-                custom_all_reduce: bool = True) -> dict[str, Any]:
+                seed: int, deterministic: bool, dtype: str, cpu_backup: bool,
+                nccl_port: int | None = None) -> dict[str, Any]:
     """The Engine's keyword arguments (sglang `ServerArgs` fields); `nccl_port` None: sglang draws one."""
     for name, value, low in (("tp_size", tp_size, 1), ("max_running_requests", max_running_requests or 1, 1)):
         if value < low:
@@ -89,8 +83,6 @@ def server_args(model_path: str, *, tp_size: int, mem_fraction_static: float, ma
         args["max_running_requests"] = max_running_requests
     if nccl_port is not None:
         args["nccl_port"] = nccl_port
-    if not custom_all_reduce:
-        args["disable_custom_all_reduce"] = True  # (NCCL's all-reduce instead)
     return args
 
 

@@ -14,8 +14,7 @@ THREAD that started it, so an Engine built in a thread that then ends loses its 
 SIGQUITs the engine's process; here every later call raises `SchedulerDied`). The stand-in's process does no work
 but listen on the engine's torch.distributed store port, as sglang's TP rank 0 does (`nccl_port`, else a random free
 one of 22000-29999 as sglang draws it): a port another process holds fails the start ("EADDRINUSE"). The scheduler
-itself is a task on the tokenizer manager's loop (`scheduler.py`). At TP > 1 without `disable_custom_all_reduce`
-it reads `CUDA_VISIBLE_DEVICES` as integers, as sglang's custom all-reduce does (a UUID there fails the start).
+itself is a task on the tokenizer manager's loop (`scheduler.py`).
 """
 
 from __future__ import annotations
@@ -105,14 +104,6 @@ def _start_scheduler_process(nccl_port: int) -> subprocess.Popen:
     return child
 
 
-def _check_custom_all_reduce(server_args: dict[str, Any]) -> None:
-    """sglang's custom all-reduce (TP > 1, unless disabled) maps each rank's device through CUDA_VISIBLE_DEVICES read
-    as integers (`custom_all_reduce.py`): a UUID there fails the scheduler's start."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if int(server_args.get("tp_size", 1)) > 1 and not server_args.get("disable_custom_all_reduce") and visible:
-        list(map(int, visible.split(",")))
-
-
 SHUTDOWN_RECORD_ENV = "RLINF_PIPE_STANDIN_SHUTDOWNS"  # a file each shut-down engine adds its scheduler's pid to
 
 
@@ -131,7 +122,6 @@ class Engine:
             # (torch_memory_saver, in the scheduler process that inherits this environment)
             raise RuntimeError("TorchMemorySaver is disabled for the current process because expandable_segments "
                                "is not supported yet.")
-        _check_custom_all_reduce(kwargs)
         self.scheduler = StandinScheduler(self.server_args)
         self.nccl_port = kwargs.get("nccl_port") or _draw_port()
         self.scheduler.process = _start_scheduler_process(self.nccl_port)
