@@ -5,11 +5,14 @@ onload + compute + offload) in `async with device_lock(locks, devices, owner):`.
 other holder has any of its devices and no earlier waiting request wants one of them (first come, first served per
 device: no starvation, and a multi-device request is granted all at once, so two of them never deadlock).
 
-Ranks that compute together (the tensor- and pipeline-parallel ranks of one log-prob replica, each locking its own
-GPUs) take the lock as one `gang`: the first rank to ask queues as above; once the gang holds a device, the rest of
-its ranks are granted theirs as soon as no other holder has them, ahead of the queue. Otherwise a rank holding its
+Ranks that compute together while holding their GPUs take the lock as one `gang`: the tensor- and pipeline-parallel
+ranks of a log-prob replica each ask for the replica's GPUs (all of them) under one name per group, the actor's
+ranks for their own under "actor". The first rank to ask queues as above; once the gang holds its devices, the rest
+of its ranks are granted as soon as no other holder has theirs, ahead of the queue. Otherwise a rank holding its
 GPU inside a collective would wait for a sibling queued behind an engine that waits for that GPU: a deadlock. A
 holder is re-entrant (the same owner, or gang, again), and gives its devices back when its last hold is released.
+A lost worker's queued requests are dropped (`forfeit`, `reset`): Ray runs a killed caller's request on, and once
+granted nobody would release it.
 """
 
 from __future__ import annotations
@@ -22,11 +25,17 @@ from dataclasses import dataclass, field
 import ray
 
 
+class LockRequestDropped(RuntimeError):
+    """A queued request was dropped: its owner was lost (`forfeit`), or the table was reset."""
+
+
 @dataclass
 class _Request:
     ticket: int
     devices: frozenset[int]
     holder: str
+    owner: str
+    dropped: bool = False
 
 
 @dataclass
@@ -58,13 +67,15 @@ class DeviceLocks:
         """Wait until `devices` are `owner`'s (with `gang`: its gang's, shared with the gang's other ranks)."""
         async with self._cond:
             self._ticket += 1
-            request = _Request(self._ticket, frozenset(devices), gang or owner)
+            request = _Request(self._ticket, frozenset(devices), gang or owner, owner)
             self._queue.append(request)
             try:
-                await self._cond.wait_for(lambda: self._grantable(request))
+                await self._cond.wait_for(lambda: request.dropped or self._grantable(request))
             finally:
                 self._queue.remove(request)
                 self._cond.notify_all()
+            if request.dropped:  # (Ray runs a killed caller's request on: granted, it would never be released)
+                raise LockRequestDropped(f"{owner}'s request for devices {sorted(devices)} was dropped")
             for d in devices:
                 self._holder[d] = request.holder
             hold = self._holds.setdefault(request.holder, _Hold())
@@ -88,18 +99,23 @@ class DeviceLocks:
             del self._holder[device]
 
     async def forfeit(self, owners: list[str]) -> None:
-        """Free whatever `owners` hold, alone or in a gang (workers that were lost: they never release)."""
+        """Free whatever `owners` hold, alone or in a gang, and drop their queued requests (workers that were lost:
+        they never release)."""
         async with self._cond:
             for holder in [h for h, hold in self._holds.items() if hold.members & set(owners) or h in owners]:
                 self._drop(holder)
+            for request in self._queue:
+                request.dropped |= request.owner in owners
             self._cond.notify_all()
 
     async def reset(self) -> None:
-        """Forget every holder (after a lost worker: its locks would never be released; the workers that stayed are
-        idle and hold their devices no more)."""
+        """Forget every holder and drop every queued request (after a lost worker: its locks would never be
+        released; the workers that stayed are idle and hold their devices no more)."""
         async with self._cond:
             self._holder.clear()
             self._holds.clear()
+            for request in self._queue:
+                request.dropped = True
             self._cond.notify_all()
 
     def holders(self) -> dict[int, str]:

@@ -39,6 +39,8 @@ from rlinf_pipe.workers.step_channels import StepChannels
 from rlinf_pipe.workers.train_feed import OptimizerStep, TrainMicroBatch, TrainOp, train_ops
 from rlinf_pipe.workers.version_wait import VersionWait
 
+ACTOR_GANG = "actor"  # the actor's ranks take the device locks as one gang: they meet in collectives in a phase
+
 
 def make_loss_fn(cfg: Config) -> Any:
     """`loss_fn(logprobs, entropy, batch) -> LossTerms` for the policy, from `algorithm.*`."""
@@ -235,7 +237,7 @@ class ActorWorker(Worker):
 
     async def begin_phase(self, step: int) -> int:
         """Take this rank's devices and bring the state back onto them; returns the bytes moved."""
-        await self.locks.acquire.remote(list(self.info.global_gpus), self.owner)
+        await self.locks.acquire.remote(list(self.info.global_gpus), self.owner, ACTOR_GANG)
         self.phase_held = True
         with self.tracer.span("onload", step=step) as args:
             args["bytes"] = moved = self._move("onload")
@@ -247,7 +249,7 @@ class ActorWorker(Worker):
             with self.tracer.span("offload", step=step) as args:
                 args["bytes"] = moved = self._move("offload")
         finally:
-            await self.locks.release.remote(list(self.info.global_gpus), self.owner)
+            await self.locks.release.remote(list(self.info.global_gpus), self.owner, ACTOR_GANG)
             self.phase_held = False
         return moved
 

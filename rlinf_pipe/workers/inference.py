@@ -14,7 +14,7 @@ import torch
 
 from rlinf_pipe.algorithms.logprob_needs import needs_ref, recomputes_old
 from rlinf_pipe.config.schema import Config
-from rlinf_pipe.engines.policy import MegatronPolicy
+from rlinf_pipe.engines.policy import MegatronPolicy, ReplicaRanks
 from rlinf_pipe.models.megatron_gpt import init_model_parallel
 from rlinf_pipe.scheduler.channel import Channel
 from rlinf_pipe.scheduler.locks import device_lock
@@ -25,6 +25,17 @@ from rlinf_pipe.weights.transports import Transport
 from rlinf_pipe.workers.logprob_stage import LogprobStage, pad_token_id, policy_options, train_routing
 from rlinf_pipe.workers.step_channels import StepChannels
 from rlinf_pipe.workers.weight_inbox import WeightInbox
+
+
+def replica_gpus(mine: Sequence[int], ranks: ReplicaRanks) -> list[int]:
+    """The GPUs of every rank of this rank's model-parallel replica (collective over the replica)."""
+    if ranks.mp_size == 1:
+        return list(mine)
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * ranks.mp_size
+    dist.all_gather_object(gathered, list(mine), group=ranks.mp_group)
+    return sorted({gpu for gpus in gathered for gpu in gpus})
 
 
 def hand_back_cached_memory() -> None:
@@ -52,13 +63,14 @@ class InferenceWorker(Worker):
             recompute_old=recomputes_old(cfg), tracer=self.tracer, on_devices=self._on_devices,
         )
         self.inbox = WeightInbox(self.owner, self.policy.arch, self.tracer)
+        self.replica_gpus = replica_gpus(self.info.global_gpus, self.stage.ranks)
 
     def _on_devices(self, turn: str) -> AbstractAsyncContextManager[None]:
-        """This rank's GPUs for one group's log-probs (`turn`, the same on every rank of the replica), taken with
-        the replica's other ranks as one gang: they meet in collectives while holding their GPUs."""
+        """The replica's GPUs for one group's log-probs (`turn`, the same on every rank of the replica), taken by its
+        ranks as one gang: they meet in collectives while holding them. The first rank's grant takes every GPU of
+        the replica at once, so no engine can take a sibling's in between."""
         gang = f"{self.info.group}/replica{self.stage.ranks.dp_rank}@{turn}"
-        return device_lock(self.locks, self.info.global_gpus, self.owner, gang,
-                           before_release=hand_back_cached_memory)
+        return device_lock(self.locks, self.replica_gpus, self.owner, gang, before_release=hand_back_cached_memory)
 
     def use_channels(self, channels: StepChannels) -> None:
         """Stream from `channels.scored` into `channels.train` from now on (new channels after a lost worker)."""

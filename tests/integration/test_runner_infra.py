@@ -8,7 +8,7 @@ import pytest
 import ray
 
 from rlinf_pipe.scheduler.channel import Channel, StepEnd
-from rlinf_pipe.scheduler.locks import DeviceLocks, device_lock
+from rlinf_pipe.scheduler.locks import DeviceLocks, LockRequestDropped, device_lock
 
 
 @pytest.fixture(scope="module")
@@ -45,28 +45,49 @@ def test_device_lock_serialises_owners_first_come_first_served_per_device(local_
     assert ray.get(locks.holders.remote()) == {1: "rollout/1", 2: "rollout/1", 5: "reward/0"}
 
 
-@pytest.mark.parametrize("engine_gpus", [[0], [0, 1]], ids=["tp1-engine", "tp2-engine"])
+@pytest.mark.parametrize("engine_gpus", [[0], [1], [0, 1]], ids=["tp1-engine-0", "tp1-engine-1", "tp2-engine"])
 def test_the_ranks_of_a_gang_never_wait_behind_an_engine_that_waits_for_them(local_ray, engine_gpus):
-    """Log-prob replica with TP 2 on GPUs 0-1, taken in turns with the engines. Its rank 0 holds GPU 0 and waits
-    in a collective for rank 1; an engine asks for GPU 0 (or 0 and 1) in between. Rank 1's GPU is free of other
-    holders: it must be granted, ahead of the engine, or the three wait for each other forever. Once both ranks
-    release, the engine runs, and the replica's next group queues behind it."""
+    """Log-prob replica with TP 2 on GPUs 0-1, taken in turns with the engines (each rank asks for both GPUs under
+    the group's gang name). Its rank 0 is granted and waits in a collective for rank 1; an engine asks for GPU 0,
+    GPU 1 or both in between. It must not get them before the gang ends, and rank 1 must be granted ahead of it,
+    or the ranks wait for each other (or for a whole generation). Once both ranks release, the engine runs, and the
+    replica's next group queues behind it."""
     locks = DeviceLocks.remote()
-    ray.get(locks.acquire.remote([0], "inference/0", "replica0@1.0"))
+    ray.get(locks.acquire.remote([0, 1], "inference/0", "replica0@1.0"))
     engine = locks.acquire.remote(engine_gpus, "rollout/0")
     assert queued(locks, 1)
-    ray.get(locks.acquire.remote([1], "inference/1", "replica0@1.0"), timeout=30)
+    ray.get(locks.acquire.remote([0, 1], "inference/1", "replica0@1.0"), timeout=30)
     assert ray.get(locks.holders.remote()) == {0: "replica0@1.0", 1: "replica0@1.0"}
-    ray.get(locks.release.remote([1], "inference/1", "replica0@1.0"))
+    ray.get(locks.release.remote([0, 1], "inference/1", "replica0@1.0"))
     assert ray.wait([engine], timeout=0.3)[0] == []  # rank 0 still computes: the gang holds both GPUs
-    ray.get(locks.release.remote([0], "inference/0", "replica0@1.0"))
+    ray.get(locks.release.remote([0, 1], "inference/0", "replica0@1.0"))
     ray.get(engine, timeout=30)
-    after = locks.acquire.remote([1], "inference/1", "replica0@1.1")  # the next group: a new gang, in the queue
-    if len(engine_gpus) == 2:
-        assert queued(locks, 1) and ray.wait([after], timeout=0.3)[0] == []
-        ray.get(locks.release.remote(engine_gpus, "rollout/0"))
+    after = locks.acquire.remote([0, 1], "inference/1", "replica0@1.1")  # the next group: a new gang, in the queue
+    assert queued(locks, 1) and ray.wait([after], timeout=0.3)[0] == []
+    ray.get(locks.release.remote(engine_gpus, "rollout/0"))
     ray.get(after, timeout=30)
-    assert ray.get(locks.holders.remote())[1] == "replica0@1.1"
+    assert ray.get(locks.holders.remote()) == {0: "replica0@1.1", 1: "replica0@1.1"}
+
+
+def test_a_lost_workers_queued_request_is_dropped_not_granted_later(local_ray):
+    """Ray runs a killed caller's request on: granted after the recovery, nobody would release it, and the
+    engines would wait for those GPUs forever. `forfeit` drops the lost owner's queued requests, `reset` all."""
+    locks = DeviceLocks.remote()
+    ray.get(locks.acquire.remote([0], "rollout/0"))
+    lost = locks.acquire.remote([0], "inference/0", "replica0@1.0")  # ... and then inference/0 is killed
+    survivor = locks.acquire.remote([0], "actor/0")
+    assert queued(locks, 2)
+    ray.get(locks.forfeit.remote(["inference/0"]))
+    with pytest.raises(LockRequestDropped, match="inference/0"):
+        ray.get(lost, timeout=30)
+    ray.get(locks.release.remote([0], "rollout/0"))
+    ray.get(survivor, timeout=30)
+    leftover = locks.acquire.remote([0], "inference/1", "replica0@1.0")
+    assert queued(locks, 1)
+    ray.get(locks.reset.remote())
+    with pytest.raises(LockRequestDropped):
+        ray.get(leftover, timeout=30)
+    assert ray.get(locks.holders.remote()) == {} and ray.get(locks.num_waiting.remote()) == 0
 
 
 def test_device_lock_context_manager_releases_on_error(local_ray):
