@@ -154,8 +154,10 @@ def estimate_memory(cfg: Config, placement: Placement, shape: HfArch, capacity_b
     sharing = {name: len(started.intersection(gpu_set.components))
                for gpu_set in placement.gpu_sets() for name in gpu_set.components}
     resident = {}
-    if "inference" in started and placement.inference_shares_rollout:  # (their models stay on the GPUs)
+    inference_shares = "inference" in started and placement.inference_shares_rollout
+    if inference_shares:  # (their models stay on the GPUs)
         resident["rollout"] = _inference(cfg, placement.components["inference"], shape, dtype_bytes)["weights"]
+    time_shared = placement.engines_share_actor or inference_shares  # (the engines take turns: the device locks)
     out: dict[str, ComponentMemory] = {}
     for name, comp in placement.components.items():
         if not comp.gpus or name not in started or name not in ("actor", "inference", "rollout"):
@@ -167,7 +169,8 @@ def estimate_memory(cfg: Config, placement: Placement, shape: HfArch, capacity_b
         elif name == "inference":
             kinds = _inference(cfg, comp, shape, dtype_bytes)
         else:
-            kinds = _rollout(cfg, shape, seq_len, capacity_bytes - others - context, dtype_bytes, placement)
+            kinds = _rollout(cfg, shape, seq_len, capacity_bytes - others - context, dtype_bytes, time_shared,
+                             inference_shares)
         problem = kinds.pop("problem", "")
         out[name] = ComponentMemory(name, _bytes({**kinds, "resident": others}, sharing[name]), capacity_bytes,
                                     str(problem))
@@ -200,16 +203,19 @@ def _inference(cfg: Config, comp: ComponentPlacement, shape: HfArch, dtype_bytes
     }
 
 
-def _rollout(cfg: Config, shape: HfArch, seq_len: int, free_at_start: float, dtype_bytes: int,
-             placement: Placement) -> dict[str, Any]:
-    """`free_at_start`: the GPU memory free when the engine starts (capacity less what the set's processes hold)."""
-    tp = cfg.rollout.tensor_parallel_size
+def _rollout(cfg: Config, shape: HfArch, seq_len: int, free_at_start: float, dtype_bytes: int, time_shared: bool,
+             inference_shares: bool) -> dict[str, Any]:
+    """`free_at_start`: the GPU memory free when the engine starts (capacity less what the set's processes hold);
+    `time_shared`: the engines take turns on their GPUs (SGLang's smaller default share); `inference_shares`: the
+    log-prob workers' models are among what they hold."""
+    sglang = cfg.rollout.backend == "sglang"
+    tp = cfg.rollout.tensor_parallel_size if sglang else 1  # (the torch engine holds the whole model on one GPU)
     weights = params_per_rank(shape, tp, 1) * dtype_bytes
-    if cfg.rollout.backend == "sglang":
-        fraction = memory_fraction(cfg.rollout, placement.rollout_time_shared)
+    if sglang:
+        fraction = memory_fraction(cfg.rollout, time_shared)
         share = fraction * free_at_start  # sglang 0.5.23: its KV cache is what this share leaves after the weights
         if share <= weights:
-            held = " and the log-prob workers' models" if placement.inference_shares_rollout else ""
+            held = " and the log-prob workers' models" if inference_shares else ""
             return {"weights": weights, "problem": (
                 f"SGLang's share, rollout.gpu_memory_fraction {fraction:g} of the {free_at_start / GIB:.1f} GiB free "
                 f"when it starts (the capacity less the CUDA contexts{held} on its GPUs) = {share / GIB:.1f} GiB, "

@@ -10,8 +10,6 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-import torch
-
 from rlinf_pipe.algorithms.logprob_needs import needs_ref, recomputes_old
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.engines.policy import MegatronPolicy, ReplicaRanks
@@ -19,6 +17,7 @@ from rlinf_pipe.models.megatron_gpt import init_model_parallel
 from rlinf_pipe.scheduler.channel import Channel
 from rlinf_pipe.scheduler.locks import device_lock
 from rlinf_pipe.scheduler.worker import Worker
+from rlinf_pipe.utils.device_memory import hand_back_cached_memory
 from rlinf_pipe.weights import LoadedWeights, WeightLayout, WeightVersion
 from rlinf_pipe.weights.process_group import Rendezvous
 from rlinf_pipe.weights.transports import Transport
@@ -36,14 +35,6 @@ def replica_gpus(mine: Sequence[int], ranks: ReplicaRanks) -> list[int]:
     gathered: list[Any] = [None] * ranks.mp_size
     dist.all_gather_object(gathered, list(mine), group=ranks.mp_group)
     return sorted({gpu for gpus in gathered for gpu in gpus})
-
-
-def hand_back_cached_memory() -> None:
-    """Return the allocator's cached GPU blocks before the device lock goes: an engine sharing the GPU wakes next
-    and allocates its KV cache and weights outside torch's allocator (sglang's memory saver), where blocks this
-    process keeps cached would be missing."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
 
 
 class InferenceWorker(Worker):
@@ -64,6 +55,8 @@ class InferenceWorker(Worker):
         )
         self.inbox = WeightInbox(self.owner, self.policy.arch, self.tracer)
         self.replica_gpus = replica_gpus(self.info.global_gpus, self.stage.ranks)
+        hand_back_cached_memory()  # (what building the models left cached: an engine on these GPUs sizes its KV
+        # cache by the memory free when it starts)
 
     def _on_devices(self, turn: str) -> AbstractAsyncContextManager[None]:
         """The replica's GPUs for one group's log-probs (`turn`, the same on every rank of the replica), taken by its

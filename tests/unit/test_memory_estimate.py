@@ -184,3 +184,13 @@ def test_inference_workers_that_do_not_start_have_no_estimate_and_no_share():
     idle = _estimate(base, *one_update, *shared)["rollout"].per_gpu_bytes["activations"]
     busy = _estimate(base, *one_update, *shared, "algorithm.compute_ref_logprobs=true")["rollout"].per_gpu_bytes
     assert busy["activations"] - idle == pytest.approx(PROCESS_OVERHEAD, rel=1e-6)
+    # ... and the engines, which then take no turns (no device locks), keep SGLang's share of GPUs of their own
+    alone = _estimate(base, *one_update, *shared)["rollout"].per_gpu_bytes
+    assert alone["resident"] == 0
+    assert alone["kv_cache"] == pytest.approx(0.85 * (CAPACITY - PROCESS_OVERHEAD) - alone["weights"], abs=1)
+
+
+def test_the_torch_engine_holds_the_whole_model_on_one_gpu_whatever_its_tp():
+    base = ("qwen2.5-1.5b-grpo-megatron-pipeline", "rollout.backend=torch")
+    one, two = (_estimate(*base, f"rollout.tensor_parallel_size={tp}")["rollout"].per_gpu_bytes for tp in (1, 2))
+    assert one == two and one["weights"] == 2 * params_per_rank(model_shape(R1_DISTILL)[0], 1, 1)

@@ -57,6 +57,7 @@ from rlinf_pipe.engines.rollout.sglang_launch import (
     server_args,
     without_expandable_segments,
 )
+from rlinf_pipe.utils.device_memory import hand_back_cached_memory
 from rlinf_pipe.utils.futures import mark_retrieved
 from rlinf_pipe.weights import LoadBucket, WeightLayout, WeightReceiver, WeightVersion
 from rlinf_pipe.weights.process_group import Rendezvous
@@ -340,6 +341,7 @@ class SGLangEngine:
             yield load
         finally:
             await self.call("end_weight_update", self.requests.EndWeightUpdateReqInput())
+            hand_back_cached_memory()  # the buckets' device copies (this process shares the engine's first GPU)
 
     async def load_payload(self, payloads: list[bytes]) -> None:
         """Load one flattened bucket given as pickled IPC payloads, one per TP rank."""
