@@ -82,7 +82,7 @@ class DeviceLocks:
             hold.depth += 1
             hold.members.add(owner)
 
-    async def release(self, devices: list[int], owner: str, gang: str | None = None) -> None:
+    async def release(self, owner: str, gang: str | None = None) -> None:
         """End one hold of `owner` (or its gang); the last one gives back every device the holder took."""
         async with self._cond:
             holder = gang or owner
@@ -144,4 +144,4 @@ async def device_lock(locks: object | None, devices: Sequence[int], owner: str, 
             if before_release is not None:
                 before_release()
         finally:
-            await locks.release.remote(list(devices), owner, gang)  # type: ignore[attr-defined]
+            await locks.release.remote(owner, gang)  # type: ignore[attr-defined]

@@ -164,16 +164,16 @@ def estimate_memory(cfg: Config, placement: Placement, shape: HfArch, capacity_b
             continue
         context = sharing[name] * PROCESS_OVERHEAD  # every process on the set holds its CUDA context
         others = resident.get(name, 0.0)
+        problem = ""
         if name == "actor":
             kinds = _actor(cfg, comp, shape, seq_len, dtype_bytes, placement)
         elif name == "inference":
             kinds = _inference(cfg, comp, shape, dtype_bytes)
         else:
-            kinds = _rollout(cfg, shape, seq_len, capacity_bytes - others - context, dtype_bytes, time_shared,
-                             inference_shares)
-        problem = kinds.pop("problem", "")
+            kinds, problem = _rollout(cfg, shape, seq_len, capacity_bytes - others - context, dtype_bytes,
+                                      time_shared, inference_shares)
         out[name] = ComponentMemory(name, _bytes({**kinds, "resident": others}, sharing[name]), capacity_bytes,
-                                    str(problem))
+                                    problem)
     return out
 
 
@@ -204,10 +204,11 @@ def _inference(cfg: Config, comp: ComponentPlacement, shape: HfArch, dtype_bytes
 
 
 def _rollout(cfg: Config, shape: HfArch, seq_len: int, free_at_start: float, dtype_bytes: int, time_shared: bool,
-             inference_shares: bool) -> dict[str, Any]:
-    """`free_at_start`: the GPU memory free when the engine starts (capacity less what the set's processes hold);
-    `time_shared`: the engines take turns on their GPUs (SGLang's smaller default share); `inference_shares`: the
-    log-prob workers' models are among what they hold."""
+             inference_shares: bool) -> tuple[dict[str, float], str]:
+    """The engine's bytes by kind, and what stops it whatever the total ("" if nothing). `free_at_start`: the GPU
+    memory free when the engine starts (capacity less what the set's processes hold); `time_shared`: the engines
+    take turns on their GPUs (SGLang's smaller default share); `inference_shares`: the log-prob workers' models are
+    among what they hold."""
     sglang = cfg.rollout.backend == "sglang"
     tp = cfg.rollout.tensor_parallel_size if sglang else 1  # (the torch engine holds the whole model on one GPU)
     weights = params_per_rank(shape, tp, 1) * dtype_bytes
@@ -216,16 +217,16 @@ def _rollout(cfg: Config, shape: HfArch, seq_len: int, free_at_start: float, dty
         share = fraction * free_at_start  # sglang 0.5.23: its KV cache is what this share leaves after the weights
         if share <= weights:
             held = " and the log-prob workers' models" if inference_shares else ""
-            return {"weights": weights, "problem": (
+            return {"weights": weights}, (
                 f"SGLang's share, rollout.gpu_memory_fraction {fraction:g} of the {free_at_start / GIB:.1f} GiB free "
                 f"when it starts (the capacity less the CUDA contexts{held} on its GPUs) = {share / GIB:.1f} GiB, "
                 f"does not hold its weights ({weights / GIB:.1f} GiB): no room for a KV cache, sglang refuses to "
                 "start; raise rollout.gpu_memory_fraction or rollout.tensor_parallel_size"
-                + (", or inference.tensor_parallel_size" if held else ""))}
-        return {"weights": weights, "kv_cache": share - weights}
+                + (", or inference.tensor_parallel_size" if held else ""))
+        return {"weights": weights, "kv_cache": share - weights}, ""
     sequences = cfg.rollout.max_running_requests or TORCH_MAX_RUNNING
     return {"weights": weights, "kv_cache": kv_cache_bytes(shape, sequences, seq_len, tp, dtype_bytes),
-            "activations": forward_activations(shape, sequences, tp)}
+            "activations": forward_activations(shape, sequences, tp)}, ""
 
 
 def advice(memory: ComponentMemory) -> str:

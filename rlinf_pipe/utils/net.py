@@ -27,13 +27,18 @@ def _ips(addresses: Sequence[str]) -> list[ipaddress.IPv4Address | ipaddress.IPv
     return out
 
 
+def local_interfaces() -> dict[str, list[str]]:
+    """This machine's network interfaces: name -> addresses, in the system's order."""
+    import psutil
+
+    return {name: [a.address for a in addrs] for name, addrs in psutil.net_if_addrs().items()}
+
+
 def interface_of(ip: str, interfaces: Mapping[str, Sequence[str]] | None = None) -> str | None:
     """The name of the network interface holding `ip` (None when none does); `interfaces` maps each interface's
     name to its addresses in the system's order (default: this machine's)."""
     if interfaces is None:
-        import psutil
-
-        interfaces = {name: [a.address for a in addrs] for name, addrs in psutil.net_if_addrs().items()}
+        interfaces = local_interfaces()
     wanted = ipaddress.ip_address(ip)
     return next((name for name, addresses in interfaces.items() if wanted in _ips(addresses)), None)
 
@@ -58,9 +63,7 @@ def gloo_interface_env(node_ip: str, env: Mapping[str, str],
     if env.get(GLOO_IFNAME_ENV) or ipaddress.ip_address(node_ip).is_loopback:
         return {}
     if interfaces is None:
-        import psutil
-
-        interfaces = {name: [a.address for a in addrs] for name, addrs in psutil.net_if_addrs().items()}
+        interfaces = local_interfaces()
     name = interface_of(node_ip, interfaces)
     if name is None or gloo_address(interfaces[name]) != str(ipaddress.ip_address(node_ip)):
         return {}

@@ -249,7 +249,7 @@ class ActorWorker(Worker):
             with self.tracer.span("offload", step=step) as args:
                 args["bytes"] = moved = self._move("offload")
         finally:
-            await self.locks.release.remote(list(self.info.global_gpus), self.owner, ACTOR_GANG)
+            await self.locks.release.remote(self.owner, ACTOR_GANG)
             self.phase_held = False
         return moved
 

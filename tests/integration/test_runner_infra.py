@@ -35,12 +35,12 @@ def test_device_lock_serialises_owners_first_come_first_served_per_device(local_
     ray.get(locks.acquire.remote([5], "reward/0"), timeout=30)  # nobody waits for device 5: granted at once
     ready, _ = ray.wait([waiting, behind], timeout=0.3)
     assert ready == [] and ray.get(locks.holders.remote()) == {0: "actor/0", 1: "actor/0", 5: "reward/0"}
-    ray.get(locks.release.remote([0], "actor/0"))
+    ray.get(locks.release.remote("actor/0"))
     assert ray.get(locks.holders.remote()) == {0: "actor/0", 1: "actor/0", 5: "reward/0"}  # still held once
-    ray.get(locks.release.remote([0, 1], "actor/0"))
+    ray.get(locks.release.remote("actor/0"))
     ray.get(waiting, timeout=30)
     assert ray.wait([behind], timeout=0.3)[0] == []
-    ray.get(locks.release.remote([1], "rollout/0"))
+    ray.get(locks.release.remote("rollout/0"))
     ray.get(behind, timeout=30)
     assert ray.get(locks.holders.remote()) == {1: "rollout/1", 2: "rollout/1", 5: "reward/0"}
 
@@ -58,13 +58,13 @@ def test_the_ranks_of_a_gang_never_wait_behind_an_engine_that_waits_for_them(loc
     assert queued(locks, 1)
     ray.get(locks.acquire.remote([0, 1], "inference/1", "replica0@1.0"), timeout=30)
     assert ray.get(locks.holders.remote()) == {0: "replica0@1.0", 1: "replica0@1.0"}
-    ray.get(locks.release.remote([0, 1], "inference/1", "replica0@1.0"))
+    ray.get(locks.release.remote("inference/1", "replica0@1.0"))
     assert ray.wait([engine], timeout=0.3)[0] == []  # rank 0 still computes: the gang holds both GPUs
-    ray.get(locks.release.remote([0, 1], "inference/0", "replica0@1.0"))
+    ray.get(locks.release.remote("inference/0", "replica0@1.0"))
     ray.get(engine, timeout=30)
     after = locks.acquire.remote([0, 1], "inference/1", "replica0@1.1")  # the next group: a new gang, in the queue
     assert queued(locks, 1) and ray.wait([after], timeout=0.3)[0] == []
-    ray.get(locks.release.remote(engine_gpus, "rollout/0"))
+    ray.get(locks.release.remote("rollout/0"))
     ray.get(after, timeout=30)
     assert ray.get(locks.holders.remote()) == {0: "replica0@1.1", 1: "replica0@1.1"}
 
@@ -80,7 +80,7 @@ def test_a_lost_workers_queued_request_is_dropped_not_granted_later(local_ray):
     ray.get(locks.forfeit.remote(["inference/0"]))
     with pytest.raises(LockRequestDropped, match="inference/0"):
         ray.get(lost, timeout=30)
-    ray.get(locks.release.remote([0], "rollout/0"))
+    ray.get(locks.release.remote("rollout/0"))
     ray.get(survivor, timeout=30)
     leftover = locks.acquire.remote([0], "inference/1", "replica0@1.0")
     assert queued(locks, 1)
