@@ -3,6 +3,7 @@ DP=2 == DP=1, offload round trip, checkpoint resume. Each scenario runs in fresh
 
 from __future__ import annotations
 
+import os
 import time
 
 import msgspec
@@ -223,6 +224,39 @@ def _save_with_a_slow_rank_zero(rank: int, model_path: str, ckpt: str) -> dict:
     return {"saved": str(p.save_checkpoint(ckpt))}
 
 
+def _save_and_load_failing_on_rank_one(rank: int, model_path: str, ckpt: str) -> dict:
+    """Rank 1 cannot write its file (a full disk), then cannot find it when loading: what each rank raises."""
+    from rlinf_pipe.engines.policy import checkpoint
+
+    p = _policy(model_path)
+    out: dict = {}
+    save = checkpoint.torch.save
+
+    def full_disk(obj, path, *args, **kwargs):
+        if str(path).endswith("rng_rank00001.pt"):
+            raise OSError(28, "No space left on device")
+        return save(obj, path, *args, **kwargs)
+
+    checkpoint.torch.save = full_disk
+    try:
+        p.save_checkpoint(ckpt)
+    except checkpoint.CheckpointError as exc:
+        out["save_error"] = str(exc)
+    checkpoint.torch.save = save
+    checkpoint.file_barrier()  # (rank 0 removed the half-written folder before it raised)
+    out["left_after_failed_save"] = sorted(os.listdir(os.path.dirname(ckpt)))
+    checkpoint.file_barrier()  # (before rank 0 prepares the next save)
+    p.save_checkpoint(ckpt)
+    if rank == 1:
+        os.remove(os.path.join(ckpt, "trainer", "rng_rank00001.pt"))
+    checkpoint.file_barrier()  # (the file is gone before either rank loads)
+    try:
+        p.load_checkpoint(ckpt)
+    except checkpoint.CheckpointError as exc:
+        out["load_error"] = str(exc)
+    return out
+
+
 def _dp2_resume(rank: int, model_path: str, ckpt: str) -> dict:
     vocab = vocab_size(model_path)
     p = _policy(model_path)
@@ -371,3 +405,17 @@ def test_a_checkpoint_waits_for_a_rank_that_writes_longer_than_the_worlds_timeou
     ckpt = tmp_path / "ckpt"
     results = spawn(2, _save_with_a_slow_rank_zero, str(tmp_path / "run"), model_path=model_path, ckpt=str(ckpt))
     assert [r["saved"] for r in results] == [str(ckpt.resolve())] * 2 and (ckpt / "COMPLETE").exists()
+
+
+def test_a_rank_that_fails_to_save_or_load_fails_every_rank_with_its_error(model_path, tmp_path):
+    """No rank waits (up to the file barrier's 2 h) for one that gave up: each raises `CheckpointError` naming it."""
+    ckpt = tmp_path / "ckpts" / "ckpt"
+    ckpt.parent.mkdir()
+    results = spawn(2, _save_and_load_failing_on_rank_one, str(tmp_path / "run"), model_path=model_path,
+                    ckpt=str(ckpt))
+    for r in results:
+        assert "writing its files failed on 1 rank (rank 1: OSError: [Errno 28] No space left on device)" in \
+            r["save_error"]
+        assert r["left_after_failed_save"] == []  # no half-written folder, no final one
+        assert "loading checkpoint" in r["load_error"] and "rank 1: FileNotFoundError" in r["load_error"]
+        assert "rank 0" not in r["load_error"]

@@ -9,7 +9,9 @@
 Written to a temporary sibling and renamed into place by rank 0 after a barrier, so a folder is whole or absent.
 The ranks wait for each other's file reads and writes on a gloo group of their own whose timeout
 (`FILE_BARRIER_TIMEOUT`) allows for slow file systems: on the world's group (NCCL on GPUs, minutes) a rank 0 that
-writes a large unsharded optimizer state to NFS would time the others out, and the job with them.
+writes a large unsharded optimizer state to NFS would time the others out, and the job with them. Each wait also
+tells every rank how the others' part went (`together`): a rank whose write or read failed (a full disk, a missing
+file) makes every rank raise `CheckpointError` naming it, instead of leaving the others waiting for it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import random
 import shutil
 from dataclasses import dataclass
 from datetime import timedelta
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,22 +31,49 @@ import numpy as np
 import torch
 
 from rlinf_pipe.engines.policy.optimizer import PolicyOptimizer
+from rlinf_pipe.models.megatron_checkpoint import CheckpointError
 from rlinf_pipe.utils.folders import COMPLETE, is_complete, mark_complete
 
 TRAINER_SUBDIR = "trainer"
 STATE_FILE = "state.json"
 FILE_BARRIER_TIMEOUT = timedelta(hours=2)
-_file_group: list[Any] = []  # [world group, its gloo group for file barriers] once made
+_file_group_cache: list[Any] = []  # [world group, its gloo group for file barriers] once made
 
 
-def file_barrier() -> None:
-    """Wait until every rank of the world got here, however long their files took (`FILE_BARRIER_TIMEOUT`)."""
+def _file_group() -> Any:
     import torch.distributed as dist
 
     world = dist.group.WORLD
-    if not _file_group or _file_group[0] is not world:  # (collective: every rank makes it at its first use)
-        _file_group[:] = [world, dist.new_group(backend="gloo", timeout=FILE_BARRIER_TIMEOUT)]
-    dist.barrier(group=_file_group[1])
+    if not _file_group_cache or _file_group_cache[0] is not world:  # (collective: every rank makes it at first use)
+        _file_group_cache[:] = [world, dist.new_group(backend="gloo", timeout=FILE_BARRIER_TIMEOUT)]
+    return _file_group_cache[1]
+
+
+def file_barrier(failure: str | None = None) -> list[tuple[int, str]]:
+    """Wait until every rank of the world got here, however long their files took (`FILE_BARRIER_TIMEOUT`), and
+    learn how their part went: each rank gives its `failure` (None: done), and gets every failure as (rank, text)."""
+    import torch.distributed as dist
+
+    outcomes: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(outcomes, failure, group=_file_group())
+    return [(rank, text) for rank, text in enumerate(outcomes) if text is not None]
+
+
+@contextmanager
+def together(what: str) -> Iterator[None]:
+    """Run the block on every rank, then wait for all of them (`file_barrier`). If it raised on any rank, every
+    rank raises `CheckpointError` naming the ranks and their errors (the failing rank's own error chained), so no
+    rank waits for one that gave up."""
+    error: Exception | None = None
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - passed on to every rank below
+        error = exc
+    failed = file_barrier(None if error is None else f"{type(error).__name__}: {error}")
+    if failed:
+        where = "; ".join(f"rank {rank}: {text}" for rank, text in failed)
+        raise CheckpointError(f"{what} failed on {len(failed)} rank{'s' if len(failed) > 1 else ''} ({where})"
+                              ) from error
 
 
 class MegatronPolicy(Protocol):
@@ -85,37 +116,50 @@ def save_checkpoint(policy: MegatronPolicy, folder: str | os.PathLike[str], reco
     is replaced. `record` goes into the completion marker."""
     import torch.distributed as dist
 
-    from rlinf_pipe.models.megatron_checkpoint import save_model_shard, write_megatron_meta
+    from rlinf_pipe.models.megatron_checkpoint import save_model_shard
 
     optimizer = policy.require_optimizer()
     final = Path(folder).resolve()
     tmp = final.with_name(f".{final.name}.tmp")
     rank = dist.get_rank()
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        (tmp / TRAINER_SUBDIR).mkdir(parents=True)
-    file_barrier()
-    if policy.dp_rank == 0:
-        save_model_shard(tmp, policy.tp_rank, policy.pp_rank, policy.module.state_dict())
-    if policy.use_distributed_optimizer or policy.dp_rank == 0:
-        torch.save(optimizer.state_dict(), tmp / TRAINER_SUBDIR / _optim_file(policy))
-    torch.save(_rng_state(), tmp / TRAINER_SUBDIR / _rng_file(rank))
-    file_barrier()
-    if rank == 0:
-        write_megatron_meta(tmp, policy.tp_size, policy.pp_size, policy.model_path)
-        state = {"step": optimizer.steps_taken, "peak_lr": optimizer.peak_lr,
-                 "lr_warmup_steps": optimizer.lr_warmup_steps, "params_dtype": str(policy.params_dtype),
-                 **_layout(policy)}
-        (tmp / TRAINER_SUBDIR / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
-        mark_complete(tmp, {**(record or {}), "step": optimizer.steps_taken})
-        old = final.with_name(f".{final.name}.old")
-        if final.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(final, old)
-        os.rename(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    file_barrier()
+    try:
+        with together(f"saving checkpoint {final}: preparing {tmp}"):
+            if rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+                (tmp / TRAINER_SUBDIR).mkdir(parents=True)
+        with together(f"saving checkpoint {final}: writing its files"):
+            if policy.dp_rank == 0:
+                save_model_shard(tmp, policy.tp_rank, policy.pp_rank, policy.module.state_dict())
+            if policy.use_distributed_optimizer or policy.dp_rank == 0:
+                torch.save(optimizer.state_dict(), tmp / TRAINER_SUBDIR / _optim_file(policy))
+            torch.save(_rng_state(), tmp / TRAINER_SUBDIR / _rng_file(rank))
+        with together(f"saving checkpoint {final}: putting it in place"):
+            if rank == 0:
+                _complete(policy, optimizer, tmp, final, record)
+    except CheckpointError:
+        if rank == 0:  # (a folder left half written would hold disk space until the next save)
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return final
+
+
+def _complete(policy: MegatronPolicy, optimizer: PolicyOptimizer, tmp: Path, final: Path,
+              record: dict[str, Any] | None) -> None:
+    """Rank 0, once every rank wrote its files into `tmp`: write the metadata and the marker, swap `tmp` in."""
+    from rlinf_pipe.models.megatron_checkpoint import write_megatron_meta
+
+    write_megatron_meta(tmp, policy.tp_size, policy.pp_size, policy.model_path)
+    state = {"step": optimizer.steps_taken, "peak_lr": optimizer.peak_lr,
+             "lr_warmup_steps": optimizer.lr_warmup_steps, "params_dtype": str(policy.params_dtype),
+             **_layout(policy)}
+    (tmp / TRAINER_SUBDIR / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+    mark_complete(tmp, {**(record or {}), "step": optimizer.steps_taken})
+    old = final.with_name(f".{final.name}.old")
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+    os.rename(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def read_trainer_state(folder: str | os.PathLike[str]) -> dict[str, Any]:
@@ -175,19 +219,20 @@ def load_checkpoint(policy: MegatronPolicy, folder: str | os.PathLike[str]) -> N
     from rlinf_pipe.models.megatron_checkpoint import load_model_shard
 
     path = Path(folder)
-    state = read_trainer_state(path)
-    layout = _layout(policy)
-    saved = {k: state[k] for k in layout}
-    if saved != layout:
-        raise ValueError(f"checkpoint {path} was saved with {saved}, this job runs {layout}; resume with the same "
-                         "parallel layout")
-    restore_state(policy, TrainerState(
-        model=load_model_shard(path, policy.tp_rank, policy.pp_rank),
-        optimizer=torch.load(path / TRAINER_SUBDIR / _optim_file(policy), map_location="cpu", weights_only=False),
-        steps=int(state["step"]),
-        rng=torch.load(path / TRAINER_SUBDIR / _rng_file(dist.get_rank()), weights_only=False),
-    ))
-    file_barrier()
+    with together(f"loading checkpoint {path}"):
+        state = read_trainer_state(path)
+        layout = _layout(policy)
+        saved = {k: state[k] for k in layout}
+        if saved != layout:
+            raise ValueError(f"it was saved with {saved}, this job runs {layout}; resume with the same parallel "
+                             "layout")
+        restore_state(policy, TrainerState(
+            model=load_model_shard(path, policy.tp_rank, policy.pp_rank),
+            optimizer=torch.load(path / TRAINER_SUBDIR / _optim_file(policy), map_location="cpu",
+                                 weights_only=False),
+            steps=int(state["step"]),
+            rng=torch.load(path / TRAINER_SUBDIR / _rng_file(dist.get_rank()), weights_only=False),
+        ))
 
 
 def _rng_state() -> dict[str, Any]:
