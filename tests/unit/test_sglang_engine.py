@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import os
 import pickle
 import signal
@@ -24,6 +25,7 @@ from transformers import AutoModelForCausalLM
 from rlinf_pipe.engines.rollout import EngineAsleepError, GenerateRequest, GenerateResult, RolloutEngine, SamplingParams
 from rlinf_pipe.engines.rollout.engine import sample_seed
 from rlinf_pipe.engines.rollout.sglang_engine import SGLangEngine, SGLangError
+from rlinf_pipe.utils.logs import logging_kept
 from rlinf_pipe.engines.rollout.sglang_launch import (
     INSTALL_HINT,
     NCCL_PORT_BASE,
@@ -103,11 +105,31 @@ async def test_built_inside_a_running_loop_it_works_and_owns_a_tokenizer(model_p
     assert isinstance(text, str) and standin(engine).tokenizer_manager.tokenizer is None
 
 
+async def test_building_an_engine_keeps_this_processs_logging(model_path: Path) -> None:
+    """sglang's Engine calls `logging.basicConfig(level=ERROR, force=True)` in the process that builds it (with our
+    log_level): the worker's handlers and its warnings would be gone for the rest of its life."""
+    root = logging.getLogger()
+    handler = logging.NullHandler()
+    root.addHandler(handler)
+    level = root.level
+    root.setLevel(logging.INFO)
+    try:
+        engine = make_engine(model_path)
+        assert standin(engine).server_args["log_level"] == "error"
+        assert handler in root.handlers and root.level == logging.INFO
+        assert logging.getLogger("rlinf_pipe.scheduler.channel").isEnabledFor(logging.WARNING)
+        engine.shutdown()
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+
+
 def test_the_standins_scheduler_process_dies_with_the_thread_that_built_the_engine(model_path: Path) -> None:
     """What the stand-in models, checked against the kernel: sglang's processes set PR_SET_PDEATHSIG, whose parent
     is the thread that started them."""
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the thread ends when the block does
-        built = pool.submit(sglang_standin.Engine, model_path=str(model_path), skip_tokenizer_init=True).result()
+        with logging_kept():  # (as sglang, the stand-in reconfigures logging)
+            built = pool.submit(sglang_standin.Engine, model_path=str(model_path), skip_tokenizer_init=True).result()
     assert built.scheduler.process.wait(timeout=60) == -signal.SIGKILL
     with pytest.raises(SchedulerDied, match="PR_SET_PDEATHSIG"):
         built.scheduler.check_alive()
@@ -131,7 +153,7 @@ async def test_engines_on_one_node_take_the_store_port_of_their_first_gpu(model_
     engines = [make_engine(model_path, first_gpu=g) for g in (gpu, gpu + 1)]
     try:
         assert [standin(e).server_args["nccl_port"] for e in engines] == [NCCL_PORT_BASE + gpu, NCCL_PORT_BASE + gpu + 1]
-        with pytest.raises(RuntimeError, match="EADDRINUSE"):  # what a clash does to the second engine
+        with pytest.raises(RuntimeError, match="EADDRINUSE"), logging_kept():  # what a clash does to the second one
             sglang_standin.Engine(model_path=str(model_path), skip_tokenizer_init=True, nccl_port=NCCL_PORT_BASE + gpu)
         held = make_engine(model_path, first_gpu=gpu)  # its port is taken: sglang's own draw
         assert "nccl_port" not in standin(held).server_args and standin(held).nccl_port != NCCL_PORT_BASE + gpu
@@ -187,7 +209,7 @@ async def test_results_stream_as_each_finishes(model_path: Path) -> None:
 
 async def test_samples_fan_out_with_unambiguous_rids_and_seeds_only_when_deterministic(model_path: Path) -> None:
     request = req("n", PROMPTS[0], temperature=1.0, top_k=50, top_p=0.95, max_new_tokens=10, n=4, seed=123,
-                  ignore_eos=True, stop_token_ids=[7])
+                  ignore_eos=True)
     plain = make_engine(model_path, seed=1)
     await run(plain, [request])
     calls = generate_calls(plain)
@@ -198,7 +220,7 @@ async def test_samples_fan_out_with_unambiguous_rids_and_seeds_only_when_determi
         sp = c.sampling_params
         assert c.input_ids == PROMPTS[0] and c.return_logprob is True
         assert (sp["n"], sp["top_k"], sp["top_p"], sp["max_new_tokens"], sp["stop_token_ids"]) == (
-            1, 50, 0.95, 10, [7])
+            1, 50, 0.95, 10, [])
     # without ignore_eos the tokenizer's end-of-sequence id is a stop id too: sglang's scheduler has no tokenizer
     # (skip_tokenizer_init) and stops only on the model configs' ids, which need not hold it
     await run(plain, [req("eos", PROMPTS[0], max_new_tokens=3, stop_token_ids=[7])])
@@ -241,10 +263,14 @@ async def test_greedy_and_finish_reasons(model_path: Path) -> None:
     sample = (await run(engine, [req("s", PROMPTS[2], max_new_tokens=12, ignore_eos=True, seed=5)]))["s"].samples[0]
     ids = sample.response_ids
     cut = next(i for i in range(2, len(ids)) if ids[i] not in ids[:i])
-    stopped = (await run(engine, [req("s", PROMPTS[2], max_new_tokens=12, ignore_eos=True, seed=5,
-                                      stop_token_ids=[ids[cut]])]))["s"].samples[0]
-    assert stopped.finish_reason == "stop" and stopped.response_ids == ids[: cut + 1]
-    assert stopped.logprobs == sample.logprobs[: cut + 1]
+    # (sglang 0.5.23 checks no stop id under ignore_eos, schedule_batch.py `_check_token_based_finish`: refused)
+    with pytest.raises(ValueError, match="ignore_eos"):
+        await run(engine, [req("s", PROMPTS[2], max_new_tokens=12, ignore_eos=True, stop_token_ids=[ids[cut]])])
+    stopped = (await run(engine, [req("s", PROMPTS[2], max_new_tokens=12, seed=5, stop_token_ids=[ids[cut]])]))[
+        "s"].samples[0]
+    end = next(i for i, t in enumerate(ids) if t == ids[cut] or t == engine.tokenizer.eos_token_id)
+    assert stopped.finish_reason == "stop" and stopped.response_ids == ids[: end + 1]
+    assert stopped.logprobs == sample.logprobs[: end + 1]
 
 
 def test_output_mapping_checks_alignment_and_reasons() -> None:
@@ -260,6 +286,9 @@ def test_output_mapping_checks_alignment_and_reasons() -> None:
         SGLangEngine.to_sample(out([1, 2], [1, 3], {"type": "length", "length": 2}), 0)
     with pytest.raises(SGLangError, match="finish_reason"):
         SGLangEngine.to_sample(out([1], [1], None), 0)
+    # an id outside the vocabulary (NaN logits): sglang puts an EOS id in output_ids and keeps the bad id's log-prob
+    with pytest.raises(SGLangError, match="outside the vocabulary after 2 tokens: the logits held NaN"):
+        SGLangEngine.to_sample(out([1, 2, 0], [1, 2, 10**9], {"type": "stop", "matched": "NaN happened"}), 0)
 
 
 async def generate_then_abort(engine: SGLangEngine, abort: Callable[[], Awaitable[Any]]) -> dict[str, GenerateResult]:
@@ -421,6 +450,29 @@ async def test_a_refused_update_raises_and_keeps_the_version(model_path: Path) -
         async with engine.weight_update(5):
             await engine.call("begin_weight_update", engine.requests.BeginWeightUpdateReqInput())
     assert engine.version == 0 and standin(engine).scheduler.session is None
+
+
+async def test_an_update_cancelled_while_sglang_opens_its_session_does_not_block_the_next(model_path: Path) -> None:
+    """sglang opens the session whether or not the caller still waits (its scheduler runs the request): the next
+    update closes the session left open and goes on, rather than failing "already open" for the rest of the run."""
+    engine = make_engine(model_path)
+    scheduler = standin(engine).scheduler
+    original = {k: v.detach().clone() for k, v in scheduler.model.state_dict().items()}
+
+    async def update() -> None:
+        async with engine.weight_update(1) as load:
+            await load(list(original.items()))
+
+    interrupted = asyncio.ensure_future(update())
+    while not standin(engine).tokenizer_manager.calls_of("begin_weight_update"):
+        await asyncio.sleep(0)  # (until the begin request is on its way)
+    interrupted.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await interrupted
+    await scheduler.control(lambda: None)  # (one scheduler iteration: the begin request has run)
+    assert scheduler.session == "all" and engine.version == 0
+    await engine.update_weights(list(original.items()), version=2)
+    assert engine.version == 2 and scheduler.session is None
 
 
 async def _broadcast_version(engine: SGLangEngine, path: Path, version: int, verify: bool,

@@ -32,6 +32,7 @@ the GPU and passed as IPC handles.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 import uuid
@@ -58,6 +59,8 @@ from rlinf_pipe.engines.rollout.sglang_launch import (
     without_expandable_segments,
 )
 from rlinf_pipe.utils.device_memory import hand_back_cached_memory
+
+log = logging.getLogger(__name__)
 from rlinf_pipe.utils.futures import mark_retrieved
 from rlinf_pipe.weights import LoadBucket, WeightLayout, WeightReceiver, WeightVersion
 from rlinf_pipe.weights.process_group import Rendezvous
@@ -70,6 +73,14 @@ IDLE_ATTEMPTS = 10
 
 class SGLangError(RuntimeError):
     """sglang refused a call (its message is included)."""
+
+
+# the start of sglang 0.5.23's answer to `begin_weight_update` while a session is open
+# (managers/scheduler_components/weight_updater.py)
+SESSION_OPEN = "a weight-update session is already open"
+# sglang 0.5.23's finish reason when a sampled id fell outside the vocabulary (NaN or inf probabilities:
+# schedule_batch.py `_check_vocab_boundary_finish`), reported as a stop
+NAN_SAMPLED = "NaN happened"
 
 
 def _finish_reason(meta_info: dict[str, Any]) -> FinishReason:
@@ -146,6 +157,10 @@ class SGLangEngine:
     # --- generation -------------------------------------------------------------------------------------------
     def _sampling_params(self, request: GenerateRequest, seed: int) -> dict[str, Any]:
         sp = request.sampling
+        if sp.ignore_eos and sp.stop_token_ids:
+            raise ValueError(f"request {request.request_id!r}: SGLang cannot stop on stop_token_ids under ignore_eos "
+                             "(sglang 0.5.23 then checks no stop id at all, and without ignore_eos it stops on the "
+                             "model's EOS ids too); drop one of them or use the torch engine")
         params: dict[str, Any] = {
             "temperature": sp.temperature,  # sglang turns 0 into greedy (top_k 1, log-probs at T = 1)
             "top_p": sp.top_p,
@@ -229,6 +244,12 @@ class SGLangEngine:
         """One sglang result as a sample: its tokens, their log-probs (from `output_token_logprobs`), the reason."""
         meta = out["meta_info"]
         reason = _finish_reason(meta)
+        if isinstance(meta.get("finish_reason"), dict) and meta["finish_reason"].get("matched") == NAN_SAMPLED:
+            # (sglang put an EOS id in place of the token in output_ids; its log-prob is the invalid id's)
+            raise SGLangError(f"sglang request {meta.get('id')!r} sampled a token outside the vocabulary after "
+                              f"{len(out.get('output_ids', [])) - 1} tokens: the logits held NaN or inf (the weights "
+                              "may have diverged: check the last steps' grad_norm and loss, or resume from an "
+                              "earlier checkpoint); the torch engine fails the same way")
         output_ids = [int(t) for t in out.get("output_ids", [])]
         triples = meta.get("output_token_logprobs")
         if triples is None:
@@ -330,7 +351,7 @@ class SGLangEngine:
 
         if WEIGHTS_TAG in self._released:
             await self._resume([WEIGHTS_TAG])
-        await self.call("begin_weight_update", self.requests.BeginWeightUpdateReqInput(selector="all"))
+        await self._begin_session()
 
         async def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
             payloads, keep_alive = tensor_payloads(bucket, self.tp_size)
@@ -342,6 +363,19 @@ class SGLangEngine:
         finally:
             await self.call("end_weight_update", self.requests.EndWeightUpdateReqInput())
             hand_back_cached_memory()  # the buckets' device copies (this process shares the engine's first GPU)
+
+    async def _begin_session(self) -> None:
+        """sglang's `begin_weight_update`; a session found open was left by an update of ours cancelled while sglang
+        opened or closed it (the request goes on after its caller is gone): closed first, or every later update
+        would be refused."""
+        begin = self.requests.BeginWeightUpdateReqInput(selector="all")
+        ok, message = (await self.call("begin_weight_update", begin, check=False))[:2]
+        if not ok and SESSION_OPEN in str(message):
+            log.warning("sglang engine: closing the weight-update session an interrupted update left open")
+            await self.call("end_weight_update", self.requests.EndWeightUpdateReqInput())
+            ok, message = (await self.call("begin_weight_update", begin, check=False))[:2]
+        if not ok:
+            raise SGLangError(f"sglang begin_weight_update failed: {message}")
 
     async def load_payload(self, payloads: list[bytes]) -> None:
         """Load one flattened bucket given as pickled IPC payloads, one per TP rank."""

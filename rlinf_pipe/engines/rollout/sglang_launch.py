@@ -11,6 +11,8 @@ import threading
 from types import SimpleNamespace
 from typing import Any
 
+from rlinf_pipe.utils.logs import logging_kept
+
 SGLANG_VERSION = "0.5.23"
 """The sglang release this adapter was written and contract-tested against."""
 
@@ -112,7 +114,8 @@ class EngineThread:
 
     def _run(self, factory: Any, args: dict[str, Any]) -> None:
         try:
-            engine = factory(**args)
+            with logging_kept():  # (sglang resets the root logger to its log_level)
+                engine = factory(**args)
         except BaseException as exc:  # (handed to the constructor's caller)
             self._built.set_exception(exc)
             return

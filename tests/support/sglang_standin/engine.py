@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import logging
 import os
 import subprocess
 import sys
@@ -117,6 +118,9 @@ class Engine:
         if "model_path" not in kwargs:
             raise TypeError("Missing required argument: 'model_path'")
         self.server_args = dict(kwargs)
+        # (sglang 0.5.23's Engine configures logging in the building process: utils/common.py `configure_logger`)
+        logging.basicConfig(level=getattr(logging, kwargs.get("log_level", "info").upper()),
+                            format="[%(asctime)s] %(message)s", datefmt="%Y-%m-%d %H:%M:%S", force=True)
         if kwargs.get("enable_memory_saver") and "expandable_segments:true" in os.environ.get(
                 "PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower():
             # (torch_memory_saver, in the scheduler process that inherits this environment)

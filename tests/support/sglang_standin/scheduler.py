@@ -161,11 +161,15 @@ class StandinScheduler:
         controls, self.controls = self.controls, []
         for call, reply in controls:
             try:
-                reply.set_result(call())
+                result = call()  # (run whether or not its caller still waits, as sglang's scheduler does)
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                reply.set_exception(exc)
+                if not reply.done():
+                    reply.set_exception(exc)
                 if self.died is not None:
                     return
+            else:
+                if not reply.done():  # (sglang drops an answer nobody waits for)
+                    reply.set_result(result)
         batch = list(self.running.values())
         if batch and "kv_cache" in self.released:
             self.die("an illegal memory access was encountered (a batch ran with the KV cache released)")
@@ -228,7 +232,8 @@ class StandinScheduler:
         token = int(torch.multinomial(probs / probs.sum(), 1, generator=self._generator(request)))
         request.tokens.append(token)
         request.logprobs.append(float(logp[token]))
-        stop = set(sp["stop_token_ids"] or []) | (set() if sp["ignore_eos"] else self.eos_ids)
+        # (as sglang 0.5.23's `_check_token_based_finish`: under ignore_eos no stop id counts either)
+        stop = set() if sp["ignore_eos"] else set(sp["stop_token_ids"] or []) | self.eos_ids
         if token in stop:
             request.finish = {"type": "stop", "matched": token}
         elif len(request.tokens) >= sp["max_new_tokens"]:
