@@ -99,9 +99,16 @@ class GroupMember:
         self.awaiting = False  # a receiver's thread waits for the sender's announcement
         self.cancelled = threading.Event()
 
-    def wait(self, work: Any) -> None:
+    def wait(self, work: Any, host: bool = False) -> None:
+        """Wait for a collective. On NCCL `work.wait()` only makes this thread's CUDA stream wait for it (what a
+        sender needs: its next copy into the slot is ordered after the broadcast); with `host` the thread also
+        blocks until the bytes are in (a receiver reads the bucket next: off its event loop, and `cancel`'s abort of
+        the communicator ends the wait)."""
         if self.backend != "gloo":
             work.wait()
+            if host:
+                torch.cuda.current_stream().synchronize()
+                self._check_cancelled()
             return
         while True:
             try:
@@ -243,7 +250,7 @@ class ProcessGroupReceiver(WeightReceiver):
         crcs: list[int] = []
         for index, bucket in enumerate(buckets):
             if index:
-                await asyncio.to_thread(self.ring.member.wait, posted[index])
+                await asyncio.to_thread(self.ring.member.wait, posted[index], True)
             buffer = self.ring.buffer(index)
             error = check_bucket(index, bucket, buffer, version, verify)
             if error:
@@ -263,7 +270,7 @@ class ProcessGroupReceiver(WeightReceiver):
         """In one thread: wait for the sender's announcement, post the first two buckets, wait for the first."""
         self.ring.member.await_sender()
         posted = [self.ring.broadcast(i) for i in range(min(2, count))]
-        self.ring.member.wait(posted[0])
+        self.ring.member.wait(posted[0], host=True)
         return posted
 
     def cancel(self) -> None:

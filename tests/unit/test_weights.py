@@ -290,3 +290,36 @@ def test_a_receive_asked_for_long_before_the_sender_sends_outlasts_the_group_tim
     assert time.monotonic() - started >= 2.5 * timeout_s and sent.version == 4
     for name, tensor in weights:
         assert torch.equal(got[name], tensor), name
+
+
+def test_an_nccl_receiver_waits_on_the_host_and_a_sender_only_on_its_stream(monkeypatch):
+    """On NCCL `work.wait()` returns at once and only orders the CUDA stream after the collective (torch's
+    `WorkNCCL::wait`): a receiver, which reads the bucket's trailer on the host next, also synchronises the stream,
+    in its waiting thread rather than on its event loop; a cancel (which aborts the communicator) then fails it.
+    CUDA is what is faked here."""
+    from rlinf_pipe.weights.process_group import GroupMember
+
+    synced: list[str] = []
+
+    class Stream:
+        def synchronize(self) -> None:
+            synced.append(threading.current_thread().name)
+
+    class Work:
+        waited = 0
+
+        def wait(self, *timeout: Any) -> None:
+            assert not timeout  # (a timed NCCL wait that expires aborts the communicator)
+            self.waited += 1
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *device: Stream())
+    member = GroupMember.__new__(GroupMember)
+    member.backend, member.cancelled = "nccl", threading.Event()
+    work = Work()
+    member.wait(work)  # the sender
+    assert work.waited == 1 and synced == []
+    member.wait(work, host=True)  # a receiver
+    assert work.waited == 2 and synced == [threading.current_thread().name]
+    member.cancelled.set()
+    with pytest.raises(WeightSyncError, match="abandoned"):
+        member.wait(work, host=True)
