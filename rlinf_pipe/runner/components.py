@@ -206,6 +206,8 @@ def driver_inputs(cfg: Config) -> DriverInputs:
     rollout_path = model_path if cfg.rollout.model_path in (None, cfg.actor.model_path) else run_model_path(
         cfg.rollout.model_path, cfg
     )
+    for path in dict.fromkeys((model_path, rollout_path)):
+        check_context_length(cfg, path)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     dataset = build_prompt_dataset(cfg.data, tokenizer, cfg.runner.seed)
     val_prompts: list[PromptItem] = []
@@ -213,6 +215,23 @@ def driver_inputs(cfg: Config) -> DriverInputs:
         dataset, val_prompts = split_validation(cfg.data, tokenizer, cfg.runner.seed, dataset)
     return DriverInputs(model_path, rollout_path, build_sampler(cfg.data, dataset, cfg.runner.seed), val_prompts,
                         pad_id_of(tokenizer))
+
+
+def check_context_length(cfg: Config, model_path: str) -> None:
+    """The longest sample a run can make (the longest prompt it keeps and the longest response) must fit the
+    model's context (`max_position_embeddings`): beyond it SGLang silently shortens each request's max_new_tokens,
+    while the torch engine and Megatron go on at positions the model never saw. A `ConfigError` names the keys."""
+    from rlinf_pipe.models.weight_map import read_hf_arch
+
+    context = read_hf_arch(model_path).max_position_embeddings
+    longest = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    if longest > context:
+        raise ConfigError(
+            f"data.max_prompt_length ({cfg.data.max_prompt_length}) + rollout.max_new_tokens "
+            f"({cfg.rollout.max_new_tokens}) = {longest} tokens is more than the context of {model_path} "
+            f"(max_position_embeddings = {context} in its config.json): lower one of them so that the sum is at most "
+            f"{context}"
+        )
 
 
 def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | None = None,

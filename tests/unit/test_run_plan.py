@@ -181,3 +181,18 @@ def test_with_sglang_engines_every_worker_gets_one_nccl_cumem_setting(monkeypatc
     assert nccl_env(sglang, "ipc") == {}  # (no NCCL group with sglang's ranks)
     monkeypatch.setenv("NCCL_CUMEM_ENABLE", "1")  # the user's choice, for every worker
     assert nccl_env(sglang, "broadcast") == {"NCCL_CUMEM_ENABLE": "1"}
+
+
+def test_a_sample_longer_than_the_models_context_is_refused_naming_the_keys(tmp_path):
+    """SGLang would shorten each request's max_new_tokens without a word; the torch engine and Megatron would run
+    at positions the model never saw."""
+    from rlinf_pipe.models.tiny import ensure_tiny_model
+    from rlinf_pipe.runner.components import check_context_length
+
+    model = str(ensure_tiny_model(tmp_path / "models"))  # max_position_embeddings 512
+    check_context_length(load_config("examples/math/config", "tiny-grpo-megatron", [
+        "data.max_prompt_length=480", "rollout.max_new_tokens=32"]), model)  # 512: fits
+    with pytest.raises(ConfigError, match=r"data.max_prompt_length \(481\) \+ rollout.max_new_tokens \(32\) = 513 "
+                                          r"tokens is more than the context of .*max_position_embeddings = 512"):
+        check_context_length(load_config("examples/math/config", "tiny-grpo-megatron", [
+            "data.max_prompt_length=481", "rollout.max_new_tokens=32"]), model)
