@@ -223,7 +223,15 @@ def _rollout(cfg: Config, shape: HfArch, seq_len: int, free_at_start: float, dty
                 f"does not hold its weights ({weights / GIB:.1f} GiB): no room for a KV cache, sglang refuses to "
                 "start; raise rollout.gpu_memory_fraction or rollout.tensor_parallel_size"
                 + (", or inference.tensor_parallel_size" if held else ""))
-        return {"weights": weights, "kv_cache": share - weights}, ""
+        kv = share - weights
+        tokens = int(kv / kv_cache_bytes(shape, 1, 1, tp, dtype_bytes))
+        if tokens < seq_len:
+            return {"weights": weights, "kv_cache": kv}, (
+                f"SGLang's KV cache ({kv / GIB:.2f} GiB a GPU) holds {tokens} tokens, fewer than one sample's "
+                f"data.max_prompt_length + rollout.max_new_tokens = {seq_len}: sglang would cut responses short to "
+                "fit without a word; raise rollout.gpu_memory_fraction or rollout.tensor_parallel_size, or lower "
+                "rollout.max_new_tokens")
+        return {"weights": weights, "kv_cache": kv}, ""
     sequences = cfg.rollout.max_running_requests or TORCH_MAX_RUNNING
     return {"weights": weights, "kv_cache": kv_cache_bytes(shape, sequences, seq_len, tp, dtype_bytes),
             "activations": forward_activations(shape, sequences, tp)}, ""

@@ -194,3 +194,19 @@ def test_the_torch_engine_holds_the_whole_model_on_one_gpu_whatever_its_tp():
     base = ("qwen2.5-1.5b-grpo-megatron-pipeline", "rollout.backend=torch")
     one, two = (_estimate(*base, f"rollout.tensor_parallel_size={tp}")["rollout"].per_gpu_bytes for tp in (1, 2))
     assert one == two and one["weights"] == 2 * params_per_rank(model_shape(R1_DISTILL)[0], 1, 1)
+
+
+def test_an_sglang_kv_cache_shorter_than_one_sample_does_not_fit_and_says_why():
+    """sglang 0.5.23 caps each request's max_new_tokens to what its KV cache can hold (scheduler.py,
+    `max_new_tokens_for_memory`): responses would be cut short without a word."""
+    name, capacity = "qwen2.5-1.5b-grpo-megatron-pipeline", ("cluster.gpu_memory_gb=24",)
+    roomy = _estimate(name, *capacity)["rollout"]
+    assert roomy.fits and not roomy.problem
+    free = 24 * 10**9 - PROCESS_OVERHEAD
+    fraction = (roomy.per_gpu_bytes["weights"] + 100 * 2**20) / free  # a KV cache of 100 MiB: about 3.6k tokens
+    cfg = load_config(CONFIGS, name, [*capacity, f"rollout.gpu_memory_fraction={fraction:.6f}"])
+    rollout = memory_report(cfg, plan_placement(cfg)).components["rollout"]
+    assert not rollout.fits and rollout.per_gpu_bytes["kv_cache"] > 0
+    seq_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    assert f"fewer than one sample's data.max_prompt_length + rollout.max_new_tokens = {seq_len}" in rollout.problem
+    assert "cut responses short" in rollout.problem and "lower rollout.max_new_tokens" in rollout.problem
