@@ -193,6 +193,23 @@ def test_a_sample_longer_than_the_models_context_is_refused_naming_the_keys(tmp_
     check_context_length(load_config("examples/math/config", "tiny-grpo-megatron", [
         "data.max_prompt_length=480", "rollout.max_new_tokens=32"]), model)  # 512: fits
     with pytest.raises(ConfigError, match=r"data.max_prompt_length \(481\) \+ rollout.max_new_tokens \(32\) = 513 "
-                                          r"tokens is more than the context of .*max_position_embeddings = 512"):
+                                          r"tokens is more than the context of .*\(512 tokens, from its config.json\)"):
         check_context_length(load_config("examples/math/config", "tiny-grpo-megatron", [
             "data.max_prompt_length=481", "rollout.max_new_tokens=32"]), model)
+
+
+@pytest.mark.parametrize(("fields", "context"), [
+    ({"max_position_embeddings": 4096}, 4096),
+    ({"max_position_embeddings": 4096, "rope_scaling": {"rope_type": "linear", "factor": 4.0}}, 16384),
+    ({"max_position_embeddings": 32768, "rope_scaling": {"type": "yarn", "factor": 4.0,
+                                                         "original_max_position_embeddings": 32768}}, 32768),
+    ({"max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, 131072),
+    ({"seq_length": 2048, "max_position_embeddings": 4096}, 2048),
+    ({}, None),
+])
+def test_the_context_length_is_read_as_sglang_reads_it(fields, context):
+    from types import SimpleNamespace
+
+    from rlinf_pipe.runner.components import context_length
+
+    assert context_length(SimpleNamespace(**fields)) == context
