@@ -220,10 +220,10 @@ def driver_inputs(cfg: Config) -> DriverInputs:
 CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
 
 
-def context_length(hf_config: Any) -> int | None:
+def context_length(hf_config: Any) -> int:
     """A model's context in tokens as sglang 0.5.23 reads it from the HF config (`get_context_length`): the first of
     `CONTEXT_KEYS` it has, times a `rope_scaling` factor unless the scaling names its original length or is
-    llama3's (whose `max_position_embeddings` is already the scaled one); None when it has none of them."""
+    llama3's (whose `max_position_embeddings` is already the scaled one); 2048 when it has none of them."""
     scaling = getattr(hf_config, "rope_scaling", None) or {}
     factor = scaling.get("factor", 1)
     if "original_max_position_embeddings" in scaling or scaling.get("rope_type") == "llama3":
@@ -231,22 +231,27 @@ def context_length(hf_config: Any) -> int | None:
     for key in CONTEXT_KEYS:
         if (value := getattr(hf_config, key, None)) is not None:
             return int(factor * value)
-    return None
+    return 2048
 
 
 def check_context_length(cfg: Config, model_path: str) -> None:
     """The longest sample a run can make (the longest prompt it keeps and the longest response) must fit the
-    model's context (`context_length`): beyond it SGLang silently shortens each request's max_new_tokens, while
-    the torch engine and Megatron go on at positions the model never saw. A `ConfigError` names the keys."""
+    model's context (`context_length`) less the tokens sglang keeps spare (`SGLANG_SPARE_TOKENS`): beyond it SGLang
+    silently shortens each request's max_new_tokens, while the torch engine and Megatron go on at positions the
+    model never saw. A `ConfigError` names the keys."""
     from transformers import AutoConfig
 
+    from rlinf_pipe.scheduler.memory import SGLANG_SPARE_TOKENS
+
     context = context_length(AutoConfig.from_pretrained(model_path))
+    usable = context - SGLANG_SPARE_TOKENS
     longest = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-    if context is not None and longest > context:
+    if longest > usable:
         raise ConfigError(
             f"data.max_prompt_length ({cfg.data.max_prompt_length}) + rollout.max_new_tokens "
-            f"({cfg.rollout.max_new_tokens}) = {longest} tokens is more than the context of {model_path} "
-            f"({context} tokens, from its config.json): lower one of them so that the sum is at most {context}"
+            f"({cfg.rollout.max_new_tokens}) = {longest} tokens does not fit the context of {model_path} ({context} "
+            f"tokens, from its config.json, of which SGLang keeps {SGLANG_SPARE_TOKENS} spare): lower one of them so "
+            f"that the sum is at most {usable}"
         )
 
 

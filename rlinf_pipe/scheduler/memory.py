@@ -139,9 +139,15 @@ def forward_activations(shape: HfArch, tokens: int, tp: int) -> float:
     return layer + tokens * shape.vocab_size / tp * 2 + 2 * CHUNK_BYTES
 
 
+# Tokens of a request's length that sglang 0.5.23 never gives it: a request may be at most one token shorter than
+# the context or the KV cache (tp_worker.py `max_req_len`), and its new tokens stop one short of that (scheduler.py)
+SGLANG_SPARE_TOKENS = 2
+
+
 def kv_cache_bytes(shape: HfArch, sequences: int, seq_len: int, tp: int, dtype_bytes: int = 2) -> float:
-    """Keys and values of `sequences` sequences of `seq_len` tokens, on one of `tp` ranks."""
-    per_token = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * dtype_bytes / tp
+    """Keys and values of `sequences` sequences of `seq_len` tokens, on one of `tp` ranks (which holds at least one
+    KV head: with more ranks than KV heads they are replicated)."""
+    per_token = 2 * shape.num_layers * max(shape.num_kv_heads / tp, 1) * shape.head_dim * dtype_bytes
     return sequences * seq_len * per_token
 
 
@@ -225,12 +231,12 @@ def _rollout(cfg: Config, shape: HfArch, seq_len: int, free_at_start: float, dty
                 + (", or inference.tensor_parallel_size" if held else ""))
         kv = share - weights
         tokens = int(kv / kv_cache_bytes(shape, 1, 1, tp, dtype_bytes))
-        if tokens < seq_len:
+        if tokens < seq_len + SGLANG_SPARE_TOKENS:
             return {"weights": weights, "kv_cache": kv}, (
                 f"SGLang's KV cache ({kv / GIB:.2f} GiB a GPU) holds {tokens} tokens, fewer than one sample's "
-                f"data.max_prompt_length + rollout.max_new_tokens = {seq_len}: sglang would cut responses short to "
-                "fit without a word; raise rollout.gpu_memory_fraction or rollout.tensor_parallel_size, or lower "
-                "rollout.max_new_tokens")
+                f"data.max_prompt_length + rollout.max_new_tokens = {seq_len} (+ {SGLANG_SPARE_TOKENS} sglang keeps "
+                "spare): sglang would cut responses short to fit without a word; raise rollout.gpu_memory_fraction "
+                "or rollout.tensor_parallel_size, or lower rollout.max_new_tokens")
         return {"weights": weights, "kv_cache": kv}, ""
     sequences = cfg.rollout.max_running_requests or TORCH_MAX_RUNNING
     return {"weights": weights, "kv_cache": kv_cache_bytes(shape, sequences, seq_len, tp, dtype_bytes),

@@ -91,6 +91,7 @@ class GroupMember:
         if rendezvous.backend not in BACKENDS:
             raise WeightSyncError(f"weight transport backend {rendezvous.backend!r} is not one of {BACKENDS}")
         self.rendezvous, self.backend = rendezvous, rendezvous.backend
+        self.device = ring_device(rendezvous.backend)  # (the opening thread's GPU: where its buffers live)
         store = dist.TCPStore(rendezvous.addr, rendezvous.port, rendezvous.world, rank == 0,
                               timeout=timedelta(seconds=rendezvous.timeout_s))
         self.group = join_group(rendezvous, rank, store)
@@ -106,8 +107,8 @@ class GroupMember:
         the communicator ends the wait)."""
         if self.backend != "gloo":
             work.wait()
-            if host:
-                torch.cuda.current_stream().synchronize()
+            if host:  # (this thread's own current device may be another: a new thread starts on GPU 0)
+                torch.cuda.current_stream(self.device).synchronize()
                 self._check_cancelled()
             return
         while True:
@@ -186,8 +187,8 @@ class _Ring:
     def __init__(self, rendezvous: Rendezvous, rank: int, layout: WeightLayout):
         self.member = GroupMember(rendezvous, rank)
         self.layout = layout
-        device = ring_device(rendezvous.backend)
-        self.slots = [torch.empty(layout.max_bucket_bytes, dtype=torch.uint8, device=device) for _ in range(2)]
+        self.slots = [torch.empty(layout.max_bucket_bytes, dtype=torch.uint8, device=self.member.device)
+                      for _ in range(2)]
         # each bucket's tensors as views into its slot, made once (a version reuses them)
         self.views: list[NamedTensors] = [tensor_views(bucket, self.buffer(index), layout.torch_dtype)
                                           for index, bucket in enumerate(layout.buckets)]

@@ -16,6 +16,7 @@ from rlinf_pipe.scheduler.memory import (
     PROCESS_OVERHEAD,
     estimate_memory,
     gpu_capacity_bytes,
+    kv_cache_bytes,
     layer_params,
     memory_report,
     model_shape,
@@ -210,3 +211,11 @@ def test_an_sglang_kv_cache_shorter_than_one_sample_does_not_fit_and_says_why():
     seq_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
     assert f"fewer than one sample's data.max_prompt_length + rollout.max_new_tokens = {seq_len}" in rollout.problem
     assert "cut responses short" in rollout.problem and "lower rollout.max_new_tokens" in rollout.problem
+
+
+def test_tensor_parallel_ranks_past_the_kv_head_count_each_hold_a_whole_head():
+    """sglang replicates KV heads over ranks when TP exceeds their count (the 1.5B model has 2)."""
+    shape, _ = model_shape(R1_DISTILL)
+    assert shape is not None and shape.num_kv_heads == 2
+    one = kv_cache_bytes(shape, 1, 1, 1)
+    assert kv_cache_bytes(shape, 1, 1, 2) == one / 2 == kv_cache_bytes(shape, 1, 1, 4) == kv_cache_bytes(shape, 1, 1, 8)

@@ -191,11 +191,12 @@ def test_a_sample_longer_than_the_models_context_is_refused_naming_the_keys(tmp_
 
     model = str(ensure_tiny_model(tmp_path / "models"))  # max_position_embeddings 512
     check_context_length(load_config("examples/math/config", "tiny-grpo-megatron", [
-        "data.max_prompt_length=480", "rollout.max_new_tokens=32"]), model)  # 512: fits
-    with pytest.raises(ConfigError, match=r"data.max_prompt_length \(481\) \+ rollout.max_new_tokens \(32\) = 513 "
-                                          r"tokens is more than the context of .*\(512 tokens, from its config.json\)"):
+        "data.max_prompt_length=478", "rollout.max_new_tokens=32"]), model)  # 510: fits
+    with pytest.raises(ConfigError, match=r"data.max_prompt_length \(479\) \+ rollout.max_new_tokens \(32\) = 511 "
+                                          r"tokens does not fit the context of .*\(512 tokens, from its config.json, of "
+                                          r"which SGLang keeps 2 spare\): .* at most 510"):
         check_context_length(load_config("examples/math/config", "tiny-grpo-megatron", [
-            "data.max_prompt_length=481", "rollout.max_new_tokens=32"]), model)
+            "data.max_prompt_length=479", "rollout.max_new_tokens=32"]), model)
 
 
 @pytest.mark.parametrize(("fields", "context"), [
@@ -205,7 +206,7 @@ def test_a_sample_longer_than_the_models_context_is_refused_naming_the_keys(tmp_
                                                          "original_max_position_embeddings": 32768}}, 32768),
     ({"max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, 131072),
     ({"seq_length": 2048, "max_position_embeddings": 4096}, 2048),
-    ({}, None),
+    ({}, 2048),
 ])
 def test_the_context_length_is_read_as_sglang_reads_it(fields, context):
     from types import SimpleNamespace

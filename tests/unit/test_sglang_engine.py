@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import io
 import logging
 import os
 import pickle
@@ -109,7 +110,8 @@ async def test_building_an_engine_keeps_this_processs_logging(model_path: Path) 
     """sglang's Engine calls `logging.basicConfig(level=ERROR, force=True)` in the process that builds it (with our
     log_level): the worker's handlers and its warnings would be gone for the rest of its life."""
     root = logging.getLogger()
-    handler = logging.NullHandler()
+    written = io.StringIO()
+    handler = logging.StreamHandler(written)
     root.addHandler(handler)
     level = root.level
     root.setLevel(logging.INFO)
@@ -117,7 +119,8 @@ async def test_building_an_engine_keeps_this_processs_logging(model_path: Path) 
         engine = make_engine(model_path)
         assert standin(engine).server_args["log_level"] == "error"
         assert handler in root.handlers and root.level == logging.INFO
-        assert logging.getLogger("rlinf_pipe.scheduler.channel").isEnabledFor(logging.WARNING)
+        logging.getLogger("rlinf_pipe.scheduler.channel").warning("still heard")
+        assert "still heard" in written.getvalue()  # (basicConfig(force=True) closes the handlers it removes)
         engine.shutdown()
     finally:
         root.removeHandler(handler)

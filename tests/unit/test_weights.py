@@ -292,34 +292,83 @@ def test_a_receive_asked_for_long_before_the_sender_sends_outlasts_the_group_tim
         assert torch.equal(got[name], tensor), name
 
 
-def test_an_nccl_receiver_waits_on_the_host_and_a_sender_only_on_its_stream(monkeypatch):
-    """On NCCL `work.wait()` returns at once and only orders the CUDA stream after the collective (torch's
-    `WorkNCCL::wait`): a receiver, which reads the bucket's trailer on the host next, also synchronises the stream,
-    in its waiting thread rather than on its event loop; a cancel (which aborts the communicator) then fails it.
-    CUDA is what is faked here."""
+class _NcclStream:
+    """A CUDA stream's `synchronize`, recorded with the device asked for and the calling thread."""
+
+    calls: list[tuple[Any, str]] = []
+
+    def __init__(self, device: Any = None):
+        self.device = device
+
+    def synchronize(self) -> None:
+        _NcclStream.calls.append((self.device, threading.current_thread().name))
+
+
+class _NcclWork:
+    """What `ProcessGroupNCCL` hands back: `wait()` returns at once (it only orders the stream)."""
+
+    waited = 0
+
+    def wait(self, *timeout: Any) -> None:
+        assert not timeout  # (a timed NCCL wait that expires aborts the communicator)
+        _NcclWork.waited += 1
+
+
+def _nccl_member(monkeypatch) -> Any:
     from rlinf_pipe.weights.process_group import GroupMember
 
-    synced: list[str] = []
-
-    class Stream:
-        def synchronize(self) -> None:
-            synced.append(threading.current_thread().name)
-
-    class Work:
-        waited = 0
-
-        def wait(self, *timeout: Any) -> None:
-            assert not timeout  # (a timed NCCL wait that expires aborts the communicator)
-            self.waited += 1
-
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda *device: Stream())
+    _NcclStream.calls, _NcclWork.waited = [], 0
+    monkeypatch.setattr(torch.cuda, "current_stream", _NcclStream)
     member = GroupMember.__new__(GroupMember)
-    member.backend, member.cancelled = "nccl", threading.Event()
-    work = Work()
-    member.wait(work)  # the sender
-    assert work.waited == 1 and synced == []
-    member.wait(work, host=True)  # a receiver
-    assert work.waited == 2 and synced == [threading.current_thread().name]
+    member.backend, member.device, member.cancelled = "nccl", torch.device("cuda", 1), threading.Event()
+    member.count, member.awaiting = 0, False
+    return member
+
+
+def test_an_nccl_receiver_waits_on_the_host_and_a_sender_only_on_its_stream(monkeypatch):
+    """On NCCL `work.wait()` returns at once and only orders the CUDA stream after the collective (torch's
+    `WorkNCCL::wait`): a receiver, which reads the bucket's trailer on the host next, also synchronises the stream
+    of its buffers' GPU; a cancel (which aborts the communicator) then fails it. CUDA is what is faked here."""
+    member = _nccl_member(monkeypatch)
+    member.wait(_NcclWork())  # the sender
+    assert _NcclWork.waited == 1 and _NcclStream.calls == []
+    member.wait(_NcclWork(), host=True)  # a receiver
+    assert _NcclWork.waited == 2 and _NcclStream.calls == [(member.device, threading.current_thread().name)]
     member.cancelled.set()
     with pytest.raises(WeightSyncError, match="abandoned"):
-        member.wait(work, host=True)
+        member.wait(_NcclWork(), host=True)
+
+
+def test_an_nccl_receiver_synchronises_every_bucket_off_its_event_loop(monkeypatch):
+    """`ProcessGroupReceiver.receive` waits for each bucket in a thread, on the host, before reading it."""
+    from types import SimpleNamespace
+
+    from rlinf_pipe.weights.layout import tensor_views
+    from rlinf_pipe.weights.process_group import ProcessGroupReceiver
+
+    member = _nccl_member(monkeypatch)
+    member.versions = SimpleNamespace(get=lambda key: b"sending")
+    arch = make_arch()
+    layout = plan_weight_layout(arch, torch.float32, 4_000, trailer=False)
+    assert len(layout.buckets) >= 3
+    slots = [torch.zeros(layout.max_bucket_bytes, dtype=torch.uint8) for _ in range(2)]
+
+    def buffer(index: int) -> torch.Tensor:
+        return slots[index % 2][: layout.buckets[index].nbytes]
+
+    receiver = ProcessGroupReceiver.__new__(ProcessGroupReceiver)
+    receiver.ring = SimpleNamespace(member=member, layout=layout, buffer=buffer, broadcast=lambda index: _NcclWork(),
+                                    views=[tensor_views(b, buffer(i), torch.float32)
+                                           for i, b in enumerate(layout.buckets)])
+    loaded: list[int] = []
+
+    async def load(bucket: Any) -> None:
+        loaded.append(len(_NcclStream.calls))  # (the bucket's bytes were waited for before it is read)
+
+    async def receive() -> str:
+        await receiver.receive(WeightVersion(1), load)
+        return threading.current_thread().name
+
+    loop_thread = asyncio.run(receive())
+    assert loaded == list(range(1, len(layout.buckets) + 1))
+    assert all(device == member.device and thread != loop_thread for device, thread in _NcclStream.calls)

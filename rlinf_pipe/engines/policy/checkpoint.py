@@ -63,13 +63,15 @@ def file_barrier(failure: str | None = None) -> list[tuple[int, str]]:
 def together(what: str) -> Iterator[None]:
     """Run the block on every rank, then wait for all of them (`file_barrier`). If it raised on any rank, every
     rank raises `CheckpointError` naming the ranks and their errors (the failing rank's own error chained), so no
-    rank waits for one that gave up."""
-    error: Exception | None = None
+    rank waits for one that gave up. An exit that is not an error (`SystemExit`) is passed on once the others know."""
+    error: BaseException | None = None
     try:
         yield
-    except Exception as exc:  # noqa: BLE001 - passed on to every rank below
+    except BaseException as exc:  # noqa: BLE001 - passed on to every rank below
         error = exc
     failed = file_barrier(None if error is None else f"{type(error).__name__}: {error}")
+    if error is not None and not isinstance(error, Exception):
+        raise error
     if failed:
         where = "; ".join(f"rank {rank}: {text}" for rank, text in failed)
         raise CheckpointError(f"{what} failed on {len(failed)} rank{'s' if len(failed) > 1 else ''} ({where})"
@@ -136,8 +138,8 @@ def save_checkpoint(policy: MegatronPolicy, folder: str | os.PathLike[str], reco
         with together(f"saving checkpoint {final}: putting it in place"):
             if rank == 0:
                 _complete(policy, optimizer, tmp, final, record)
-    except CheckpointError:
-        if rank == 0:  # (a folder left half written would hold disk space until the next save)
+    except BaseException:  # (a failed rank, or the file group itself: a peer gone)
+        if rank == 0 and not is_complete(tmp):  # (a folder left half written would hold disk space)
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
@@ -158,7 +160,12 @@ def _complete(policy: MegatronPolicy, optimizer: PolicyOptimizer, tmp: Path, fin
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.rename(final, old)
-    os.rename(tmp, final)
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if old.exists() and not final.exists():  # (the earlier checkpoint back where it was)
+            os.rename(old, final)
+        raise
     shutil.rmtree(old, ignore_errors=True)
 
 

@@ -59,11 +59,11 @@ from rlinf_pipe.engines.rollout.sglang_launch import (
     without_expandable_segments,
 )
 from rlinf_pipe.utils.device_memory import hand_back_cached_memory
-
-log = logging.getLogger(__name__)
 from rlinf_pipe.utils.futures import mark_retrieved
 from rlinf_pipe.weights import LoadBucket, WeightLayout, WeightReceiver, WeightVersion
 from rlinf_pipe.weights.process_group import Rendezvous
+
+log = logging.getLogger(__name__)
 
 MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # sglang/srt/constants.py
 WEIGHTS_TAG = "weights"
