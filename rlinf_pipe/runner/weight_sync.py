@@ -67,7 +67,7 @@ class WeightSync:
         rendezvous: dict[int, Rendezvous | None] = {}
         calls = []
         for route in self.routes:
-            ranks = await asyncio.gather(*(self.receivers[name].rank(r).weight_group_ranks()
+            ranks = await asyncio.gather(*(self.receivers[name].rank(r).weight_group_ranks(self.transport)
                                            for name, r in route.receivers))
             point = None
             if self.concurrent:

@@ -80,7 +80,7 @@ class InferenceWorker(Worker):
         """The step's log-probs (see `LogprobStage.run`)."""
         return await self.stage.run(step)
 
-    def weight_group_ranks(self) -> int:
+    def weight_group_ranks(self, transport: Transport) -> int:
         """One rank in a weight process group: this process."""
         return 1
 

@@ -115,9 +115,9 @@ class RolloutWorker(Worker):
                     with self.tracer.span("sleep", step=step):
                         await self.engine.sleep()
 
-    def weight_group_ranks(self) -> int:
+    def weight_group_ranks(self, transport: Transport) -> int:
         """Ranks this worker's engine takes in a weight process group (SGLang: its TP size)."""
-        return self.engine.weight_group_ranks()
+        return self.engine.weight_group_ranks(transport)
 
     def native_weight_receiver(self, transport: Transport) -> bool:
         """Whether the engine receives `transport` with a receiver of its own (SGLang: broadcast and ipc)."""

@@ -96,6 +96,17 @@ def test_collocated_sglang_sleeps_wakes_and_trains_like_the_pipeline(tmp_path, t
     assert not [s for s in rollout if s.name == "weight_sync" and evaluated.end < s.start < generated.start]
 
 
+def test_collocated_sglang_over_two_gpus_takes_its_weights_over_ipc_and_trains_like_the_pipeline(
+        tmp_path, tiny_model, pipeline_run):
+    """An engine of two TP ranks beside actor DP 2 (`auto`: ipc). Only its worker joins the ipc group, and hands the
+    buckets on to sglang's ranks: a group sized for those ranks waited at start-up for members that never came."""
+    out = run("tiny-grpo-megatron", tmp_path, tiny_model, "cluster.num_gpus_per_node=2",
+              "rollout.tensor_parallel_size=2")
+    assert_trains_like(pipeline_run, out)
+    spans = read_chrome_trace(out / "timeline.json")
+    assert {s.track for s in spans if s.name == "weight_sync" and s.track != "driver"} == {"rollout/0"}  # one engine
+
+
 @pytest.mark.parametrize("lost", ["actor", "rollout"])
 def test_a_lost_member_of_the_weight_group_relaunches_every_worker_and_the_resumed_run_trains_alike(
         tmp_path, tiny_model, pipeline_run, lost):

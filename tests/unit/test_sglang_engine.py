@@ -100,7 +100,7 @@ async def test_built_inside_a_running_loop_it_works_and_owns_a_tokenizer(model_p
     assert (args["tp_size"], args["mem_fraction_static"], args["max_running_requests"], args["random_seed"]) == (
         2, 0.5, 8, 7)
     assert args["skip_tokenizer_init"] and args["enable_memory_saver"] and not args["enable_deterministic_inference"]
-    assert engine.weight_group_ranks() == 2
+    assert engine.weight_group_ranks("broadcast") == 2 and engine.weight_group_ranks("ipc") == 1
     result = (await run(engine, [req("t", PROMPTS[0], max_new_tokens=4, ignore_eos=True)]))["t"]
     text = engine.tokenizer.decode(result.samples[0].response_ids)
     assert isinstance(text, str) and standin(engine).tokenizer_manager.tokenizer is None
@@ -483,7 +483,7 @@ async def _broadcast_version(engine: SGLangEngine, path: Path, version: int, ver
     """A real gloo broadcast group: our sender at rank 0, the engine's TP ranks after it (joining as sglang's do)."""
     arch = read_hf_arch(path)
     layout = plan_weight_layout(arch, torch.float32, 40_000, trailer=False)
-    rendezvous = Rendezvous("127.0.0.1", free_port(), 1 + engine.weight_group_ranks(), "gloo",
+    rendezvous = Rendezvous("127.0.0.1", free_port(), 1 + engine.weight_group_ranks("broadcast"), "gloo",
                             f"test-broadcast-{free_port()}", timeout_s)
     sender, receiver = await asyncio.gather(asyncio.to_thread(open_sender, "broadcast", layout, rendezvous),
                                             engine.open_weight_receiver("broadcast", layout, rendezvous, 1))

@@ -149,8 +149,9 @@ class RolloutEngine(Protocol):
         """A whole session in one call: load `named_tensors` and set `version`."""
         ...
 
-    def weight_group_ranks(self) -> int:
-        """How many ranks this engine takes in a weight process group (SGLang: one per tensor-parallel rank)."""
+    def weight_group_ranks(self, transport: str) -> int:
+        """How many ranks this engine takes in `transport`'s process group (SGLang's `broadcast`: one per
+        tensor-parallel rank, which join it themselves)."""
         ...
 
     async def open_weight_receiver(self, transport: str, layout: WeightLayout, rendezvous: Rendezvous | None,

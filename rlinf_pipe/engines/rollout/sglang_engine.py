@@ -393,9 +393,10 @@ class SGLangEngine:
 
         return await verify_by_name(self, published)
 
-    def weight_group_ranks(self) -> int:
-        """sglang's TP ranks each join a weight group: `tp_size` ranks."""
-        return self.tp_size
+    def weight_group_ranks(self, transport: str) -> int:
+        """sglang's TP ranks each join a `broadcast` group: `tp_size` ranks; in any other transport's group only
+        this process (its receiver passes the handles on to the ranks)."""
+        return self.tp_size if transport == "broadcast" else 1
 
     async def open_weight_receiver(self, transport: str, layout: WeightLayout, rendezvous: Rendezvous | None,
                                    rank: int) -> WeightReceiver | None:
