@@ -13,6 +13,7 @@ import os
 import pickle
 import signal
 import sys
+import types
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -579,3 +580,30 @@ async def test_ipc_handles_reach_the_engine(model_path: Path) -> None:
         assert all(torch.equal(state[n], t) for n, t in weights if n in state) and engine.version == 6
     finally:
         sender.close()
+
+
+async def test_an_actor_slot_goes_to_sglang_unopened_only_for_one_tp_rank(monkeypatch):
+    """sglang answers a bucket once its first rank is done; a second rank, copying across GPUs, may still read the
+    actor's slot when the actor rewrites it two buckets later. So with TP > 1 the worker maps the slot and passes
+    copies on (torch keeps those until every rank freed them). The CUDA handle is what cannot exist here."""
+    from rlinf_pipe.weights.ipc import Handle, IpcReceiver
+    from rlinf_pipe.engines.rollout.sglang_weights import SGLangIpcReceiver
+
+    mapped: list[int] = []
+
+    async def map_here(self, index, bucket, handle, load_bucket, verify):
+        mapped.append(index)
+        return None, None
+
+    monkeypatch.setattr(IpcReceiver, "load_handle", map_here)
+    for tp, passed, opened in ((1, [[b"slot"]], []), (2, [], [0])):
+        payloads: list[list[bytes]] = []
+
+        async def load_payload(p: list[bytes]) -> None:
+            payloads.append(p)
+
+        receiver = SGLangIpcReceiver.__new__(SGLangIpcReceiver)
+        receiver.engine, receiver.cuda_handles = types.SimpleNamespace(tp_size=tp, load_payload=load_payload), False
+        mapped.clear()
+        await receiver.load_handle(0, None, Handle(1, True, b"slot"), None, False)
+        assert (payloads, mapped, receiver.cuda_handles) == (passed, opened, tp == 1)

@@ -130,7 +130,8 @@ class SGLangGroupReceiver(WeightReceiver):
 
 
 class SGLangIpcReceiver(IpcReceiver):
-    """The engine's worker in the IPC control group: CUDA handles go to sglang's schedulers unopened."""
+    """The engine's worker in the IPC control group: CUDA handles go to sglang's scheduler unopened when the engine
+    has one TP rank; with more (or shared memory) this process maps each bucket and passes it on (`load_handle`)."""
 
     def __init__(self, rendezvous: Rendezvous, rank: int, layout: WeightLayout, engine: Any):
         super().__init__(rendezvous, rank, layout)
@@ -139,12 +140,16 @@ class SGLangIpcReceiver(IpcReceiver):
 
     async def load_handle(self, index: int, bucket: BucketLayout, handle: Handle, load_bucket: LoadBucket,
                           verify: bool) -> tuple[str | None, int | None]:
-        if not handle.cuda:  # shared memory (CPU): map it here, pass the tensors on through the engine's session
+        if not handle.cuda or self.engine.tp_size > 1:
+            # Shared memory (CPU), or TP ranks on other GPUs: map the slot here (this process's GPU is the engine's
+            # first) and pass the tensors on through the engine's session, whose buffers torch keeps until every
+            # rank has freed its mapping. The actor rewrites a slot two buckets later, once sglang has answered,
+            # and sglang answers when its first rank is done: a rank copying across GPUs may still be reading it.
             return await super().load_handle(index, bucket, handle, load_bucket, verify)
         self.cuda_handles = True
-        # (Every rank maps the actor's one pickle. Unlike `tensor_payloads`' buffers, the actor's slots live until
-        # its sender closes, so a use count shared between ranks frees nothing early.)
-        await self.engine.load_payload([handle.data] * self.engine.tp_size)
+        # (One rank, on the slot's GPU: it synchronises its stream when it frees the mapping, before it answers.
+        # The actor's slots live until its sender closes, so the pickle's use count frees nothing early.)
+        await self.engine.load_payload([handle.data])
         return None, None
 
     async def receive(self, published: WeightVersion, load_bucket: LoadBucket, verify: bool = False) -> LoadedWeights:
