@@ -30,6 +30,7 @@ from rlinf_pipe.engines.policy.checkpoint import TrainerState
 from rlinf_pipe.models.megatron_gpt import init_model_parallel
 from rlinf_pipe.scheduler.channel import Channel
 from rlinf_pipe.scheduler.worker import Worker
+from rlinf_pipe.utils.device_memory import hand_back_cached_memory
 from rlinf_pipe.weights import WeightLayout, WeightSender, WeightVersion, plan_weight_layout
 from rlinf_pipe.weights.process_group import Rendezvous
 from rlinf_pipe.weights.transports import Transport, open_sender
@@ -287,6 +288,8 @@ class ActorWorker(Worker):
             await self.trained.wait_for(version, lambda: self.version)
 
         def publish() -> WeightVersion | None:
+            if self.locks is not None:  # (engines on these GPUs take the version now, sglang into memory it
+                hand_back_cached_memory()  # allocates outside torch's allocator: what training left cached goes back)
             with self.tracer.span("publish_weights", version=version) as args:
                 tensors = self.policy.hf_weights(copy=False)
                 if self.sender is None:  # a TP/PP peer of the sender: only takes part in the gathering
