@@ -136,6 +136,8 @@ class ActorWorker(Worker):
         with self.trained.making(step + 1):
             result = await self._train_step(step)
             self._holds(step + 1)
+        if self.locks is not None:  # (the engines on these GPUs take the version next, sglang into memory it
+            await self.compute.run(hand_back_cached_memory)  # allocates itself: what training cached goes back)
         return result
 
     async def _train_step(self, step: int) -> TrainResult:
@@ -288,8 +290,6 @@ class ActorWorker(Worker):
             await self.trained.wait_for(version, lambda: self.version)
 
         def publish() -> WeightVersion | None:
-            if self.locks is not None:  # (engines on these GPUs take the version now, sglang into memory it
-                hand_back_cached_memory()  # allocates outside torch's allocator: what training left cached goes back)
             with self.tracer.span("publish_weights", version=version) as args:
                 tensors = self.policy.hf_weights(copy=False)
                 if self.sender is None:  # a TP/PP peer of the sender: only takes part in the gathering

@@ -116,7 +116,7 @@ class RolloutWorker(Worker):
                         await self.engine.sleep()
 
     def weight_group_ranks(self, transport: Transport) -> int:
-        """Ranks this worker's engine takes in a weight process group (SGLang: its TP size)."""
+        """Ranks this worker's engine takes in `transport`'s process group (SGLang over broadcast: its TP size)."""
         return self.engine.weight_group_ranks(transport)
 
     def native_weight_receiver(self, transport: Transport) -> bool:

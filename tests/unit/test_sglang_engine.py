@@ -583,9 +583,11 @@ async def test_ipc_handles_reach_the_engine(model_path: Path) -> None:
 
 
 async def test_an_actor_slot_goes_to_sglang_unopened_only_for_one_tp_rank(monkeypatch):
-    """sglang answers a bucket once its first rank is done; a second rank, copying across GPUs, may still read the
-    actor's slot when the actor rewrites it two buckets later. So with TP > 1 the worker maps the slot and passes
-    copies on (torch keeps those until every rank freed them). The CUDA handle is what cannot exist here."""
+    """sglang answers a bucket after a barrier of its ranks, but a rank frees its mapping (waiting for its copies)
+    after it: a second rank, copying across GPUs, may still read the actor's slot when the actor rewrites it two
+    buckets later. So with TP > 1 the worker maps the slot and passes
+    copies on (torch keeps those until every rank freed them); either way sglang's ranks hold what was loaded, so
+    the driver verifies it by name. The CUDA handle is what cannot exist here."""
     from rlinf_pipe.weights.ipc import Handle, IpcReceiver
     from rlinf_pipe.engines.rollout.sglang_weights import SGLangIpcReceiver
 
@@ -606,4 +608,4 @@ async def test_an_actor_slot_goes_to_sglang_unopened_only_for_one_tp_rank(monkey
         receiver.engine, receiver.cuda_handles = types.SimpleNamespace(tp_size=tp, load_payload=load_payload), False
         mapped.clear()
         await receiver.load_handle(0, None, Handle(1, True, b"slot"), None, False)
-        assert (payloads, mapped, receiver.cuda_handles) == (passed, opened, tp == 1)
+        assert (payloads, mapped) == (passed, opened) and receiver.cuda_handles  # (verified by name after)

@@ -5,11 +5,12 @@
   "flattened_bucket"`): the bytes go from the actor's GPU straight into sglang's, never through this process. The
   layout then has no trailers (sglang receives exactly the tensors' bytes), so the version is checked by the driver.
 * `ipc`: each bucket's handle (the actor's shared slot, a pickled flattened bucket with CUDA IPC handles) goes to
-  sglang's schedulers as it is (`update_weights_from_tensor`); on CPU (a stand-in of sglang) the slot is shared
-  memory, mapped here and passed on as tensors.
+  sglang's scheduler as it is (`update_weights_from_tensor`) for an engine of one TP rank; with more, and on CPU
+  (a stand-in of sglang, whose slot is shared memory), the slot is mapped here and passed on as tensors.
 * anything else (the object store): the engine's weight session copies each bucket to the GPU and passes it on.
 
-sglang's own ranks take the bytes where this process cannot see them, so these receivers report `verified_by=""`;
+sglang's own ranks load the bytes where this process cannot see what they kept, so these receivers report
+`verified_by=""` (over ipc on GPUs too, where this process may have read the slot);
 with `runner.verify_weights` the driver then has the engine read a few tensors back by name (`verify_by_name`,
 sglang's `get_weights_by_name`) and compare them with the fingerprint the actor recorded. sglang implements that
 only for some model classes (Llama's, not Qwen2's); the driver says which engines it could not verify.
@@ -140,13 +141,14 @@ class SGLangIpcReceiver(IpcReceiver):
 
     async def load_handle(self, index: int, bucket: BucketLayout, handle: Handle, load_bucket: LoadBucket,
                           verify: bool) -> tuple[str | None, int | None]:
+        self.cuda_handles = self.cuda_handles or handle.cuda  # (sglang loads them: verified by name, if at all)
         if not handle.cuda or self.engine.tp_size > 1:
-            # Shared memory (CPU), or TP ranks on other GPUs: map the slot here (this process's GPU is the engine's
-            # first) and pass the tensors on through the engine's session, whose buffers torch keeps until every
-            # rank has freed its mapping. The actor rewrites a slot two buckets later, once sglang has answered,
-            # and sglang answers when its first rank is done: a rank copying across GPUs may still be reading it.
+            # Shared memory (CPU), or TP ranks on several GPUs: map the slot here (the engine's GPUs are this
+            # process's) and pass the tensors on through the engine's session, whose buffers torch keeps until
+            # every rank has freed its mapping. sglang 0.5.23 answers after a barrier of its ranks, but a rank frees
+            # its mapping, which waits for its copies, only after that barrier: when the actor rewrites the slot
+            # two buckets later, a rank copying across GPUs could still be reading it.
             return await super().load_handle(index, bucket, handle, load_bucket, verify)
-        self.cuda_handles = True
         # (One rank, on the slot's GPU: it synchronises its stream when it frees the mapping, before it answers.
         # The actor's slots live until its sender closes, so the pickle's use count frees nothing early.)
         await self.engine.load_payload([handle.data])
@@ -154,7 +156,7 @@ class SGLangIpcReceiver(IpcReceiver):
 
     async def receive(self, published: WeightVersion, load_bucket: LoadBucket, verify: bool = False) -> LoadedWeights:
         loaded = await super().receive(published, load_bucket, verify)
-        if self.cuda_handles:  # sglang mapped the bytes itself: nothing was verified here
+        if self.cuda_handles:  # sglang's ranks hold the bytes: what they kept was not verified here
             return dataclasses.replace(loaded, checksums=(), verified_by="")
         return loaded
 
