@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 from pathlib import Path
 
 import numpy as np
@@ -223,6 +225,9 @@ async def test_the_documented_echo_backend_is_an_engine() -> None:
     exec(compile(block, "docs/backends.md", "exec"), namespace)  # noqa: S102 - our own documentation
     echo = namespace["EchoEngine"]()
     assert isinstance(echo, RolloutEngine)
+    for name in [n for n in dir(RolloutEngine) if not n.startswith("_") and callable(getattr(RolloutEngine, n))]:
+        expected = list(inspect.signature(getattr(RolloutEngine, name)).parameters)
+        assert list(inspect.signature(getattr(type(echo), name)).parameters) == expected, name  # (isinstance: names)
     out = await run(echo, [req("a", [3, 4], max_new_tokens=2, n=2)])
     assert [s.response_ids for s in out["a"].samples] == [[4, 4], [4, 4]]
     await echo.update_weights([("w", torch.zeros(1))], version=3)
