@@ -27,7 +27,6 @@ from transformers import AutoModelForCausalLM
 from rlinf_pipe.engines.rollout import EngineAsleepError, GenerateRequest, GenerateResult, RolloutEngine, SamplingParams
 from rlinf_pipe.engines.rollout.engine import sample_seed
 from rlinf_pipe.engines.rollout.sglang_engine import SGLangEngine, SGLangError
-from rlinf_pipe.utils.logs import logging_kept
 from rlinf_pipe.engines.rollout.sglang_launch import (
     INSTALL_HINT,
     NCCL_PORT_BASE,
@@ -38,6 +37,7 @@ from rlinf_pipe.engines.rollout.sglang_launch import (
 from rlinf_pipe.engines.rollout.sglang_weights import SGLangGroupError, tensor_payloads, verify_by_name
 from rlinf_pipe.models.weight_map import read_hf_arch
 from rlinf_pipe.models.tiny import ensure_tiny_model
+from rlinf_pipe.utils.logs import logging_kept
 from rlinf_pipe.utils.net import free_port
 from rlinf_pipe.weights import WeightSyncError, WeightVersion, plan_weight_layout
 from rlinf_pipe.weights.process_group import Rendezvous
@@ -588,8 +588,8 @@ async def test_an_actor_slot_goes_to_sglang_unopened_only_for_one_tp_rank(monkey
     buckets later. So with TP > 1 the worker maps the slot and passes
     copies on (torch keeps those until every rank freed them); either way sglang's ranks hold what was loaded, so
     the driver verifies it by name. The CUDA handle is what cannot exist here."""
-    from rlinf_pipe.weights.ipc import Handle, IpcReceiver
     from rlinf_pipe.engines.rollout.sglang_weights import SGLangIpcReceiver
+    from rlinf_pipe.weights.ipc import Handle, IpcReceiver
 
     mapped: list[int] = []
 

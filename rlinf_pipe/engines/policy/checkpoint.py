@@ -20,10 +20,10 @@ import json
 import os
 import random
 import shutil
-from dataclasses import dataclass
-from datetime import timedelta
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
