@@ -26,7 +26,7 @@ from rlinf_pipe.scheduler.channel import Channel, StepEnd
 from rlinf_pipe.utils.compute_thread import compute_thread
 from rlinf_pipe.utils.tracing import Tracer
 from rlinf_pipe.weights import LoadBucket
-from rlinf_pipe.workers.replica_input import read_shared
+from rlinf_pipe.workers.replica_input import leave_shared, read_shared
 
 
 def logprob_temperature(cfg: Config) -> float:
@@ -116,7 +116,11 @@ class LogprobStage:
             async with self.on_devices(f"{step}.{index}"):
                 batch = await compute_thread().run(self._logprobs, step, item)
             if batch is not None:
-                await self.train[self.routing.replica_of(batch.slot)].aput(batch, weight=batch.num_sequences)
+                try:
+                    await self.train[self.routing.replica_of(batch.slot)].aput(batch, weight=batch.num_sequences)
+                except Exception as exc:  # (the replica's other ranks already wait in the next read)
+                    await leave_shared(self.ranks, self.scored.aget, f"its output rank failed to put: {exc}")
+                    raise
                 count += 1
         if self.ranks.is_output:
             for channel in self.train:

@@ -40,3 +40,19 @@ async def read_shared(ranks: ReplicaRanks, read: Callable[[], Awaitable[T]]) -> 
     if isinstance(item, _Failed):
         raise ReplicaInputFailed(f"the replica's input rank failed to read: {item.reason}")
     return item
+
+
+async def leave_shared(ranks: ReplicaRanks, read: Callable[[], Awaitable[Any]], reason: str) -> None:
+    """This rank leaves the step on its own (its output failed: a channel aborted when the step was abandoned) while
+    the replica's other ranks go on to the next `read_shared`: take part in that read once more, so none of them is
+    left waiting in the share. The input rank shares the failure; another rank (the output rank of a pipeline) joins
+    the read, whose channel is aborted too, so the input rank shares the failure itself."""
+    if ranks.mp_size == 1:
+        return
+    if ranks.is_input:
+        await asyncio.to_thread(ranks.share, _Failed(reason))
+        return
+    try:
+        await read_shared(ranks, read)
+    except ReplicaInputFailed:
+        pass
