@@ -4,7 +4,13 @@ the input rank shares what it read with the others."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
+
+# How long a rank may wait in a host-side collective of its replica: as long as a stage waits for its first input
+# (a whole generation, at the step's start). A lost peer fails it at once (its connections close).
+OBJECT_GROUP_TIMEOUT = timedelta(hours=24)
+_mp_object_groups: list[Any] = []  # [Megatron's model-parallel group, its gloo twin] once made
 
 
 def dp_object_group() -> Any:
@@ -19,6 +25,29 @@ def dp_object_group() -> Any:
     return group if group is not None else ps.get_data_parallel_group()
 
 
+def mp_object_group() -> Any:
+    """The model-parallel group for host-side collectives (the input a replica's ranks share, pickled objects): its
+    gloo twin where Megatron's is NCCL. Waiting there costs no GPU: an NCCL receive runs a kernel that spins on
+    the GPU until its sender posts (beside engines generating on shared GPUs, outside the device locks) and fails
+    after the group's 30 minutes. Collective over the world at its first use: every rank makes every twin."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    group = ps.get_model_parallel_group()
+    if dist.get_backend(group) == "gloo":
+        return group
+    if not _mp_object_groups or _mp_object_groups[0] is not group:
+        everyone: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, dist.get_process_group_ranks(group))
+        mine = None
+        for ranks in sorted({tuple(r) for r in everyone}):  # (the same groups in the same order on every rank)
+            twin = dist.new_group(list(ranks), backend="gloo", timeout=OBJECT_GROUP_TIMEOUT)
+            if dist.get_rank() in ranks:
+                mine = twin
+        _mp_object_groups[:] = [group, mine]
+    return _mp_object_groups[1]
+
+
 @dataclass(frozen=True)
 class ReplicaRanks:
     """This rank in its data-parallel replica (TP x PP ranks). The input rank (tensor rank 0 of the first pipeline
@@ -29,7 +58,7 @@ class ReplicaRanks:
     mp_size: int
     is_input: bool
     is_output: bool
-    mp_group: Any
+    mp_group: Any  # the replica's ranks, for host-side collectives (`mp_object_group`)
     input_rank: int  # global rank of the replica's input rank
     dp_group: Any = None  # this rank's data-parallel group, for host-side votes (gloo where Megatron made one)
 
@@ -40,7 +69,7 @@ class ReplicaRanks:
         from megatron.core import parallel_state as ps
 
         mp_size = ps.get_tensor_model_parallel_world_size() * ps.get_pipeline_model_parallel_world_size()
-        group = ps.get_model_parallel_group()
+        group = mp_object_group()
         tp0 = ps.get_tensor_model_parallel_rank() == 0
         return cls(
             dp_rank=ps.get_data_parallel_rank(), dp_size=ps.get_data_parallel_world_size(), mp_size=mp_size,
