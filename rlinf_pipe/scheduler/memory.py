@@ -151,9 +151,10 @@ def kv_cache_bytes(shape: HfArch, sequences: int, seq_len: int, tp: int, dtype_b
     return sequences * seq_len * per_token
 
 
-def estimate_memory(cfg: Config, placement: Placement, shape: HfArch, capacity_bytes: int) -> dict[
-        str, ComponentMemory]:
-    """The estimate of every GPU component of `placement` (see the module docstring)."""
+def estimate_memory(cfg: Config, placement: Placement, shape: HfArch, capacity_bytes: int,
+                    checkpoint_dtype_bytes: int = 2) -> dict[str, ComponentMemory]:
+    """The estimate of every GPU component of `placement` (see the module docstring). `checkpoint_dtype_bytes`:
+    bytes a value of the model folder's weights (SGLang loads them as they are; the torch engine in bf16)."""
     seq_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
     dtype_bytes = 4 if cfg.actor.params_dtype == "float32" else 2  # auto: bf16 on GPUs
     started = {name for name in placement.components if name != "inference" or computes_logprobs(cfg)}
@@ -176,7 +177,8 @@ def estimate_memory(cfg: Config, placement: Placement, shape: HfArch, capacity_b
         elif name == "inference":
             kinds = _inference(cfg, comp, shape, dtype_bytes)
         else:
-            kinds, problem = _rollout(cfg, shape, seq_len, capacity_bytes - others - context, dtype_bytes,
+            engine_bytes = checkpoint_dtype_bytes if cfg.rollout.backend == "sglang" else 2
+            kinds, problem = _rollout(cfg, shape, seq_len, capacity_bytes - others - context, engine_bytes,
                                       time_shared, inference_shares)
         out[name] = ComponentMemory(name, _bytes({**kinds, "resident": others}, sharing[name]), capacity_bytes,
                                     problem)
@@ -296,19 +298,18 @@ def gpu_capacity_bytes(cfg: Config) -> int:
     return int(DEFAULT_CAPACITY_GB * 1e9)
 
 
-def model_shape(name_or_path: str) -> tuple[HfArch | None, str]:
-    """The architecture of a config's model from its `config.json` alone (the folder's, or for the tiny model its
-    spec, or a copy shipped in `models.known`); (None, why) if there is none to read."""
+def model_config(name_or_path: str) -> tuple[Any | None, str]:
+    """A config's model's HF config from its `config.json` alone (the folder's, or for the tiny model its spec, or a
+    copy shipped in `models.known`), and where it came from; (None, why) if there is none to read."""
     from transformers import AutoConfig
 
     from rlinf_pipe.models.known import known_config
-    from rlinf_pipe.models.megatron_gpt import hf_arch
 
     if name_or_path == "tiny":
         from rlinf_pipe.models.tiny import TinySpec, build_config
 
         spec = TinySpec()
-        return hf_arch(build_config(spec, spec.vocab_size, 0, 1, 2)), "the tiny model"
+        return build_config(spec, spec.vocab_size, 0, 1, 2), "the tiny model"
     folder = Path(name_or_path).expanduser()
     if not (folder / "config.json").is_file():
         shipped = known_config(name_or_path)
@@ -316,13 +317,31 @@ def model_shape(name_or_path: str) -> tuple[HfArch | None, str]:
             return None, (f"no config.json at {name_or_path} (the estimate reads only that file: run plan where the "
                           "model folder is)")
         folder = shipped.parent
-    return hf_arch(AutoConfig.from_pretrained(str(folder))), str(folder / "config.json")
+    return AutoConfig.from_pretrained(str(folder)), str(folder / "config.json")
+
+
+def model_shape(name_or_path: str) -> tuple[HfArch | None, str]:
+    """The architecture of a config's model (`model_config`); (None, why) if there is none to read."""
+    from rlinf_pipe.models.megatron_gpt import hf_arch
+
+    config, source = model_config(name_or_path)
+    return (None if config is None else hf_arch(config)), source
+
+
+def dtype_bytes_of(hf_config: Any) -> int:
+    """Bytes a value of the weights the HF config says its folder holds (`dtype`, formerly `torch_dtype`): 4 for
+    float32, else 2 (bf16 and fp16, and when it says nothing)."""
+    dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    return 4 if str(dtype).removeprefix("torch.") == "float32" else 2
 
 
 def memory_report(cfg: Config, placement: Placement) -> MemoryReport:
     """The per-GPU estimate of a run's components (see the module docstring)."""
     capacity = gpu_capacity_bytes(cfg)
-    shape, source = model_shape(cfg.actor.model_path)
-    if shape is None:
+    config, source = model_config(cfg.actor.model_path)
+    if config is None:
         return MemoryReport({}, cfg.actor.model_path, capacity, note=source)
-    return MemoryReport(estimate_memory(cfg, placement, shape, capacity), source, capacity)
+    from rlinf_pipe.models.megatron_gpt import hf_arch
+
+    return MemoryReport(estimate_memory(cfg, placement, hf_arch(config), capacity, dtype_bytes_of(config)), source,
+                        capacity)

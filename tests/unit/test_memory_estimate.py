@@ -219,3 +219,25 @@ def test_tensor_parallel_ranks_past_the_kv_head_count_each_hold_a_whole_head():
     assert shape is not None and shape.num_kv_heads == 2
     one = kv_cache_bytes(shape, 1, 1, 1)
     assert kv_cache_bytes(shape, 1, 1, 2) == one / 2 == kv_cache_bytes(shape, 1, 1, 4) == kv_cache_bytes(shape, 1, 1, 8)
+
+
+@pytest.mark.parametrize("backend", ["sglang", "torch"])
+def test_the_engines_weights_are_counted_in_their_own_dtype_not_the_actors(backend):
+    """SGLang loads the folder's weights as they are (`dtype=auto`: bf16 for this checkpoint), the torch engine in
+    bf16 on GPUs, whatever `actor.params_dtype` (an fp32 actor once doubled the engine's row)."""
+    name, engine = "qwen2.5-1.5b-grpo-megatron-pipeline", f"rollout.backend={backend}"
+    fp32 = load_config(CONFIGS, name, [engine, "actor.params_dtype=float32"])
+    rollout = memory_report(fp32, plan_placement(fp32)).components["rollout"]
+    assert rollout.per_gpu_bytes["weights"] == 2 * params_per_rank(model_shape(R1_DISTILL)[0], 1, 1)
+    actor = memory_report(fp32, plan_placement(fp32)).components["actor"]
+    assert actor.per_gpu_bytes["weights"] == 4 * params_per_rank(model_shape(R1_DISTILL)[0], 1, 1)
+
+
+def test_a_checkpoints_dtype_is_read_from_its_config():
+    from transformers import PretrainedConfig
+
+    from rlinf_pipe.scheduler.memory import dtype_bytes_of, model_config
+
+    assert dtype_bytes_of(model_config(R1_DISTILL)[0]) == 2  # torch_dtype: bfloat16
+    assert dtype_bytes_of(model_config("tiny")[0]) == 4  # the tiny model is saved in float32
+    assert dtype_bytes_of(PretrainedConfig()) == 2  # (says nothing)
