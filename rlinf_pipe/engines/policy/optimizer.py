@@ -17,6 +17,7 @@ from torch import Tensor
 
 from rlinf_pipe.algorithms.terms import LossTerms, Stat, finalize, finalize_metrics, merge
 from rlinf_pipe.engines.policy.parallel import dp_object_group
+from rlinf_pipe.utils.device_memory import hand_back_cached_memory
 
 
 def warmup_lr(step: int, peak_lr: float, warmup_steps: int) -> float:
@@ -285,7 +286,7 @@ class DeviceState:
         for storage, _ in moved:
             storage.resize_(0)
         if self.device.type == "cuda":
-            torch.cuda.empty_cache()  # hand the freed blocks back, for the engines that share this GPU
+            hand_back_cached_memory()  # the freed blocks, for the engines that share this GPU
         self.offloaded = moved
         return sum(b.nbytes() for _, b in moved)
 

@@ -35,6 +35,7 @@ from rlinf_pipe.engines.rollout.engine import (
     sample_seed,
 )
 from rlinf_pipe.utils.compute_thread import compute_thread
+from rlinf_pipe.utils.device_memory import hand_back_cached_memory
 from rlinf_pipe.weights import LoadBucket, WeightLayout, WeightReceiver, WeightVersion
 from rlinf_pipe.weights.process_group import Rendezvous
 
@@ -254,7 +255,7 @@ class TorchEngine:
                 self.model.to("cpu")
                 gc.collect()  # frees the device tensors the KV caches left behind (costly: only when it frees memory)
                 if self.device.type == "cuda":
-                    torch.cuda.empty_cache()
+                    hand_back_cached_memory()
             self._asleep = True
 
     async def wake(self) -> None:
