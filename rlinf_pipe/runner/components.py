@@ -7,6 +7,7 @@ import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rlinf_pipe.config.schema import Config
@@ -20,6 +21,7 @@ from rlinf_pipe.runner.cpu_shares import cpu_stages, node_procs
 from rlinf_pipe.runner.plan import RunPlan, plan_run
 from rlinf_pipe.scheduler.channel import Channel
 from rlinf_pipe.scheduler.cluster import Cluster
+from rlinf_pipe.scheduler.node_paths import NodePath, check_node_paths
 from rlinf_pipe.scheduler.placement import ComponentPlacement, Placement, ProcessPlacement
 from rlinf_pipe.scheduler.worker import node_procs_env
 from rlinf_pipe.scheduler.worker_group import WorkerGroup
@@ -118,7 +120,7 @@ def run_model_path(name: str, cfg: Config) -> str:
     """The model folder of a run (`resolve_model_path` with the run's data: `tiny` is the tiny model warm-started
     on it, built once and cached); an unusable name is a `ConfigError`."""
     try:
-        return str(resolve_model_path(name, data=cfg.data))
+        return str(resolve_model_path(name, data=cfg.data).resolve())  # absolute: workers start elsewhere
     except ValueError as exc:
         raise ConfigError(f"actor.model_path / rollout.model_path: {exc}") from None
 
@@ -255,12 +257,47 @@ def check_context_length(cfg: Config, model_path: str) -> None:
         )
 
 
+def node_paths(plan: RunPlan, inputs: DriverInputs, run_dir: Path, token: str) -> dict[int, list[NodePath]]:
+    """What each node must see as the driver does: the model folders of the workers it runs and, where actor ranks
+    run, the run folder (the file `run_dir/NODE_PROBE` holding `token`)."""
+    reads = {"actor": inputs.model_path, "inference": inputs.model_path, "rollout": inputs.rollout_path}
+    keys = {"actor": "actor.model_path", "inference": "actor.model_path", "rollout": "rollout.model_path"}
+    wants: dict[int, list[NodePath]] = {}
+    for name, comp in plan.placement.components.items():
+        if name not in reads:
+            continue
+        for node in sorted({p.node_rank for p in comp.processes}):
+            paths = wants.setdefault(node, [])
+            paths.append(NodePath(keys[name], reads[name], "model", f"the {name} workers"))
+            if name == "actor":
+                paths.append(NodePath("runner.output_dir", str(run_dir / NODE_PROBE), "shared",
+                                      "the actor's ranks", token))
+    return {node: list(dict.fromkeys(paths)) for node, paths in wants.items()}
+
+
+NODE_PROBE = ".node-probe"
+
+
+def check_nodes_see_paths(cluster: Cluster, plan: RunPlan, inputs: DriverInputs, run_dir: Path) -> None:
+    """`check_node_paths` for this run (a no-op on one node)."""
+    if cluster.num_nodes == 1:
+        return
+    token = uuid.uuid4().hex
+    probe = run_dir / NODE_PROBE
+    probe.write_text(token)
+    try:
+        check_node_paths(cluster, node_paths(plan, inputs, run_dir, token))
+    finally:
+        probe.unlink(missing_ok=True)
+
+
 def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | None = None,
-           on_connect: Callable[[], None] = lambda: None) -> Components:
+           on_connect: Callable[[], None] = lambda: None, run_dir: Path | None = None) -> Components:
     """Start (or join) Ray, place and launch every group with its channels, open the weight transport's ends.
     `inputs` are read here unless given. Given a `cluster` (one started beside the driver's preparation, or a
     relaunch after `Components.stop_workers`), the groups go to its nodes and GPUs, and a failure leaves the cluster
-    to its owner. `on_connect` runs once Ray is connected."""
+    to its owner. `on_connect` runs once Ray is connected. Given the `run_dir`, every node first checks it sees the
+    model folders and the run folder as the driver does (`check_nodes_see_paths`)."""
     from rlinf_pipe.scheduler.locks import DeviceLocks
     from rlinf_pipe.workers.actor import ActorWorker
     from rlinf_pipe.workers.dynamic_sampling import SamplingRounds
@@ -283,6 +320,8 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
 
     try:
         plan = plan_run(cfg, cluster.gpus_per_node)
+        if run_dir is not None:
+            check_nodes_see_paths(cluster, plan, inputs, run_dir)
         comps = plan.placement.components
         cpus = node_procs_env(node_procs(comps[name] for name in cpu_stages(cfg) if name in comps))
         nccl = nccl_env(cfg, plan.weight_transport)

@@ -29,7 +29,7 @@ MIN_FREE_BYTES = 256 << 20  # below this much free space a run cannot save even 
 def create_run_dir(cfg: Config) -> Path:
     """A fresh, empty run folder (a numeric suffix is added if two runs start in the same second). A folder that
     cannot be created or written, or a disk that is (nearly) full, is a `ConfigError` naming runner.output_dir."""
-    root = Path(cfg.runner.output_dir) / cfg.runner.experiment_name
+    root = Path(cfg.runner.output_dir).expanduser().resolve() / cfg.runner.experiment_name  # absolute: for workers
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for i in range(1000):
         path = root / (stamp if i == 0 else f"{stamp}-{i}")
@@ -105,7 +105,8 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"step_{step:06d}"
 
 
-def _complete_checkpoints(folder: Path) -> list[Path]:
+def complete_checkpoints(folder: Path) -> list[Path]:
+    """The complete checkpoints of run folder `folder`, lowest step first."""
     return sorted((p for p in folder.glob("checkpoints/step_*") if is_complete(p)), key=lambda p: p.name)
 
 
@@ -118,12 +119,12 @@ def find_resume_checkpoint(cfg: Config) -> Path | None:
         return None
     if spec == "auto":
         root = Path(cfg.runner.output_dir) / cfg.runner.experiment_name
-        candidates = [c for run in root.glob("*") if run.is_dir() for c in _complete_checkpoints(run)]
+        candidates = [c for run in root.glob("*") if run.is_dir() for c in complete_checkpoints(run)]
         return max(candidates, key=lambda p: (p.name, (p / COMPLETE).stat().st_mtime), default=None)
     path = Path(spec)
     if is_complete(path):
         return path
-    found = _complete_checkpoints(path) if path.is_dir() else []
+    found = complete_checkpoints(path) if path.is_dir() else []
     if found:
         return found[-1]
     raise ConfigError(

@@ -89,7 +89,7 @@ class Runner:
         Ray starts), on `cluster` if given (its owner shuts it down), else on a Ray started or joined here."""
         prepared = prepared or prepare_run(cfg)
         stop = stop or StopSignals(cfg.runner.stop_grace_s)
-        components = launch(cfg, prepared.inputs, cluster, on_connect=stop.reinstall)
+        components = launch(cfg, prepared.inputs, cluster, on_connect=stop.reinstall, run_dir=prepared.run_dir)
         return cls(cfg, components, prepared.run_dir, prepared.resume_from, stop)
 
     # --- the run -----------------------------------------------------------------------------------------------
@@ -243,6 +243,8 @@ class Runner:
             raise OutputError(f"cannot save the checkpoint before step {next_step} in {self.run_dir}: {cause}; "
                               f"{self.resume_hint()}") from None
         self.last_checkpoint = saved
+        for old in checkpoints.prune_checkpoints(self.run_dir, self.cfg.runner.keep_checkpoints):
+            log.info("removed checkpoint %s (runner.keep_checkpoints: %d)", old, self.cfg.runner.keep_checkpoints)
         return saved
 
     async def resume(self, ckpt: Path | None, announce: bool = False) -> int:

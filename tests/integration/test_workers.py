@@ -12,9 +12,10 @@ import torch
 from ray.cluster_utils import Cluster as RayTestCluster
 
 from rlinf_pipe.config import Config
-from rlinf_pipe.errors import ClusterError, WorkerError
+from rlinf_pipe.errors import ClusterError, ConfigError, WorkerError
 from rlinf_pipe.scheduler import worker_group
 from rlinf_pipe.scheduler.cluster import NODE_RANK_LABEL, Cluster
+from rlinf_pipe.scheduler.node_paths import NodePath, check_node_paths
 from rlinf_pipe.scheduler.placement import plan_placement
 from rlinf_pipe.scheduler.worker import Worker
 from rlinf_pipe.scheduler.worker_group import WorkerGroup
@@ -344,3 +345,27 @@ def test_gpu_count_mismatch_names_the_node(cluster):
     cfg.cluster.num_gpus_per_node = [8, 8, 16, 8]
     with pytest.raises(ClusterError, match="node 2 .* has 8 GPU\\(s\\) but the config expects 16"):
         Cluster(cfg)
+
+
+def test_every_node_must_see_the_model_and_the_run_folder_as_the_driver_does(cluster, tmp_path):
+    """One probe task per node but the driver's: a model folder missing there, or a run folder that is another
+    one there (a token the driver did not write), is one ConfigError naming each node and path."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    probe = tmp_path / ".node-probe"
+    probe.write_text("driver-token")
+    good = [NodePath("actor.model_path", str(model), "model", "the actor workers"),
+            NodePath("runner.output_dir", str(probe), "shared", "the actor's ranks", "driver-token")]
+    check_node_paths(cluster, {0: good, 1: good, 3: good})  # this machine's nodes share its disk
+    missing = NodePath("rollout.model_path", str(tmp_path / "absent"), "model", "the rollout workers")
+    elsewhere = NodePath("runner.output_dir", str(probe), "shared", "the actor's ranks", "another-token")
+    with pytest.raises(ConfigError) as info:
+        check_node_paths(cluster, {0: [missing], 1: [missing], 2: good, 3: [elsewhere]})
+    lines = str(info.value).splitlines()
+    assert not any(line.startswith("  node 0 ") for line in lines)  # the driver's node checked its own
+    assert f"  node 1 ({cluster.nodes[1].ip}): rollout.model_path: no model folder with config.json at " \
+           f"{tmp_path / 'absent'} (needed by the rollout workers)" in lines
+    assert any(line.startswith("  node 3 ") and f"the run folder {tmp_path} is not the driver's here" in line
+               for line in lines)
+    assert len([line for line in lines if line.startswith("  node ")]) == 2

@@ -214,3 +214,21 @@ def test_the_context_length_is_read_as_sglang_reads_it(fields, context):
     from rlinf_pipe.runner.components import context_length
 
     assert context_length(SimpleNamespace(**fields)) == context
+
+
+
+def test_each_node_checks_the_models_its_workers_read_and_the_actor_nodes_the_run_folder(tmp_path):
+    from rlinf_pipe.runner.components import DriverInputs, node_paths
+
+    p = plan_run(load_config(overrides=["cluster.num_nodes=3", REF,
+                                        "cluster.component_placement={rollout: 0-3, inference: 4, actor: 5-6}"]),
+                 [2, 3, 3])  # nodes: GPUs 0-1, 2-4, 5-7
+    inputs = DriverInputs("/m/actor", "/m/rollout", None, [], 0)  # type: ignore[arg-type]
+    wants = node_paths(p, inputs, tmp_path, "tok")
+    described = {node: sorted((w.key, w.path, w.kind, w.token) for w in paths) for node, paths in wants.items()}
+    assert described == {
+        0: [("rollout.model_path", "/m/rollout", "model", "")],
+        1: [("actor.model_path", "/m/actor", "model", ""), ("rollout.model_path", "/m/rollout", "model", "")],
+        2: [("actor.model_path", "/m/actor", "model", ""),
+            ("runner.output_dir", str(tmp_path / ".node-probe"), "shared", "tok")],
+    }
