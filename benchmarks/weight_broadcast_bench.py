@@ -69,6 +69,7 @@ def _member(rank: int, world: int, port: int, model: str, bucket_mb: int, iters:
             loop.run_until_complete(end.receive(WeightVersion(version), load))
         group.barrier().wait()
         protocol.append(time.perf_counter() - start)
+    loop.close()
     if rank == 0:
         Path(out).write_text(json.dumps({
             "bytes": layout.num_bytes, "buckets": len(layout.buckets),

@@ -32,7 +32,9 @@ def _render_section(cls: type, path: str, lines: list[str]) -> None:
         if dataclasses.is_dataclass(hints[f.name]):
             nested.append((hints[f.name], f"{path}.{f.name}"))
             continue
-        bound = f" (>= {f.metadata['min']:g})" if f.metadata.get("min") is not None else ""
+        bounds = [f"{sign} {f.metadata[key]:g}" for key, sign in (("min", ">="), ("below", "<"))
+                  if f.metadata.get(key) is not None]
+        bound = f" ({', '.join(bounds)})" if bounds else ""
         help_text = f.metadata.get("help", "").replace("|", "\\|")
         default = repr(getattr(defaults, f.name))
         lines.append(f"| `{path}.{f.name}` | {type_name(hints[f.name])}{bound} | `{default}` | {help_text} |")

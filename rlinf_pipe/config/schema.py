@@ -12,9 +12,10 @@ from typing import Any, Literal
 COMPONENTS = ("rollout", "inference", "actor", "reward")  # the names `cluster.component_placement` places
 
 
-def opt(default: Any, help: str, *, min: float | None = None) -> Any:
-    """A schema field: default value (copied if mutable), help text and an optional lower bound."""
-    meta = {"help": help, "min": min}
+def opt(default: Any, help: str, *, min: float | None = None, below: float | None = None) -> Any:
+    """A schema field: default value (copied if mutable), help text, an optional lower bound (`min`, inclusive) and
+    an optional upper one (`below`, exclusive)."""
+    meta = {"help": help, "min": min, "below": below}
     if isinstance(default, (dict, list)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -62,6 +63,9 @@ class RunnerConfig:
     max_steps: int = opt(60, "Number of training steps.", min=1)
     seed: int = opt(1, "Seed of data order, sampling and initialisation.")
     save_interval: int = opt(0, "Save a checkpoint every N steps (0: only at the end).", min=0)
+    keep_checkpoints: int = opt(
+        0, "Complete checkpoints kept in the run folder: after each save the oldest beyond this many are deleted (0: "
+        "all are kept). A checkpoint holds the model and the optimizer's state: about 14 bytes a parameter.", min=0)
     val_interval: int = opt(
         0, "Evaluate on the held-out set (`data.val_dataset`) every N steps and after the last one (0: never): greedy "
         "pass@1 and sampled pass@k (`runner.val_k`) into metrics.jsonl as `val/*`. See docs/evaluation.md.", min=0)
@@ -159,7 +163,7 @@ class RolloutConfig:
         None,
         "SGLang: the share of each GPU for weights and KV cache (`mem_fraction_static`); null: 0.85 on GPUs of its "
         "own, 0.5 collocated (the actor comes back onto the same GPUs).",
-        min=0.05,
+        min=0.05, below=1,
     )
     max_running_requests: int | None = opt(
         None, "Sequences an engine decodes at once (SGLang's `max_running_requests`; null: SGLang's choice, 64 for the "

@@ -97,15 +97,19 @@ def validate_config(cfg: Config, source_of: Callable[[str], str] = lambda _: "th
 
 
 def _check_bounds(section: object, source_of: Callable[[str], str], prefix: str = "") -> None:
-    """Every field's `min` bound, recursing into nested sections (e.g. data.arithmetic)."""
+    """Every field's `min` and `below` bounds, recursing into nested sections (e.g. data.arithmetic)."""
     for f in dataclasses.fields(section):
         value, key = getattr(section, f.name), f"{prefix}{f.name}"
         if dataclasses.is_dataclass(value):
             _check_bounds(value, source_of, f"{key}.")
             continue
-        low = f.metadata.get("min")
-        if low is None or value is None:
+        low, high = f.metadata.get("min"), f.metadata.get("below")
+        if value is None:
             continue
         for item in value if isinstance(value, list) else [value]:
-            if isinstance(item, (int, float)) and item < low:
+            if not isinstance(item, (int, float)):
+                continue
+            if low is not None and item < low:
                 raise ConfigError(f"{key}: must be >= {low:g}, got {item!r} (from {source_of(key)})")
+            if high is not None and item >= high:
+                raise ConfigError(f"{key}: must be < {high:g}, got {item!r} (from {source_of(key)})")

@@ -11,7 +11,7 @@ from typing import Any
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
-from rlinf_pipe.runner.run_dir import checkpoint_dir, find_resume_checkpoint
+from rlinf_pipe.runner.run_dir import checkpoint_dir, complete_checkpoints, find_resume_checkpoint
 from rlinf_pipe.scheduler.worker_group import WorkerGroup
 from rlinf_pipe.utils.folders import COMPLETE, mark_complete
 
@@ -36,6 +36,18 @@ def remove_partial(run_dir: Path, next_step: int) -> None:
     ckpt = checkpoint_dir(run_dir, next_step)
     if not (ckpt / COMPLETE).exists():
         shutil.rmtree(ckpt, ignore_errors=True)
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> list[Path]:
+    """Delete the complete checkpoints of `run_dir` older than its newest `keep` (0: none); returns them. Each loses
+    its completion marker first, so one whose removal is interrupted is never resumed from."""
+    if keep < 1:
+        return []
+    old = complete_checkpoints(run_dir)[:-keep]
+    for ckpt in old:
+        (ckpt / COMPLETE).unlink(missing_ok=True)
+        shutil.rmtree(ckpt, ignore_errors=True)
+    return old
 
 
 def step_of(ckpt: Path) -> int:

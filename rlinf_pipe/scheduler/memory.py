@@ -316,7 +316,8 @@ def model_config(name_or_path: str) -> tuple[Any | None, str]:
         if shipped is None:
             return None, (f"no config.json at {name_or_path} (the estimate reads only that file: run plan where the "
                           "model folder is)")
-        folder = shipped.parent
+        return AutoConfig.from_pretrained(str(shipped.parent)), (
+            f"{shipped}, the copy shipped with rlinf_pipe: no model folder at {name_or_path} on this machine")
     return AutoConfig.from_pretrained(str(folder)), str(folder / "config.json")
 
 

@@ -29,6 +29,7 @@ from rlinf_pipe.models.megatron_checkpoint import load_model_shard
 from rlinf_pipe.runner import run as run_config
 from rlinf_pipe.runner.plan import plan_run
 from rlinf_pipe.runner.stop import StopSignals
+from rlinf_pipe.runner.run_dir import complete_checkpoints
 from rlinf_pipe.utils.metrics import read_metrics
 from rlinf_pipe.utils.timeline import STEP_SPAN, overlaps, read_chrome_trace
 from support.faults import Fault, Saboteur, reward_pool_processes, wait_for
@@ -369,7 +370,7 @@ def test_a_loss_with_rollout_running_ahead_relaunches_every_worker_from_the_chec
     saboteur.start()
     try:
         out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, "runner.max_staleness=1",
-                  "runner.save_interval=1", "runner.max_restarts=1", "runner.max_steps=3")
+                  "runner.save_interval=1", "runner.max_restarts=1", "runner.max_steps=3", "runner.keep_checkpoints=2")
     finally:
         saboteur.stop()
     (restart,) = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
@@ -377,6 +378,9 @@ def test_a_loss_with_rollout_running_ahead_relaunches_every_worker_from_the_chec
     assert restart["resumed_at"] in (1, 2)  # the checkpoint before the step that found the loss
     assert restart["resumed_from"] == str(out / "checkpoints" / f"step_{restart['resumed_at']:06d}")
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2]
+    # runner.keep_checkpoints: 2 (the final save's and the one before it; the one resumed from may be gone)
+    assert [p.name for p in complete_checkpoints(out)] == ["step_000002", "step_000003"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000002", "step_000003"]
 
 
 @pytest.mark.slow

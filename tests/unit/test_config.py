@@ -101,6 +101,8 @@ def test_type_errors_name_key_and_expected_type(override, expected):
         ("cluster.num_gpus_per_node=[0]", "cluster.num_gpus_per_node: must be >= 1"),
         ("algorithm.group_size=-2", "algorithm.group_size: must be >= 1"),
         ("runner.max_staleness=-1", "runner.max_staleness: must be >= 0"),
+        ("rollout.gpu_memory_fraction=1.0", "rollout.gpu_memory_fraction: must be < 1, got 1.0"),
+        ("rollout.gpu_memory_fraction=0.01", "rollout.gpu_memory_fraction: must be >= 0.05"),
         ("algorithm.clip_ratio_low=1.5", "must be below 1"),
         ("algorithm.n_minibatches=3", "does not divide data.rollout_batch_size=16"),
         ("cluster.num_gpus_per_node=[3,3]", "the list has 2 entries but cluster.num_nodes is 1"),

@@ -66,6 +66,9 @@ def test_shape_counts_the_parameters_of_the_real_model_class(tied):
 def test_the_tiny_model_has_a_shape():
     shape, source = model_shape("tiny")
     assert shape is not None and source == "the tiny model" and num_params(shape) > 0
+    shape, source = model_shape(R1_DISTILL)  # not on this machine: the estimate says whose config it read
+    assert shape is not None and source.startswith(str(known_config(R1_DISTILL)))
+    assert f"no model folder at {R1_DISTILL} on this machine" in source
 
 
 @pytest.mark.parametrize("config_name", ["qwen2.5-1.5b-grpo-megatron-pipeline", "qwen2.5-1.5b-grpo-megatron",

@@ -10,7 +10,7 @@ import pytest
 
 from rlinf_pipe.config import load_config
 from rlinf_pipe.errors import ConfigError
-from rlinf_pipe.runner.checkpoints import ACTOR_SUBDIR, RUNNER_STATE, check_resume
+from rlinf_pipe.runner.checkpoints import ACTOR_SUBDIR, RUNNER_STATE, check_resume, prune_checkpoints
 from rlinf_pipe.runner.run_dir import checkpoint_dir, create_run_dir, find_resume_checkpoint
 from rlinf_pipe.utils.metrics import json_safe
 from rlinf_pipe.utils.folders import mark_complete
@@ -105,3 +105,15 @@ def test_a_full_disk_is_refused_before_anything_starts(tmp_path):
             create_run_dir(cfg_with(mount, None))
     finally:
         subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_keep_checkpoints_deletes_the_oldest_complete_ones_and_nothing_else(tmp_path):
+    run = tmp_path / "exp" / "run"
+    for step, complete in [(1, True), (2, True), (3, False), (4, True), (5, True)]:
+        make_ckpt(run, step, complete, mtime=step)
+    assert prune_checkpoints(run, 0) == []  # 0: keep all
+    assert prune_checkpoints(run, 2) == [checkpoint_dir(run, 1), checkpoint_dir(run, 2)]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000003", "step_000004", "step_000005"]
+    assert prune_checkpoints(run, 2) == []  # an incomplete save (step 3) is left to the save that failed
+    # `auto` still resumes from the newest
+    assert find_resume_checkpoint(cfg_with(tmp_path, "auto")) == checkpoint_dir(run, 5)

@@ -43,7 +43,8 @@ def _runner(run_dir: Path, actor: _Actor) -> SimpleNamespace:
 
     runner = SimpleNamespace(tracer=Tracer("driver"), run_dir=run_dir, last_checkpoint=None,
                              c=SimpleNamespace(actor=actor), schedule=SimpleNamespace(sampler_state=lambda: {"at": 1}),
-                             health=SimpleNamespace(find_lost=no_loss))
+                             health=SimpleNamespace(find_lost=no_loss),
+                             cfg=SimpleNamespace(runner=SimpleNamespace(keep_checkpoints=1)))
     runner.resume_hint = lambda: Runner.resume_hint(runner)
     runner.save = lambda step: Runner.save(runner, step)
     return runner
