@@ -64,6 +64,8 @@ class PolicyOptimizer:
             ),
             [model],
         )
+        # made here, where every rank is (a collective at its first use), for `_summary` on the last stage alone
+        self.dp_group = dp_object_group()
         self.steps_taken = 0
         self.terms: list[LossTerms] = []
         self.micro_batches = 0
@@ -100,7 +102,7 @@ class PolicyOptimizer:
             gathered: list[Any] = [local]
             if dp_size > 1:  # one replica: nothing to gather (saves pickling every metric each step)
                 gathered = [None] * dp_size
-                dist.all_gather_object(gathered, local, group=dp_object_group())
+                dist.all_gather_object(gathered, local, group=self.dp_group)
             terms = [g[0] for g in gathered if g[0] is not None]
             merged = merge(terms) if terms else None
             summary = {

@@ -7,36 +7,39 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-# How long a rank may wait in a host-side collective of its replica: as long as a stage waits for its first input
-# (a whole generation, at the step's start). A lost peer fails it at once (its connections close).
+# How long a rank may wait in a host-side collective of its replica or of its data-parallel group: as long as a
+# stage waits for its first input (a whole generation, at the step's start), or a replica whose mini-batch is
+# complete waits in the step's vote for the slowest one (long generations, dynamic sampling). Megatron's own groups,
+# gloo ones included, fail after 30 minutes. A lost peer fails a wait at once (its connections close).
 OBJECT_GROUP_TIMEOUT = timedelta(hours=24)
-_mp_object_groups: list[Any] = []  # [Megatron's model-parallel group, its gloo twin] once made
+_object_twins: dict[str, tuple[Any, Any]] = {}  # "dp" / "mp" -> (Megatron's group, its gloo twin) once made
 
 
 def dp_object_group() -> Any:
-    """The data-parallel group for host-side collectives (pickled objects, votes): its gloo twin when Megatron made
-    one (no device copies)."""
+    """The data-parallel group for host-side collectives (pickled metrics, the replicas' votes): a gloo twin of
+    Megatron's with `OBJECT_GROUP_TIMEOUT` (`object_twin`)."""
     from megatron.core import parallel_state as ps
 
-    try:
-        group = ps.get_data_parallel_group_gloo()
-    except (AssertionError, RuntimeError):
-        group = None
-    return group if group is not None else ps.get_data_parallel_group()
+    return object_twin("dp", ps.get_data_parallel_group())
 
 
 def mp_object_group() -> Any:
-    """The model-parallel group for host-side collectives (the input a replica's ranks share, pickled objects): its
-    gloo twin where Megatron's is NCCL. Waiting there costs no GPU: an NCCL receive runs a kernel that spins on
-    the GPU until its sender posts (beside engines generating on shared GPUs, outside the device locks) and fails
-    after the group's 30 minutes. Collective over the world at its first use: every rank makes every twin."""
-    import torch.distributed as dist
+    """The model-parallel group for host-side collectives (the input a replica's ranks share, pickled objects): a
+    gloo twin of Megatron's with `OBJECT_GROUP_TIMEOUT` (`object_twin`). Waiting there costs no GPU: an NCCL
+    receive runs a kernel that spins on the GPU until its sender posts (beside engines generating on shared GPUs,
+    outside the device locks)."""
     from megatron.core import parallel_state as ps
 
-    group = ps.get_model_parallel_group()
-    if dist.get_backend(group) == "gloo":
-        return group
-    if not _mp_object_groups or _mp_object_groups[0] is not group:
+    return object_twin("mp", ps.get_model_parallel_group())
+
+
+def object_twin(kind: str, group: Any) -> Any:
+    """A gloo group of the ranks of this rank's `group` that waits up to `OBJECT_GROUP_TIMEOUT`, made once per
+    `kind` and group. Collective over the world at its first use: every rank makes every twin of that kind."""
+    import torch.distributed as dist
+
+    made = _object_twins.get(kind)
+    if made is None or made[0] is not group:
         everyone: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, dist.get_process_group_ranks(group))
         mine = None
@@ -44,8 +47,8 @@ def mp_object_group() -> Any:
             twin = dist.new_group(list(ranks), backend="gloo", timeout=OBJECT_GROUP_TIMEOUT)
             if dist.get_rank() in ranks:
                 mine = twin
-        _mp_object_groups[:] = [group, mine]
-    return _mp_object_groups[1]
+        _object_twins[kind] = made = (group, mine)
+    return made[1]
 
 
 @dataclass(frozen=True)
