@@ -11,7 +11,14 @@ Transports: `object_store` (Ray's object store; `weights.object_store`) and `bro
 engines may use the layout without them.
 """
 
-from rlinf_pipe.weights.api import LoadBucket, LoadedWeights, WeightReceiver, WeightSender, WeightVersion
+from rlinf_pipe.weights.api import (
+    LoadBucket,
+    LoadedWeights,
+    WeightReceiver,
+    WeightSender,
+    WeightVersion,
+    publish_whole,
+)
 from rlinf_pipe.weights.checks import WeightSyncError, check_version
 from rlinf_pipe.weights.layout import NamedTensors, WeightLayout, check_layout, plan_weight_layout
 
@@ -27,4 +34,5 @@ __all__ = [
     "check_layout",
     "check_version",
     "plan_weight_layout",
+    "publish_whole",
 ]

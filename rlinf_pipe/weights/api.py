@@ -70,6 +70,19 @@ class WeightSender(ABC):
         the layout has trailers)."""
 
 
+def publish_whole(sender: WeightSender, version: int, tensors: Iterable[tuple[str, torch.Tensor]],
+                  checksum: bool = False) -> WeightVersion:
+    """`sender.publish(version, tensors, checksum)`, after which the rest of `tensors` is drawn whatever happened:
+    a stream gathered from model-parallel peers is a collective that every rank must take to its end (a send that
+    failed or was cancelled part-way would leave this rank's next collective paired with the peers' last ones)."""
+    stream = iter(tensors)
+    try:
+        return sender.publish(version, stream, checksum)
+    finally:
+        for _ in stream:
+            pass
+
+
 class WeightReceiver(ABC):
     """The receiving end of a transport, on an engine or log-prob worker."""
 

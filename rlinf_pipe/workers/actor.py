@@ -31,7 +31,7 @@ from rlinf_pipe.models.megatron_gpt import init_model_parallel
 from rlinf_pipe.scheduler.channel import Channel
 from rlinf_pipe.scheduler.worker import Worker
 from rlinf_pipe.utils.device_memory import hand_back_cached_memory
-from rlinf_pipe.weights import WeightLayout, WeightSender, WeightVersion, plan_weight_layout
+from rlinf_pipe.weights import WeightLayout, WeightSender, WeightVersion, plan_weight_layout, publish_whole
 from rlinf_pipe.weights.process_group import Rendezvous
 from rlinf_pipe.weights.transports import Transport, open_sender
 from rlinf_pipe.workers.logprob_stage import LogprobStage, pad_token_id, policy_options, train_routing
@@ -296,7 +296,7 @@ class ActorWorker(Worker):
                     for _ in tensors:
                         pass
                     return None
-                published = self.sender.publish(version, tensors, checksum)
+                published = publish_whole(self.sender, version, tensors, checksum)
                 args["bytes"] = published.num_bytes
                 return published
 

@@ -22,7 +22,14 @@ from support.weights import make_arch, random_weights
 
 from rlinf_pipe.models.weight_map import hf_weight_groups, hf_weight_names, hf_weight_shape
 from rlinf_pipe.utils.net import free_port
-from rlinf_pipe.weights import LoadedWeights, WeightSyncError, WeightVersion, plan_weight_layout
+from rlinf_pipe.weights import (
+    LoadedWeights,
+    WeightSender,
+    WeightSyncError,
+    WeightVersion,
+    plan_weight_layout,
+    publish_whole,
+)
 from rlinf_pipe.weights.process_group import Rendezvous
 from rlinf_pipe.weights.layout import TRAILER_BYTES
 from rlinf_pipe.weights.record import FINGERPRINT_VALUES, check_loaded
@@ -372,3 +379,40 @@ def test_an_nccl_receiver_synchronises_every_bucket_off_its_event_loop(monkeypat
     loop_thread = asyncio.run(receive())
     assert loaded == list(range(1, len(layout.buckets) + 1))
     assert all(device == member.device and thread != loop_thread for device, thread in _NcclStream.calls)
+
+
+class _FailsAfter(WeightSender):
+    """A sender that takes `take` tensors of the stream, then fails (a lost receiver, a cancelled send)."""
+
+    transport = "test"
+
+    def __init__(self, take: int):
+        self.take = take
+
+    def publish(self, version, tensors, checksum=False):
+        stream = iter(tensors)
+        for _ in range(self.take):
+            next(stream)
+        raise WeightSyncError("weight transfer abandoned: a member of the weight group was lost")
+
+
+def test_a_send_that_fails_part_way_still_takes_the_gathered_stream_to_its_end():
+    """The actor's stream is a collective over its TP / PP peers (they gather and send every unit): the sending
+    rank draws the rest after a failed send, or its next collective would pair with the peers' last ones."""
+    drawn: list[str] = []
+
+    def gathered() -> Iterator[tuple[str, torch.Tensor]]:
+        for name in ["embed", "layer0", "layer1", "norm"]:
+            drawn.append(name)  # (a collective with the peers, in the real stream)
+            yield name, torch.zeros(1)
+
+    with pytest.raises(WeightSyncError, match="abandoned"):
+        publish_whole(_FailsAfter(2), 7, gathered())
+    assert drawn == ["embed", "layer0", "layer1", "norm"]
+
+    def broken() -> Iterator[tuple[str, torch.Tensor]]:  # a stream that fails itself is not drawn again
+        yield "embed", torch.zeros(1)
+        raise RuntimeError("gather failed")
+
+    with pytest.raises(RuntimeError, match="gather failed"):
+        publish_whole(_FailsAfter(5), 7, broken())
