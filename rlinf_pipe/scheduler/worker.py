@@ -18,7 +18,7 @@ import ray
 
 from rlinf_pipe.errors import ClusterError
 from rlinf_pipe.utils.compute_thread import ComputeThread, compute_thread
-from rlinf_pipe.utils.net import free_port, gloo_interface_env
+from rlinf_pipe.utils.net import free_port, socket_interface_env
 from rlinf_pipe.utils.profiling import ProfileResult, StepProfiler
 from rlinf_pipe.utils.tracing import Span, Tracer
 
@@ -164,7 +164,7 @@ class Worker:
     def __init__(self) -> None:
         claim_devices()
         self.info = read_worker_info()
-        os.environ.update(gloo_interface_env(self.info.ip, os.environ))  # before any gloo group (ours, Megatron's)
+        os.environ.update(socket_interface_env(self.info.ip, os.environ))  # before any group (ours, Megatron's)
         self.owner = f"{self.info.group}/{self.info.rank}"  # this worker's name in locks and on the timeline
         self.tracer = Tracer(self.owner, self.info.global_gpus)
         self.profiler = StepProfiler()

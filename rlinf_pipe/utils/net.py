@@ -15,6 +15,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 GLOO_IFNAME_ENV = "GLOO_SOCKET_IFNAME"
+NCCL_IFNAME_ENV = "NCCL_SOCKET_IFNAME"
 
 
 def _ips(addresses: Sequence[str]) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
@@ -51,16 +52,20 @@ def gloo_address(addresses: Sequence[str]) -> str | None:
     return None if chosen is None else str(chosen)
 
 
-def gloo_interface_env(node_ip: str, env: Mapping[str, str],
-                       interfaces: Mapping[str, Sequence[str]] | None = None) -> dict[str, str]:
-    """`GLOO_SOCKET_IFNAME` for a worker on the node Ray knows as `node_ip`: the interface holding that IP, the
-    address the other nodes reach this one at. Unset, gloo takes the address the host name resolves to, which
-    on many machines (`127.0.1.1 <hostname>` in /etc/hosts) is loopback: the ranks on other nodes cannot connect
-    to it, and a gloo group across nodes (Megatron's data-parallel ones among them) waits until its timeout.
-    Named, gloo binds the interface's first address (`gloo_address`), so it is named only where that is `node_ip`
-    (not for a second address, an IPv6 node IP beside IPv4 ones, or a loopback interface). Empty (nothing to set)
-    when already set, when `node_ip` is loopback, or when no interface here binds it so."""
-    if env.get(GLOO_IFNAME_ENV) or ipaddress.ip_address(node_ip).is_loopback:
+def socket_interface_env(node_ip: str, env: Mapping[str, str],
+                         interfaces: Mapping[str, Sequence[str]] | None = None) -> dict[str, str]:
+    """`GLOO_SOCKET_IFNAME` and `NCCL_SOCKET_IFNAME` for a worker on the node Ray knows as `node_ip`: the interface
+    holding that IP, the address the other nodes reach this one at (each unless already set). Unset, gloo takes the
+    address the host name resolves to, which on many machines (`127.0.1.1 <hostname>` in /etc/hosts) is loopback:
+    the ranks on other nodes cannot connect to it, and a gloo group across nodes (Megatron's data-parallel ones
+    among them) waits until its timeout; NCCL takes the first interface that is not loopback or docker's, which on
+    hosts with a virtual bridge (`virbr0`) or a management NIC listed first is one the other nodes may not reach
+    (its bootstrap, and its data where no InfiniBand carries it, go there). Named, gloo binds the interface's first
+    address (`gloo_address`), so it is named only where that is `node_ip` (not for a second address, an IPv6 node
+    IP beside IPv4 ones, or a loopback interface). Empty (nothing to set) when both are set, when `node_ip` is
+    loopback, or when no interface here binds it so."""
+    unset = [key for key in (GLOO_IFNAME_ENV, NCCL_IFNAME_ENV) if not env.get(key)]
+    if not unset or ipaddress.ip_address(node_ip).is_loopback:
         return {}
     if interfaces is None:
         interfaces = local_interfaces()
@@ -69,4 +74,4 @@ def gloo_interface_env(node_ip: str, env: Mapping[str, str],
         return {}
     if any(ip.is_loopback for ip in _ips(interfaces[name])):  # (a node IP added to `lo`: other nodes route to it,
         return {}                                              # but gloo would take 127.0.0.1)
-    return {GLOO_IFNAME_ENV: name}
+    return dict.fromkeys(unset, name)

@@ -19,7 +19,7 @@ from rlinf_pipe.scheduler.node_paths import NodePath, check_node_paths
 from rlinf_pipe.scheduler.placement import plan_placement
 from rlinf_pipe.scheduler.worker import Worker
 from rlinf_pipe.scheduler.worker_group import WorkerGroup
-from rlinf_pipe.utils.net import GLOO_IFNAME_ENV, gloo_interface_env
+from rlinf_pipe.utils.net import GLOO_IFNAME_ENV, NCCL_IFNAME_ENV, socket_interface_env
 
 # Worker classes below are shipped to Ray workers by value (the tests folder is not importable there).
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -145,8 +145,9 @@ def test_gloo_all_reduce_across_nodes(actor_group):
     infos = actor_group.infos()
     assert [i.node_rank for i in infos] == [0, 0, 1, 1]
     assert [i.cuda_visible_devices for i in infos] == ["6", "7", "0", "1"]
-    expected = [gloo_interface_env(i.ip, {}).get(GLOO_IFNAME_ENV) for i in infos]
+    expected = [socket_interface_env(i.ip, {}).get(GLOO_IFNAME_ENV) for i in infos]
     assert actor_group.all.env(GLOO_IFNAME_ENV).wait() == expected
+    assert actor_group.all.env(NCCL_IFNAME_ENV).wait() == expected  # NCCL's bootstrap on the same interface
     assert all(expected) or ipaddress.ip_address(infos[0].ip).is_loopback
 
 

@@ -1,12 +1,13 @@
-"""GLOO_SOCKET_IFNAME from a node's Ray IP: gloo would otherwise bind to what the host name resolves to, often
-loopback (`127.0.1.1 <hostname>`), which ranks on other nodes cannot reach."""
+"""GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME from a node's Ray IP: gloo would otherwise bind to what the host name
+resolves to, often loopback (`127.0.1.1 <hostname>`), and NCCL to the first interface not loopback or docker's (a
+virtual bridge, a management NIC), which ranks on other nodes may not reach."""
 
 from __future__ import annotations
 
 import psutil
 import pytest
 
-from rlinf_pipe.utils.net import GLOO_IFNAME_ENV, gloo_interface_env, interface_of
+from rlinf_pipe.utils.net import GLOO_IFNAME_ENV, NCCL_IFNAME_ENV, interface_of, socket_interface_env
 
 # What psutil reports on a typical machine: loopback, the NIC Ray advertises, a container bridge.
 INTERFACES = {
@@ -26,11 +27,15 @@ def test_the_interface_holding_an_address(ip, name):
 
 
 def test_a_worker_uses_the_interface_of_its_node_ip_unless_told_otherwise():
-    assert gloo_interface_env("10.0.3.17", {}, INTERFACES) == {GLOO_IFNAME_ENV: "ens5"}
-    assert gloo_interface_env("fd00:1::7", {}, INTERFACES) == {GLOO_IFNAME_ENV: "ib0"}
-    assert gloo_interface_env("10.0.3.17", {GLOO_IFNAME_ENV: "ib0"}, INTERFACES) == {}  # the user's choice stays
-    assert gloo_interface_env("127.0.0.1", {}, INTERFACES) == {}  # one machine: whatever gloo picks works
-    assert gloo_interface_env("10.9.9.9", {}, INTERFACES) == {}  # not here (NAT): leave gloo's own choice
+    both = (GLOO_IFNAME_ENV, NCCL_IFNAME_ENV)
+    assert socket_interface_env("10.0.3.17", {}, INTERFACES) == dict.fromkeys(both, "ens5")
+    assert socket_interface_env("fd00:1::7", {}, INTERFACES) == dict.fromkeys(both, "ib0")
+    # the user's choices stay
+    assert socket_interface_env("10.0.3.17", {GLOO_IFNAME_ENV: "ib0"}, INTERFACES) == {NCCL_IFNAME_ENV: "ens5"}
+    assert socket_interface_env("10.0.3.17", {NCCL_IFNAME_ENV: "ib0"}, INTERFACES) == {GLOO_IFNAME_ENV: "ens5"}
+    assert socket_interface_env("10.0.3.17", dict.fromkeys(both, "ib0"), INTERFACES) == {}
+    assert socket_interface_env("127.0.0.1", {}, INTERFACES) == {}  # one machine: whatever gloo picks works
+    assert socket_interface_env("10.9.9.9", {}, INTERFACES) == {}  # not here (NAT): leave gloo's own choice
 
 
 @pytest.mark.parametrize(("ip", "interfaces"), [
@@ -41,7 +46,7 @@ def test_a_worker_uses_the_interface_of_its_node_ip_unless_told_otherwise():
 def test_no_interface_is_named_where_gloo_would_bind_another_address(ip, interfaces):
     """Named an interface, gloo binds its first IPv4 address, else its first IPv6 one, not the node IP: naming it
     there would move gloo off an address that may have worked (the host name resolving to the node IP)."""
-    assert interface_of(ip, interfaces) is not None and gloo_interface_env(ip, {}, interfaces) == {}
+    assert interface_of(ip, interfaces) is not None and socket_interface_env(ip, {}, interfaces) == {}
 
 
 def test_this_machines_interfaces_are_read_from_psutil():
