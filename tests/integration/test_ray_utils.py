@@ -155,6 +155,13 @@ def test_stop_ray_stops_its_own_node_and_nothing_else(cluster):  # the last test
     tmp, sessions = cluster["tmp"], cluster["sessions"]
     node_ids = {rank: next(tmp.glob(f"ray_node_{rank}_*.id")).read_text().strip() for rank in (0, 1)}
     assert all(_node_pids(node_id) for node_id in node_ids.values())
+    # Ray's processes (and so the workers) do not inherit the node's RANK under torch's name for a process's rank
+    for pid in [p for node_id in node_ids.values() for p in _node_pids(node_id)]:
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:  # (gone meanwhile)
+            continue
+        assert not any(e.startswith(b"RANK=") for e in environ), _command_lines([pid])
     rc, out = sessions.run(["bash", str(STOP)], _script_env(tmp, RANK="1", RAY_STOP_GRACE="3"), timeout=60)
     assert rc == 0 and re.search(r"Ray node rank 1 on \S+ stopped \([1-9]\d* processes\)", out), out
     assert not _node_pids(node_ids[1]) and _node_pids(node_ids[0])  # the other node (another Ray) lives on
