@@ -135,7 +135,11 @@ def reward_placement(placement: Placement) -> ComponentPlacement:
 def create_channels(plan: RunPlan, reward_processes: int) -> StepChannels:
     """The step's channels. Where a consumer starts only once its producer's phase ended (`RunPlan.buffers_steps`:
     GPUs taken in turns, the actor's log-probs before its training, rollout run ahead) they buffer a step unbounded.
-    Without a log-prob stage there is no scored channel: the reward workers feed the train channels."""
+    The train channels are always unbounded: a replica that has its mini-batch reads nothing while it waits in the
+    step's vote for the others, and a producer blocked on its channel would hold back, behind it, the groups the
+    others wait for (every producer feeds every replica). What they hold is bounded by the batches of the steps in
+    flight (`runner.max_staleness` + 1: the driver hands out a step's prompts only when it may begin). Without a log-prob stage there is no scored channel:
+    the reward workers feed the train channels."""
     run_id = uuid.uuid4().hex[:8]
     options: dict[str, Any] = {"shared_bytes": plan.channel_shared_bytes}
     if plan.buffers_steps:
@@ -148,7 +152,8 @@ def create_channels(plan: RunPlan, reward_processes: int) -> StepChannels:
                                 **options),
         scored=Channel.create(f"{run_id}-scored", ScoredGroup, num_producers=reward_processes, **options)
         if stage else None,
-        train=[Channel.create(f"{run_id}-train-{replica}", TrainBatch, num_producers=feeders, **options)
+        train=[Channel.create(f"{run_id}-train-{replica}", TrainBatch, num_producers=feeders,
+                              **{**options, "maxsize": None})
                for replica in range(plan.actor_dp)],
     )
 
