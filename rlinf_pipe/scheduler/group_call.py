@@ -106,7 +106,8 @@ class GroupCall:
                     f"{self.group.name} rank {member.rank} ({member.where()}) failed in its constructor: {last_line}"
                     f"\n--- remote traceback ---\n{remote}"
                 )
-            return WorkerLost(member.name, head, "died", remote)
+            said = self.group.last_output(member.rank)
+            return WorkerLost(member.name, head, "died", f"{remote}\n{said}" if said else remote)
         return WorkerError(f"{head} raised {type(exc.cause).__name__}: {exc.cause}\n--- remote traceback ---\n{remote}")
 
 

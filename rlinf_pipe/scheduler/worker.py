@@ -18,6 +18,7 @@ import ray
 
 from rlinf_pipe.errors import ClusterError
 from rlinf_pipe.utils.compute_thread import ComputeThread, compute_thread
+from rlinf_pipe.scheduler.last_output import stderr_file
 from rlinf_pipe.utils.net import free_port, socket_interface_env
 from rlinf_pipe.utils.profiling import ProfileResult, StepProfiler
 from rlinf_pipe.utils.tracing import Span, Tracer
@@ -45,6 +46,7 @@ class WorkerInfo:
     pid: int
     node_id: str
     cuda_visible_devices: str | None
+    output: str = ""  # the file its standard error goes to (`last_output.stderr_file`)
 
 
 def placement_env(group: str, rank: int, world_size: int, node_rank: int, local_gpus, global_gpus) -> dict[str, str]:
@@ -113,6 +115,7 @@ def read_worker_info() -> WorkerInfo:
         pid=os.getpid(),
         node_id=ray.get_runtime_context().get_node_id(),
         cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
+        output=stderr_file(),
     )
 
 

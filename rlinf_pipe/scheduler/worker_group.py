@@ -31,6 +31,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from rlinf_pipe.errors import ClusterError, WorkerError, WorkerLost
 from rlinf_pipe.scheduler.cluster import Cluster
 from rlinf_pipe.scheduler.group_call import ANSI_ESCAPES, GroupCall, Member, Verb
+from rlinf_pipe.scheduler.last_output import output_tail
 from rlinf_pipe.scheduler.placement import ComponentPlacement, ProcessPlacement
 from rlinf_pipe.scheduler.worker import CONTROL_GROUP, Worker, WorkerInfo, placement_env, rendezvous_env
 from rlinf_pipe.utils.net import free_port
@@ -82,6 +83,7 @@ class WorkerGroup(Generic[W]):
                  recipe: _Recipe | None = None):
         self.name, self.placement, self._members, self._recipe = name, placement, members, recipe
         self._calls: list[tuple[Member, Any]] = []  # calls made through the verbs, not known to be finished
+        self._infos: dict[int, WorkerInfo] = {}  # each rank's, once it was ready
 
     @classmethod
     def launch(
@@ -174,7 +176,7 @@ class WorkerGroup(Generic[W]):
         try:
             started = {m.rank: m for m in self._start_members(procs, args, kwargs)}
             self._members = [started.get(m.rank, m) for m in self._members]
-            self.some(ranks).worker_info().wait()
+            self._infos.update(zip(ranks, self.some(ranks).worker_info().wait(), strict=True))
         except (ClusterError, WorkerError):
             self.shutdown()
             raise
@@ -223,7 +225,7 @@ class WorkerGroup(Generic[W]):
         """Wait until every rank's constructor finished. A rank failing there raises a `WorkerError` naming it, and
         the group's other actors are stopped (none is left waiting in the rendezvous)."""
         try:
-            self.all.worker_info().wait()
+            self._infos = dict(enumerate(self.all.worker_info().wait()))
         except WorkerError:
             self.shutdown()
             raise
@@ -329,10 +331,17 @@ class WorkerGroup(Generic[W]):
                                   f"alive but no answer to a heartbeat within {timeout_s:g} s (stopped, or stuck "
                                   "holding the Python interpreter lock)")
             except (RayActorError, RayTaskError) as exc:
-                return WorkerLost(member.name, where, "died", ANSI_ESCAPES.sub("", str(exc)).strip().splitlines()[0])
+                first = ANSI_ESCAPES.sub("", str(exc)).strip().splitlines()[0]
+                said = self.last_output(member.rank)
+                return WorkerLost(member.name, where, "died", f"{first}\n{said}" if said else first)
             return None
 
         return [lost for lost in await asyncio.gather(*(probe(m) for m in self._members)) if lost is not None]
+
+    def last_output(self, rank: int) -> str:
+        """What rank `rank` printed last (`last_output.output_tail`), for the error of a rank that died."""
+        info = self._infos.get(rank)
+        return "" if info is None else output_tail(info.output, f"node {info.node_rank} ({info.ip})")
 
     def shutdown(self, wait_s: float = 0.0, grace_s: float = 0.0) -> None:
         """Kill every rank; with `grace_s`, each first releases what a killed process would leave behind

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import os
 import sys
@@ -56,6 +57,10 @@ class Probe(Worker):
         return float(values.sum())
 
     def crash(self) -> None:
+        """Die without an exception of its own, after a last word (as SGLang's scheduler writes its traceback to
+        the output the worker shares with it before it ends the worker)."""
+        sys.stderr.write("Scheduler hit an exception: torch.OutOfMemoryError: CUDA out of memory\n")
+        sys.stderr.flush()
         os._exit(3)
 
     def hold(self, seconds: float) -> int:
@@ -218,7 +223,13 @@ def test_dead_worker_is_reported_by_name(cluster):
         with pytest.raises(WorkerError) as info:
             group.rank(1).crash().wait()
         assert "worker rlinf_pipe:fragile:1 died" in str(info.value) and "node 0, GPUs 3" in str(info.value)
+        # the last lines it printed (its Ray log file, readable here: the same machine)
+        said = str(info.value).split("--- the last lines of its output (", 1)[1]
+        assert said.splitlines()[-1] == "Scheduler hit an exception: torch.OutOfMemoryError: CUDA out of memory"
         assert group.alive() == [True, False]
+        # the heartbeat's report of the same loss says it too
+        (lost,) = asyncio.run(group.unhealthy(timeout_s=10))
+        assert lost.how == "died" and str(lost).endswith("CUDA out of memory")
     finally:
         group.shutdown()
 
