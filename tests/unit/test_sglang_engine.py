@@ -12,6 +12,7 @@ import logging
 import os
 import pickle
 import signal
+import socket
 import sys
 import types
 from pathlib import Path
@@ -146,6 +147,23 @@ def _free_pair_of_store_ports() -> int:
         if nccl_port_for(gpu) is not None and nccl_port_for(gpu + 1) is not None:
             return gpu
     raise AssertionError("no two free ports above NCCL_PORT_BASE")
+
+
+def test_a_store_port_left_in_time_wait_by_a_killed_engine_is_taken_again() -> None:
+    """A relaunched engine's port still has the killed one's connections in TIME_WAIT (a minute on Linux): it is free
+    for the store (which binds with SO_REUSEADDR), so the engine takes it rather than drawing at random."""
+    gpu = _free_pair_of_store_ports()
+    port = NCCL_PORT_BASE + gpu
+    listener = socket.create_server(("0.0.0.0", port), reuse_port=False)
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = listener.accept()
+    accepted.close()  # the listening side closes first: its end of the connection stays in TIME_WAIT on `port`
+    client.close()
+    assert nccl_port_for(gpu) is None  # (a listener there: taken)
+    listener.close()
+    with socket.socket() as plain, pytest.raises(OSError):  # what the probe without SO_REUSEADDR ran into
+        plain.bind(("0.0.0.0", port))
+    assert nccl_port_for(gpu) == port
 
 
 async def test_engines_on_one_node_take_the_store_port_of_their_first_gpu(model_path: Path) -> None:

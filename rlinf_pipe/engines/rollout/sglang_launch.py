@@ -51,12 +51,15 @@ fail to start. Each engine takes this base plus its first GPU's index on the nod
 
 def nccl_port_for(first_gpu: int | None) -> int | None:
     """The torch.distributed port of the engine whose first GPU is `first_gpu` (index on its node), if free now;
-    None (sglang draws one) without a GPU index or when another process holds that port."""
+    None (sglang draws one) without a GPU index or when another process listens there. Connections a killed engine
+    left in TIME_WAIT on it do not count (`SO_REUSEADDR`, as sglang's own check and torch's store bind): else a
+    relaunched engine would draw at random, the clash this port avoids."""
     if first_gpu is None:
         return None
     port = NCCL_PORT_BASE + first_gpu
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # (IPv4: the store binds that side, as sglang
-        try:                                                           # checks it)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)    # checks it)
+        try:
             sock.bind(("0.0.0.0", port))
         except OSError:
             return None

@@ -62,10 +62,12 @@ def _ensure_event_loop() -> asyncio.AbstractEventLoop:
 
 # The scheduler process: its death signal set (PR_SET_PDEATHSIG = 1, as sglang's `kill_itself_when_parent_died`),
 # it listens on its torch.distributed store's port (TP rank 0's TCPStore, at `nccl_port`), says so and waits until
-# its stdin closes (the engine's shutdown) or the signal comes.
+# its stdin closes (the engine's shutdown) or the signal comes. The store binds with SO_REUSEADDR, as torch's
+# (libuv's bind sets it): connections left in TIME_WAIT by a killed engine do not keep it off its port.
 _SCHEDULER_PROCESS = ("import ctypes, signal, socket, sys\n"
                       "ctypes.CDLL(None).prctl(1, signal.SIGKILL)\n"
                       "store = socket.socket()\n"
+                      "store.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
                       "try:\n"
                       "    store.bind(('0.0.0.0', int(sys.argv[1]))); store.listen()\n"
                       "except OSError:\n"
