@@ -68,11 +68,13 @@ def _blocks(keys: list[Any], counts: list[int], min_rows: int) -> Sharing:
 
 def shared_prompts(input_ids: Tensor, response_mask: Tensor, min_rows: int = 2) -> Sharing:
     """Which rows of a micro-batch share their first tokens: a row's prompt (the tokens before its first response
-    token) but its last token, with every row of the same prompt once at least `min_rows` rows have it. Per row,
-    the first row of its prompt and the count of shared tokens (an unshared row: itself and 0)."""
+    token) but its last token, with every row of the same whole prompt once at least `min_rows` rows have it. Per
+    row, the first row of its prompt and the count of shared tokens (an unshared row: itself and 0). Rows whose
+    prompts differ only in their last token share nothing: the token after a shared prefix is predicted once, for
+    the block's first row (`unpack_predicted`)."""
     starts = torch.where(response_mask.any(dim=1), response_mask.int().argmax(dim=1), 0).tolist()
-    keys = [tuple(row[: max(start - 1, 0)]) for row, start in zip(input_ids.tolist(), starts, strict=True)]
-    return _blocks(keys, [len(key) for key in keys], min_rows)
+    keys = [tuple(row[:start]) for row, start in zip(input_ids.tolist(), starts, strict=True)]
+    return _blocks(keys, [max(len(key) - 1, 0) for key in keys], min_rows)
 
 
 def shared_within(shared: Sharing, rows: range, min_rows: int = 2) -> Sharing:

@@ -82,6 +82,13 @@ def _grouped(prompts: list[list[int]], responses: list[tuple[int, list[int]]]) -
     return ids, response
 
 
+def test_prompts_that_differ_only_in_their_last_token_share_nothing():
+    """Their first tokens are equal, but the stream predicts the token after a shared prefix once (found by the
+    property test below: the second row's prompt token after the prefix got the first row's value)."""
+    ids, response = _grouped([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 2]], [(0, [1]), (1, [1]), (1, [3])])
+    assert shared_prompts(ids, response) == [(0, 0), (1, 5), (1, 5)]
+
+
 def test_rows_of_one_prompt_share_it_but_its_last_token():
     ids, response = _grouped([[5, 6, 7], [8, 9]], [(0, [1, 2]), (1, [3]), (0, [4]), (1, [5, 6])])
     shared = shared_prompts(ids, response)
