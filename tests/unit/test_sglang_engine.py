@@ -11,13 +11,16 @@ import io
 import logging
 import os
 import pickle
+import re
 import signal
 import socket
+import subprocess
 import sys
 import types
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+import psutil
 import pytest
 import torch
 from support import sglang_standin
@@ -26,6 +29,7 @@ from support.weights import random_weights
 from transformers import AutoModelForCausalLM
 
 from rlinf_pipe.engines.rollout import EngineAsleepError, GenerateRequest, GenerateResult, RolloutEngine, SamplingParams
+from rlinf_pipe.engines.rollout import sglang_leftovers
 from rlinf_pipe.engines.rollout.engine import sample_seed
 from rlinf_pipe.engines.rollout.sglang_engine import SGLangEngine, SGLangError
 from rlinf_pipe.engines.rollout.sglang_launch import (
@@ -64,6 +68,15 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def llama_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ensure_tiny_model(tmp_path_factory.mktemp("models"), arch="llama")
+
+
+@pytest.fixture(autouse=True)
+def engine_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the engines record their processes (`sglang_leftovers`): the test's own folder; an engine waits at most
+    a second for an earlier one's (tests run engines side by side on one GPU index)."""
+    monkeypatch.setattr(sglang_leftovers, "RECORD_DIR", tmp_path / "records")
+    monkeypatch.setattr(sglang_leftovers, "LEFTOVER_WAIT_S", 1.0)
+    return tmp_path / "records"
 
 
 def make_engine(path: Path, **kwargs: Any) -> SGLangEngine:
@@ -164,6 +177,43 @@ def test_a_store_port_left_in_time_wait_by_a_killed_engine_is_taken_again() -> N
     with socket.socket() as plain, pytest.raises(OSError):  # what the probe without SO_REUSEADDR ran into
         plain.bind(("0.0.0.0", port))
     assert nccl_port_for(gpu) == port
+
+
+def test_an_engine_waits_for_the_processes_of_the_last_engine_on_its_gpu(model_path: Path, caplog) -> None:
+    """A relaunched engine starts while the killed one's processes may still be dying (holding GPU memory): it
+    waits for the processes the last engine on its first GPU recorded, then warns and starts anyway."""
+    gpu = _free_pair_of_store_ports()
+    first = make_engine(model_path, first_gpu=gpu)
+    scheduler = standin(first).scheduler.process.pid
+    assert scheduler in [pid for pid, _ in _recorded(gpu)]
+    with caplog.at_level(logging.WARNING, logger=sglang_leftovers.__name__):
+        second = make_engine(model_path, first_gpu=gpu)  # the first still runs: waited for, in vain
+    waited = re.search(rf"the processes \[([\d, ]+)\] of an earlier SGLang engine on GPU {gpu} are still running",
+                       caplog.text)
+    assert waited and scheduler in [int(pid) for pid in waited.group(1).split(", ")]  # (with this process's others)
+    first.shutdown()
+    second_scheduler = standin(second).scheduler.process.pid
+    second.shutdown()  # its processes end: the next engine there has nothing of theirs to wait for
+    ours = [(pid, started) for pid, started in _recorded(gpu) if pid in (scheduler, second_scheduler)]
+    assert second_scheduler in [pid for pid, _ in ours]  # (the first's too: this process is the parent of both)
+    assert sglang_leftovers.wait_for_exit(ours, timeout_s=30) == []
+
+
+def test_a_recorded_pid_now_held_by_another_process_is_not_waited_for() -> None:
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = psutil.Process(sleeper.pid).create_time()
+        assert sglang_leftovers.wait_for_exit([(sleeper.pid, started)], timeout_s=0.2) == [sleeper.pid]
+        assert sglang_leftovers.wait_for_exit([(sleeper.pid, started - 5.0)], timeout_s=30) == []  # another process
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert sglang_leftovers.wait_for_exit([(sleeper.pid, started)], timeout_s=30) == []
+
+
+def _recorded(gpu: int) -> list[tuple[int, float]]:
+    lines = sglang_leftovers.record_path(gpu).read_text().splitlines()
+    return [(int(pid), float(started)) for pid, started in (line.split() for line in lines)]
 
 
 async def test_engines_on_one_node_take_the_store_port_of_their_first_gpu(model_path: Path) -> None:

@@ -58,6 +58,7 @@ from rlinf_pipe.engines.rollout.sglang_launch import (
     server_args,
     without_expandable_segments,
 )
+from rlinf_pipe.engines.rollout.sglang_leftovers import record_children, wait_for_leftovers
 from rlinf_pipe.utils.device_memory import hand_back_cached_memory
 from rlinf_pipe.utils.futures import mark_retrieved
 from rlinf_pipe.weights import LoadBucket, WeightLayout, WeightReceiver, WeightVersion
@@ -119,7 +120,11 @@ class SGLangEngine:
                                        nccl_port=nccl_port_for(first_gpu))
         if ALLOC_CONF in os.environ:  # (this process runs the engine only: its schedulers inherit the setting)
             os.environ[ALLOC_CONF] = without_expandable_segments(os.environ[ALLOC_CONF])
+        if first_gpu is not None:  # a killed engine's processes there may still hold GPU memory
+            wait_for_leftovers(first_gpu)
         self._engine_thread = EngineThread(api.Engine, self.server_args)
+        if first_gpu is not None:
+            record_children(first_gpu)
         self.engine = self._engine_thread.engine
         self.tm = self.engine.tokenizer_manager
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))

@@ -1,0 +1,70 @@
+"""The processes a previous SGLang engine left on the same GPUs, waited for before a new engine is built there.
+
+A relaunched rollout worker starts while the killed one's scheduler and detokenizer processes may still be dying:
+they die by their parent-death signal, asynchronously, and hold their GPU memory until the driver has torn their
+CUDA context down (seconds; sglang's own restarts wait up to a minute). A new engine that measures the free memory
+meanwhile sizes its KV cache on what they still hold, or finds too little and fails. So each engine records the
+processes under it (pid and start time, per first GPU, in a folder of this user's), and the next engine on that
+GPU waits until they are gone (`LEFTOVER_WAIT_S` at most, then warns and goes on).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+LEFTOVER_WAIT_S = 60.0
+RECORD_DIR = Path(tempfile.gettempdir()) / f"rlinf_pipe-{os.getuid()}"
+
+
+def record_path(first_gpu: int) -> Path:
+    return RECORD_DIR / f"sglang-gpu{first_gpu}.pids"
+
+
+def record_children(first_gpu: int) -> list[int]:
+    """Record this process's child processes (the engine's) as the ones an engine on `first_gpu` runs; their
+    pids."""
+    children = psutil.Process().children(recursive=True)
+    path = record_path(first_gpu)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text("".join(f"{c.pid} {c.create_time()!r}\n" for c in children))
+    partial.replace(path)
+    return [c.pid for c in children]
+
+
+def wait_for_exit(recorded: list[tuple[int, float]], timeout_s: float) -> list[int]:
+    """Wait up to `timeout_s` until the recorded processes (pid, start time) are gone; the pids still running. A pid
+    now held by another process (another start time) is not waited for."""
+    procs = []
+    for pid, started in recorded:
+        try:
+            proc = psutil.Process(pid)
+            if pid != os.getpid() and proc.create_time() == started:
+                procs.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    return [p.pid for p in alive]
+
+
+def wait_for_leftovers(first_gpu: int, timeout_s: float | None = None) -> list[int]:
+    """Before an engine starts on `first_gpu`: wait for the processes the last engine there recorded; the pids still
+    running after `timeout_s` (default `LEFTOVER_WAIT_S`; logged)."""
+    timeout_s = LEFTOVER_WAIT_S if timeout_s is None else timeout_s
+    try:
+        lines = record_path(first_gpu).read_text().split("\n")
+        recorded = [(int(pid), float(started)) for pid, started in (line.split() for line in lines if line.strip())]
+    except (OSError, ValueError):
+        return []
+    alive = wait_for_exit(recorded, timeout_s)
+    if alive:
+        log.warning("the processes %s of an earlier SGLang engine on GPU %d are still running after %g s; starting "
+                    "anyway (the new engine may find less free memory)", alive, first_gpu, timeout_s)
+    return alive
