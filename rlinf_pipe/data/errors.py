@@ -43,5 +43,19 @@ class MalformedDataError(DataError):
         more = f"\n  ... and {len(self.issues) - self.SHOWN} more" if len(self.issues) > self.SHOWN else ""
         super().__init__(
             f"{source}: {len(self.issues)} of {num_records} records are malformed:\n{shown}{more}\n"
-            "fix them, or set data.skip_malformed=true to skip malformed records"
+            + (_key_hint(self.issues, num_records) or "fix them, or set data.skip_malformed=true to skip malformed "
+                                                        "records")
         )
+
+
+def _key_hint(issues: Sequence[RecordIssue], num_records: int) -> str | None:
+    """Where every record lacks the same field: the config key that names it (skipping them would skip them all)."""
+    reasons = {issue.reason.split(" (record keys:")[0] for issue in issues}
+    if len(issues) != num_records or len(reasons) != 1:
+        return None
+    (reason,) = reasons
+    for kind in ("prompt", "answer"):
+        if reason.startswith(f"missing {kind} key "):
+            return (f"no record has that field: set data.{kind}_key to the field that holds the "
+                    f"{'problem' if kind == 'prompt' else 'reference answer'}")
+    return None

@@ -216,12 +216,32 @@ def driver_inputs(cfg: Config) -> DriverInputs:
     for path in dict.fromkeys((model_path, rollout_path)):
         check_context_length(cfg, path)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
+    check_round_trip(tokenizer, model_path)
     dataset = build_prompt_dataset(cfg.data, tokenizer, cfg.runner.seed)
     val_prompts: list[PromptItem] = []
     if cfg.runner.val_interval or cfg.runner.val_before_train:
         dataset, val_prompts = split_validation(cfg.data, tokenizer, cfg.runner.seed, dataset)
     return DriverInputs(model_path, rollout_path, build_sampler(cfg.data, dataset, cfg.runner.seed), val_prompts,
                         pad_id_of(tokenizer))
+
+
+ROUND_TRIP_PROBE = "What is 12 + 30? The answer is 42."
+
+
+def check_round_trip(tokenizer: Any, model_path: str) -> None:
+    """A `ConfigError` when the tokenizer does not give back the words it encodes. Some transformers 5 releases load
+    a ByteLevel tokenizer whose tokenizer_config.json names `LlamaTokenizerFast` (DeepSeek-R1-Distill-Qwen's) as
+    a Llama tokenizer that drops every space, silently: every prompt would be garbled."""
+    import transformers
+
+    back = tokenizer.decode(tokenizer(ROUND_TRIP_PROBE, add_special_tokens=False).input_ids)
+    if back.split() != ROUND_TRIP_PROBE.split():
+        raise ConfigError(
+            f"the tokenizer of {model_path} ({type(tokenizer).__name__}, transformers {transformers.__version__}) "
+            f"does not give back the text it encodes: {ROUND_TRIP_PROBE!r} -> {back!r}. Install a transformers that "
+            "loads it as its model type's tokenizer (5.19 and 5.24 do for Qwen2 models whose tokenizer_config.json "
+            "names LlamaTokenizerFast), or correct `tokenizer_class` in the folder's tokenizer_config.json"
+        )
 
 
 CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")

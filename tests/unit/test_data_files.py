@@ -99,6 +99,20 @@ def test_malformed_jsonl_is_fatal_by_default_with_file_and_line(tmp_path):
     assert [issue.location for issue in info.value.issues] == [f"{path}:{n}" for n in range(2, 8)]
 
 
+@pytest.mark.parametrize(("records", "hint"), [
+    ([{"problem": "1+1", "answer": "2"}] * 3, "no record has that field: set data.prompt_key to the field that holds "
+                                             "the problem"),
+    ([{"question": "1+1", "solution": "\\boxed{2}"}] * 3, "set data.answer_key to the field that holds the reference "
+                                                            "answer"),
+])
+def test_a_file_whose_every_record_lacks_the_field_names_the_key_to_set(tmp_path, records, hint):
+    """(A DeepScaleR- or MATH-style file: `problem` / `solution`.) Skipping malformed records would skip them all."""
+    path = write_jsonl(tmp_path / "other_fields.jsonl", [json.dumps(r) for r in records])
+    with pytest.raises(MalformedDataError) as info:
+        load_prompt_dataset(path)
+    assert hint in str(info.value) and "skip_malformed" not in str(info.value)
+
+
 def test_malformed_records_are_skipped_and_counted_when_asked(tmp_path, caplog):
     path = write_jsonl(tmp_path / "bad.jsonl", MALFORMED_JSONL)
     dataset = load_prompt_dataset(path, skip_malformed=True)

@@ -232,3 +232,24 @@ def test_each_node_checks_the_models_its_workers_read_and_the_actor_nodes_the_ru
         2: [("actor.model_path", "/m/actor", "model", ""),
             ("runner.output_dir", str(tmp_path / ".node-probe"), "shared", "tok")],
     }
+
+
+def test_a_tokenizer_that_drops_spaces_is_refused_before_launch():
+    """(Some transformers 5 releases load DeepSeek-R1-Distill-Qwen's ByteLevel tokenizer as a Llama one that drops
+    every space: every prompt garbled, silently.)"""
+    from rlinf_pipe.runner.components import check_round_trip
+
+    class SpaceDropping:
+        def __call__(self, text, add_special_tokens=True):
+            return type("Encoded", (), {"input_ids": list(text.replace(" ", "").encode())})()
+
+        def decode(self, ids):
+            return bytes(ids).decode()
+
+    with pytest.raises(ConfigError, match=r"does not give back the text it encodes: .* -> 'Whatis12\+30\?"):
+        check_round_trip(SpaceDropping(), "/models/r1")
+    from transformers import AutoTokenizer
+
+    from rlinf_pipe.models.tiny import ensure_tiny_model
+
+    check_round_trip(AutoTokenizer.from_pretrained(str(ensure_tiny_model())), "tiny")  # a sound one passes
