@@ -65,7 +65,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from rlinf_pipe.config import load_config
-    from rlinf_pipe.runner.components import run_model_path
+    from rlinf_pipe.runner.driver_inputs import run_model_path
 
     model = run_model_path("tiny", load_config())  # built and cached before anything is timed
     began = time.time()

@@ -270,6 +270,12 @@ class RewardConfig:
     answer_pattern: str | None = opt(
         None, "Regex whose group 1 is the answer, used when the response has no \\boxed{} (e.g. `#### (.+)`)."
     )
+    thinking: Literal["auto", "closed", "ignore"] = opt(
+        "auto", "Reasoning blocks. `auto`: only the text after a response's last `</think>` can hold the answer, a "
+        "`<think>` opened and never closed states none, a response with neither tag is read whole; where the chat "
+        "template opens the block in the prompt (DeepSeek-R1's), the run takes `closed`. `closed`: a response "
+        "without `</think>` (cut off while reasoning) states no answer. `ignore`: the whole response. See "
+        "docs/reward.md.")
 
 
 @dataclass

@@ -11,13 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from rlinf_pipe.config.schema import Config
-from rlinf_pipe.data.factory import build_prompt_dataset, build_sampler, split_validation
 from rlinf_pipe.data.sampler import PromptSampler
 from rlinf_pipe.data.structs import PromptItem, RolloutGroup, ScoredGroup, TrainBatch
 from rlinf_pipe.engines.rollout.factory import sampling_params
-from rlinf_pipe.errors import ConfigError
-from rlinf_pipe.models.resolve import resolve_model_path
 from rlinf_pipe.runner.cpu_shares import cpu_stages, node_procs
+from rlinf_pipe.runner.driver_inputs import DriverInputs, driver_inputs
 from rlinf_pipe.runner.plan import RunPlan, plan_run
 from rlinf_pipe.scheduler.channel import Channel
 from rlinf_pipe.scheduler.cluster import Cluster
@@ -116,15 +114,6 @@ class Components:
         self.cluster.shutdown()
 
 
-def run_model_path(name: str, cfg: Config) -> str:
-    """The model folder of a run (`resolve_model_path` with the run's data: `tiny` is the tiny model warm-started
-    on it, built once and cached); an unusable name is a `ConfigError`."""
-    try:
-        return str(resolve_model_path(name, data=cfg.data).resolve())  # absolute: workers start elsewhere
-    except ValueError as exc:
-        raise ConfigError(f"actor.model_path / rollout.model_path: {exc}") from None
-
-
 def reward_placement(placement: Placement) -> ComponentPlacement:
     """The reward component's placement; without a `reward:` key, one CPU process on the head node."""
     if "reward" in placement.components:
@@ -188,98 +177,6 @@ class GroupRecipes:
             return (cfg.rollout, self.rollout_path, sampling_params(cfg.rollout, cfg.algorithm.group_size),
                     cfg.runner.seed, channels.rollouts, locks, first), {}
         raise ValueError(f"no worker group {name!r}")
-
-
-@dataclass
-class DriverInputs:
-    """What the driver reads itself before it launches the workers: the model folders (the tiny model built on first
-    use), the prompts (training sampler and validation set) and the tokenizer's pad id."""
-
-    model_path: str
-    rollout_path: str
-    sampler: PromptSampler
-    val_prompts: list[PromptItem]
-    pad_token_id: int
-
-
-def driver_inputs(cfg: Config) -> DriverInputs:
-    """Resolve the model folders, load the tokenizer and build the prompt sets (a `ConfigError` or `DataError` for
-    unusable ones)."""
-    from transformers import AutoTokenizer
-
-    from rlinf_pipe.workers.logprob_stage import pad_id_of
-
-    model_path = run_model_path(cfg.actor.model_path, cfg)
-    rollout_path = model_path if cfg.rollout.model_path in (None, cfg.actor.model_path) else run_model_path(
-        cfg.rollout.model_path, cfg
-    )
-    for path in dict.fromkeys((model_path, rollout_path)):
-        check_context_length(cfg, path)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    check_round_trip(tokenizer, model_path)
-    dataset = build_prompt_dataset(cfg.data, tokenizer, cfg.runner.seed)
-    val_prompts: list[PromptItem] = []
-    if cfg.runner.val_interval or cfg.runner.val_before_train:
-        dataset, val_prompts = split_validation(cfg.data, tokenizer, cfg.runner.seed, dataset)
-    return DriverInputs(model_path, rollout_path, build_sampler(cfg.data, dataset, cfg.runner.seed), val_prompts,
-                        pad_id_of(tokenizer))
-
-
-ROUND_TRIP_PROBE = "What is 12 + 30? The answer is 42."
-
-
-def check_round_trip(tokenizer: Any, model_path: str) -> None:
-    """A `ConfigError` when the tokenizer does not give back the words it encodes. Some transformers 5 releases load
-    a ByteLevel tokenizer whose tokenizer_config.json names `LlamaTokenizerFast` (DeepSeek-R1-Distill-Qwen's) as
-    a Llama tokenizer that drops every space, silently: every prompt would be garbled."""
-    import transformers
-
-    back = tokenizer.decode(tokenizer(ROUND_TRIP_PROBE, add_special_tokens=False).input_ids)
-    if back.split() != ROUND_TRIP_PROBE.split():
-        raise ConfigError(
-            f"the tokenizer of {model_path} ({type(tokenizer).__name__}, transformers {transformers.__version__}) "
-            f"does not give back the text it encodes: {ROUND_TRIP_PROBE!r} -> {back!r}. Install a transformers that "
-            "loads it as its model type's tokenizer (5.19 and 5.24 do for Qwen2 models whose tokenizer_config.json "
-            "names LlamaTokenizerFast), or correct `tokenizer_class` in the folder's tokenizer_config.json"
-        )
-
-
-CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
-
-
-def context_length(hf_config: Any) -> int:
-    """A model's context in tokens as sglang 0.5.23 reads it from the HF config (`get_context_length`): the first of
-    `CONTEXT_KEYS` it has, times a `rope_scaling` factor unless the scaling names its original length or is
-    llama3's (whose `max_position_embeddings` is already the scaled one); 2048 when it has none of them."""
-    scaling = getattr(hf_config, "rope_scaling", None) or {}
-    factor = scaling.get("factor", 1)
-    if "original_max_position_embeddings" in scaling or scaling.get("rope_type") == "llama3":
-        factor = 1
-    for key in CONTEXT_KEYS:
-        if (value := getattr(hf_config, key, None)) is not None:
-            return int(factor * value)
-    return 2048
-
-
-def check_context_length(cfg: Config, model_path: str) -> None:
-    """The longest sample a run can make (the longest prompt it keeps and the longest response) must fit the
-    model's context (`context_length`) less the tokens sglang keeps spare (`SGLANG_SPARE_TOKENS`): beyond it SGLang
-    silently shortens each request's max_new_tokens, while the torch engine and Megatron go on at positions the
-    model never saw. A `ConfigError` names the keys."""
-    from transformers import AutoConfig
-
-    from rlinf_pipe.scheduler.memory import SGLANG_SPARE_TOKENS
-
-    context = context_length(AutoConfig.from_pretrained(model_path))
-    usable = context - SGLANG_SPARE_TOKENS
-    longest = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-    if longest > usable:
-        raise ConfigError(
-            f"data.max_prompt_length ({cfg.data.max_prompt_length}) + rollout.max_new_tokens "
-            f"({cfg.rollout.max_new_tokens}) = {longest} tokens does not fit the context of {model_path} ({context} "
-            f"tokens, from its config.json, of which SGLang keeps {SGLANG_SPARE_TOKENS} spare): lower one of them so "
-            f"that the sum is at most {usable}"
-        )
 
 
 def node_paths(plan: RunPlan, inputs: DriverInputs, run_dir: Path, token: str) -> dict[int, list[NodePath]]:

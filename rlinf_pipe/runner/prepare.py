@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlinf_pipe.config.schema import Config
-from rlinf_pipe.runner.components import DriverInputs, driver_inputs
+from rlinf_pipe.runner.driver_inputs import DriverInputs, driver_inputs
 from rlinf_pipe.runner.preflight import Preflight, preflight
 from rlinf_pipe.runner.run_dir import open_run_dir, write_config
 from rlinf_pipe.scheduler.memory import memory_report

@@ -264,3 +264,37 @@ def test_quick_score_decides_the_arithmetic_tasks_answers():
     assert quick_score("so \\boxed{13}.", "12", cfg) == ScoreResult(False, True, False, 0.0, "13")
     assert quick_score("no answer", "12", cfg) == ScoreResult(False, False, False, 0.0)
     assert quick_score("\\boxed{3/4}", "0.75", cfg) is None  # (sympy's part)
+
+
+R1_FINISHED = "Let me see, maybe \\boxed{4}? No: 2+3 is 5.\n</think>\n\nThe sum is \\boxed{5}."
+R1_CUT_OFF = "Let me see, maybe \\boxed{5}? Hmm, wait, let me double check that again and again"
+
+
+@pytest.mark.parametrize(("response", "thinking", "answer"), [
+    (R1_FINISHED, "auto", "5"),  # only the text after the reasoning: the floated guess 4 does not count
+    (R1_FINISHED, "closed", "5"),
+    ("<think>" + R1_FINISHED, "auto", "5"),  # a model that opens the block itself (Qwen3)
+    ("<think>" + R1_CUT_OFF, "auto", None),  # opened, never closed: cut off while reasoning
+    (R1_CUT_OFF, "closed", None),  # the prompt opened it (DeepSeek-R1's template): the same
+    (R1_CUT_OFF, "auto", "5"),  # no tags at all, prompts that open none: the whole response
+    (R1_CUT_OFF, "ignore", "5"),
+    ("</think> then \\boxed{4}", "ignore", "4"),
+])
+def test_reasoning_blocks_decide_where_the_answer_can_be(response, thinking, answer):
+    assert extract_answer(response, thinking=thinking) == answer
+    result = score(response, "5", ScoreConfig(thinking=thinking))
+    assert result.correct == (answer == "5") and result.parsed == (answer is not None)
+    quick = quick_score(response, "5", ScoreConfig(thinking=thinking))
+    assert quick is not None and (quick.correct, quick.parsed) == (result.correct, result.parsed)
+
+
+def test_auto_becomes_closed_for_prompts_that_open_a_reasoning_block():
+    from rlinf_pipe.engines.reward.extract import thinking_for
+
+    r1 = "<｜begin▁of▁sentence｜>Please reason step by step.<｜User｜>1 + 1<｜Assistant｜><think>\n"
+    assert thinking_for("auto", r1) == "closed"
+    assert thinking_for("auto", "<|im_start|>user\n1 + 1<|im_end|>\n<|im_start|>assistant\n") == "auto"
+    assert thinking_for("auto", "<think>\n\n</think>\n\n") == "auto"  # a template that closes it (no reasoning)
+    assert thinking_for("ignore", r1) == "ignore"  # the user's choice stays
+    with pytest.raises(ConfigError, match="reward.thinking: 'sometimes' is not one of auto, closed, ignore"):
+        ScoreConfig(thinking="sometimes")

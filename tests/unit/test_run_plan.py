@@ -187,7 +187,7 @@ def test_a_sample_longer_than_the_models_context_is_refused_naming_the_keys(tmp_
     """SGLang would shorten each request's max_new_tokens without a word; the torch engine and Megatron would run
     at positions the model never saw."""
     from rlinf_pipe.models.tiny import ensure_tiny_model
-    from rlinf_pipe.runner.components import check_context_length
+    from rlinf_pipe.runner.driver_inputs import check_context_length
 
     model = str(ensure_tiny_model(tmp_path / "models"))  # max_position_embeddings 512
     check_context_length(load_config("examples/math/config", "tiny-grpo-megatron", [
@@ -211,14 +211,15 @@ def test_a_sample_longer_than_the_models_context_is_refused_naming_the_keys(tmp_
 def test_the_context_length_is_read_as_sglang_reads_it(fields, context):
     from types import SimpleNamespace
 
-    from rlinf_pipe.runner.components import context_length
+    from rlinf_pipe.runner.driver_inputs import context_length
 
     assert context_length(SimpleNamespace(**fields)) == context
 
 
 
 def test_each_node_checks_the_models_its_workers_read_and_the_actor_nodes_the_run_folder(tmp_path):
-    from rlinf_pipe.runner.components import DriverInputs, node_paths
+    from rlinf_pipe.runner.components import node_paths
+    from rlinf_pipe.runner.driver_inputs import DriverInputs
 
     p = plan_run(load_config(overrides=["cluster.num_nodes=3", REF,
                                         "cluster.component_placement={rollout: 0-3, inference: 4, actor: 5-6}"]),
@@ -237,7 +238,7 @@ def test_each_node_checks_the_models_its_workers_read_and_the_actor_nodes_the_ru
 def test_a_tokenizer_that_drops_spaces_is_refused_before_launch():
     """(Some transformers 5 releases load DeepSeek-R1-Distill-Qwen's ByteLevel tokenizer as a Llama one that drops
     every space: every prompt garbled, silently.)"""
-    from rlinf_pipe.runner.components import check_round_trip
+    from rlinf_pipe.runner.driver_inputs import check_round_trip
 
     class SpaceDropping:
         def __call__(self, text, add_special_tokens=True):
@@ -253,3 +254,24 @@ def test_a_tokenizer_that_drops_spaces_is_refused_before_launch():
     from rlinf_pipe.models.tiny import ensure_tiny_model
 
     check_round_trip(AutoTokenizer.from_pretrained(str(ensure_tiny_model())), "tiny")  # a sound one passes
+
+
+def test_the_driver_reads_answers_only_after_the_reasoning_where_the_chat_template_opens_it():
+    """reward.thinking `auto`: DeepSeek-R1-Distill's template ends the prompt in `<think>`; the run then takes
+    `closed` (a response cut off before `</think>` states no answer), which the reward workers get in the config."""
+    from transformers import AutoTokenizer
+
+    from rlinf_pipe.models.tiny import ensure_tiny_model
+    from rlinf_pipe.runner.driver_inputs import resolve_thinking
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
+    cfg = load_config()
+    resolve_thinking(cfg, tokenizer)
+    assert cfg.reward.thinking == "auto"  # the tiny model's template opens no block
+    tokenizer.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+                               "{% if add_generation_prompt %}<|Assistant|><think>\n{% endif %}")
+    resolve_thinking(cfg, tokenizer)
+    assert cfg.reward.thinking == "closed"
+    kept = load_config(overrides=["reward.thinking=ignore"])
+    resolve_thinking(kept, tokenizer)
+    assert kept.reward.thinking == "ignore"

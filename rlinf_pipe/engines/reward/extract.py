@@ -1,6 +1,10 @@
 """Find the final answer in a model response and normalise its text before it is parsed.
 
 Rules (see docs/reward.md):
+- reasoning blocks (`answer_region`): with `thinking` `auto` (the default) only the text after a response's last
+  `</think>` can hold the answer, and a `<think>` the response opened and never closed states none; with `closed`
+  (a chat template that opens the block in the prompt, DeepSeek-R1's) a response without `</think>` states none;
+  `ignore` reads the whole response;
 - the answer is the content of the LAST `\\boxed{...}` (or `\\fbox{...}`), braces matched, escaped braces skipped;
   an unterminated last box (a truncated response) means "no answer", never an earlier box;
 - without a box, an optional regex (`answer_pattern`): its last match, group 1 if it has groups;
@@ -43,12 +47,42 @@ def pattern_answer(text: str, pattern: str) -> str | None:
     return found.group(1) if compiled.groups else found.group(0)
 
 
-def extract_answer(response: str, answer_pattern: str | None = None) -> str | None:
+THINKING_MODES = ("auto", "closed", "ignore")
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def answer_region(response: str, thinking: str = "auto") -> str | None:
+    """The part of `response` that can state the final answer (see the module docstring), or None when none can: a
+    box floated while reasoning, in a response cut off before its reasoning ended, is no answer."""
+    if thinking == "ignore":
+        return response
+    closed = response.rfind(THINK_CLOSE)
+    if closed >= 0:
+        return response[closed + len(THINK_CLOSE):]
+    if thinking == "closed" or THINK_OPEN in response:
+        return None
+    return response
+
+
+def thinking_for(mode: str, rendered_prompt: str) -> str:
+    """`reward.thinking` for prompts rendered as `rendered_prompt`: `auto` becomes `closed` where the prompt leaves a
+    reasoning block open for the response (a chat template that ends in `<think>`, DeepSeek-R1's): its responses
+    close it before they answer, and one cut off before that states no answer."""
+    if mode == "auto" and rendered_prompt.rfind(THINK_OPEN) > rendered_prompt.rfind(THINK_CLOSE):
+        return "closed"
+    return mode
+
+
+def extract_answer(response: str, answer_pattern: str | None = None, thinking: str = "auto") -> str | None:
     """The final answer text of `response` (normalised), or None when it states none.
 
-    The last `\\boxed{}` wins; `answer_pattern` (e.g. `#### (.*)`) is the fallback for responses without a box.
-    An empty answer counts as none.
+    Only `answer_region(response, thinking)` is read. The last `\\boxed{}` wins; `answer_pattern` (e.g. `#### (.*)`)
+    is the fallback for responses without a box. An empty answer counts as none.
     """
+    region = answer_region(response, thinking)
+    if region is None:
+        return None
+    response = region
     raw = last_boxed(response)
     if raw is None and answer_pattern:
         raw = pattern_answer(response, answer_pattern)

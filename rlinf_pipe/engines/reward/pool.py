@@ -366,7 +366,8 @@ def remove_process_temp_folder() -> None:
 
 def reward_pool(reward: RewardConfig) -> RewardPool:
     """The pool of the `reward` config section: its process count, time limit, reward values and answer pattern."""
-    config = ScoreConfig(reward.correct_score, reward.wrong_score, reward.format_score, reward.answer_pattern)
+    config = ScoreConfig(reward.correct_score, reward.wrong_score, reward.format_score, reward.answer_pattern,
+                         reward.thinking)
     return RewardPool(num_workers=reward.num_workers, timeout_s=reward.timeout_s, config=config)
 
 

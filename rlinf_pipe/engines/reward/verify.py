@@ -21,7 +21,14 @@ from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, veri
 from sympy import Basic, MatrixBase
 
 from rlinf_pipe.engines.reward.deadline import VerifyTimeout, deadline
-from rlinf_pipe.engines.reward.extract import compile_pattern, extract_answer, last_boxed, normalize_answer
+from rlinf_pipe.engines.reward.extract import (
+    THINKING_MODES,
+    answer_region,
+    compile_pattern,
+    extract_answer,
+    last_boxed,
+    normalize_answer,
+)
 from rlinf_pipe.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -68,8 +75,11 @@ class ScoreConfig:
     wrong_score: float = 0.0
     format_score: float = 0.0
     answer_pattern: str | None = None
+    thinking: str = "auto"  # reasoning blocks: `extract.answer_region`
 
     def __post_init__(self) -> None:
+        if self.thinking not in THINKING_MODES:
+            raise ConfigError(f"reward.thinking: {self.thinking!r} is not one of {', '.join(THINKING_MODES)}")
         if self.answer_pattern is not None:
             try:
                 compile_pattern(self.answer_pattern)
@@ -100,7 +110,7 @@ def score(
     answer = None
     try:
         with deadline(timeout_s):
-            answer = extract_answer(response or "", cfg.answer_pattern)
+            answer = extract_answer(response or "", cfg.answer_pattern, cfg.thinking)
             if answer is None:
                 return ScoreResult(correct=False, parsed=False, timed_out=False, reward=float(cfg.wrong_score))
             predicted = _math_objects(parse_answer(answer))
@@ -121,8 +131,9 @@ def quick_score(response: str, reference: str, config: ScoreConfig | None = None
     integer answer (`\\boxed{-12}`) against a plain integer reference, compared exactly. None otherwise, and when
     the answer would come from `answer_pattern` (a user's regular expression may run long): score it in full."""
     cfg = config or DEFAULT_CONFIG
-    raw = last_boxed(response or "")
-    if raw is None and cfg.answer_pattern:
+    region = answer_region(response or "", cfg.thinking)
+    raw = None if region is None else last_boxed(region)
+    if raw is None and region is not None and cfg.answer_pattern:
         return None
     answer = normalize_answer(raw) if raw is not None else ""
     if not answer:
