@@ -309,6 +309,9 @@ class DataConfig:
         "Please reason step by step, and put your final answer within \\boxed{}.",
         "System prompt of the chat template (null: none).",
     )
+    user_suffix: str | None = opt(
+        None, "Chat template: text added on a new line after each problem in the user turn (null: none), e.g. the "
+        "instruction DeepSeek-R1 models want there instead of a system prompt.")
     shuffle: bool = opt(True, "Shuffle prompts each epoch (seeded by runner.seed; resumable).")
     val_dataset: str = opt(
         "heldout", "Evaluation prompts (`runner.val_interval`): `heldout` (arithmetic: problems drawn apart from the "

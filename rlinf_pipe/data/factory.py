@@ -21,7 +21,7 @@ GSM8K = "gsm8k"
 
 def build_renderer(data: DataConfig, tokenizer: Any) -> PromptRenderer:
     """The prompt renderer of `data.template` / `data.system_prompt`."""
-    return PromptRenderer(tokenizer, data.template, data.system_prompt)
+    return PromptRenderer(tokenizer, data.template, data.system_prompt, data.user_suffix)
 
 
 CHECKED_AHEAD = 256  # generated prompts rendered and length-checked when the dataset is built

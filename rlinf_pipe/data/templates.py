@@ -2,10 +2,12 @@
 
 Two modes, chosen by `template` (config `data.template`):
 - `"chat"`: the tokenizer's chat template over `[system, user]` messages (system omitted when `system_prompt`
-  is empty or None), with the assistant turn opened; tokenized without adding special tokens (the template
+  is empty or None; the user turn is the problem, then `user_suffix` on a new line when given), with the
+  assistant turn opened; tokenized without adding special tokens (the template
   writes them).
 - a format string with one field, `{prompt}`, e.g. `"{prompt}\\nPut the final answer in \\\\boxed{{}}."`
-  (literal braces doubled); tokenized with the tokenizer's special tokens (e.g. BOS). `system_prompt` is unused.
+  (literal braces doubled); tokenized with the tokenizer's special tokens (e.g. BOS), unless the text already
+  starts with the tokenizer's BOS token. `system_prompt` and `user_suffix` are unused.
 """
 
 from __future__ import annotations
@@ -41,10 +43,12 @@ def check_format_template(template: str) -> None:
 class PromptRenderer:
     """Renders and tokenizes prompts with a tokenizer (a transformers tokenizer) and a template."""
 
-    def __init__(self, tokenizer: Any, template: str = CHAT, system_prompt: str | None = DEFAULT_SYSTEM_PROMPT):
+    def __init__(self, tokenizer: Any, template: str = CHAT, system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
+                 user_suffix: str | None = None):
         self.tokenizer = tokenizer
         self.template = template
         self.system_prompt = system_prompt or None
+        self.user_suffix = user_suffix or None
         if template == CHAT:
             if not getattr(tokenizer, "chat_template", None):
                 name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
@@ -59,7 +63,8 @@ class PromptRenderer:
         """The prompt text the model sees."""
         if self.template != CHAT:
             return self.template.format(prompt=prompt)
-        messages = [{"role": "user", "content": prompt}]
+        content = prompt if self.user_suffix is None else f"{prompt}\n{self.user_suffix}"
+        messages = [{"role": "user", "content": content}]
         if self.system_prompt:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -69,5 +74,7 @@ class PromptRenderer:
 
     def encode(self, prompt: str) -> list[int]:
         """Token ids of the rendered prompt."""
-        add_special = self.template != CHAT
-        return list(self.tokenizer(self.render(prompt), add_special_tokens=add_special)["input_ids"])
+        text = self.render(prompt)
+        bos = getattr(self.tokenizer, "bos_token", None)
+        add_special = self.template != CHAT and not (bos and text.startswith(bos))  # (a format that writes its BOS)
+        return list(self.tokenizer(text, add_special_tokens=add_special)["input_ids"])

@@ -64,3 +64,23 @@ def test_bad_format_templates(template, fragment):
     with pytest.raises(TemplateError) as info:
         PromptRenderer(tiny_tokenizer(), template)
     assert fragment in str(info.value)
+
+
+def test_a_user_suffix_follows_the_problem_in_the_user_turn():
+    """(DeepSeek-R1 models: no system prompt, the instruction after the problem.)"""
+    text = PromptRenderer(tiny_tokenizer(), "chat", None, "Put the final answer within \\boxed{}.").render(QUESTION)
+    assert text == (f"<|im_start|>user\n{QUESTION}\nPut the final answer within \\boxed{{}}.<|im_end|>\n"
+                    "<|im_start|>assistant\n")
+
+
+def test_a_format_template_that_writes_the_bos_token_gets_no_second_one():
+    class BosTokenizer:  # adds its BOS when asked for special tokens, as a Llama-style fast tokenizer does
+        bos_token = "<s>"
+
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": ([1] if add_special_tokens else []) + [ord(c) for c in text]}
+
+    written = PromptRenderer(BosTokenizer(), "<s>User: {prompt}\nAssistant:")
+    assert written.encode("x") == [ord(c) for c in "<s>User: x\nAssistant:"]
+    plain = PromptRenderer(BosTokenizer(), "User: {prompt}\nAssistant:")
+    assert plain.encode("x") == [1] + [ord(c) for c in "User: x\nAssistant:"]
