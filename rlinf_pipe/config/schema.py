@@ -132,6 +132,11 @@ class AlgorithmConfig:
     norm_by_std: bool = opt(True, "grpo: divide by the group std (false = Dr.GRPO).")
     group_size: int = opt(8, "Samples per prompt.", min=1)
     n_minibatches: int = opt(1, "Optimizer steps per training step (the rollout batch is split into this many).", min=1)
+    minibatch_order: Literal["slot", "arrival"] = opt(
+        "slot", "Which groups form each mini-batch: `slot`, by the prompts' positions in the batch (reproducible, and "
+        "the pipeline trains exactly what collocated mode does); `arrival`, in the order the groups are scored, so "
+        "the first mini-batch trains while the slowest groups still generate (a step's mini-batches then depend "
+        "on timing). See docs/pipeline.md.")
     clip_ratio_low: float = opt(0.2, "PPO clip epsilon below 1.", min=0)
     clip_ratio_high: float = opt(0.2, "PPO clip epsilon above 1.", min=0)
     dual_clip_c: float | None = opt(None, "Dual-clip constant c > 1 for negative advantages (null: off).")

@@ -57,6 +57,7 @@ class Components:
     locks: Any
     sampling_rounds: Any
     recipes: GroupRecipes
+    arrival_slots: Any = None  # `workers.arrival_slots.ArrivalSlots` with `algorithm.minibatch_order: arrival`
 
     def stages(self, names: tuple[str, ...]) -> dict[str, WorkerGroup]:
         """The groups of the stages `names` that run in groups of their own (no inference group when the actor
@@ -105,7 +106,7 @@ class Components:
         self.channels.abort()
         for group in self.groups():
             group.shutdown(wait_s=30.0, grace_s=EXIT_GRACE_S)
-        for helper in (self.locks, self.sampling_rounds):
+        for helper in (self.locks, self.sampling_rounds, self.arrival_slots):
             if helper is not None:
                 ray.kill(helper, no_restart=True)
 
@@ -157,7 +158,7 @@ class GroupRecipes:
     model_path: str
     rollout_path: str
     locks: Any
-    rounds: Any
+    rounds: Any  # what gives the reward workers' groups their slots (None: the prompts' own)
     pad_token_id: int = 0
 
     def arguments(self, name: str, channels: StepChannels) -> tuple[tuple, dict[str, Any]]:
@@ -222,6 +223,7 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
     model folders and the run folder as the driver does (`check_nodes_see_paths`)."""
     from rlinf_pipe.scheduler.locks import DeviceLocks
     from rlinf_pipe.workers.actor import ActorWorker
+    from rlinf_pipe.workers.arrival_slots import ArrivalSlots
     from rlinf_pipe.workers.dynamic_sampling import SamplingRounds
     from rlinf_pipe.workers.inference import InferenceWorker
     from rlinf_pipe.workers.reward import RewardWorker
@@ -251,7 +253,9 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
         channels = create_channels(plan, len(reward_place.processes))
         locks = DeviceLocks.remote() if plan.device_locks else None
         rounds = SamplingRounds.remote() if plan.dynamic_sampling else None
-        recipes = GroupRecipes(cfg, plan, inputs.model_path, inputs.rollout_path, locks, rounds, inputs.pad_token_id)
+        arrival = ArrivalSlots.remote() if plan.arrival_slots else None
+        recipes = GroupRecipes(cfg, plan, inputs.model_path, inputs.rollout_path, locks, rounds or arrival,
+                               inputs.pad_token_id)
         # The groups build their models at once; on shared GPUs, the engines start once the actor (or the inference
         # workers) sharing them have built their state (and the actor offloaded it).
         reward = start(RewardWorker, "reward", reward_place, cluster, *recipes.arguments("reward", channels)[0],
@@ -280,4 +284,4 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
     return Components(plan=plan, cluster=cluster, sampler=inputs.sampler, val_prompts=inputs.val_prompts,
                       rollout=rollout,
                       reward=reward, actor=actor, inference=inference, channels=channels, locks=locks,
-                      sampling_rounds=rounds, recipes=recipes)
+                      sampling_rounds=rounds, recipes=recipes, arrival_slots=arrival)

@@ -68,8 +68,13 @@ class PlainGeneration:
 
     runs_ahead = True
 
-    def __init__(self, rollout: WorkerGroup, reward: WorkerGroup):
-        self.rollout, self.reward = rollout, reward
+    def __init__(self, rollout: WorkerGroup, reward: WorkerGroup, arrival_slots: Any = None):
+        self.rollout, self.reward, self.arrival_slots = rollout, reward, arrival_slots
+
+    async def _score(self, step: int) -> list[RewardTally]:
+        if self.arrival_slots is not None:  # (the step's groups take slots from 0 in the order they are scored)
+            await self.arrival_slots.reset.remote()
+        return await self.reward.all.score_step(step)
 
     def start(self, step: int, prompts: list[PromptItem], calls: StageCalls, after: GenerationCalls | None = None,
               ahead: bool = False, weights: int | None = None) -> GenerationCalls:
@@ -79,7 +84,7 @@ class PlainGeneration:
         suffix = "_ahead" if ahead else ""
         rollout = launch("rollout" + suffix, _after(after and after.rollout,
                                                     lambda: self.rollout.sharded.generate_step(prompts, step, weights)))
-        scoring = launch("reward" + suffix, _after(after and after.result, lambda: self.reward.all.score_step(step)))
+        scoring = launch("reward" + suffix, _after(after and after.result, lambda: self._score(step)))
 
         async def result() -> GenerationResult:
             return GenerationResult(await scoring)

@@ -69,7 +69,7 @@ class Runner:
         self.c = components
         generation = (
             DynamicSampling(c.rollout, c.reward, c.sampling_rounds, c.sampler, cfg.algorithm.max_extra_rounds)
-            if plan.dynamic_sampling else PlainGeneration(c.rollout, c.reward)
+            if plan.dynamic_sampling else PlainGeneration(c.rollout, c.reward, c.arrival_slots)
         )
         self.schedule = RolloutSchedule(generation, c.sampler, plan.staleness, r.max_steps)
         phase = actor_phases(c.actor, plan.engines_share_actor)

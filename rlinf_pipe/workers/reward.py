@@ -35,7 +35,8 @@ def advantage_options(cfg: Config) -> dict[str, Any]:
 class RewardWorker(Worker):
     """Scores rollouts in a process pool with per-item timeouts (`reward.*`) and computes their advantages. Its
     output is the `scored` channel, or given `train` (no log-prob stage) the actor replicas' train channels, with
-    `pad_token_id` to pack the batches."""
+    `pad_token_id` to pack the batches. `sampling_rounds` gives each scored group its slot where the prompt's own
+    does not stand: dynamic sampling's `SamplingRounds`, or `ArrivalSlots` (`algorithm.minibatch_order: arrival`)."""
 
     def __init__(self, cfg: Config, rollouts: Channel, scored: Channel | None, sampling_rounds: Any = None,
                  train: Sequence[Channel] | None = None, pad_token_id: int = 0):
@@ -75,8 +76,8 @@ class RewardWorker(Worker):
             channel.end_step()
 
     async def _slot(self, group: RolloutGroup, rewards: list[float]) -> int | None:
-        """Where the group trains: its prompt's slot, or with dynamic sampling the slot it is kept in (None:
-        dropped)."""
+        """Where the group trains: its prompt's slot, or the slot `sampling_rounds` gives it (dynamic sampling: None
+        when dropped; arrival order: the next free one)."""
         if self.sampling_rounds is None:
             return group.prompt.slot
         return await self.sampling_rounds.offer.remote(rewards)
@@ -89,13 +90,13 @@ class RewardWorker(Worker):
         tally = RewardTally()
         held: list[tuple[RolloutGroup, list[float], int]] = []
         while not isinstance(group := await self.rollouts.aget(), StepEnd):
-            with self.tracer.span("reward", step=step, version=group.version, samples=group.num_sequences):
+            with self.tracer.span("reward", step=step, version=group.version, samples=group.num_sequences) as args:
                 pairs = [(s.text, group.prompt.answer) for s in group.samples]
                 results = await asyncio.to_thread(self.pool.score_batch, pairs)
                 rewards = [r.reward for r in results]
                 tally.add(group, rewards, [r.correct for r in results], [r.parsed for r in results],
                           [r.timed_out for r in results])
-                slot = await self._slot(group, rewards)
+                slot = args["slot"] = await self._slot(group, rewards)  # (None: dropped)
                 if slot is None:
                     continue
                 if streaming:

@@ -384,6 +384,25 @@ def test_a_loss_with_rollout_running_ahead_relaunches_every_worker_from_the_chec
 
 
 @pytest.mark.slow
+def test_mini_batches_in_arrival_order_train_every_group_once(tmp_path, tiny_model):
+    """algorithm.minibatch_order: arrival: the reward worker gives each scored group the next free slot (reset at
+    each step), which the actor replicas' routing and mini-batches follow: a slot given twice or beyond the batch
+    fails the step (`train_feed`), a missing one leaves a mini-batch waiting."""
+    out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, "algorithm.minibatch_order=arrival",
+              "algorithm.n_minibatches=2", "cluster.num_gpus_per_node=3",
+              "cluster.component_placement={rollout: 0, actor: 1-2}")
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1]
+    assert all(r["optimizer_steps"] == 2 and r["rollout/samples"] == 16 for r in records)
+    spans = read_chrome_trace(out / "timeline.json")
+    for step in (0, 1):
+        scored = sorted((s for s in spans if s.name == "reward" and s.args["step"] == step), key=lambda s: s.start)
+        assert [s.args["slot"] for s in scored] == [0, 1, 2, 3]  # in the order scored, from 0 again each step
+        trained = [s for s in spans if s.name == "train" and s.args["version"] == step]
+        assert sum(s.args["sequences"] for s in trained) == 16  # every group once, over both replicas
+
+
+@pytest.mark.slow
 def test_dynamic_sampling_trains_only_varied_groups(tmp_path, tiny_model):
     """algorithm.dynamic_sampling: groups whose rewards are all equal never reach the log-prob stage or the actor;
     extra rounds draw more prompts; every generated group counts in the reward metrics. The inference worker takes

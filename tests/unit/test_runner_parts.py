@@ -291,3 +291,12 @@ def test_version_checks():
     check_version(3, 3, "x")
     with pytest.raises(WeightSyncError, match="version 2 after version 3"):
         check_version(3, 2, "rollout/0")
+
+
+def test_arrival_slots_count_from_zero_in_each_step():
+    from rlinf_pipe.workers.arrival_slots import SlotCounter
+
+    slots = SlotCounter()
+    assert [slots.offer([1.0]) for _ in range(3)] == [0, 1, 2]  # every group kept, in the order offered
+    slots.reset()  # the next step's scoring (or the same step's, retried)
+    assert slots.offer([0.0]) == 0
