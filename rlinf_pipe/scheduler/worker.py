@@ -19,7 +19,7 @@ import ray
 from rlinf_pipe.errors import ClusterError
 from rlinf_pipe.utils.compute_thread import ComputeThread, compute_thread
 from rlinf_pipe.scheduler.last_output import stderr_file
-from rlinf_pipe.utils.net import free_port, socket_interface_env
+from rlinf_pipe.utils.net import rendezvous_port, socket_interface_env
 from rlinf_pipe.utils.profiling import ProfileResult, StepProfiler
 from rlinf_pipe.utils.tracing import Span, Tracer
 
@@ -237,7 +237,7 @@ class Worker:
 
     def free_port(self) -> tuple[str, int]:
         """An address and a free TCP port on this node (a rendezvous point this worker will listen on)."""
-        return ray.util.get_node_ip_address(), free_port("")
+        return ray.util.get_node_ip_address(), rendezvous_port()
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run `fn(self, *args, **kwargs)` in this worker (for tools and tests)."""

@@ -34,13 +34,13 @@ from rlinf_pipe.scheduler.group_call import ANSI_ESCAPES, GroupCall, Member, Ver
 from rlinf_pipe.scheduler.last_output import output_tail
 from rlinf_pipe.scheduler.placement import ComponentPlacement, ProcessPlacement
 from rlinf_pipe.scheduler.worker import CONTROL_GROUP, Worker, WorkerInfo, placement_env, rendezvous_env
-from rlinf_pipe.utils.net import free_port
+from rlinf_pipe.utils.net import rendezvous_port
 
 W = TypeVar("W", bound=Worker)
 
 
 def _free_port_on_node() -> tuple[str, int]:
-    return ray.util.get_node_ip_address(), free_port("")
+    return ray.util.get_node_ip_address(), rendezvous_port()
 
 
 def _rendezvous_point(node: Any) -> tuple[str, int]:

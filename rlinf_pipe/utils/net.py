@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ipaddress
+import random
 import socket
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -12,6 +14,33 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+RENDEZVOUS_PORTS = (10000, 22000)  # below the kernel's ephemeral range (32768 up by default) and sglang's 22000-29999
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def rendezvous_port(host: str = "") -> int:
+    """A port for a rendezvous that another process binds later (a torch.distributed store, the weight group's):
+    free now, and outside the range the kernel hands to every `bind(0)` and outgoing connection (which Ray, ZMQ and
+    the other workers make by the hundred while a job starts), so nothing takes it meanwhile; `free_port` where
+    that range leaves no room below it."""
+    low, high = RENDEZVOUS_PORTS
+    try:
+        high = min(high, int(EPHEMERAL_RANGE.read_text().split()[0]))
+    except (OSError, ValueError, IndexError):
+        pass
+    if high - low < 1000:
+        return free_port(host)
+    for port in random.sample(range(low, high), 64):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as the store binds it)
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    return free_port(host)
 
 
 GLOO_IFNAME_ENV = "GLOO_SOCKET_IFNAME"

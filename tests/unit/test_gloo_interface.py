@@ -4,6 +4,8 @@ virtual bridge, a management NIC), which ranks on other nodes may not reach."""
 
 from __future__ import annotations
 
+import socket
+
 import psutil
 import pytest
 
@@ -52,3 +54,22 @@ def test_no_interface_is_named_where_gloo_would_bind_another_address(ip, interfa
 def test_this_machines_interfaces_are_read_from_psutil():
     name, addresses = next((n, a) for n, a in psutil.net_if_addrs().items() if a)
     assert interface_of(addresses[0].address) == name
+
+
+def test_rendezvous_ports_come_from_below_the_kernels_ephemeral_range(tmp_path, monkeypatch):
+    """A port chosen now and bound seconds later by another process must not be one the kernel may hand meanwhile to
+    any bind(0) or outgoing connection (a relaunch of every worker lost its actor's store port that way)."""
+    from rlinf_pipe.utils import net
+
+    ports = {net.rendezvous_port() for _ in range(5)}
+    low, high = net.RENDEZVOUS_PORTS
+    assert all(low <= p < high for p in ports)
+    for port in ports:  # free now, for a store that binds as torch's does
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("", port))
+    squeezed = tmp_path / "ip_local_port_range"
+    squeezed.write_text("10500\t60999\n")  # no room below the ephemeral range: any free port
+    monkeypatch.setattr(net, "EPHEMERAL_RANGE", squeezed)
+    monkeypatch.setattr(net, "free_port", lambda host="": 4242)
+    assert net.rendezvous_port() == 4242
