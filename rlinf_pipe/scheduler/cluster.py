@@ -32,9 +32,10 @@ class NodeInfo:
     node_rank: int
     node_id: str
     ip: str
-    num_gpus: int
+    num_gpus: int  # the GPUs the run uses (the config's count)
     is_head: bool
     rank_label: int | None
+    ray_gpus: int = 0  # the GPUs Ray knows on the node (all are held for the run: `Cluster.reserve_nodes`)
 
 
 def order_nodes(ray_nodes: list[dict[str, Any]]) -> list[NodeInfo]:
@@ -217,7 +218,8 @@ class Cluster:
             nodes = nodes[:wanted]
         self._check_gpu_counts(nodes)
         return [
-            NodeInfo(n.node_rank, n.node_id, n.ip, self.cfg.gpus_per_node()[n.node_rank], n.is_head, n.rank_label)
+            NodeInfo(n.node_rank, n.node_id, n.ip, self.cfg.gpus_per_node()[n.node_rank], n.is_head, n.rank_label,
+                     ray_gpus=n.num_gpus)
             for n in nodes
         ]
 
@@ -230,7 +232,8 @@ class Cluster:
                     "more GPUs (RAY_NUM_GPUS=N for virtual GPUs on CPU machines)"
                 )
             if node.num_gpus > wanted:
-                log.warning("node %d has %d GPUs; the config uses %d of them", node.node_rank, node.num_gpus, wanted)
+                log.warning("node %d has %d GPUs; the config uses %d of them (the run holds all of them: another Ray "
+                            "job could be handed the ones it uses)", node.node_rank, node.num_gpus, wanted)
 
     @staticmethod
     def _describe(nodes: list[NodeInfo]) -> str:
@@ -270,7 +273,7 @@ class Cluster:
                 continue
             node = self.nodes[node_rank]
             new[node_rank] = placement_group(
-                [{"GPU": node.num_gpus}],
+                [{"GPU": max(node.num_gpus, node.ray_gpus)}],  # every GPU of the node, the unused ones too
                 strategy="STRICT_PACK",
                 bundle_label_selector=[{"ray.io/node-id": node.node_id}],
             )

@@ -125,6 +125,22 @@ def test_nodes_follow_head_then_rank_label(cluster):
     assert cluster.node_of(17).node_rank == 2
 
 
+def test_a_run_using_fewer_gpus_than_a_node_has_holds_them_all(cluster):
+    """Our processes choose their GPU ids themselves (0..k-1): holding only k GPUs would let Ray hand another job
+    GPUs among them. (Runs before the module's other tests reserve the nodes.)"""
+    from ray.util.placement_group import placement_group_table
+
+    cfg = make_config({"rollout": "0-1", "actor": "2-3"})
+    cfg.cluster.num_gpus_per_node = 6
+    fewer = Cluster(cfg)
+    try:
+        assert fewer.gpus_per_node == [6] * 4 and fewer.nodes[3].ray_gpus == 8
+        (held,) = fewer.reserve_nodes([3]).values()
+        assert placement_group_table(held)["bundles"] == {0: {"GPU": 8.0}}
+    finally:
+        fewer.release()
+
+
 def test_workers_land_on_their_nodes_with_their_gpus(cluster):
     cfg = make_config({"rollout": "0-3,12-15,16-19,28-31", "actor": "4-11"}, rollout_tp=4)
     placement = plan_placement(cfg).components["rollout"]

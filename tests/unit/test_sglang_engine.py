@@ -677,3 +677,33 @@ async def test_an_actor_slot_goes_to_sglang_unopened_only_for_one_tp_rank(monkey
         mapped.clear()
         await receiver.load_handle(0, None, Handle(1, True, b"slot"), None, False)
         assert (payloads, mapped) == (passed, opened) and receiver.cuda_handles  # (verified by name after)
+
+
+class _HTTPException(Exception):
+    """What sglang 0.5.23 raises out of `async_generate` for a request it aborted with a status above 400
+    (fastapi's HTTPException: `status_code`, `detail`; tokenizer_manager `_handle_abort_finish_reason`)."""
+
+    def __init__(self, status_code: int, detail: str):
+        super().__init__(detail)
+        self.status_code, self.detail = status_code, detail
+
+
+@pytest.mark.parametrize(("raised", "expected"), [
+    (_HTTPException(500, "Out of memory even after retracting all other requests in the decode batch. Aborting the "
+                         "last request."), "lower rollout.max_running_requests"),
+    (ValueError("The input (9300 tokens) is longer than the model's context length (9216 tokens)."),
+     "check data.max_prompt_length + rollout.max_new_tokens"),
+])
+async def test_a_request_sglang_aborts_itself_is_an_error_that_names_the_keys(model_path: Path, monkeypatch, raised,
+                                                                             expected) -> None:
+    engine = make_engine(model_path)
+    try:
+        async def aborted(**kwargs: Any) -> dict:
+            raise raised
+
+        monkeypatch.setattr(standin(engine), "async_generate", aborted)
+        with pytest.raises(SGLangError, match=f"sglang aborted a request .*{re.escape(expected)}"):
+            async for _ in engine.generate([req("a", PROMPTS[0], max_new_tokens=4)]):
+                pass
+    finally:
+        engine.shutdown()

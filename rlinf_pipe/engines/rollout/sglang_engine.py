@@ -44,11 +44,17 @@ import torch
 
 from rlinf_pipe.engines.rollout.engine import (
     EngineAsleepError,
-    FinishReason,
     GenerateRequest,
     GenerateResult,
     SampleOutput,
     sample_seed,
+)
+from rlinf_pipe.engines.rollout.sglang_errors import (
+    NAN_SAMPLED,
+    SESSION_OPEN,
+    SGLangError,
+    finish_reason_of,
+    aborted_message,
 )
 from rlinf_pipe.engines.rollout.sglang_launch import (
     ALLOC_CONF,
@@ -70,26 +76,6 @@ MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # sglang/srt/constants.py
 WEIGHTS_TAG = "weights"
 IDLE_WAIT_S = 30.0  # one `flush_cache(timeout_s)` wait for the scheduler to go idle
 IDLE_ATTEMPTS = 10
-
-
-class SGLangError(RuntimeError):
-    """sglang refused a call (its message is included)."""
-
-
-# the start of sglang 0.5.23's answer to `begin_weight_update` while a session is open
-# (managers/scheduler_components/weight_updater.py)
-SESSION_OPEN = "a weight-update session is already open"
-# sglang 0.5.23's finish reason when a sampled id fell outside the vocabulary (NaN or inf probabilities:
-# schedule_batch.py `_check_vocab_boundary_finish`), reported as a stop
-NAN_SAMPLED = "NaN happened"
-
-
-def _finish_reason(meta_info: dict[str, Any]) -> FinishReason:
-    reason = meta_info.get("finish_reason")
-    kind = reason.get("type") if isinstance(reason, dict) else reason
-    if kind in ("stop", "length", "abort"):
-        return kind
-    raise SGLangError(f"sglang returned an unexpected finish_reason {reason!r} for request {meta_info.get('id')!r}")
 
 
 class SGLangEngine:
@@ -215,14 +201,16 @@ class SGLangEngine:
             if self._abort_epoch != epoch:
                 return i, k, SampleOutput(response_ids=[], logprobs=[], finish_reason="abort", version=version)
             rid = uuid.uuid4().hex  # fixed width: no rid is a prefix of another
+            params = self._sampling_params(requests[i], sample_seed(seeds[i], k))
             self._inflight.add(rid)
             mine.add(rid)
             try:
-                out = await self.engine.async_generate(
-                    input_ids=list(requests[i].prompt_ids),
-                    sampling_params=self._sampling_params(requests[i], sample_seed(seeds[i], k)),
-                    return_logprob=True, stream=False, rid=rid,
-                )
+                out = await self.engine.async_generate(input_ids=list(requests[i].prompt_ids), sampling_params=params,
+                                                       return_logprob=True, stream=False, rid=rid)
+            except Exception as exc:  # (sglang's own aborts: ValueError for 400, fastapi's HTTPException above)
+                if isinstance(exc, ValueError) or hasattr(exc, "status_code"):
+                    raise SGLangError(aborted_message(exc)) from exc
+                raise
             finally:
                 self._inflight.discard(rid)
                 mine.discard(rid)
@@ -248,7 +236,7 @@ class SGLangEngine:
     def to_sample(out: dict[str, Any], version: int) -> SampleOutput:
         """One sglang result as a sample: its tokens, their log-probs (from `output_token_logprobs`), the reason."""
         meta = out["meta_info"]
-        reason = _finish_reason(meta)
+        reason = finish_reason_of(meta)
         if isinstance(meta.get("finish_reason"), dict) and meta["finish_reason"].get("matched") == NAN_SAMPLED:
             # (sglang put an EOS id in place of the token in output_ids; its log-prob is the invalid id's)
             raise SGLangError(f"sglang request {meta.get('id')!r} sampled a token outside the vocabulary after "
