@@ -151,9 +151,10 @@ def iter_hf_weights(model: Any, arch: HfArch, *, copy: bool = True) -> Iterator[
                 if tp_rank == 0 and stage != 0:
                     for _, t in named:
                         dist.send(t.contiguous(), dst=first_rank, group=pp_group)
-                    if device.type == "cuda":  # NCCL's send returns before the root has received (which it does
-                        # only after packing and sending the stages before): one unit in flight, not a whole stage
-                        torch.cuda.current_stream(device).synchronize()
+                if device.type == "cuda":  # NCCL's gathers and sends return before their peers took part (the root
+                    # receives a stage only after packing and sending the ones before): a rank that went on would
+                    # hold every unit's buffers until then; one unit in flight per rank, not a whole stage
+                    torch.cuda.current_stream(device).synchronize()
             elif is_root and stage != 0:
                 for rule in unit:
                     if rule.megatron == M_OUTPUT and arch.tie_word_embeddings:

@@ -38,12 +38,15 @@ def remove_partial(run_dir: Path, next_step: int) -> None:
         shutil.rmtree(ckpt, ignore_errors=True)
 
 
-def prune_checkpoints(run_dir: Path, keep: int) -> list[Path]:
-    """Delete the complete checkpoints of `run_dir` older than its newest `keep` (0: none); returns them. Each loses
-    its completion marker first, so one whose removal is interrupted is never resumed from."""
+def prune_checkpoints(run_dir: Path, keep: int, saved: Path) -> list[Path]:
+    """After `saved`: delete the complete checkpoints of `run_dir` before it beyond the newest `keep` (0: none, and
+    `saved` counts); returns them. Checkpoints of later steps (a run resumed into its folder from an earlier one
+    left them) are not touched. Each loses its completion marker first, so one whose removal is interrupted is never
+    resumed from."""
     if keep < 1:
         return []
-    old = complete_checkpoints(run_dir)[:-keep]
+    upto = [c for c in complete_checkpoints(run_dir) if step_of(c) <= step_of(saved)]
+    old = upto[:-keep]
     for ckpt in old:
         (ckpt / COMPLETE).unlink(missing_ok=True)
         shutil.rmtree(ckpt, ignore_errors=True)
@@ -84,6 +87,7 @@ def check_resume(cfg: Config) -> Path | None:
     ckpt = find_resume_checkpoint(cfg)
     if ckpt is None:
         return None
+    ckpt = ckpt.resolve()  # (the actor's ranks read it: they start in other folders)
     next_step = int(read_runner_state(ckpt)["next_step"])
     if next_step >= cfg.runner.max_steps:
         raise ConfigError(

@@ -243,7 +243,7 @@ class Runner:
             raise OutputError(f"cannot save the checkpoint before step {next_step} in {self.run_dir}: {cause}; "
                               f"{self.resume_hint()}") from None
         self.last_checkpoint = saved
-        for old in checkpoints.prune_checkpoints(self.run_dir, self.cfg.runner.keep_checkpoints):
+        for old in checkpoints.prune_checkpoints(self.run_dir, self.cfg.runner.keep_checkpoints, saved):
             log.info("removed checkpoint %s (runner.keep_checkpoints: %d)", old, self.cfg.runner.keep_checkpoints)
         return saved
 

@@ -72,7 +72,7 @@ def check_node_paths(cluster: Any, wants: dict[int, list[NodePath]]) -> None:
         found = dict(zip(pending, ray.get(list(pending.values()), timeout=PROBE_TIMEOUT_S), strict=True))
     except ray.exceptions.GetTimeoutError:
         raise ConfigError(f"could not check the model and run folders on node(s) {sorted(pending)} within "
-                          f"{PROBE_TIMEOUT_S:g} s (a node without a free CPU slot for a moment's task?)") from None
+                          f"{PROBE_TIMEOUT_S:g} s (is the node alive? `ray status` lists the nodes)") from None
     lines = [f"  node {rank} ({cluster.nodes[rank].ip}): {problem}"
              for rank, problems in found.items() for problem in problems]
     if lines:

@@ -172,6 +172,8 @@ class WorkerGroup(Generic[W]):
             raise ValueError(f"{self.name}: a group with a torch.distributed world is relaunched whole, not ranks "
                              f"{ranks} of 0-{self.size - 1}")
         self.kill(ranks)
+        for rank in ranks:  # (a new process: its predecessor's output is not its own)
+            self._infos.pop(rank, None)
         procs = [self._members[r].process for r in ranks]
         try:
             started = {m.rank: m for m in self._start_members(procs, args, kwargs)}

@@ -16,21 +16,23 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-RENDEZVOUS_PORTS = (10000, 22000)  # below the kernel's ephemeral range (32768 up by default) and sglang's 22000-29999
+# below the kernel's ephemeral range (32768 up by default) and sglang's 22000-29999, above the ports `ray start` gives
+# its workers (10002-19999 by default)
+RENDEZVOUS_PORTS = (20000, 22000)
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
 def rendezvous_port(host: str = "") -> int:
     """A port for a rendezvous that another process binds later (a torch.distributed store, the weight group's):
     free now, and outside the range the kernel hands to every `bind(0)` and outgoing connection (which Ray, ZMQ and
-    the other workers make by the hundred while a job starts), so nothing takes it meanwhile; `free_port` where
-    that range leaves no room below it."""
+    the other workers make by the hundred while a job starts) and the ports Ray gives its workers, so nothing else
+    takes it meanwhile; `free_port` where the ephemeral range leaves no room below it."""
     low, high = RENDEZVOUS_PORTS
     try:
         high = min(high, int(EPHEMERAL_RANGE.read_text().split()[0]))
     except (OSError, ValueError, IndexError):
         pass
-    if high - low < 1000:
+    if high - low < 500:
         return free_port(host)
     for port in random.sample(range(low, high), 64):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -89,9 +91,10 @@ def socket_interface_env(node_ip: str, env: Mapping[str, str],
     the ranks on other nodes cannot connect to it, and a gloo group across nodes (Megatron's data-parallel ones
     among them) waits until its timeout; NCCL takes the first interface that is not loopback or docker's, which on
     hosts with a virtual bridge (`virbr0`) or a management NIC listed first is one the other nodes may not reach
-    (its bootstrap, and its data where no InfiniBand carries it, go there). Named, gloo binds the interface's first
-    address (`gloo_address`), so it is named only where that is `node_ip` (not for a second address, an IPv6 node
-    IP beside IPv4 ones, or a loopback interface). Empty (nothing to set) when both are set, when `node_ip` is
+    (its bootstrap, and its data where no InfiniBand carries it, go there); NCCL's is given as `=name` (that
+    interface alone: NCCL takes a bare name as a prefix, `eth0` matching `eth0.100`). Named, gloo binds the
+    interface's first address (`gloo_address`), so it is named only where that is `node_ip` (not for a second
+    address, an IPv6 node IP beside IPv4 ones, or a loopback interface). Empty (nothing to set) when both are set, when `node_ip` is
     loopback, or when no interface here binds it so."""
     unset = [key for key in (GLOO_IFNAME_ENV, NCCL_IFNAME_ENV) if not env.get(key)]
     if not unset or ipaddress.ip_address(node_ip).is_loopback:
@@ -103,4 +106,4 @@ def socket_interface_env(node_ip: str, env: Mapping[str, str],
         return {}
     if any(ip.is_loopback for ip in _ips(interfaces[name])):  # (a node IP added to `lo`: other nodes route to it,
         return {}                                              # but gloo would take 127.0.0.1)
-    return dict.fromkeys(unset, name)
+    return {key: ("=" if key == NCCL_IFNAME_ENV else "") + name for key in unset}

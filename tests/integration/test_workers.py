@@ -168,7 +168,9 @@ def test_gloo_all_reduce_across_nodes(actor_group):
     assert [i.cuda_visible_devices for i in infos] == ["6", "7", "0", "1"]
     expected = [socket_interface_env(i.ip, {}).get(GLOO_IFNAME_ENV) for i in infos]
     assert actor_group.all.env(GLOO_IFNAME_ENV).wait() == expected
-    assert actor_group.all.env(NCCL_IFNAME_ENV).wait() == expected  # NCCL's bootstrap on the same interface
+    nccl = [socket_interface_env(i.ip, {}).get(NCCL_IFNAME_ENV) for i in infos]
+    assert actor_group.all.env(NCCL_IFNAME_ENV).wait() == nccl  # NCCL's bootstrap on the same interface
+    assert [n and n.removeprefix("=") for n in nccl] == expected
     assert all(expected) or ipaddress.ip_address(infos[0].ip).is_loopback
 
 

@@ -30,10 +30,11 @@ def test_the_interface_holding_an_address(ip, name):
 
 def test_a_worker_uses_the_interface_of_its_node_ip_unless_told_otherwise():
     both = (GLOO_IFNAME_ENV, NCCL_IFNAME_ENV)
-    assert socket_interface_env("10.0.3.17", {}, INTERFACES) == dict.fromkeys(both, "ens5")
-    assert socket_interface_env("fd00:1::7", {}, INTERFACES) == dict.fromkeys(both, "ib0")
+    # (NCCL's with `=`: that interface alone, not every one whose name it starts)
+    assert socket_interface_env("10.0.3.17", {}, INTERFACES) == {GLOO_IFNAME_ENV: "ens5", NCCL_IFNAME_ENV: "=ens5"}
+    assert socket_interface_env("fd00:1::7", {}, INTERFACES) == {GLOO_IFNAME_ENV: "ib0", NCCL_IFNAME_ENV: "=ib0"}
     # the user's choices stay
-    assert socket_interface_env("10.0.3.17", {GLOO_IFNAME_ENV: "ib0"}, INTERFACES) == {NCCL_IFNAME_ENV: "ens5"}
+    assert socket_interface_env("10.0.3.17", {GLOO_IFNAME_ENV: "ib0"}, INTERFACES) == {NCCL_IFNAME_ENV: "=ens5"}
     assert socket_interface_env("10.0.3.17", {NCCL_IFNAME_ENV: "ib0"}, INTERFACES) == {GLOO_IFNAME_ENV: "ens5"}
     assert socket_interface_env("10.0.3.17", dict.fromkeys(both, "ib0"), INTERFACES) == {}
     assert socket_interface_env("127.0.0.1", {}, INTERFACES) == {}  # one machine: whatever gloo picks works

@@ -111,9 +111,16 @@ def test_keep_checkpoints_deletes_the_oldest_complete_ones_and_nothing_else(tmp_
     run = tmp_path / "exp" / "run"
     for step, complete in [(1, True), (2, True), (3, False), (4, True), (5, True)]:
         make_ckpt(run, step, complete, mtime=step)
-    assert prune_checkpoints(run, 0) == []  # 0: keep all
-    assert prune_checkpoints(run, 2) == [checkpoint_dir(run, 1), checkpoint_dir(run, 2)]
+    newest = checkpoint_dir(run, 5)
+    assert prune_checkpoints(run, 0, newest) == []  # 0: keep all
+    assert prune_checkpoints(run, 2, newest) == [checkpoint_dir(run, 1), checkpoint_dir(run, 2)]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000003", "step_000004", "step_000005"]
-    assert prune_checkpoints(run, 2) == []  # an incomplete save (step 3) is left to the save that failed
+    assert prune_checkpoints(run, 2, newest) == []  # an incomplete save (step 3) is left to the save that failed
     # `auto` still resumes from the newest
     assert find_resume_checkpoint(cfg_with(tmp_path, "auto")) == checkpoint_dir(run, 5)
+    # resumed from step 4 into the same folder, the run saves step 5 again... and one from step 2's branch, above:
+    # only what comes before the save counts (the later step 9 of an abandoned branch is not the one to keep)
+    branch = make_ckpt(run, 9, complete=True, mtime=9)
+    again = checkpoint_dir(run, 5)
+    assert prune_checkpoints(run, 1, again) == [checkpoint_dir(run, 4)]
+    assert again.exists() and branch.exists()

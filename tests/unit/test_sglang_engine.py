@@ -707,3 +707,11 @@ async def test_a_request_sglang_aborts_itself_is_an_error_that_names_the_keys(mo
                 pass
     finally:
         engine.shutdown()
+
+
+def test_records_name_the_physical_gpu_where_the_process_sees_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two Ray clusters on one host number their GPUs from 0: the record follows the device the worker was given."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5f1c,GPU-77aa")
+    assert sglang_leftovers.record_path(0).name == "sglang-gpuGPU-5f1c.pids"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert sglang_leftovers.record_path(3).name == "sglang-gpu3.pids"

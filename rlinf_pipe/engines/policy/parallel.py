@@ -63,7 +63,7 @@ class ReplicaRanks:
     is_output: bool
     mp_group: Any  # the replica's ranks, for host-side collectives (`mp_object_group`)
     input_rank: int  # global rank of the replica's input rank
-    dp_group: Any = None  # this rank's data-parallel group, for host-side votes (gloo where Megatron made one)
+    dp_group: Any = None  # this rank's data-parallel group's gloo twin, for host-side votes (`dp_object_group`)
 
     @classmethod
     def current(cls) -> ReplicaRanks:

@@ -5,7 +5,9 @@ they die by their parent-death signal, asynchronously, and hold their GPU memory
 CUDA context down (seconds; sglang's own restarts wait up to a minute). A new engine that measures the free memory
 meanwhile sizes its KV cache on what they still hold, or finds too little and fails. So each engine records the
 processes under it (pid and start time, per first GPU, in a folder of this user's), and the next engine on that
-GPU waits until they are gone (`LEFTOVER_WAIT_S` at most, then warns and goes on).
+GPU waits until they are gone (`LEFTOVER_WAIT_S` at most, then warns and goes on). A GPU is named as the process
+sees it in `CUDA_VISIBLE_DEVICES` (the physical id or UUID the workers are given), so two Ray clusters on one host
+that number their GPUs from 0 do not wait for each other's engines.
 """
 
 from __future__ import annotations
@@ -24,7 +26,11 @@ RECORD_DIR = Path(tempfile.gettempdir()) / f"rlinf_pipe-{os.getuid()}"
 
 
 def record_path(first_gpu: int) -> Path:
-    return RECORD_DIR / f"sglang-gpu{first_gpu}.pids"
+    """The record of the engines whose first GPU is `first_gpu` (this node's index; the physical device it is in
+    `CUDA_VISIBLE_DEVICES` when that is set)."""
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    device = visible[0] if visible else str(first_gpu)  # (the engine's first GPU is the first one it sees)
+    return RECORD_DIR / f"sglang-gpu{device.replace('/', '_')}.pids"
 
 
 def record_children(first_gpu: int) -> list[int]:
