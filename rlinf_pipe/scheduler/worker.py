@@ -18,7 +18,7 @@ import ray
 
 from rlinf_pipe.errors import ClusterError
 from rlinf_pipe.utils.compute_thread import ComputeThread, compute_thread
-from rlinf_pipe.scheduler.last_output import stderr_file
+from rlinf_pipe.scheduler.last_output import announce_output, stderr_file
 from rlinf_pipe.utils.net import rendezvous_port, socket_interface_env
 from rlinf_pipe.utils.profiling import ProfileResult, StepProfiler
 from rlinf_pipe.utils.tracing import Span, Tracer
@@ -165,6 +165,7 @@ class Worker:
     CPUs (docs/workers.md#cpu-threads)."""
 
     def __init__(self) -> None:
+        announce_output()  # (first: a death while the worker builds is reported with its last output)
         claim_devices()
         self.info = read_worker_info()
         os.environ.update(socket_interface_env(self.info.ip, os.environ))  # before any group (ours, Megatron's)

@@ -31,7 +31,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from rlinf_pipe.errors import ClusterError, WorkerError, WorkerLost
 from rlinf_pipe.scheduler.cluster import Cluster
 from rlinf_pipe.scheduler.group_call import ANSI_ESCAPES, GroupCall, Member, Verb
-from rlinf_pipe.scheduler.last_output import output_tail
+from rlinf_pipe.scheduler.last_output import announced_output, forget_output, output_tail
 from rlinf_pipe.scheduler.placement import ComponentPlacement, ProcessPlacement
 from rlinf_pipe.scheduler.worker import CONTROL_GROUP, Worker, WorkerInfo, placement_env, rendezvous_env
 from rlinf_pipe.utils.net import rendezvous_port
@@ -343,7 +343,10 @@ class WorkerGroup(Generic[W]):
     def last_output(self, rank: int) -> str:
         """What rank `rank` printed last (`last_output.output_tail`), for the error of a rank that died."""
         info = self._infos.get(rank)
-        return "" if info is None else output_tail(info.output, f"node {info.node_rank} ({info.ip})")
+        if info is not None:
+            return output_tail(info.output, f"node {info.node_rank} ({info.ip})")
+        member = self._members[rank]  # died before it was ready: the file it announced, if it got that far
+        return output_tail(announced_output(member.actor._actor_id.hex()), f"node {member.process.node_rank}")
 
     def shutdown(self, wait_s: float = 0.0, grace_s: float = 0.0) -> None:
         """Kill every rank; with `grace_s`, each first releases what a killed process would leave behind
@@ -353,4 +356,6 @@ class WorkerGroup(Generic[W]):
             released = [member.actor.before_stop.remote() for member in self._members]
             ray.wait(released, num_returns=len(released), timeout=grace_s)
         self.kill(range(self.size), wait_s)
+        for member in self._members:
+            forget_output(member.actor._actor_id.hex())
         self._members = []

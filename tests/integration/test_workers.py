@@ -29,6 +29,10 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 class Probe(Worker):
     def __init__(self, tag: str = ""):
         super().__init__()
+        if tag == "dies while it builds":  # (as an SGLang engine that finds too little memory, then SIGQUIT)
+            sys.stderr.write("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\n")
+            sys.stderr.flush()
+            os._exit(3)
         self.tag = tag
 
     def tagged(self) -> tuple[str, int]:
@@ -250,6 +254,16 @@ def test_dead_worker_is_reported_by_name(cluster):
         assert lost.how == "died" and str(lost).endswith("CUDA out of memory")
     finally:
         group.shutdown()
+
+
+def test_a_worker_that_dies_while_it_builds_is_reported_with_its_last_output(cluster):
+    cfg = make_config({"rollout": "0-1", "actor": "2-3"})
+    with pytest.raises(WorkerError) as info:
+        WorkerGroup.launch(Probe, "doomed", plan_placement(cfg).components["actor"], cluster, "dies while it builds",
+                           distributed=False)
+    assert "died" in str(info.value)
+    assert str(info.value).splitlines()[-1] == ("RuntimeError: Not enough memory. Please try to increase "
+                                                "--mem-fraction-static.")
 
 
 def test_the_heartbeat_names_a_hung_worker_and_a_peer_failure_is_blamed_on_the_lost_one(cluster):
