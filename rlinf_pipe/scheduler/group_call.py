@@ -14,7 +14,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from rlinf_pipe.errors import WorkerError, WorkerLost
+from rlinf_pipe.errors import WorkerError
 from rlinf_pipe.scheduler import traffic
 from rlinf_pipe.scheduler.gpu_ids import format_ids
 from rlinf_pipe.scheduler.placement import ProcessPlacement
@@ -106,8 +106,7 @@ class GroupCall:
                     f"{self.group.name} rank {member.rank} ({member.where()}) failed in its constructor: {last_line}"
                     f"\n--- remote traceback ---\n{remote}"
                 )
-            said = self.group.last_output(member.rank)
-            return WorkerLost(member.name, head, "died", f"{remote}\n{said}" if said else remote)
+            return self.group.died(member, head, remote)
         return WorkerError(f"{head} raised {type(exc.cause).__name__}: {exc.cause}\n--- remote traceback ---\n{remote}")
 
 

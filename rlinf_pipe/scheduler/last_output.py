@@ -5,8 +5,9 @@ when one of them fails (CUDA out of memory, an NCCL error, a scheduler exception
 segfault in a kernel library. Ray then says only that the actor died. The reason is in the worker's output (SGLang's
 schedulers write their traceback to the same file, which they inherit), so a lost worker's error carries its last
 lines when the driver can read the file (the same node, or shared storage), else where to find it. A worker
-announces the file first thing in its constructor (Ray's key-value store, by actor id), so a worker that dies
-while it builds its models (an SGLang engine that finds too little memory) is reported with it too.
+announces the file first thing in its constructor (Ray's key-value store, by actor id: a relaunched rank is another
+actor), so a worker that dies while it builds its models (an SGLang engine that finds too little memory) is
+reported with it too.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import ray
 
 from rlinf_pipe.errors import ClusterError
 from rlinf_pipe.utils.compute_thread import ComputeThread, compute_thread
-from rlinf_pipe.scheduler.last_output import announce_output, stderr_file
+from rlinf_pipe.scheduler.last_output import announce_output
 from rlinf_pipe.utils.net import rendezvous_port, socket_interface_env
 from rlinf_pipe.utils.profiling import ProfileResult, StepProfiler
 from rlinf_pipe.utils.tracing import Span, Tracer
@@ -46,7 +46,6 @@ class WorkerInfo:
     pid: int
     node_id: str
     cuda_visible_devices: str | None
-    output: str = ""  # the file its standard error goes to (`last_output.stderr_file`)
 
 
 def placement_env(group: str, rank: int, world_size: int, node_rank: int, local_gpus, global_gpus) -> dict[str, str]:
@@ -115,7 +114,6 @@ def read_worker_info() -> WorkerInfo:
         pid=os.getpid(),
         node_id=ray.get_runtime_context().get_node_id(),
         cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
-        output=stderr_file(),
     )
 
 

@@ -83,7 +83,6 @@ class WorkerGroup(Generic[W]):
                  recipe: _Recipe | None = None):
         self.name, self.placement, self._members, self._recipe = name, placement, members, recipe
         self._calls: list[tuple[Member, Any]] = []  # calls made through the verbs, not known to be finished
-        self._infos: dict[int, WorkerInfo] = {}  # each rank's, once it was ready
 
     @classmethod
     def launch(
@@ -172,13 +171,11 @@ class WorkerGroup(Generic[W]):
             raise ValueError(f"{self.name}: a group with a torch.distributed world is relaunched whole, not ranks "
                              f"{ranks} of 0-{self.size - 1}")
         self.kill(ranks)
-        for rank in ranks:  # (a new process: its predecessor's output is not its own)
-            self._infos.pop(rank, None)
         procs = [self._members[r].process for r in ranks]
         try:
             started = {m.rank: m for m in self._start_members(procs, args, kwargs)}
             self._members = [started.get(m.rank, m) for m in self._members]
-            self._infos.update(zip(ranks, self.some(ranks).worker_info().wait(), strict=True))
+            self.some(ranks).worker_info().wait()
         except (ClusterError, WorkerError):
             self.shutdown()
             raise
@@ -227,7 +224,7 @@ class WorkerGroup(Generic[W]):
         """Wait until every rank's constructor finished. A rank failing there raises a `WorkerError` naming it, and
         the group's other actors are stopped (none is left waiting in the rendezvous)."""
         try:
-            self._infos = dict(enumerate(self.all.worker_info().wait()))
+            self.all.worker_info().wait()
         except WorkerError:
             self.shutdown()
             raise
@@ -333,20 +330,18 @@ class WorkerGroup(Generic[W]):
                                   f"alive but no answer to a heartbeat within {timeout_s:g} s (stopped, or stuck "
                                   "holding the Python interpreter lock)")
             except (RayActorError, RayTaskError) as exc:
-                first = ANSI_ESCAPES.sub("", str(exc)).strip().splitlines()[0]
-                said = self.last_output(member.rank)
-                return WorkerLost(member.name, where, "died", f"{first}\n{said}" if said else first)
+                return self.died(member, where, ANSI_ESCAPES.sub("", str(exc)).strip().splitlines()[0])
             return None
 
         return [lost for lost in await asyncio.gather(*(probe(m) for m in self._members)) if lost is not None]
 
-    def last_output(self, rank: int) -> str:
-        """What rank `rank` printed last (`last_output.output_tail`), for the error of a rank that died."""
-        info = self._infos.get(rank)
-        if info is not None:
-            return output_tail(info.output, f"node {info.node_rank} ({info.ip})")
-        member = self._members[rank]  # died before it was ready: the file it announced, if it got that far
-        return output_tail(announced_output(member.actor._actor_id.hex()), f"node {member.process.node_rank}")
+    def died(self, member: Member, where: str, detail: str) -> WorkerLost:
+        """The loss of `member`, whose process is gone: `detail` (Ray's word), then what it printed last (the tail of
+        the output file it announced, `last_output`)."""
+        node = member.process.node_rank
+        ip = f" ({self._recipe.cluster.nodes[node].ip})" if self._recipe is not None else ""
+        said = output_tail(announced_output(member.actor._actor_id.hex()), f"node {node}{ip}")
+        return WorkerLost(member.name, where, "died", f"{detail}\n{said}" if said else detail)
 
     def shutdown(self, wait_s: float = 0.0, grace_s: float = 0.0) -> None:
         """Kill every rank; with `grace_s`, each first releases what a killed process would leave behind
