@@ -15,7 +15,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from rlinf_pipe.config.schema import Config
-from rlinf_pipe.data.factory import build_prompt_dataset, build_renderer, first_prompts, split_validation
+from rlinf_pipe.data.factory import build_prompt_dataset, first_prompts, split_validation
 from rlinf_pipe.engines.evaluation import (
     eval_metrics,
     eval_problems,
@@ -24,7 +24,7 @@ from rlinf_pipe.engines.evaluation import (
     score_pairs,
     write_problems,
 )
-from rlinf_pipe.engines.reward.extract import thinking_for
+from rlinf_pipe.engines.reward.extract import resolve_thinking
 from rlinf_pipe.engines.reward.pool import reward_pool
 from rlinf_pipe.engines.rollout.factory import build_engine, sampling_params
 from rlinf_pipe.errors import ConfigError
@@ -59,7 +59,7 @@ def evaluate_model(cfg: Config, model: str, out_dir: Path, limit: int, k: int, h
     out_dir.mkdir(parents=True, exist_ok=True)
     folder = eval_model_folder(model, cfg, out_dir)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    cfg.reward.thinking = thinking_for(cfg.reward.thinking, build_renderer(cfg.data, tokenizer).render("1 + 1"))
+    resolve_thinking(cfg, tokenizer)
     dataset = build_prompt_dataset(cfg.data, tokenizer, cfg.runner.seed)
     if heldout:
         _, prompts = split_validation(cfg.data, tokenizer, cfg.runner.seed, dataset)

@@ -4,19 +4,16 @@ settings that depend on the prompts (`reward.thinking`)."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
 from rlinf_pipe.config.schema import Config
-from rlinf_pipe.data.factory import build_prompt_dataset, build_renderer, build_sampler, split_validation
+from rlinf_pipe.data.factory import build_prompt_dataset, build_sampler, split_validation
 from rlinf_pipe.data.sampler import PromptSampler
 from rlinf_pipe.data.structs import PromptItem
-from rlinf_pipe.engines.reward.extract import thinking_for
+from rlinf_pipe.engines.reward.extract import resolve_thinking
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.models.resolve import resolve_model_path
-
-log = logging.getLogger(__name__)
 
 
 def run_model_path(name: str, cfg: Config) -> str:
@@ -62,16 +59,6 @@ def driver_inputs(cfg: Config) -> DriverInputs:
         dataset, val_prompts = split_validation(cfg.data, tokenizer, cfg.runner.seed, dataset)
     return DriverInputs(model_path, rollout_path, build_sampler(cfg.data, dataset, cfg.runner.seed), val_prompts,
                         pad_id_of(tokenizer))
-
-
-def resolve_thinking(cfg: Config, tokenizer: Any) -> None:
-    """Set `reward.thinking` `auto` to what the run's prompts call for (`thinking_for`), before the reward workers
-    are made from the config."""
-    resolved = thinking_for(cfg.reward.thinking, build_renderer(cfg.data, tokenizer).render("1 + 1"))
-    if resolved != cfg.reward.thinking:
-        log.info("reward.thinking: the prompts open a <think> block, so a response states its answer only after "
-                 "</think> (%s)", resolved)
-        cfg.reward.thinking = resolved
 
 
 ROUND_TRIP_PROBE = "What is 12 + 30? The answer is 42."

@@ -262,7 +262,7 @@ def test_the_driver_reads_answers_only_after_the_reasoning_where_the_chat_templa
     from transformers import AutoTokenizer
 
     from rlinf_pipe.models.tiny import ensure_tiny_model
-    from rlinf_pipe.runner.driver_inputs import resolve_thinking
+    from rlinf_pipe.engines.reward.extract import resolve_thinking
 
     tokenizer = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
     cfg = load_config()

@@ -14,11 +14,15 @@ Rules (see docs/reward.md):
 
 from __future__ import annotations
 
+import logging
 import re
 import unicodedata
 from functools import lru_cache
+from typing import Any
 
 from rlinf_pipe.utils.latex import last_boxed
+
+log = logging.getLogger(__name__)
 
 _MINUS_SIGNS = {"\u2212": "-", "\ufe63": "-", "\u2796": "-"}
 _SUPERSCRIPTS = dict(zip("⁰¹²³⁴⁵⁶⁷⁸⁹⁻", "0123456789-", strict=True))
@@ -71,6 +75,18 @@ def thinking_for(mode: str, rendered_prompt: str) -> str:
     if mode == "auto" and rendered_prompt.rfind(THINK_OPEN) > rendered_prompt.rfind(THINK_CLOSE):
         return "closed"
     return mode
+
+
+def resolve_thinking(cfg: Any, tokenizer: Any) -> None:
+    """Set `cfg.reward.thinking` `auto` to what the run's prompts call for (`thinking_for` of a prompt rendered with
+    `cfg.data`'s template), before reward pools are made from the config."""
+    from rlinf_pipe.data.factory import build_renderer
+
+    resolved = thinking_for(cfg.reward.thinking, build_renderer(cfg.data, tokenizer).render("1 + 1"))
+    if resolved != cfg.reward.thinking:
+        log.info("reward.thinking: the prompts open a <think> block, so a response states its answer only after "
+                 "</think> (%s)", resolved)
+        cfg.reward.thinking = resolved
 
 
 def extract_answer(response: str, answer_pattern: str | None = None, thinking: str = "auto") -> str | None:
