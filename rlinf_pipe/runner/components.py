@@ -128,8 +128,8 @@ def create_channels(plan: RunPlan, reward_processes: int) -> StepChannels:
     The train channels are always unbounded: a replica that has its mini-batch reads nothing while it waits in the
     step's vote for the others, and a producer blocked on its channel would hold back, behind it, the groups the
     others wait for (every producer feeds every replica). What they hold is bounded by the batches of the steps in
-    flight (`runner.max_staleness` + 1: the driver hands out a step's prompts only when it may begin). Without a log-prob stage there is no scored channel:
-    the reward workers feed the train channels."""
+    flight (`runner.max_staleness` + 1: the driver hands out a step's prompts only when it may begin). Without a
+    log-prob stage there is no scored channel: the reward workers feed the train channels."""
     run_id = uuid.uuid4().hex[:8]
     options: dict[str, Any] = {"shared_bytes": plan.channel_shared_bytes}
     if plan.buffers_steps:

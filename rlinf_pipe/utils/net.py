@@ -94,8 +94,8 @@ def socket_interface_env(node_ip: str, env: Mapping[str, str],
     (its bootstrap, and its data where no InfiniBand carries it, go there); NCCL's is given as `=name` (that
     interface alone: NCCL takes a bare name as a prefix, `eth0` matching `eth0.100`). Named, gloo binds the
     interface's first address (`gloo_address`), so it is named only where that is `node_ip` (not for a second
-    address, an IPv6 node IP beside IPv4 ones, or a loopback interface). Empty (nothing to set) when both are set, when `node_ip` is
-    loopback, or when no interface here binds it so."""
+    address, an IPv6 node IP beside IPv4 ones, or a loopback interface). Empty (nothing to set) when both are set,
+    when `node_ip` is loopback, or when no interface here binds it so."""
     unset = [key for key in (GLOO_IFNAME_ENV, NCCL_IFNAME_ENV) if not env.get(key)]
     if not unset or ipaddress.ip_address(node_ip).is_loopback:
         return {}

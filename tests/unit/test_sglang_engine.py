@@ -185,7 +185,7 @@ def test_an_engine_waits_for_the_processes_of_the_last_engine_on_its_gpu(model_p
     gpu = _free_pair_of_store_ports()
     first = make_engine(model_path, first_gpu=gpu)
     scheduler = standin(first).scheduler.process.pid
-    assert scheduler in [pid for pid, _ in _recorded(gpu)]
+    assert scheduler in [pid for pid, _ in sglang_leftovers.recorded(gpu)]
     with caplog.at_level(logging.WARNING, logger=sglang_leftovers.__name__):
         second = make_engine(model_path, first_gpu=gpu)  # the first still runs: waited for, in vain
     waited = re.search(rf"the processes \[([\d, ]+)\] of an earlier SGLang engine on GPU {gpu} are still running",
@@ -194,7 +194,7 @@ def test_an_engine_waits_for_the_processes_of_the_last_engine_on_its_gpu(model_p
     first.shutdown()
     second_scheduler = standin(second).scheduler.process.pid
     second.shutdown()  # its processes end: the next engine there has nothing of theirs to wait for
-    ours = [(pid, started) for pid, started in _recorded(gpu) if pid in (scheduler, second_scheduler)]
+    ours = [(pid, started) for pid, started in sglang_leftovers.recorded(gpu) if pid in (scheduler, second_scheduler)]
     assert second_scheduler in [pid for pid, _ in ours]  # (the first's too: this process is the parent of both)
     assert sglang_leftovers.wait_for_exit(ours, timeout_s=30) == []
 
@@ -209,11 +209,6 @@ def test_a_recorded_pid_now_held_by_another_process_is_not_waited_for() -> None:
         sleeper.kill()
         sleeper.wait()
     assert sglang_leftovers.wait_for_exit([(sleeper.pid, started)], timeout_s=30) == []
-
-
-def _recorded(gpu: int) -> list[tuple[int, float]]:
-    lines = sglang_leftovers.record_path(gpu).read_text().splitlines()
-    return [(int(pid), float(started)) for pid, started in (line.split() for line in lines)]
 
 
 async def test_engines_on_one_node_take_the_store_port_of_their_first_gpu(model_path: Path) -> None:

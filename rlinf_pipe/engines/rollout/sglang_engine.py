@@ -53,8 +53,8 @@ from rlinf_pipe.engines.rollout.sglang_errors import (
     NAN_SAMPLED,
     SESSION_OPEN,
     SGLangError,
-    finish_reason_of,
     aborted_message,
+    finish_reason_of,
 )
 from rlinf_pipe.engines.rollout.sglang_launch import (
     ALLOC_CONF,

@@ -14,9 +14,9 @@ def aborted_message(exc: Exception) -> str:
     status = getattr(exc, "status_code", 400)
     detail = getattr(exc, "detail", None) or str(exc)
     if "out of memory" in str(detail).lower():
-        hint = ("the engine's KV cache cannot hold the sequences it decodes at once: lower rollout.max_running_requests "
-                "or rollout.max_new_tokens, or raise rollout.gpu_memory_fraction (`rlinf-pipe plan` shows the "
-                "estimate)")
+        hint = ("the engine's KV cache cannot hold the sequences it decodes at once: lower "
+                "rollout.max_running_requests or rollout.max_new_tokens, or raise rollout.gpu_memory_fraction "
+                "(`rlinf-pipe plan` shows the estimate)")
     elif status == 400:
         hint = ("sglang refused the request: check data.max_prompt_length + rollout.max_new_tokens against the "
                 "model's context, and the sampling settings (rollout.*)")

@@ -60,16 +60,20 @@ def wait_for_exit(recorded: list[tuple[int, float]], timeout_s: float) -> list[i
     return [p.pid for p in alive]
 
 
+def recorded(first_gpu: int) -> list[tuple[int, float]]:
+    """The processes (pid, start time) the last engine on `first_gpu` recorded (none: no readable record)."""
+    try:
+        lines = record_path(first_gpu).read_text().splitlines()
+        return [(int(pid), float(started)) for pid, started in (line.split() for line in lines if line.strip())]
+    except (OSError, ValueError):
+        return []
+
+
 def wait_for_leftovers(first_gpu: int, timeout_s: float | None = None) -> list[int]:
     """Before an engine starts on `first_gpu`: wait for the processes the last engine there recorded; the pids still
     running after `timeout_s` (default `LEFTOVER_WAIT_S`; logged)."""
     timeout_s = LEFTOVER_WAIT_S if timeout_s is None else timeout_s
-    try:
-        lines = record_path(first_gpu).read_text().split("\n")
-        recorded = [(int(pid), float(started)) for pid, started in (line.split() for line in lines if line.strip())]
-    except (OSError, ValueError):
-        return []
-    alive = wait_for_exit(recorded, timeout_s)
+    alive = wait_for_exit(recorded(first_gpu), timeout_s)
     if alive:
         log.warning("the processes %s of an earlier SGLang engine on GPU %d are still running after %g s; starting "
                     "anyway (the new engine may find less free memory)", alive, first_gpu, timeout_s)
