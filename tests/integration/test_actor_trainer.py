@@ -80,6 +80,21 @@ def _single_process(rank: int, model_path: str) -> dict:
         out[f"lp_err_{temp}"] = float((lp.double() - ref_lp).abs().max())
         out[f"ent_err_{temp}"] = float((ent.double() - ref_ent).abs().max())
         out[f"packed_{temp}"] = (lp, ent)
+    # alone (no pipeline stages), each forward micro-batch keeps its own shape: no filler; the log-probs are those of
+    # micro-batches padded to one shape, as a pipeline-parallel schedule needs them
+    from rlinf_pipe.engines.policy.model_inputs import logprob_micro_batches
+
+    shapes = {}
+    for same in (True, False):
+        for packed in (True, False):
+            _, inputs = logprob_micro_batches(batch, 40, packed, torch.device("cpu"), same_shape=same)
+            shapes[(same, packed)] = [m.shape for m in inputs]
+    out["chunk_shapes"] = shapes
+    out["chunk_real_tokens"] = [int(batch.attention_mask[r.start:r.stop].sum()) for r in
+                                logprob_micro_batches(batch, 40, True, torch.device("cpu"))[0]]
+    a_same = _policy(model_path, logprob_max_tokens=40)
+    a_same.pp_size = 2  # (only the shape rule reads it here: the schedule of a single stage runs either way)
+    out["same_shape_0.7"] = a_same.compute_logprobs(batch, temperature=0.7, with_entropy=True)
     # the HF weight stream reproduces the HF checkpoint
     hf_state = load_file(f"{model_path}/model.safetensors")
     streamed = dict(a.hf_weights())
@@ -337,6 +352,19 @@ def test_rows_sharing_their_prompt_equal_unshared_rows_and_hf(single):
         torch.testing.assert_close(shared[name], g, atol=1e-7, rtol=1e-5, msg=name)
     losses = [m["loss"] for m in single["grouped_metrics"]]
     assert losses[0] == pytest.approx(losses[1], abs=1e-6)
+
+
+def test_forward_micro_batches_keep_their_own_shape_without_pipeline_stages(single):
+    """Forward-only micro-batches of a single stage run at their own length (packed: the chunk's real tokens;
+    padded: the last run's own rows); the pipeline's equal shapes (filler) give the same log-probs."""
+    shapes, real = single["chunk_shapes"], single["chunk_real_tokens"]
+    assert len(real) >= 2 and len(set(real)) > 1  # chunks of differing lengths
+    assert shapes[(False, True)] == [(1, n) for n in real]  # packed: no filler
+    assert shapes[(True, True)] == [(1, max(real))] * len(real)
+    own, same = shapes[(False, False)], shapes[(True, False)]
+    assert len(set(same)) == 1 and own[:-1] == same[:-1] and own[-1][0] < same[-1][0]  # padded: no copied rows
+    for own_values, same_values in zip(single["packed_0.7"], single["same_shape_0.7"], strict=True):
+        torch.testing.assert_close(own_values, same_values, atol=1e-6, rtol=1e-5)
 
 
 def test_clear_errors(single):

@@ -103,12 +103,14 @@ def token_chunks(lengths: Sequence[int], budget: int) -> list[range]:
     return runs
 
 
-def logprob_micro_batches(batch: Any, budget: int, packed: bool, device: torch.device, shared: Sharing | None = None
-                          ) -> tuple[list[range], list[ModelInputs]]:
-    """The forward-only micro-batches of a `TrainBatch` (their rows, and their model inputs), all of one shape for
-    the pipeline schedule: packed, runs of rows of at most `budget` real tokens (rows of one prompt sharing it
-    where `shared`, the batch's sharing from `packing`, says so), each stream as long as the longest; padded, runs
-    of at most `budget // length` rows, the last one filled up with copies of its last row."""
+def logprob_micro_batches(batch: Any, budget: int, packed: bool, device: torch.device, shared: Sharing | None = None,
+                          same_shape: bool = True) -> tuple[list[range], list[ModelInputs]]:
+    """The forward-only micro-batches of a `TrainBatch` (their rows, and their model inputs): packed, runs of rows of
+    at most `budget` real tokens (rows of one prompt sharing it where `shared`, the batch's sharing from `packing`,
+    says so); padded, runs of at most `budget // length` rows. With `same_shape` (a pipeline-parallel schedule,
+    whose stages exchange activations of one shape) every packed stream is made as long as the longest with filler
+    and the last padded run is filled up with copies of its last row; without it each micro-batch keeps its own
+    shape, and no compute goes to filler."""
     input_ids, mask = batch.input_ids, batch.attention_mask
     b, length = input_ids.shape
     if packed:
@@ -117,12 +119,13 @@ def logprob_micro_batches(batch: Any, budget: int, packed: bool, device: torch.d
         shares = [shared_within(shared, r) if shared is not None else [(i, 0) for i in range(len(r))]
                   for r in chunks]
         total = max(stream_length(lengths[r.start:r.stop], s) for r, s in zip(chunks, shares, strict=True))
-        return chunks, [packed_inputs(input_ids[r.start:r.stop], mask[r.start:r.stop], device, total, s)
+        return chunks, [packed_inputs(input_ids[r.start:r.stop], mask[r.start:r.stop], device,
+                                      total if same_shape else None, s)
                         for r, s in zip(chunks, shares, strict=True)]
     rows = max(1, min(b, budget // length))
     chunks = [range(i, min(i + rows, b)) for i in range(0, b, rows)]
     ids = [input_ids[r.start:r.stop] for r in chunks]
-    if ids[-1].shape[0] < rows:  # equal shapes for the pipeline: pad with copies of the last row
+    if same_shape and ids[-1].shape[0] < rows:  # pad with copies of the last row
         last = ids[-1]
         ids[-1] = torch.cat([last, last[-1:].expand(rows - last.shape[0], length)])
     return chunks, [padded_inputs(i, device) for i in ids]

@@ -235,9 +235,10 @@ class MegatronPolicy:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         shapes = {m.shape for m in micro_batches}
-        if len(shapes) != 1:
-            raise ValueError(f"micro-batches of one schedule call must share their shape, got {sorted(shapes)}")
-        b, length = micro_batches[0].shape
+        if self.pp_size > 1 and len(shapes) != 1:  # (stages exchange activations of one shape; alone, any goes)
+            raise ValueError(f"micro-batches of one pipeline schedule call must share their shape, got "
+                             f"{sorted(shapes)}")
+        b, length = max(shapes)
         counter = iter(range(len(micro_batches)))
 
         def forward_step(data_iterator: Iterator[ModelInputs], model: Any) -> tuple[Tensor, Callable]:
@@ -268,7 +269,8 @@ class MegatronPolicy:
         if input_ids.dim() != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must be a non-empty [batch, seq] tensor, got {tuple(input_ids.shape)}")
         packed, shared = packing(batch, self.pack_sequences, self.share_prompts)
-        chunks, micro_batches = logprob_micro_batches(batch, self.logprob_max_tokens, packed, self.device, shared)
+        chunks, micro_batches = logprob_micro_batches(batch, self.logprob_max_tokens, packed, self.device, shared,
+                                                      same_shape=self.pp_size > 1)
 
         def factory(index: int) -> Callable:
             inputs = micro_batches[index]
