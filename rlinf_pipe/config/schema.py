@@ -137,6 +137,12 @@ class AlgorithmConfig:
         "the pipeline trains exactly what collocated mode does); `arrival`, in the order the groups are scored, so "
         "the first mini-batch trains while the slowest groups still generate (a step's mini-batches then depend "
         "on timing). See docs/pipeline.md.")
+    replica_routing: Literal["slot", "tokens"] = opt(
+        "slot", "Which actor replica trains each group of a mini-batch (actor DP > 1): `slot`, round-robin by the "
+        "groups' slots (reproducible); `tokens`, as groups arrive, the replica with the fewest tokens so far in the "
+        "mini-batch among those with room, so that long groups do not pile up on one replica, which the others wait "
+        "for at the optimizer step (each replica still trains as many groups; which ones depends on arrival order, "
+        "which changes float rounding only). See docs/pipeline.md.")
     clip_ratio_low: float = opt(0.2, "PPO clip epsilon below 1.", min=0)
     clip_ratio_high: float = opt(0.2, "PPO clip epsilon above 1.", min=0)
     dual_clip_c: float | None = opt(None, "Dual-clip constant c > 1 for negative advantages (null: off).")

@@ -58,6 +58,7 @@ class Components:
     sampling_rounds: Any
     recipes: GroupRecipes
     arrival_slots: Any = None  # `workers.arrival_slots.ArrivalSlots` with `algorithm.minibatch_order: arrival`
+    balancer: Any = None  # `workers.replica_balance.ReplicaBalancer` with `algorithm.replica_routing: tokens`
 
     def stages(self, names: tuple[str, ...]) -> dict[str, WorkerGroup]:
         """The groups of the stages `names` that run in groups of their own (no inference group when the actor
@@ -106,7 +107,7 @@ class Components:
         self.channels.abort()
         for group in self.groups():
             group.shutdown(wait_s=30.0, grace_s=EXIT_GRACE_S)
-        for helper in (self.locks, self.sampling_rounds, self.arrival_slots):
+        for helper in (self.locks, self.sampling_rounds, self.arrival_slots, self.balancer):
             if helper is not None:
                 ray.kill(helper, no_restart=True)
 
@@ -160,19 +161,20 @@ class GroupRecipes:
     locks: Any
     rounds: Any  # what gives the reward workers' groups their slots (None: the prompts' own)
     pad_token_id: int = 0
+    balancer: Any = None  # what routes groups to actor replicas by tokens (None: by slot)
 
     def arguments(self, name: str, channels: StepChannels) -> tuple[tuple, dict[str, Any]]:
         """The constructor arguments of group `name`'s workers."""
         cfg, plan, locks = self.cfg, self.plan, self.locks
         if name == "reward":
             direct = channels.train if plan.logprob_component is None else None  # no log-prob stage: to the actor
-            return (cfg, channels.rollouts, channels.scored, self.rounds, direct, self.pad_token_id), {}
+            return (cfg, channels.rollouts, channels.scored, self.rounds, direct, self.pad_token_id, self.balancer), {}
         if name == "actor":
             return (cfg, self.model_path, channels.train, channels.scored if plan.actor_logprobs else None,
-                    locks if plan.engines_share_actor else None), {}
+                    locks if plan.engines_share_actor else None, self.balancer), {}
         if name == "inference":
             return (cfg, self.model_path, channels.scored, channels.train, plan.actor_dp,
-                    locks if plan.inference_shares_rollout else None), {}
+                    locks if plan.inference_shares_rollout else None, self.balancer), {}
         if name == "rollout":  # (a small first batch only where the actor trains while the engines generate)
             first = None if plan.engines_share_actor else cfg.rollout.first_batch_size or cfg.actor.micro_batch_size
             return (cfg.rollout, self.rollout_path, sampling_params(cfg.rollout, cfg.algorithm.group_size),
@@ -226,6 +228,8 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
     from rlinf_pipe.workers.arrival_slots import ArrivalSlots
     from rlinf_pipe.workers.dynamic_sampling import SamplingRounds
     from rlinf_pipe.workers.inference import InferenceWorker
+    from rlinf_pipe.workers.logprob_stage import train_routing
+    from rlinf_pipe.workers.replica_balance import ReplicaBalancer
     from rlinf_pipe.workers.reward import RewardWorker
     from rlinf_pipe.workers.rollout import RolloutWorker
 
@@ -254,8 +258,9 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
         locks = DeviceLocks.remote() if plan.device_locks else None
         rounds = SamplingRounds.remote() if plan.dynamic_sampling else None
         arrival = ArrivalSlots.remote() if plan.arrival_slots else None
+        balancer = ReplicaBalancer.remote(train_routing(cfg, plan.actor_dp)) if plan.token_balance else None
         recipes = GroupRecipes(cfg, plan, inputs.model_path, inputs.rollout_path, locks, rounds or arrival,
-                               inputs.pad_token_id)
+                               inputs.pad_token_id, balancer)
         # The groups build their models at once; on shared GPUs, the engines start once the actor (or the inference
         # workers) sharing them have built their state (and the actor offloaded it).
         reward = start(RewardWorker, "reward", reward_place, cluster, *recipes.arguments("reward", channels)[0],
@@ -284,4 +289,4 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
     return Components(plan=plan, cluster=cluster, sampler=inputs.sampler, val_prompts=inputs.val_prompts,
                       rollout=rollout,
                       reward=reward, actor=actor, inference=inference, channels=channels, locks=locks,
-                      sampling_rounds=rounds, recipes=recipes, arrival_slots=arrival)
+                      sampling_rounds=rounds, recipes=recipes, arrival_slots=arrival, balancer=balancer)

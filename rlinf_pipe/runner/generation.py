@@ -63,17 +63,25 @@ class Generation(Protocol):
               ahead: bool = False, weights: int | None = None) -> GenerationCalls: ...
 
 
+async def begin_routing(balancer: Any, step: int) -> None:
+    """Before a step's groups are scored: their actor replicas are chosen by tokens afresh (`balancer`, a
+    `ReplicaBalancer`; None: by slot, nothing to do)."""
+    if balancer is not None:
+        await balancer.begin.remote(step)
+
+
 class PlainGeneration:
     """One rollout call (prompts sharded over the engines) and one scoring call (every reward process) a step."""
 
     runs_ahead = True
 
-    def __init__(self, rollout: WorkerGroup, reward: WorkerGroup, arrival_slots: Any = None):
-        self.rollout, self.reward, self.arrival_slots = rollout, reward, arrival_slots
+    def __init__(self, rollout: WorkerGroup, reward: WorkerGroup, arrival_slots: Any = None, balancer: Any = None):
+        self.rollout, self.reward, self.arrival_slots, self.balancer = rollout, reward, arrival_slots, balancer
 
     async def _score(self, step: int) -> list[RewardTally]:
         if self.arrival_slots is not None:  # (the step's groups take slots from 0 in the order they are scored)
             await self.arrival_slots.reset.remote()
+        await begin_routing(self.balancer, step)
         return await self.reward.all.score_step(step)
 
     def start(self, step: int, prompts: list[PromptItem], calls: StageCalls, after: GenerationCalls | None = None,
@@ -100,12 +108,13 @@ class DynamicSampling:
     runs_ahead = False
 
     def __init__(self, rollout: WorkerGroup, reward: WorkerGroup, rounds: Any, sampler: PromptSampler,
-                 max_extra_rounds: int):
-        self.rollout, self.reward, self.rounds = rollout, reward, rounds
+                 max_extra_rounds: int, balancer: Any = None):
+        self.rollout, self.reward, self.rounds, self.balancer = rollout, reward, rounds, balancer
         self.sampler, self.max_extra_rounds = sampler, max_extra_rounds
 
     async def _run(self, step: int, prompts: list[PromptItem], weights: int | None) -> GenerationResult:
         await self.rounds.reset.remote(len(prompts), self.max_extra_rounds)
+        await begin_routing(self.balancer, step)
         result = GenerationResult()
         while not await self.rounds.done.remote():
             wanted = await self.rounds.start_round.remote()

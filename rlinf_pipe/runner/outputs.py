@@ -28,6 +28,13 @@ from rlinf_pipe.utils.tracing import Span
 log = logging.getLogger(__name__)
 
 
+def max_over_mean(values: list[int]) -> float:
+    """The largest of `values` over their mean (1.0: even; the actor's slowest replica sets the optimizer steps'
+    pace), 1.0 when there is nothing to compare."""
+    total = sum(values)
+    return max(values) * len(values) / total if total else 1.0
+
+
 def step_metrics(outcome: StepOutcome, spans: list[Span], driver_data_bytes: int) -> dict[str, float]:
     """metrics.jsonl's object of one step: rewards, loss, timings from the spans, throughput, pipeline shape."""
     step_span = next(s for s in spans if s.name == STEP_SPAN)
@@ -65,6 +72,7 @@ def step_metrics(outcome: StepOutcome, spans: list[Span], driver_data_bytes: int
         "optimizer_steps": float(len(steps)),
         "driver/data_bytes": float(driver_data_bytes),
         "actor/train_data_bytes": float(sum(r.data_bytes for r in outcome.train)),
+        "actor/replica_tokens_max_over_mean": max_over_mean([r.tokens for r in outcome.train]),
     }
     for key, value in last.items():
         if key not in ("loss", "grad_norm", "lr") and isinstance(value, (int, float)):

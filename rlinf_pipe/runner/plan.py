@@ -36,6 +36,7 @@ class RunPlan:
     logprob_stage: bool = True  # the algorithm needs a log-prob pass (old or reference log-probs)
     idle_inference: str = ""  # why placed inference workers are not started (empty: they are, or none are placed)
     arrival_slots: bool = False  # groups take slots in the order they are scored (dynamic sampling does anyway)
+    token_balance: bool = False  # groups go to the actor replica with the fewest tokens (DP > 1)
 
     @property
     def engines_share_actor(self) -> bool:
@@ -173,4 +174,5 @@ def plan_run(cfg: Config, gpus_per_node: Sequence[int] | None = None) -> RunPlan
         logprob_stage=logprob_stage, idle_inference=idle_inference_warning(cfg, placement),
         channel_shared_bytes=cfg.runner.channel_shared_mb * 1024 * 1024,
         arrival_slots=cfg.algorithm.minibatch_order == "arrival" and not cfg.algorithm.dynamic_sampling,
+        token_balance=cfg.algorithm.replica_routing == "tokens" and placement.components["actor"].dp > 1,
     )

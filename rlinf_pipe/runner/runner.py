@@ -68,8 +68,9 @@ class Runner:
         plan, c, cfg, r = components.plan, components, self.cfg, self.cfg.runner
         self.c = components
         generation = (
-            DynamicSampling(c.rollout, c.reward, c.sampling_rounds, c.sampler, cfg.algorithm.max_extra_rounds)
-            if plan.dynamic_sampling else PlainGeneration(c.rollout, c.reward, c.arrival_slots)
+            DynamicSampling(c.rollout, c.reward, c.sampling_rounds, c.sampler, cfg.algorithm.max_extra_rounds,
+                            c.balancer)
+            if plan.dynamic_sampling else PlainGeneration(c.rollout, c.reward, c.arrival_slots, c.balancer)
         )
         self.schedule = RolloutSchedule(generation, c.sampler, plan.staleness, r.max_steps)
         phase = actor_phases(c.actor, plan.engines_share_actor)

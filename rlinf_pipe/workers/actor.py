@@ -35,6 +35,7 @@ from rlinf_pipe.weights import WeightLayout, WeightSender, WeightVersion, plan_w
 from rlinf_pipe.weights.process_group import Rendezvous
 from rlinf_pipe.weights.transports import Transport, open_sender
 from rlinf_pipe.workers.logprob_stage import LogprobStage, pad_token_id, policy_options, train_routing
+from rlinf_pipe.workers.replica_balance import TrainRoute
 from rlinf_pipe.workers.replica_input import ReplicaInputFailed, read_shared
 from rlinf_pipe.workers.step_channels import StepChannels
 from rlinf_pipe.workers.train_feed import OptimizerStep, TrainMicroBatch, TrainOp, train_ops
@@ -67,6 +68,7 @@ class TrainResult:
 
     optimizer_steps: list[dict[str, float] | None] = field(default_factory=list)
     data_bytes: int = 0
+    tokens: int = 0  # real tokens of the groups the replica trained
 
 
 class ActorWorker(Worker):
@@ -75,7 +77,7 @@ class ActorWorker(Worker):
     the engines (None: the actor's own)."""
 
     def __init__(self, cfg: Config, model_path: str, train: Sequence[Channel], scored: Channel | None = None,
-                 locks: Any = None):
+                 locks: Any = None, balancer: Any = None):
         super().__init__()
         a = cfg.actor
         init_model_parallel(a.tensor_parallel_size, a.pipeline_parallel_size)
@@ -88,6 +90,7 @@ class ActorWorker(Worker):
         self.loss_fn = make_loss_fn(cfg)
         self.train_channels = list(train)
         self.routing = train_routing(cfg, self.ranks.dp_size)
+        self.balancer = balancer  # (`ReplicaBalancer`: groups reach this replica by tokens, not by slot)
         self.micro_batch_size, self.micro_batch_tokens = a.micro_batch_size, a.micro_batch_tokens
         self.max_micro_batch_size = a.max_micro_batch_size  # (MicroBatcher keeps it at least micro_batch_size)
         self.pad_token_id = pad_token_id(model_path)
@@ -100,7 +103,7 @@ class ActorWorker(Worker):
         self.ref = MegatronPolicy(model_path, train=False, **policy_options(cfg)) if (
             scored is not None and needs_ref(cfg)) else None
         self.stage = None if scored is None else LogprobStage(
-            self.policy, self.ref, scored, train, self.routing, self.pad_token_id,
+            self.policy, self.ref, scored, train, TrainRoute(self.routing, balancer), self.pad_token_id,
             recompute_old=recomputes_old(cfg), tracer=self.tracer)
         self.locks = locks
         self.phase_held = False  # between begin_phase and end_phase: the devices' lock held, the state onloaded
@@ -149,7 +152,8 @@ class ActorWorker(Worker):
             batcher = MicroBatcher(self.micro_batch_size, self.micro_batch_tokens, self.policy.pack_sequences,
                                    self.max_micro_batch_size)
             channel = self.train_channels[self.ranks.dp_rank]
-            ops = train_ops(channel, self.routing, self.ranks.dp_rank, batcher, self.pad_token_id)
+            ops = train_ops(channel, self.routing, self.ranks.dp_rank, batcher, self.pad_token_id,
+                            by_slot=self.balancer is None)
         result = TrainResult()
         votes, voted_no = 0, False
         # Without model-parallel peers (whose collectives must not overlap the input rank's next read) the next
@@ -171,6 +175,7 @@ class ActorWorker(Worker):
                         raise ReplicaInputFailed(f"step {step} ended by another actor replica (it failed)")
                     result.optimizer_steps.append(await self.compute.run(self._optimizer_step, step, op.minibatch))
                     result.data_bytes += op.data_bytes
+                    result.tokens += op.tokens
         except Exception:
             await asyncio.gather(*queued, return_exceptions=True)  # nothing trains on once the step failed
             if not voted_no and votes < self.routing.n_minibatches:

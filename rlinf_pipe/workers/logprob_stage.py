@@ -26,6 +26,7 @@ from rlinf_pipe.scheduler.channel import Channel, StepEnd
 from rlinf_pipe.utils.compute_thread import compute_thread
 from rlinf_pipe.utils.tracing import Tracer
 from rlinf_pipe.weights import LoadBucket
+from rlinf_pipe.workers.replica_balance import TrainRoute
 from rlinf_pipe.workers.replica_input import leave_shared, read_shared
 
 
@@ -65,13 +66,13 @@ class LogprobStage:
 
     def __init__(
         self, policy: MegatronPolicy, ref: MegatronPolicy | None, scored: Channel, train: Sequence[Channel],
-        routing: TrainRouting, pad_token_id: int, recompute_old: bool, tracer: Tracer,
+        route: TrainRoute, pad_token_id: int, recompute_old: bool, tracer: Tracer,
         on_devices: Callable[[str], AbstractAsyncContextManager[None]] = lambda turn: contextlib.nullcontext(),
     ):
         self.policy, self.ref, self.scored, self.train = policy, ref, scored, list(train)
         self.on_devices = on_devices  # held around each group's log-probs (the device lock of a shared set), given
         # the group's turn: "<step>.<index>", the same on every rank of the replica (they read the same groups)
-        self.routing, self.pad_token_id, self.recompute_old, self.tracer = routing, pad_token_id, recompute_old, tracer
+        self.route, self.pad_token_id, self.recompute_old, self.tracer = route, pad_token_id, recompute_old, tracer
         self.ranks = ReplicaRanks.current()
         self.version = 0  # the weight version `policy` holds
 
@@ -117,7 +118,8 @@ class LogprobStage:
                 batch = await compute_thread().run(self._logprobs, step, item)
             if batch is not None:
                 try:
-                    await self.train[self.routing.replica_of(batch.slot)].aput(batch, weight=batch.num_sequences)
+                    replica = await self.route.replica(step, batch)
+                    await self.train[replica].aput(batch, weight=batch.num_sequences)
                 except Exception as exc:  # (the replica's other ranks already wait in the next read)
                     await leave_shared(self.ranks, self.scored.aget, f"its output rank failed to put: {exc}")
                     raise

@@ -25,6 +25,7 @@ from rlinf_pipe.engines.reward.pool import remove_process_temp_folder, reward_po
 from rlinf_pipe.scheduler.channel import Channel, StepEnd
 from rlinf_pipe.scheduler.worker import CONTROL_GROUP, Worker
 from rlinf_pipe.workers.logprob_stage import train_routing
+from rlinf_pipe.workers.replica_balance import TrainRoute
 from rlinf_pipe.workers.step_channels import StepChannels
 
 
@@ -36,17 +37,18 @@ class RewardWorker(Worker):
     """Scores rollouts in a process pool with per-item timeouts (`reward.*`) and computes their advantages. Its
     output is the `scored` channel, or given `train` (no log-prob stage) the actor replicas' train channels, with
     `pad_token_id` to pack the batches. `sampling_rounds` gives each scored group its slot where the prompt's own
-    does not stand: dynamic sampling's `SamplingRounds`, or `ArrivalSlots` (`algorithm.minibatch_order: arrival`)."""
+    does not stand: dynamic sampling's `SamplingRounds`, or `ArrivalSlots` (`algorithm.minibatch_order: arrival`);
+    `balancer` the replica of each group written to the train channels by tokens (`ReplicaBalancer`)."""
 
     def __init__(self, cfg: Config, rollouts: Channel, scored: Channel | None, sampling_rounds: Any = None,
-                 train: Sequence[Channel] | None = None, pad_token_id: int = 0):
+                 train: Sequence[Channel] | None = None, pad_token_id: int = 0, balancer: Any = None):
         super().__init__()
         if (scored is None) == (train is None):
             raise ValueError("a reward worker writes either the scored channel or the train channels")
         self.pool = reward_pool(cfg.reward)
         self.rollouts, self.scored, self.sampling_rounds = rollouts, scored, sampling_rounds
         self.train = None if train is None else list(train)
-        self.routing = None if train is None else train_routing(cfg, len(self.train))
+        self.route = None if train is None else TrainRoute(train_routing(cfg, len(self.train)), balancer)
         self.pad_token_id = pad_token_id
         self.estimator, self.adv_options = cfg.algorithm.adv_estimator, advantage_options(cfg)
 
@@ -63,13 +65,14 @@ class RewardWorker(Worker):
         if self.train is not None:
             self.train = list(channels.train)
 
-    async def _put(self, scored: ScoredGroup) -> None:
-        """Pass a scored group on: into the scored channel, or packed into the train channel of its slot's replica."""
+    async def _put(self, step: int, scored: ScoredGroup) -> None:
+        """Pass a scored group of step `step` on: into the scored channel, or packed into its replica's train
+        channel."""
         if self.train is None:
             await self.scored.aput(scored, weight=scored.num_sequences)
             return
         batch = pack_train_batch([scored], self.pad_token_id)
-        await self.train[self.routing.replica_of(scored.slot)].aput(batch, weight=batch.num_sequences)
+        await self.train[await self.route.replica(step, batch)].aput(batch, weight=batch.num_sequences)
 
     def _end_output_step(self) -> None:
         for channel in self.train if self.train is not None else [self.scored]:
@@ -101,7 +104,7 @@ class RewardWorker(Worker):
                     continue
                 if streaming:
                     (scored,) = score_groups([group], [rewards], self.estimator, **self.adv_options)
-                    await self._put(msgspec.structs.replace(scored, slot=slot))
+                    await self._put(step, msgspec.structs.replace(scored, slot=slot))
                 else:
                     held.append((group, rewards, slot))
         if held:
@@ -109,7 +112,7 @@ class RewardWorker(Worker):
                 scored_groups = score_groups([g for g, _, _ in held], [r for _, r, _ in held], self.estimator,
                                              **self.adv_options)
                 for scored, (_, _, slot) in zip(scored_groups, held, strict=True):
-                    await self._put(msgspec.structs.replace(scored, slot=slot))
+                    await self._put(step, msgspec.structs.replace(scored, slot=slot))
         if end_step:
             self._end_output_step()
         return tally

@@ -514,6 +514,26 @@ def test_two_replicas_computing_log_probs_over_the_object_store_train_like_the_p
     assert_trains_like(pipeline_run, dp2)
 
 
+@pytest.mark.slow
+def test_replicas_fed_by_tokens_train_like_the_pipeline(tmp_path, tiny_model, pipeline_run):
+    """`algorithm.replica_routing: tokens` with actor DP=2 fed by a log-prob worker: each group goes to the replica
+    the job's balancer picks as it arrives; each mini-batch is the same, so the run trains like the pipeline (within
+    float rounding), and each step reports how even the replicas' tokens were."""
+    out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, "cluster.num_gpus_per_node=4",
+              "cluster.component_placement={rollout: 0, inference: 1, actor: 2-3}", "algorithm.replica_routing=tokens")
+    cfg = load_config("examples/math/config", "tiny-grpo-megatron-pipeline", [
+        "cluster.num_gpus_per_node=4", "cluster.component_placement={rollout: 0, inference: 1, actor: 2-3}",
+        "algorithm.replica_routing=tokens"])
+    assert plan_run(cfg).token_balance and not plan_run(load_config("examples/math/config",
+                                                                    "tiny-grpo-megatron-pipeline", [
+        "algorithm.replica_routing=tokens"])).token_balance  # (one replica: nothing to balance)
+    spans = read_chrome_trace(out / "timeline.json")
+    assert {s.track for s in spans if s.name == "train"} == {"actor/0", "actor/1"}
+    records = read_metrics(out / "metrics.jsonl")
+    assert all(r["actor/replica_tokens_max_over_mean"] >= 1.0 for r in records)
+    assert_trains_like(pipeline_run, out)
+
+
 KINDS = ("rollout", "inference", "reward", "actor")
 
 

@@ -287,6 +287,17 @@ async def test_train_feed_rejects_what_the_routing_does_not_allow():
         await _ops([_batch(1, 4, 0), _batch(1, 4, 2), _batch(1, 4, 0)], routing, replica=0)
 
 
+async def test_train_feed_by_tokens_takes_any_slot_of_its_share_and_counts_tokens():
+    """Routed by tokens, a replica gets whichever groups the balance sends it (slots the round-robin would give the
+    other replica), as many per mini-batch as by slot; each optimizer step counts the tokens it trained."""
+    routing = TrainRouting(groups=4, n_minibatches=1, dp=2)  # by slot, replica 0 trains slots 0 and 2
+    channel = ListChannel([_batch(1, 4, 1), _batch(2, 4, 3), StepEnd(0)])
+    ops = [op async for op in train_ops(channel, routing, 0, MicroBatcher(1), 0, by_slot=False)]
+    assert _slots(ops) == [1, 3, 3, ("step", 0)] and ops[-1].tokens == 4 + 8
+    with pytest.raises(TrainFeedError, match="slot 1, which replica 1 trains"):
+        await _ops([_batch(1, 4, 1)], routing, replica=0)  # (by slot: refused)
+
+
 def test_version_checks():
     check_version(3, 3, "x")
     with pytest.raises(WeightSyncError, match="version 2 after version 3"):
