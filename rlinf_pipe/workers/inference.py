@@ -51,7 +51,8 @@ class InferenceWorker(Worker):
         self.policy = MegatronPolicy(model_path, train=False, **policy_options(cfg))
         ref = MegatronPolicy(model_path, train=False, **policy_options(cfg)) if needs_ref(cfg) else None
         self.stage = LogprobStage(
-            self.policy, ref, scored, train, TrainRoute(train_routing(cfg, actor_dp), balancer), pad_token_id(model_path),
+            self.policy, ref, scored, train, TrainRoute(train_routing(cfg, actor_dp), balancer),
+            pad_token_id(model_path),
             recompute_old=recomputes_old(cfg), tracer=self.tracer, on_devices=self._on_devices,
         )
         self.inbox = WeightInbox(self.owner, self.policy.arch, self.tracer)
