@@ -77,3 +77,14 @@ def test_the_memory_estimate_covers_what_a_layer_saves_for_backward():
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["per_layer_fused"] > 34 * summary["hidden"]  # the gated MLP keeps far more than a 4x one
     assert summary["layer_activations"] >= summary["per_layer_fused"]
+
+
+def test_the_replica_balance_simulation_compares_both_routings():
+    """Both routings place every group; by tokens the busiest replica is no busier than by slot on the median."""
+    proc = subprocess.run([sys.executable, "benchmarks/replica_balance_sim.py", "--trials", "200", "--json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for routing in ("by_slot", "by_tokens"):
+        assert 1.0 <= result[routing]["median"] <= result[routing]["p90"], result
+    assert result["by_tokens"]["median"] < result["by_slot"]["median"]
