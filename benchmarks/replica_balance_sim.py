@@ -23,15 +23,12 @@ import random
 import statistics
 
 from rlinf_pipe.data.routing import TokenBalance, TrainRouting
+from rlinf_pipe.utils.metrics import max_over_mean
 
 
 def group_tokens(rng: random.Random, group_size: int) -> int:
     typical = rng.choice([rng.uniform(300, 1500), rng.uniform(1500, 5000), rng.uniform(4000, 8192)])
     return int(sum(min(8192.0, max(50.0, rng.gauss(typical, typical * 0.5))) + 300 for _ in range(group_size)))
-
-
-def max_over_mean(loads: list[int]) -> float:
-    return max(loads) * len(loads) / sum(loads)
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 from rlinf_pipe.algorithms.scoring import RewardTally
 from rlinf_pipe.runner.run_dir import read_events
 from rlinf_pipe.runner.steps import StepOutcome
-from rlinf_pipe.utils.metrics import read_metrics
+from rlinf_pipe.utils.metrics import max_over_mean, read_metrics
 from rlinf_pipe.utils.profiling import align_profiles
 from rlinf_pipe.utils.timeline import (
     STEP_SPAN,
@@ -26,13 +26,6 @@ from rlinf_pipe.utils.timeline import (
 from rlinf_pipe.utils.tracing import Span
 
 log = logging.getLogger(__name__)
-
-
-def max_over_mean(values: list[int]) -> float:
-    """The largest of `values` over their mean (1.0: even; the actor's slowest replica sets the optimizer steps'
-    pace), 1.0 when there is nothing to compare."""
-    total = sum(values)
-    return max(values) * len(values) / total if total else 1.0
 
 
 def step_metrics(outcome: StepOutcome, spans: list[Span], driver_data_bytes: int) -> dict[str, float]:

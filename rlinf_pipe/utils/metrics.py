@@ -12,6 +12,13 @@ from pathlib import Path
 from typing import Any
 
 
+def max_over_mean(values: list[int] | list[float]) -> float:
+    """The largest of `values` over their mean (1.0: even; e.g. the actor replicas' tokens, whose busiest sets the
+    optimizer steps' pace), 1.0 when there is nothing to compare."""
+    total = sum(values)
+    return max(values) * len(values) / total if total else 1.0
+
+
 def _clean(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None  # JSON has no NaN / inf

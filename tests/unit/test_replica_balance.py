@@ -7,7 +7,7 @@ import random
 import pytest
 
 from rlinf_pipe.data.routing import TokenBalance, TrainRouting
-from rlinf_pipe.runner.outputs import max_over_mean
+from rlinf_pipe.utils.metrics import max_over_mean
 from rlinf_pipe.workers.replica_balance import ReplicaBalance
 
 
