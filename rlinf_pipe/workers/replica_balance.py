@@ -18,17 +18,22 @@ import ray
 from rlinf_pipe.data.routing import TokenBalance, TrainRouting
 
 
+KEPT_STEPS = 16  # steps whose routing is kept: a step's log-prob stage may still route while later steps are
+# scored (`runner.max_staleness`), and a few integers a step cost nothing
+
+
 class ReplicaBalance:
-    """The token balance of the steps being routed (a step's log-prob stage may still route while the next one
-    is scored)."""
+    """The token balance of the steps being routed (a step's log-prob stage may still route while later ones are
+    scored)."""
 
     def __init__(self, routing: TrainRouting) -> None:
         self.routing = routing
         self.steps: dict[int, TokenBalance] = {}
 
     def begin(self, step: int) -> None:
-        """Route step `step` from scratch (forgetting steps two or more before it)."""
-        self.steps = {s: b for s, b in self.steps.items() if step - 2 < s < step}
+        """Route step `step` from scratch (forgetting steps `KEPT_STEPS` or more before it, and any after it: those
+        are begun again when a run goes back to an earlier step)."""
+        self.steps = {s: b for s, b in self.steps.items() if step - KEPT_STEPS < s < step}
         self.steps[step] = TokenBalance(self.routing)
 
     def assign(self, step: int, slot: int, tokens: int) -> int:

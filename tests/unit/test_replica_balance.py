@@ -8,7 +8,7 @@ import pytest
 
 from rlinf_pipe.data.routing import TokenBalance, TrainRouting
 from rlinf_pipe.utils.metrics import max_over_mean
-from rlinf_pipe.workers.replica_balance import ReplicaBalance
+from rlinf_pipe.workers.replica_balance import KEPT_STEPS, ReplicaBalance
 
 
 def test_each_group_goes_to_the_least_loaded_replica_with_room():
@@ -62,8 +62,12 @@ def test_steps_are_routed_apart_and_begun_afresh():
     assert actor.assign(1, 0, 9) == 0 and actor.assign(0, 1, 7) == 1
     actor.begin(1)  # retried after a lost worker: from scratch
     assert actor.assign(1, 1, 3) == 0
-    actor.begin(3)
-    assert sorted(actor.steps) == [3]  # steps two or more back are forgotten
+    actor.begin(3)  # rollout ahead (max_staleness 2): step 1's log-probs may still route while step 3 is scored
+    assert sorted(actor.steps) == [0, 1, 3] and actor.assign(1, 0, 1) == 1
+    actor.begin(KEPT_STEPS + 1)
+    assert sorted(actor.steps) == [3, KEPT_STEPS + 1]  # steps KEPT_STEPS or more back are forgotten
+    actor.begin(2)  # a resume from an earlier step: the steps after it are begun again when they come
+    assert sorted(actor.steps) == [2]
 
 
 def test_max_over_mean():
