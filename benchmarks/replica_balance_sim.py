@@ -11,8 +11,8 @@ replicas). Response lengths vary mostly by prompt, as a reasoning model's do: ea
 (easy 300-1500 tokens, medium 1500-5000, hard 4000-8192, equally likely), each sample that length with a 50%
 spread, capped at 8192, plus a 300-token prompt. By slot, groups go round-robin in slot order (which says nothing of
 their lengths); by tokens, they arrive in the order they finish generating, about shortest first (each group's
-length times a random factor in 0.8-1.2; `--arrival random`: in random order), and `TokenBalance` places each. Reported: the median and 90th percentile
-of max / mean for each routing over the trials. With --json the last printed line is one JSON object.
+length times a random factor in 0.8-1.2; `--arrival random`: in random order), and `TokenBalance` places each.
+Reported: the median and 90th percentile of max / mean for each routing over the trials. With --json the last printed line is one JSON object.
 """
 
 from __future__ import annotations

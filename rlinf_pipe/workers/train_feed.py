@@ -4,9 +4,9 @@ optimizer after each mini-batch. Decided on the replica's input rank and shared 
 Every group arrives with its slot, which fixes its mini-batch (`rlinf_pipe.data.routing`) and, by default, its
 replica (by tokens, `algorithm.replica_routing: tokens`, only how many of each mini-batch's groups this replica
 gets); groups of a later mini-batch that arrive early wait here. A mini-batch is complete when all the groups the
-routing gives this replica arrived, or when the step ends (dynamic sampling may keep fewer groups than the batch holds). Every
-replica steps the optimizer once per mini-batch, so the collective steps match across replicas; a mini-batch no
-replica trained anything in is skipped inside the step.
+routing gives this replica arrived, or when the step ends (dynamic sampling may keep fewer groups than the batch
+holds). Every replica steps the optimizer once per mini-batch, so the collective steps match across replicas; a
+mini-batch no replica trained anything in is skipped inside the step.
 """
 
 from __future__ import annotations
