@@ -1,7 +1,7 @@
 """Step time of the disaggregated pipeline against collocated mode on the same virtual GPUs; weight-sync bandwidth
 against a raw torch.distributed gloo broadcast.
 
-    python benchmarks/pipeline_vs_collocated.py [--gpus 2] [--steps 8] [--warmup 2] [--repeats 3] [--json]
+    python benchmarks/pipeline_vs_collocated.py [--gpus 2] [--cpus 2] [--steps 8] [--warmup 2] [--repeats 3] [--json]
 
 Each repeat trains, in one process and one after the other (order alternating between repeats), with the same
 warm-started tiny model, data, seed and batch, on `--gpus` N virtual GPUs:
@@ -12,7 +12,8 @@ warm-started tiny model, data, seed and batch, on `--gpus` N virtual GPUs:
 Both use `data.rollout_batch_size` (`--rollout-batch-size`, default the example's 16), whose samples must split over
 each actor's data-parallel ranks.
 Each run goes through `rlinf_pipe.runner.Runner.start(cfg)` (`.run()`, `.shutdown()`) in one local Ray session
-(N virtual GPUs) that the script starts once; its
+(N virtual GPUs) that the script starts once, on `--cpus` cores (this process and every process it starts are
+pinned to the first ones it may use: each worker's torch threads follow its share of them); its
 `metrics.jsonl` and `timeline.json` are read back and the first `--warmup` steps are dropped.
 
 Reported (medians over steps, then over repeats; ratios paired within a repeat, then the median):
@@ -345,7 +346,7 @@ def summarise_runs(runs: dict[str, list[dict[str, Any]]], gloo: list[float], glo
         "modes": per_mode,
         "settings": {
             "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "gloo_iters": args.gloo_iters,
-            "rollout_batch_size": args.rollout_batch_size, "virtual_gpus": args.gpus,
+            "rollout_batch_size": args.rollout_batch_size, "virtual_gpus": args.gpus, "cpus": args.cpus,
             "pipeline_max_staleness": args.staleness,
             "collocated_overrides": mode_config("collocated", args.gpus)[1],
             "pipeline_overrides": mode_config("pipeline", args.gpus)[1],
@@ -364,6 +365,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="first steps of each run left out")
     parser.add_argument("--repeats", type=int, default=3, help="one pipeline and one collocated run per repeat")
     parser.add_argument("--gpus", type=int, default=2, help="virtual GPUs of both modes (>= 2)")
+    parser.add_argument("--cpus", type=int, default=2,
+                        help="cores of the job (pinned: the first of those this process may use; default 2, as on CI)")
     parser.add_argument("--rollout-batch-size", type=int, default=16,
                         help="prompts per step for BOTH modes (x group_size 8 must split over the actors' DP)")
     parser.add_argument("--gloo-iters", type=int, default=50, help="timed broadcasts per baseline measurement")
@@ -381,6 +384,10 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     args.warmup = min(args.warmup, args.steps - 1)
+    allowed = sorted(os.sched_getaffinity(0))
+    if not 1 <= args.cpus <= len(allowed):
+        parser.error(f"--cpus {args.cpus}: this process may use {len(allowed)} cores")
+    os.sched_setaffinity(0, allowed[: args.cpus])  # inherited by Ray's processes, read by the workers' thread counts
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
 
     from rlinf_pipe.models.warmstart import ensure_warm_tiny_model
@@ -394,7 +401,7 @@ def main() -> None:
 
     started = time.perf_counter()
     # one local Ray session for every run and baseline (each run's Cluster uses it and leaves it open)
-    ray.init(address="local", num_cpus=2, num_gpus=args.gpus, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=args.cpus, num_gpus=args.gpus, include_dashboard=False, log_to_driver=False)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
     gloo: list[float] = []  # raw broadcast to as many receivers as the pipeline's sync has
     gloo_one: list[float] = []  # raw broadcast to one receiver

@@ -23,6 +23,7 @@ from rlinf_pipe.scheduler.node_paths import NodePath, check_node_paths
 from rlinf_pipe.scheduler.placement import ComponentPlacement, Placement, ProcessPlacement
 from rlinf_pipe.scheduler.worker import node_procs_env
 from rlinf_pipe.scheduler.worker_group import WorkerGroup
+from rlinf_pipe.utils.net import RESOLVER_ENV, quick_resolver_env
 from rlinf_pipe.workers.step_channels import StepChannels
 
 EXIT_GRACE_S = 5.0  # a worker's time to release what a kill leaves behind, before it is killed (`Worker.before_stop`)
@@ -38,6 +39,18 @@ def nccl_env(cfg: Config, transport: str) -> dict[str, str]:
     if cfg.rollout.backend != "sglang" or transport != "broadcast":
         return {}
     return {NCCL_CUMEM: os.environ.get(NCCL_CUMEM, "0")}
+
+
+def resolver_env(node_ips: list[str]) -> dict[str, str]:
+    """`RES_OPTIONS` for the workers where reverse DNS lookups of the nodes' IPs stall (`quick_resolver_env`), said
+    once with what removes the wait."""
+    env, stalled = quick_resolver_env(node_ips, os.environ)
+    if stalled:
+        print(f"[rlinf_pipe] reverse DNS lookups of {', '.join(stalled)} did not answer within 1 s (is the nameserver "
+              "in /etc/resolv.conf reachable?). torch.distributed waits for one in every worker process, 10 s with "
+              f"the resolver's defaults: the workers run with {RESOLVER_ENV}='{env[RESOLVER_ENV]}' (1 s). To remove "
+              f"the wait, list the nodes' IPs in /etc/hosts; set {RESOLVER_ENV} yourself to choose", flush=True)
+    return env
 
 
 @dataclass
@@ -243,7 +256,7 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
               **kwargs: Any) -> WorkerGroup:
         nsight = {"nsight": "default"} if name in cfg.runner.nsight else None  # `runner.nsight`
         started.append(WorkerGroup.start(worker_cls, name, *args, runtime_env=nsight,
-                                         env={**cpus, **nccl, **(env or {})}, **kwargs))
+                                         env={**cpus, **nccl, **resolver, **(env or {})}, **kwargs))
         return started[-1]
 
     try:
@@ -253,6 +266,7 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
         comps = plan.placement.components
         cpus = node_procs_env(node_procs(comps[name] for name in cpu_stages(cfg) if name in comps))
         nccl = nccl_env(cfg, plan.weight_transport)
+        resolver = resolver_env([node.ip for node in cluster.nodes])
         reward_place = reward_placement(plan.placement)
         channels = create_channels(plan, len(reward_place.processes))
         locks = DeviceLocks.remote() if plan.device_locks else None

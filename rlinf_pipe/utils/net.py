@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 import random
 import socket
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -107,3 +109,40 @@ def socket_interface_env(node_ip: str, env: Mapping[str, str],
     if any(ip.is_loopback for ip in _ips(interfaces[name])):  # (a node IP added to `lo`: other nodes route to it,
         return {}                                              # but gloo would take 127.0.0.1)
     return {key: ("=" if key == NCCL_IFNAME_ENV else "") + name for key in unset}
+
+
+RESOLVER_ENV = "RES_OPTIONS"
+QUICK_RESOLVER = "timeout:1 attempts:1"  # glibc's resolver: give up on a silent nameserver after 1 s, not 5 s x 2
+
+
+def stalled_reverse_lookups(ips: Sequence[str], within_s: float = 1.0) -> list[str]:
+    """Those of `ips` whose reverse DNS lookup has not answered within `within_s` (an answer that no name is known
+    counts as one). torch.distributed's store looks up the address of each peer it connects or accepts, until a
+    lookup fails, once per process: where the nameserver in /etc/resolv.conf never answers (an offline machine or
+    cluster), that is glibc's 5 s timeout twice in every worker's first rendezvous. The lookups run in parallel
+    daemon threads, left to finish on their own."""
+    done = {ip: threading.Event() for ip in dict.fromkeys(ips)}
+
+    def lookup(ip: str) -> None:
+        try:
+            socket.getnameinfo((ip, 0), 0)
+        except OSError:  # (socket.gaierror: no name, or the nameserver failed)
+            pass
+        done[ip].set()
+
+    for ip in done:
+        threading.Thread(target=lookup, args=(ip,), name=f"reverse-dns-{ip}", daemon=True).start()
+    deadline = time.monotonic() + within_s
+    for event in done.values():
+        event.wait(max(0.0, deadline - time.monotonic()))
+    return [ip for ip, event in done.items() if not event.is_set()]
+
+
+def quick_resolver_env(node_ips: Sequence[str], env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """`RES_OPTIONS` for the workers when reverse lookups of the nodes' IPs stall (`stalled_reverse_lookups`), so
+    each process waits 1 s for its first one instead of 10 s; nothing where `env` sets `RES_OPTIONS` already (the
+    user's choice stands) or every lookup answers. Returns the variables and the stalled IPs."""
+    if env.get(RESOLVER_ENV):
+        return {}, []
+    stalled = stalled_reverse_lookups(node_ips)
+    return ({RESOLVER_ENV: QUICK_RESOLVER} if stalled else {}), stalled
