@@ -5,21 +5,20 @@ group, rank, node and GPUs (a `WorkerLost` when the rank's process is gone)."""
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import RayActorError
 
 from rlinf_pipe.errors import WorkerError
 from rlinf_pipe.scheduler import traffic
+from rlinf_pipe.scheduler.death import ANSI_ESCAPES, CALL_FAILED, GONE, death_cause
 from rlinf_pipe.scheduler.gpu_ids import format_ids
 from rlinf_pipe.scheduler.placement import ProcessPlacement
 
-ANSI_ESCAPES = re.compile(r"\x1b\[[0-9;]*m")
 _INLINE = (int, float, bool, str, bytes, type(None))
 
 
@@ -69,7 +68,7 @@ class GroupCall:
         for ref in finished:
             try:
                 ray.get(ref)
-            except (RayTaskError, RayActorError):
+            except CALL_FAILED:
                 pass
 
     async def _gather(self) -> Any:
@@ -86,27 +85,27 @@ class GroupCall:
     async def _await_one(self, ref: Any) -> Any:
         try:
             return await ref
-        except (RayTaskError, RayActorError) as exc:
+        except CALL_FAILED as exc:
             raise self._error(ref, exc) from None
 
     def _result(self, ref: Any) -> Any:
         try:
             return ray.get(ref)
-        except (RayTaskError, RayActorError) as exc:
+        except CALL_FAILED as exc:
             raise self._error(ref, exc) from None
 
     def _error(self, ref: Any, exc: Exception) -> WorkerError:
         member = self.members[self.refs.index(ref)]
         head = f"{self.group.name} rank {member.rank} ({member.where()}) in {self.method}()"
         remote = ANSI_ESCAPES.sub("", str(exc))
-        if isinstance(exc, RayActorError):
-            if exc.actor_init_failed:
-                last_line = remote.strip().splitlines()[-1]
-                return WorkerError(
-                    f"{self.group.name} rank {member.rank} ({member.where()}) failed in its constructor: {last_line}"
-                    f"\n--- remote traceback ---\n{remote}"
-                )
-            return self.group.died(member, head, remote)
+        if isinstance(exc, RayActorError) and exc.actor_init_failed:
+            last_line = remote.strip().splitlines()[-1]
+            return WorkerError(
+                f"{self.group.name} rank {member.rank} ({member.where()}) failed in its constructor: {last_line}"
+                f"\n--- remote traceback ---\n{remote}"
+            )
+        if isinstance(exc, GONE):
+            return self.group.died(member, head, death_cause(exc))
         return WorkerError(f"{head} raised {type(exc.cause).__name__}: {exc.cause}\n--- remote traceback ---\n{remote}")
 
 

@@ -25,12 +25,13 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from rlinf_pipe.errors import ClusterError, WorkerError, WorkerLost
 from rlinf_pipe.scheduler.cluster import Cluster
-from rlinf_pipe.scheduler.group_call import ANSI_ESCAPES, GroupCall, Member, Verb
+from rlinf_pipe.scheduler.death import CALL_FAILED, death_cause
+from rlinf_pipe.scheduler.group_call import GroupCall, Member, Verb
 from rlinf_pipe.scheduler.last_output import announced_output, forget_output, output_tail
 from rlinf_pipe.scheduler.placement import ComponentPlacement, ProcessPlacement
 from rlinf_pipe.scheduler.worker import CONTROL_GROUP, Worker, WorkerInfo, placement_env, rendezvous_env
@@ -313,7 +314,7 @@ class WorkerGroup(Generic[W]):
         for ref in refs:
             try:
                 status.append(ref in ready and ray.get(ref, timeout=0) > 0)
-            except (RayActorError, RayTaskError, GetTimeoutError):
+            except (*CALL_FAILED, GetTimeoutError):
                 status.append(False)
         return status
 
@@ -329,8 +330,8 @@ class WorkerGroup(Generic[W]):
                 return WorkerLost(member.name, where, "hung",
                                   f"alive but no answer to a heartbeat within {timeout_s:g} s (stopped, or stuck "
                                   "holding the Python interpreter lock)")
-            except (RayActorError, RayTaskError) as exc:
-                return self.died(member, where, ANSI_ESCAPES.sub("", str(exc)).strip().splitlines()[0])
+            except CALL_FAILED as exc:
+                return self.died(member, where, death_cause(exc))
             return None
 
         return [lost for lost in await asyncio.gather(*(probe(m) for m in self._members)) if lost is not None]

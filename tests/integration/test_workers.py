@@ -245,13 +245,16 @@ def test_dead_worker_is_reported_by_name(cluster):
         with pytest.raises(WorkerError) as info:
             group.rank(1).crash().wait()
         assert "worker rlinf_pipe:fragile:1 died" in str(info.value) and "node 0, GPUs 3" in str(info.value)
+        # why, in Ray's words (its sentence on the death, not its first line, which only says the actor died)
+        why = "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR"
+        assert why in str(info.value) and "died unexpectedly" not in str(info.value)
         # the last lines it printed (its Ray log file, readable here: the same machine)
         said = str(info.value).split("--- the last lines of its output (", 1)[1]
         assert said.splitlines()[-1] == "Scheduler hit an exception: torch.OutOfMemoryError: CUDA out of memory"
         assert group.alive() == [True, False]
         # the heartbeat's report of the same loss says it too
         (lost,) = asyncio.run(group.unhealthy(timeout_s=10))
-        assert lost.how == "died" and str(lost).endswith("CUDA out of memory")
+        assert lost.how == "died" and str(lost).endswith("CUDA out of memory") and why in str(lost)
     finally:
         group.shutdown()
 

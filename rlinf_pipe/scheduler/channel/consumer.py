@@ -20,7 +20,6 @@ from typing import Any, Callable
 
 import ray
 import zmq
-from ray.exceptions import RayActorError
 
 from rlinf_pipe.errors import ChannelClosed, ChannelPeerError
 from rlinf_pipe.scheduler.channel import wire
@@ -28,6 +27,7 @@ from rlinf_pipe.scheduler.channel.arena import ArenaView, this_process
 from rlinf_pipe.scheduler.channel.buffer import Entry, StepBuffer
 from rlinf_pipe.scheduler.channel.ready import Doorbell, SocketWaiter
 from rlinf_pipe.scheduler.channel.registry import ChannelSpec, ProducerRecord, registry, track_end
+from rlinf_pipe.scheduler.death import GONE
 from rlinf_pipe.scheduler.channel.wire import endpoint_id
 
 REFRESH_S = 1.0  # how often the registry is asked for new producers
@@ -170,7 +170,7 @@ class ConsumerEnd:
             # task, crashed consumer processes with SIGSEGV inside Ray's task metrics (CoreWorker::Get ->
             # TaskCounter::UnsetMetricStatus) in benchmarks/channel_bench.py.
             records = self._registry.list_producers.remote(self.spec.name).future().result()
-        except RayActorError:  # the job that owned the registry ended: so does this channel
+        except GONE:  # the job that owned the registry ended (or Ray's memory monitor killed it): so does this channel
             self._stopping = True
             return
         with self._waiter.lock:
