@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
@@ -21,6 +22,7 @@ from rlinf_pipe.utils.compute_thread import ComputeThread, compute_thread
 from rlinf_pipe.scheduler.last_output import announce_output
 from rlinf_pipe.utils.net import rendezvous_port, socket_interface_env
 from rlinf_pipe.utils.profiling import ProfileResult, StepProfiler
+from rlinf_pipe.utils.shm import small_shm_warning
 from rlinf_pipe.utils.tracing import Span, Tracer
 
 ENV_PREFIX = "RLINF_PIPE_"
@@ -88,6 +90,15 @@ def claim_devices() -> None:
         return
     node_visible = env.setdefault(NODE_VISIBLE_ENV, env.get("CUDA_VISIBLE_DEVICES", ""))
     env["CUDA_VISIBLE_DEVICES"] = visible_devices(node_visible, local)
+
+
+def warn_small_shm(owner: str) -> None:
+    """Say on stderr (the worker's log, shown by the driver) when this CUDA process's node has a /dev/shm too small
+    for NCCL (`small_shm_warning`): its error when the segments run out names no cause."""
+    import torch
+
+    if torch.cuda.is_available() and (warning := small_shm_warning()):
+        print(f"[rlinf_pipe] {owner}: {warning}", file=sys.stderr, flush=True)
 
 
 def rendezvous_env(addr: str, port: int) -> dict[str, str]:
@@ -174,6 +185,8 @@ class Worker:
         # other thread (this one builds the models) keeps one, so the process has one OpenMP team.
         self.compute: ComputeThread = compute_thread(cpu_share(read_node_procs(), self.info.node_rank))
         self.backend: str | None = None
+        if self.info.global_gpus:
+            warn_small_shm(self.owner)
         addr = os.environ.get(MASTER_ADDR_ENV)
         if addr:
             self.backend = init_distributed(self.info.rank, self.info.world_size, addr,

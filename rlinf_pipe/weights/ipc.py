@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from rlinf_pipe.utils.shm import SHM_FIX, ShmFull, reserved_block
 from rlinf_pipe.weights.api import LoadBucket, LoadedWeights, WeightReceiver, WeightSender, WeightVersion
 from rlinf_pipe.weights.checks import WeightSyncError
 from rlinf_pipe.weights.layout import (
@@ -57,7 +58,12 @@ class _SharedSlot:
         if device.type == "cuda":
             self.tensor = torch.empty(nbytes, dtype=torch.uint8, device=device)
         else:
-            self.shm = shared_memory.SharedMemory(create=True, size=max(nbytes, 1))
+            try:
+                self.shm = reserved_block(nbytes)
+            except ShmFull as exc:
+                raise WeightSyncError(
+                    f"the ipc weight transport keeps two buckets in shared memory and {exc.strerror}; {SHM_FIX}, "
+                    "or lower runner.weight_bucket_mb, or set runner.weight_sync: broadcast") from None
             self.named = True
             self.tensor = torch.frombuffer(self.shm.buf, dtype=torch.uint8, count=nbytes)
 
