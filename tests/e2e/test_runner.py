@@ -623,7 +623,8 @@ def test_the_pipeline_vs_collocated_benchmark_reports_finite_figures(pipeline_ru
     assert bench.job_cpu_s([], os.getpid()) > 0
     sync_bytes = int(runs["pipeline"][0]["weight_sync_bytes"])
     gloo, gloo_one = [bench.gloo_bytes_per_s(sync_bytes, 2, 2)], [bench.gloo_bytes_per_s(sync_bytes, 2, 1)]
-    args = argparse.Namespace(steps=2, warmup=0, repeats=1, gloo_iters=2, rollout_batch_size=4, staleness=0, gpus=2)
+    args = argparse.Namespace(steps=2, warmup=0, repeats=1, gloo_iters=2, rollout_batch_size=4, staleness=0, gpus=2,
+                              cpus=2)
     summary = json.loads(json.dumps(bench.summarise_runs(runs, gloo, gloo_one, args, time.perf_counter())))
     for key in ("pipeline_over_collocated_step_time", "scheduler_overhead_fraction", "weight_sync_bw_ratio_vs_gloo",
                 "weight_sync_bw_ratio_vs_gloo_one_receiver", "bubble_fraction"):
