@@ -36,6 +36,9 @@ fi
 target="."
 [ -n "$extras" ] && target=".[${extras}]"
 echo "[setup] installing rlinf_pipe${extras:+[$extras]} into .venv (first time takes about a minute)"
+if [ ${#constraints[@]} -gt 0 ]; then
+  echo "[setup] no nvidia-smi here: torch's CPU build (constraints-cpu.txt). For GPUs, run this setup on a GPU node"
+fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet "${constraints[@]}" -e "$target"
 if [ -n "$want_smollm2" ]; then

@@ -92,6 +92,31 @@ def claim_devices() -> None:
     env["CUDA_VISIBLE_DEVICES"] = visible_devices(node_visible, local)
 
 
+NVIDIA_DEVICE = "/dev/nvidiactl"  # present where an NVIDIA driver runs
+
+
+def warn_cpu_torch_on_gpus(owner: str) -> None:
+    """Say on stderr when this worker, placed on GPUs of a node with an NVIDIA driver, gets no CUDA from torch (a
+    CPU-only build, a build newer than the driver, or no GPU left visible) and so runs on the CPU: one setup on a
+    login node without GPUs installs torch's CPU build for the whole cluster."""
+    import torch
+
+    if torch.cuda.is_available() or not os.path.exists(NVIDIA_DEVICE):
+        return
+    if torch.version.cuda is None:
+        why = "is a CPU-only build"
+    else:
+        try:
+            torch.cuda.init()
+            why = f"(CUDA {torch.version.cuda}) sees no GPU"
+        except Exception as exc:  # noqa: BLE001 (torch's reason, whatever it raised)
+            why = f"(CUDA {torch.version.cuda}) cannot use the GPUs: {str(exc).strip().splitlines()[0]}"
+    print(f"[rlinf_pipe] {owner}: this node has an NVIDIA driver but torch {torch.__version__} {why} "
+          f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}): this worker runs on the CPU. To "
+          "use the GPUs, install torch with CUDA where the job runs (`bash scripts/setup.sh` on a GPU node takes "
+          "the CUDA build)", file=sys.stderr, flush=True)
+
+
 def warn_small_shm(owner: str) -> None:
     """Say on stderr (the worker's log, shown by the driver) when this CUDA process's node has a /dev/shm too small
     for NCCL (`small_shm_warning`): its error when the segments run out names no cause."""
@@ -186,6 +211,7 @@ class Worker:
         self.compute: ComputeThread = compute_thread(cpu_share(read_node_procs(), self.info.node_rank))
         self.backend: str | None = None
         if self.info.global_gpus:
+            warn_cpu_torch_on_gpus(self.owner)
             warn_small_shm(self.owner)
         addr = os.environ.get(MASTER_ADDR_ENV)
         if addr:

@@ -1,4 +1,5 @@
-"""/dev/shm's size: the warning a GPU worker gives where it is small, and blocks that reserve their pages."""
+"""What a worker says about its node at start-up: a /dev/shm too small for NCCL, GPUs that torch cannot use; and
+shared-memory blocks that reserve their pages."""
 
 from __future__ import annotations
 
@@ -41,3 +42,31 @@ def test_a_reserved_block_has_its_pages_already():
     finally:
         block.close()
         block.unlink()
+
+
+def test_a_worker_on_a_gpu_node_that_gets_no_cuda_from_torch_says_why(monkeypatch, capsys, tmp_path):
+    import torch
+
+    driver = tmp_path / "nvidiactl"
+    monkeypatch.setattr(worker, "NVIDIA_DEVICE", str(driver))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    worker.warn_cpu_torch_on_gpus("actor/0")  # no driver on this node: virtual GPUs, nothing to say
+    assert capsys.readouterr().err == ""
+    driver.touch()
+    monkeypatch.setattr(torch.version, "cuda", None)
+    worker.warn_cpu_torch_on_gpus("actor/0")
+    said = capsys.readouterr().err
+    assert said.startswith(f"[rlinf_pipe] actor/0: this node has an NVIDIA driver but torch {torch.__version__} is "
+                           "a CPU-only build") and "runs on the CPU" in said and "scripts/setup.sh" in said
+
+    def too_old() -> None:
+        raise RuntimeError("The NVIDIA driver on your system is too old (found version 12040).\nPlease update")
+
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "init", too_old)
+    worker.warn_cpu_torch_on_gpus("actor/0")
+    assert "(CUDA 13.0) cannot use the GPUs: The NVIDIA driver on your system is too old (found version 12040)." \
+           in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    worker.warn_cpu_torch_on_gpus("actor/0")
+    assert capsys.readouterr().err == ""
