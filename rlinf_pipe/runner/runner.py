@@ -19,6 +19,7 @@ from rlinf_pipe.config.schema import Config
 from rlinf_pipe.engines.rollout.factory import sampling_params
 from rlinf_pipe.errors import OutputError, RunStopped, WorkerError, WorkerLost
 from rlinf_pipe.runner import checkpoints
+from rlinf_pipe.runner.clocks import NodeClocks
 from rlinf_pipe.runner.components import Components, launch
 from rlinf_pipe.runner.cpu_shares import CpuLending, cpu_stages
 from rlinf_pipe.runner.devices import actor_phases
@@ -61,6 +62,7 @@ class Runner:
         self.health = Health(lambda: self.c.groups(), cfg.runner.heartbeat_timeout_s)
         self.initial_sampler = components.sampler.state_dict()  # a recovery with no checkpoint goes back here
         self.sampler_at_step = self.initial_sampler  # ... and one that retries a step, to its start
+        self.clocks = NodeClocks(components.cluster.driver_node())
         self.assemble(components)
 
     def assemble(self, components: Components) -> None:
@@ -208,8 +210,9 @@ class Runner:
         with self.tracer.span("write_profiles", step=step):
             for group, results in zip(groups, await asyncio.gather(*(g.all.stop_profile() for g in groups)),
                                       strict=True):
-                for rank, result in enumerate(results):
-                    write_profile(self.run_dir / PROFILE_DIR, f"{group.name}/{rank}", step, result)
+                for rank, (proc, result) in enumerate(zip(group.placement.processes, results, strict=True)):
+                    write_profile(self.run_dir / PROFILE_DIR, f"{group.name}/{rank}", step, result,
+                                  self.clocks.offsets.get(proc.node_rank, 0.0))
 
     async def validate(self, step: int) -> dict[str, float]:
         """Evaluate version `step` if `runner.val_interval` says so (`rlinf_pipe.runner.validation`); its metrics."""
@@ -219,10 +222,14 @@ class Runner:
                                          self.tracer)
 
     async def collect_spans(self) -> list[Span]:
+        """Every worker's spans since the last call, on the driver's clock (`rlinf_pipe.runner.clocks`)."""
+        if self.clocks.due():
+            for warning in await self.clocks.measure(self.c.groups()):
+                log.warning(warning)
         spans = self.tracer.drain()
         for group in self.c.groups():
-            for worker_spans in await group.all.drain_spans():
-                spans.extend(worker_spans)
+            for proc, worker_spans in zip(group.placement.processes, await group.all.drain_spans(), strict=True):
+                spans.extend(self.clocks.align(worker_spans, proc.node_rank))
         return spans
 
     # --- checkpoints, restarts, stops --------------------------------------------------------------------------

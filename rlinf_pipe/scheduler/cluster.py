@@ -254,6 +254,13 @@ class Cluster:
     def world_size(self) -> int:
         return self.layout.world_size
 
+    def driver_node(self) -> int | None:
+        """The rank of the node this process (the driver) runs on; None when it is none of the job's nodes."""
+        import ray
+
+        here = ray.get_runtime_context().get_node_id()
+        return next((n.node_rank for n in self.nodes if n.node_id == here), None)
+
     def node_of(self, global_gpu: int) -> NodeInfo:
         return self.nodes[self.layout.node_of(global_gpu)]
 

@@ -23,6 +23,7 @@ from rlinf_pipe.scheduler.last_output import announce_output
 from rlinf_pipe.utils.net import rendezvous_port, socket_interface_env
 from rlinf_pipe.utils.profiling import ProfileResult, StepProfiler
 from rlinf_pipe.utils.shm import small_shm_warning
+from rlinf_pipe.utils import tracing
 from rlinf_pipe.utils.tracing import Span, Tracer
 
 ENV_PREFIX = "RLINF_PIPE_"
@@ -260,6 +261,11 @@ class Worker:
         """The worker is about to be killed (`WorkerGroup.shutdown`), and a killed process runs no exit handler:
         release now what would be left behind. Subclasses extend it (the reward worker's pool leaves its
         forkserver's socket folder in /tmp)."""
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def clock(self) -> float:
+        """This host's clock as its spans read it (the driver measures each host's offset from its own)."""
+        return tracing.now()
 
     def drain_spans(self) -> list[Span]:
         """The spans this worker's `tracer` recorded since the last call (the driver collects them each step)."""

@@ -91,12 +91,19 @@ def _absolute(trace: dict[str, Any]) -> dict[str, Any]:
     return trace
 
 
-def write_profile(folder: Path, owner: str, step: int, result: ProfileResult) -> list[Path]:
-    """`<owner>.step<N>.json` (and `.memory.pickle` on a GPU) in `folder`; returns the paths."""
+def write_profile(folder: Path, owner: str, step: int, result: ProfileResult, clock_offset_s: float = 0.0
+                  ) -> list[Path]:
+    """`<owner>.step<N>.json` (and `.memory.pickle` on a GPU) in `folder`; returns the paths. `clock_offset_s`: how
+    far the worker's host clock is ahead of the driver's (its trace is put on the driver's clock)."""
     folder.mkdir(parents=True, exist_ok=True)
     stem = f"{owner.replace('/', '-')}.step{step}"
     paths = [folder / f"{stem}.json"]
-    paths[0].write_bytes(result.trace)
+    trace = result.trace
+    if clock_offset_s:
+        shifted = json.loads(trace)
+        shifted["otherData"] = {**shifted.get("otherData", {}), "t0_unix_s": -clock_offset_s}
+        trace = json.dumps(shifted).encode()
+    paths[0].write_bytes(trace)
     if result.memory_snapshot is not None:
         paths.append(folder / f"{stem}.memory.pickle")
         paths[1].write_bytes(result.memory_snapshot)

@@ -1,8 +1,9 @@
 """Spans: what each worker was doing and when, collected into the run's timeline.
 
 Every worker owns a `Tracer` whose track names the worker (`actor/0`); `with tracer.span("train", step=3):`
-records wall-clock start and end (time.time(), comparable across processes on synchronised hosts). The runner
-drains each worker's spans after every step and writes them to `timeline.json` (see rlinf_pipe.utils.timeline).
+records wall-clock start and end (`now()`: time.time(), comparable across the processes of a host). The runner
+drains each worker's spans after every step, shifts those of other hosts by their clock's measured offset
+(rlinf_pipe.runner.clocks), and writes them to `timeline.json` (see rlinf_pipe.utils.timeline).
 """
 
 from __future__ import annotations
@@ -14,6 +15,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import msgspec
+
+
+def now() -> float:
+    """The clock of spans: seconds since the epoch on this host's clock."""
+    return time.time()
 
 
 class Span(msgspec.Struct, frozen=True):
@@ -48,12 +54,12 @@ class Tracer:
     @contextmanager
     def span(self, name: str, **args: Any) -> Iterator[dict[str, Any]]:
         """Time the block; the yielded dict may be updated with more args before the block ends."""
-        start = time.time()
+        start = now()
         extra: dict[str, Any] = dict(args)
         try:
             yield extra
         finally:
-            self.add(name, start, time.time(), **extra)
+            self.add(name, start, now(), **extra)
 
     def drain(self) -> list[Span]:
         with self._lock:

@@ -74,6 +74,25 @@ class Probe(Worker):
         return self.rank
 
 
+SKEW_S = 3.0
+
+
+class SkewedClock(Worker):
+    """A worker on a host whose clock is `SKEW_S` ahead (the clock its spans and `clock()` read)."""
+
+    def __init__(self):
+        super().__init__()
+        import time
+
+        from rlinf_pipe.utils import tracing
+
+        tracing.now = lambda: time.time() + SKEW_S
+
+    def mark(self) -> None:
+        with self.tracer.span("mark"):
+            pass
+
+
 class BrokenInit(Worker):
     def __init__(self):
         super().__init__()
@@ -416,3 +435,32 @@ def test_every_node_must_see_the_model_and_the_run_folder_as_the_driver_does(clu
     assert any(line.startswith("  node 3 ") and f"the run folder {tmp_path} is not the driver's here" in line
                for line in lines)
     assert len([line for line in lines if line.startswith("  node ")]) == 2
+
+
+def test_a_node_clock_ahead_of_the_drivers_is_measured_and_its_spans_go_on_the_drivers_clock(cluster):
+    """The driver (node 0) measures node 1's clock through a worker there and shifts that worker's spans by the
+    offset: a span recorded during a call lies within the driver's own times of the call."""
+    import time
+
+    from rlinf_pipe.runner.clocks import NodeClocks
+
+    cfg = make_config({"rollout": "0", "actor": "8"})  # the actor's one rank on node 1
+    group = WorkerGroup.launch(SkewedClock, "skewed", plan_placement(cfg).components["actor"], cluster,
+                               distributed=False)
+    try:
+        clocks = NodeClocks(cluster.driver_node())
+        warnings = asyncio.run(clocks.measure([group]))
+        assert clocks.driver_node == 0 and set(clocks.offsets) == {1}
+        assert clocks.offsets[1] == pytest.approx(SKEW_S, abs=0.5)
+        assert len(warnings) == 1 and warnings[0].startswith("node 1's clock is 3.0") and "ahead of" in warnings[0]
+        assert asyncio.run(clocks.measure([group])) == []  # said once
+        before = time.time()
+        group.rank(0).mark().wait()
+        after = time.time()
+        (span,) = group.rank(0).drain_spans().wait()
+        assert span.start > after + SKEW_S / 2  # on its own clock
+        (aligned,) = clocks.align([span], 1)
+        assert before - 0.5 <= aligned.start <= aligned.end <= after + 0.5
+        assert clocks.align([span], 0) == [span]  # the driver's node: as recorded
+    finally:
+        group.shutdown()
