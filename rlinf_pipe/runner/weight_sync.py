@@ -151,25 +151,26 @@ class WeightSync:
 
     async def _transfer(self, version: int, after: Mapping[str, Sequence[asyncio.Future]] | None = None,
                         trained: bool = False) -> float:
-        """Send and receive `version` at once along every route; each receiver group first waits for its calls in
-        `after`; with `trained` the actor sends once the step training `version` ended. Returns the bytes."""
+        """Send and receive `version` at once along every route, once every receiver group's calls in `after` are
+        done; with `trained` the actor sends once the step training `version` ended. Returns the bytes.
+
+        The actor is asked only when every receiver can take the bytes: a sender waits for late receivers inside
+        its first collectives, which time out (`Rendezvous.timeout_s`), and on NCCL the timeout ends the process
+        (torch's watchdog), where the engines generating ahead (`runner.max_staleness`) can outlast the step's
+        training by minutes."""
+        for calls in (after or {}).values():
+            for call in calls:
+                await asyncio.shield(call)
         sent_by_rank, loaded = await asyncio.gather(
             self.actor.all.publish_weights(version, self.verify, trained),
-            self._receive(WeightVersion(version), after))
+            self._receive(WeightVersion(version)))
         sent = {route.sender: sent_by_rank[route.sender] for route in self.routes}
         await self._check(sent, loaded)
         return float(next(iter(sent.values())).num_bytes)
 
-    async def _receive(self, published: WeightVersion, after: Mapping[str, Sequence[asyncio.Future]] | None = None,
-                       ) -> dict[tuple[str, int], LoadedWeights]:
-        async def receive(group: WorkerGroup, idle: Sequence[asyncio.Future]) -> list[LoadedWeights]:
-            for call in idle:
-                await asyncio.shield(call)
-            return await group.all.receive_weights(published, self.verify)
-
+    async def _receive(self, published: WeightVersion) -> dict[tuple[str, int], LoadedWeights]:
         names = list(self.receivers)
-        after = after or {}
-        results = await asyncio.gather(*(receive(self.receivers[n], after.get(n, ())) for n in names))
+        results = await asyncio.gather(*(self.receivers[n].all.receive_weights(published, self.verify) for n in names))
         return {(name, rank): loaded for name, group in zip(names, results, strict=True)
                 for rank, loaded in enumerate(group)}
 
