@@ -30,15 +30,17 @@ EXIT_GRACE_S = 5.0  # a worker's time to release what a kill leaves behind, befo
 
 WORKER_ENV = {"PYTHONWARNINGS": "ignore::UserWarning,ignore::FutureWarning"}  # apex/TE fallbacks, deprecations
 NCCL_CUMEM = "NCCL_CUMEM_ENABLE"
+NCCL_NVLS = "NCCL_NVLS_ENABLE"
 
 
 def nccl_env(cfg: Config, transport: str) -> dict[str, str]:
-    """One `NCCL_CUMEM_ENABLE` for every worker of a run whose SGLang engines join the actor's `broadcast` group:
-    sglang's Engine sets it to 0 in its process unless it is set (so in its schedulers), and the ranks of an NCCL
-    communicator that disagree on it fail. The driver's value if it has one, else sglang's 0."""
+    """One `NCCL_CUMEM_ENABLE` and one `NCCL_NVLS_ENABLE` for every worker of a run whose SGLang engines join the
+    actor's `broadcast` group: sglang's Engine sets each to 0 in its process unless it is set (so in its
+    schedulers), and the ranks of one NCCL communicator should not disagree on them. The driver's values where it
+    has them, else sglang's 0."""
     if cfg.rollout.backend != "sglang" or transport != "broadcast":
         return {}
-    return {NCCL_CUMEM: os.environ.get(NCCL_CUMEM, "0")}
+    return {name: os.environ.get(name, "0") for name in (NCCL_CUMEM, NCCL_NVLS)}
 
 
 def resolver_env(node_ips: list[str]) -> dict[str, str]:

@@ -3,17 +3,24 @@ few tensors by name), and the driver's check of what each receiver loaded agains
 
 from __future__ import annotations
 
+import math
+
 from rlinf_pipe.weights.api import LoadedWeights, WeightVersion
 from rlinf_pipe.weights.checks import WeightSyncError
 from rlinf_pipe.weights.layout import NamedTensors, WeightLayout
 
 FINGERPRINT_VALUES = 8
+FINGERPRINT_MAX_ELEMENTS = 1 << 20  # sglang's get_weights_by_name turns a whole tensor into Python floats first
 
 
 def fingerprint_names(layout: WeightLayout) -> list[str]:
-    """The tensors whose first values make a version's fingerprint: the first, a middle and the last one."""
-    names = layout.names()
-    return list(dict.fromkeys([names[0], names[len(names) // 2], names[-1]]))
+    """The tensors whose first values make a version's fingerprint: the first, a middle and the last of those with
+    at most `FINGERPRINT_MAX_ELEMENTS` values (norms, biases, small projections; all of them if none is that
+    small). A receiver reads them back by name, and sglang 0.5.23 converts a whole tensor to a Python list before
+    it keeps the first values: an 8B model's embedding would be half a billion floats in its scheduler, each sync."""
+    slots = [s for b in layout.buckets for s in b.slots]
+    small = [s.name for s in slots if math.prod(s.shape) <= FINGERPRINT_MAX_ELEMENTS] or [s.name for s in slots]
+    return list(dict.fromkeys([small[0], small[len(small) // 2], small[-1]]))
 
 
 class VersionRecord:

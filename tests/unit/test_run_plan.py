@@ -175,12 +175,14 @@ def test_with_sglang_engines_every_worker_gets_one_nccl_cumem_setting(monkeypatc
     from rlinf_pipe.runner.components import nccl_env
 
     monkeypatch.delenv("NCCL_CUMEM_ENABLE", raising=False)
+    monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
     assert nccl_env(load_config(), "broadcast") == {}  # (the torch engine: NCCL's own default everywhere)
     sglang = load_config(overrides=["rollout.backend=sglang"])
-    assert nccl_env(sglang, "broadcast") == {"NCCL_CUMEM_ENABLE": "0"}
+    assert nccl_env(sglang, "broadcast") == {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0"}
     assert nccl_env(sglang, "ipc") == {}  # (no NCCL group with sglang's ranks)
-    monkeypatch.setenv("NCCL_CUMEM_ENABLE", "1")  # the user's choice, for every worker
-    assert nccl_env(sglang, "broadcast") == {"NCCL_CUMEM_ENABLE": "1"}
+    monkeypatch.setenv("NCCL_CUMEM_ENABLE", "1")  # the user's choices, for every worker
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
+    assert nccl_env(sglang, "broadcast") == {"NCCL_CUMEM_ENABLE": "1", "NCCL_NVLS_ENABLE": "1"}
 
 
 def test_a_sample_longer_than_the_models_context_is_refused_naming_the_keys(tmp_path):

@@ -416,3 +416,18 @@ def test_a_send_that_fails_part_way_still_takes_the_gathered_stream_to_its_end()
 
     with pytest.raises(RuntimeError, match="gather failed"):
         publish_whole(_FailsAfter(5), 7, broken())
+
+
+def test_the_fingerprint_leaves_out_tensors_too_large_to_read_back_by_name():
+    """sglang's `get_weights_by_name` turns a whole tensor into Python floats before it keeps the first values: an
+    embedding or output layer of a large vocabulary is left out of the fingerprint (all tensors where none is
+    small)."""
+    from rlinf_pipe.weights.layout import BucketLayout, TensorSlot, WeightLayout
+    from rlinf_pipe.weights.record import FINGERPRINT_MAX_ELEMENTS, fingerprint_names
+
+    vocab = FINGERPRINT_MAX_ELEMENTS // 64 + 1
+    shapes = {"embed": (vocab, 64), "norm0": (64,), "q": (64, 64), "k_bias": (16,), "lm_head": (vocab, 64)}
+    slots = tuple(TensorSlot(name, shape, 0, 4) for name, shape in shapes.items())
+    assert fingerprint_names(WeightLayout("float32", (BucketLayout(slots, 20),))) == ["norm0", "q", "k_bias"]
+    large = tuple(s for s in slots if s.name in ("embed", "lm_head"))
+    assert fingerprint_names(WeightLayout("float32", (BucketLayout(large, 8),))) == ["embed", "lm_head"]
