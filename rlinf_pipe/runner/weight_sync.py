@@ -8,10 +8,10 @@ devices, and at the first sync of a run) and receivers fetch what was published.
 when they share the actor's, at the end of the actor phase that trained the version (the actor's state is on its
 devices, the engines resume only their weights), and for a run's first version inside an actor phase of its own.
 
-On GPUs of their own the group transports push each later version (`push`): while step s trains, the actor is
-asked to send version s + 1 once the step ends, and each receiver to take it once done with its part of the
-step. The bytes move as soon as training ends, with no Ray call between, and step s + 1's sync only collects
-what was moved.
+On GPUs of their own the group transports push each later version (`push`): while step s trains, once every
+receiver is done with its part of the step, the actor is asked to send version s + 1 once the step ends and the
+receivers to take it. The bytes move as soon as training ends, with no Ray call between, and step s + 1's sync
+only collects what was moved.
 """
 
 from __future__ import annotations
