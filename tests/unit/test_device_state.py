@@ -53,3 +53,22 @@ def test_host_buffers_of_storages_gone_since_the_last_offload_are_dropped():
     state.onload()
     assert set(state.backups) == {t.untyped_storage()._cdata for t in tensors}  # the old moments' buffer went
     assert old.untyped_storage()._cdata not in state.backups
+
+
+def test_a_storage_of_zeros_is_not_copied_and_comes_back_as_zeros():
+    """The gradient buffer, zeroed after every optimizer step, is as large as the fp32 weights: it gets no host
+    buffer and no copy either way; a storage with one byte set is copied as before."""
+    weight, grads, moments = torch.randn(32), torch.zeros(4096), torch.zeros(64)
+    moments[-1] = -0.0  # (a sign bit set: not all zero bytes)
+    state = DeviceState(lambda: [weight, grads, grads[100:200], moments], torch.device("cpu"), move_on_cpu=True)
+    expected = weight.clone()
+    assert state.offload() == (32 + 4096 + 64) * 4  # bytes freed on the device, the zeros' too
+    assert grads.untyped_storage().nbytes() == 0
+    assert set(state.backups) == {weight.untyped_storage()._cdata, moments.untyped_storage()._cdata}
+    assert state.onload() == (32 + 4096 + 64) * 4
+    assert torch.equal(weight, expected) and torch.equal(grads, torch.zeros(4096))
+    assert str(moments[-1].item()) == "-0.0"
+    grads[7] = 1.5  # a gradient left in the buffer (a step cut short) is kept
+    state.offload()
+    state.onload()
+    assert grads[7] == 1.5 and int((grads != 0).sum()) == 1

@@ -217,11 +217,18 @@ def _owned(value: Any, param: Tensor) -> Any:
     return value.clone() if adopted else value
 
 
+def _as_bytes(storage: Any) -> torch.Tensor:
+    """`storage` as a flat uint8 tensor (no copy)."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
 class DeviceState:
     """Moves a set of tensors' storages off the device and back (collocated mode's offload / onload).
 
     Each distinct storage is copied out to host memory and resized to 0; views (DDP buffers, main grads) stay valid
-    because `onload` resizes and refills the same storage. On CUDA the host copies are pinned buffers allocated once
+    because `onload` resizes and refills the same storage. A storage whose bytes are all zero is not copied: onload
+    zero-fills it (the gradient buffer, zeroed after every optimizer step, is as large as the fp32 weights: no host
+    buffer for it, and no transfer either way). On CUDA the host copies are pinned buffers allocated once
     per storage and reused every cycle (allocating pinned memory is slow, and pinning a pageable copy would hold two),
     and after offloading the allocator's cache is emptied, so the freed memory goes back to the GPU for the engines.
     On CPU there is nowhere to move to: nothing happens and the bytes that would move are reported, unless
@@ -233,7 +240,8 @@ class DeviceState:
         self.tensors = tensors  # a callable returning the current tensors (optimizer state appears after a step)
         self.device = device
         self.move_on_cpu = move_on_cpu
-        self.offloaded: list[tuple[Any, Any]] | None = None  # (device storage, host backup) while offloaded
+        # (device storage, host backup or None for all zeros, bytes) while offloaded
+        self.offloaded: list[tuple[Any, Any, int]] | None = None
         self.backups: dict[int, Any] = {}  # host buffer per storage (by its StorageImpl), kept between cycles
 
     def _storages(self, include_cpu: bool) -> list[Any]:
@@ -268,7 +276,8 @@ class DeviceState:
         return backup
 
     def offload(self, force: bool = False) -> int:
-        """Copy the storages to host memory and free them on the device; returns the bytes moved."""
+        """Copy the storages to host memory (those not all zeros) and free them on the device; returns the bytes
+        freed there."""
         if self.offloaded is not None:
             return 0
         on_cpu = self.device.type == "cpu"
@@ -282,15 +291,18 @@ class DeviceState:
         for key in [key for key in self.backups if key not in current]:  # storages replaced since (a restored
             del self.backups[key]  # rollback point brings new optimizer moments): their host buffers go
         for storage in storages:
+            if not bool(_as_bytes(storage).any()):
+                moved.append((storage, None, storage.nbytes()))
+                continue
             backup = self._backup(storage)
             backup.copy_(storage)
-            moved.append((storage, backup))
-        for storage, _ in moved:
+            moved.append((storage, backup, storage.nbytes()))
+        for storage, _, _ in moved:
             storage.resize_(0)
         if self.device.type == "cuda":
             hand_back_cached_memory()  # the freed blocks, for the engines that share this GPU
         self.offloaded = moved
-        return sum(b.nbytes() for _, b in moved)
+        return sum(nbytes for _, _, nbytes in moved)
 
     def onload(self) -> int:
         """Undo `offload`; returns the bytes moved back (on CPU without `force`: the bytes that would move)."""
@@ -299,11 +311,12 @@ class DeviceState:
             return 0
         if not moved:
             return self.nbytes()
-        total = 0
-        for storage, backup in moved:
-            storage.resize_(backup.nbytes())
-            storage.copy_(backup)
-            total += backup.nbytes()
+        for storage, backup, nbytes in moved:
+            storage.resize_(nbytes)
+            if backup is None:
+                _as_bytes(storage).zero_()
+            else:
+                storage.copy_(backup)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        return total
+        return sum(nbytes for _, _, nbytes in moved)
