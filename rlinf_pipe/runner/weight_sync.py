@@ -33,6 +33,7 @@ from rlinf_pipe.weights.record import check_loaded
 from rlinf_pipe.weights.transports import Transport, needs_rendezvous
 
 log = logging.getLogger(__name__)
+PORT_DRAWS = 16
 
 
 class WeightSync:
@@ -66,12 +67,13 @@ class WeightSync:
                               f"group, which takes one rank per GPU, but {clash}: use auto")
         rendezvous: dict[int, Rendezvous | None] = {}
         calls = []
+        taken: set[tuple[str, int]] = set()
         for route in self.routes:
             ranks = await asyncio.gather(*(self.receivers[name].rank(r).weight_group_ranks(self.transport)
                                            for name, r in route.receivers))
             point = None
             if self.concurrent:
-                addr, port = await self.actor.rank(route.sender).free_port()
+                addr, port = await self._distinct_port(route.sender, taken)
                 # (a name of its own each time: SGLang's ranks keep the groups of earlier opens, and a port can come
                 # round again)
                 point = Rendezvous(addr, port, 1 + sum(ranks), backend if self.transport == "broadcast" else "gloo",
@@ -83,6 +85,18 @@ class WeightSync:
                 rank += taken
         replicas = {self.actor.dp_rank_of(route.sender) for route in self.routes}
         await asyncio.gather(self.actor.all.open_weights(self.transport, rendezvous, replicas, not native), *calls)
+
+    async def _distinct_port(self, sender: int, taken: set[tuple[str, int]]) -> tuple[str, int]:
+        """A rendezvous port on the node of actor rank `sender` that no other route of this open drew: each sender
+        draws a free one, but none binds it before every route has drawn, and two senders on one node drew the
+        same port about once in 70 starts with 8 routes (the second store then fails to bind)."""
+        for _ in range(PORT_DRAWS):
+            point = tuple(await self.actor.rank(sender).free_port())
+            if point not in taken:
+                taken.add(point)
+                return point
+        raise WeightSyncError(f"could not draw a rendezvous port for actor rank {sender} distinct from the other "
+                              f"weight routes' ({sorted(taken)}) in {PORT_DRAWS} draws")
 
     async def publish(self, version: int) -> None:
         """At the end of an actor phase (the actor holds its devices): the object store publishes `version`; when

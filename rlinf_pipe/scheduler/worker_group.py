@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -44,14 +45,25 @@ def _free_port_on_node() -> tuple[str, int]:
     return ray.util.get_node_ip_address(), rendezvous_port()
 
 
-def _rendezvous_point(node: Any) -> tuple[str, int]:
+_RECENT_POINTS: deque[tuple[str, int]] = deque(maxlen=64)  # rendezvous points this driver handed out last
+
+
+def _rendezvous_point(node: Any, draws: int = 16) -> tuple[str, int]:
     """An address and a free port on `node` for a group's torch.distributed rendezvous: found here when the driver
-    runs on that node, else by a probe task there (a worker process of its own: seconds)."""
-    if node.node_id == ray.get_runtime_context().get_node_id():
-        return _free_port_on_node()
-    probe = ray.remote(num_cpus=0)(_free_port_on_node).options(
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False))
-    return ray.get(probe.remote())
+    runs on that node, else by a probe task there (a worker process of its own: seconds). Not one of the last
+    points handed out: groups started together draw before any of them binds its store."""
+    for _ in range(draws):
+        if node.node_id == ray.get_runtime_context().get_node_id():
+            point = _free_port_on_node()
+        else:
+            probe = ray.remote(num_cpus=0)(_free_port_on_node).options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False))
+            point = tuple(ray.get(probe.remote()))
+        if point not in _RECENT_POINTS:
+            _RECENT_POINTS.append(point)
+            return point
+    raise ClusterError(f"could not draw a rendezvous port on node {node.node_rank} distinct from the last ones "
+                       f"handed out in {draws} draws")
 
 
 @dataclass(frozen=True)

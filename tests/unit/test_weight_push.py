@@ -58,3 +58,4 @@ async def test_a_receiver_call_that_fails_fails_the_push_without_asking_the_acto
     with pytest.raises(RuntimeError, match="the engine failed"):
         await transfer
     assert calls == []
+
