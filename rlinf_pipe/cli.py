@@ -70,7 +70,7 @@ def _plan(args: argparse.Namespace) -> int:
     cfg = load_cli_config(args)
     plan = plan_run(cfg)
     placement = plan.placement
-    memory = memory_report(cfg, placement)
+    memory = memory_report(cfg, placement, plan.weight_transport)
     if args.json:
         print(json.dumps({**placement.to_json(), "warnings": list(plan.warnings), "memory": memory.to_json()},
                          indent=2))

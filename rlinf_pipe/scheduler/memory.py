@@ -18,8 +18,13 @@ The model of the estimate (docs/memory.md walks through it):
 * **kv_cache**: SGLang's static share (`rollout.gpu_memory_fraction` of the memory free when it starts: the
   capacity less what the set's other processes hold, as sglang 0.5.23 measures it) less its weights; the torch
   engine's cache for `max_running_requests` sequences at full length;
-* **resident**: what other components keep on the GPU while this one runs: the log-prob workers' models on a set
-  they share with the engines (they stay loaded; the engines release theirs while they sleep).
+* **resident**: what stays on the GPU while this component runs, whatever it is doing: the log-prob workers' models
+  on a set they share with the engines (they stay loaded; the engines release theirs while they sleep); with the
+  `ipc` weight transport, its two bucket slots on the actor's GPUs (each the size of the largest bucket: the
+  embedding or output layer when it is larger than `runner.weight_bucket_mb`), kept through every phase; and for
+  an actor whose GPUs SGLang engines share, with a group transport, the engines' weights, which SGLang takes back
+  onto the GPU to load a version while the actor still holds its state there (the version moves at the end of the
+  actor's phase).
 
 Components that share a GPU set take turns on it, so each is checked on its own (the other's state is offloaded, or
 released by the engine, meanwhile; each other process on the set still holds its CUDA context); an actor that
@@ -151,10 +156,23 @@ def kv_cache_bytes(shape: HfArch, sequences: int, seq_len: int, tp: int, dtype_b
     return sequences * seq_len * per_token
 
 
+def ipc_slot_bytes(cfg: Config, shape: HfArch, dtype_bytes: int) -> int:
+    """Bytes of the `ipc` transport's bucket slots on a sending actor GPU: two (one if the version is one bucket),
+    each the size of the largest bucket of `runner.weight_bucket_mb` in the actor's dtype."""
+    import torch
+
+    from rlinf_pipe.weights.layout import plan_weight_layout
+
+    dtype = torch.float32 if dtype_bytes == 4 else torch.bfloat16
+    layout = plan_weight_layout(shape, dtype, cfg.runner.weight_bucket_mb << 20, trailer=False)
+    return min(2, len(layout.buckets)) * layout.max_bucket_bytes
+
+
 def estimate_memory(cfg: Config, placement: Placement, shape: HfArch, capacity_bytes: int,
-                    checkpoint_dtype_bytes: int = 2) -> dict[str, ComponentMemory]:
+                    checkpoint_dtype_bytes: int = 2, weight_transport: str = "") -> dict[str, ComponentMemory]:
     """The estimate of every GPU component of `placement` (see the module docstring). `checkpoint_dtype_bytes`:
-    bytes a value of the model folder's weights (SGLang loads them as they are; the torch engine in bf16)."""
+    bytes a value of the model folder's weights (SGLang loads them as they are; the torch engine in bf16);
+    `weight_transport`: the run's (`RunPlan.weight_transport`; "" when not known: no slots counted)."""
     seq_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
     dtype_bytes = 4 if cfg.actor.params_dtype == "float32" else 2  # auto: bf16 on GPUs
     started = {name for name in placement.components if name != "inference" or computes_logprobs(cfg)}
@@ -165,23 +183,29 @@ def estimate_memory(cfg: Config, placement: Placement, shape: HfArch, capacity_b
     if inference_shares:  # (their models stay on the GPUs)
         resident["rollout"] = _inference(cfg, placement.components["inference"], shape, dtype_bytes)["weights"]
     time_shared = placement.engines_share_actor or inference_shares  # (the engines take turns: the device locks)
+    sglang = cfg.rollout.backend == "sglang"
+    engine_bytes = checkpoint_dtype_bytes if sglang else 2
+    actor_gpus = set(placement.components["actor"].gpus) if "actor" in placement.components else set()
+    slots = ipc_slot_bytes(cfg, shape, dtype_bytes) if weight_transport == "ipc" else 0
     out: dict[str, ComponentMemory] = {}
     for name, comp in placement.components.items():
         if not comp.gpus or name not in started or name not in ("actor", "inference", "rollout"):
             continue
         context = sharing[name] * PROCESS_OVERHEAD  # every process on the set holds its CUDA context
         others = resident.get(name, 0.0)
+        later = slots if actor_gpus & set(comp.gpus) else 0  # (made after the engines sized their caches)
+        if name == "actor" and sglang and placement.engines_share_actor and weight_transport in ("ipc", "broadcast"):
+            later += params_per_rank(shape, cfg.rollout.tensor_parallel_size, 1) * engine_bytes
         problem = ""
         if name == "actor":
             kinds = _actor(cfg, comp, shape, seq_len, dtype_bytes, placement)
         elif name == "inference":
             kinds = _inference(cfg, comp, shape, dtype_bytes)
         else:
-            engine_bytes = checkpoint_dtype_bytes if cfg.rollout.backend == "sglang" else 2
             kinds, problem = _rollout(cfg, shape, seq_len, capacity_bytes - others - context, engine_bytes,
                                       time_shared, inference_shares)
-        out[name] = ComponentMemory(name, _bytes({**kinds, "resident": others}, sharing[name]), capacity_bytes,
-                                    problem)
+        out[name] = ComponentMemory(name, _bytes({**kinds, "resident": others + later}, sharing[name]),
+                                    capacity_bytes, problem)
     return out
 
 
@@ -336,13 +360,13 @@ def dtype_bytes_of(hf_config: Any) -> int:
     return 4 if str(dtype).removeprefix("torch.") == "float32" else 2
 
 
-def memory_report(cfg: Config, placement: Placement) -> MemoryReport:
-    """The per-GPU estimate of a run's components (see the module docstring)."""
+def memory_report(cfg: Config, placement: Placement, weight_transport: str = "") -> MemoryReport:
+    """The per-GPU estimate of a run's components (see the module docstring); `weight_transport` as the plan's."""
     capacity = gpu_capacity_bytes(cfg)
     config, source = model_config(cfg.actor.model_path)
     if config is None:
         return MemoryReport({}, cfg.actor.model_path, capacity, note=source)
     from rlinf_pipe.models.megatron_gpt import hf_arch
 
-    return MemoryReport(estimate_memory(cfg, placement, hf_arch(config), capacity, dtype_bytes_of(config)), source,
-                        capacity)
+    return MemoryReport(estimate_memory(cfg, placement, hf_arch(config), capacity, dtype_bytes_of(config),
+                                        weight_transport), source, capacity)

@@ -32,11 +32,16 @@ R1_DISTILL = "/models/DeepSeek-R1-Distill-Qwen-1.5B"  # not on this machine: the
 CAPACITY = 80 * 10**9
 
 
-def _estimate(config_name: str, *overrides: str) -> dict:
+def _estimate(config_name: str, *overrides: str, transport: bool = True) -> dict:
+    """The estimate of an example config, with the weight transport its run would use (`transport`)."""
+    from rlinf_pipe.runner.plan import plan_run
+
     cfg = load_config(CONFIGS, config_name, overrides)
     shape, _ = model_shape(cfg.actor.model_path)
     assert shape is not None
-    return estimate_memory(cfg, plan_placement(cfg), shape, CAPACITY)
+    plan = plan_run(cfg)
+    return estimate_memory(cfg, plan.placement, shape, CAPACITY, weight_transport=plan.weight_transport if transport
+                           else "")
 
 
 def _meta_model_params(hf_config) -> int:
@@ -122,7 +127,9 @@ def test_sglang_takes_its_memory_fraction_of_what_is_free_and_less_when_collocat
     assert shared.per_gpu_bytes["kv_cache"] == pytest.approx(0.5 * (CAPACITY - 2 * PROCESS_OVERHEAD) - weights, abs=1)
     tuned = _estimate("qwen2.5-1.5b-grpo-megatron", "rollout.gpu_memory_fraction=0.3")["rollout"]
     assert tuned.per_gpu_bytes["kv_cache"] == pytest.approx(0.3 * (CAPACITY - 2 * PROCESS_OVERHEAD) - weights, abs=1)
-    assert alone.per_gpu_bytes["resident"] == shared.per_gpu_bytes["resident"] == 0  # the actor offloads
+    assert alone.per_gpu_bytes["resident"] == 0
+    # the actor offloads its state: beside the collocated engine stay only the ipc transport's slots (tested below)
+    assert 0 < shared.per_gpu_bytes["resident"] < weights
 
 
 SHARED_WITH_INFERENCE = ('cluster.component_placement={"rollout,inference": 0-23, actor: 24-31}',)
@@ -244,3 +251,25 @@ def test_a_checkpoints_dtype_is_read_from_its_config():
     assert dtype_bytes_of(model_config(R1_DISTILL)[0]) == 2  # torch_dtype: bfloat16
     assert dtype_bytes_of(model_config("tiny")[0]) == 4  # the tiny model is saved in float32
     assert dtype_bytes_of(PretrainedConfig()) == 2  # (says nothing)
+
+
+def test_what_stays_on_the_gpu_beside_a_collocated_actor_and_its_engines():
+    """The `ipc` transport's two bucket slots (the largest bucket: the 1.5B model's embedding, 151,936 x 1,536 bf16)
+    stay on the actor's GPUs through every phase, and SGLang takes its weights back onto them to load a version
+    while the actor still holds its state; neither is there with the pipeline's broadcast to GPUs of their own."""
+    from rlinf_pipe.scheduler.memory import ipc_slot_bytes
+
+    cfg = load_config(CONFIGS, "qwen2.5-1.5b-grpo-megatron")
+    shape, _ = model_shape(cfg.actor.model_path)
+    slots = ipc_slot_bytes(cfg, shape, 2)
+    assert slots == 2 * 151_936 * 1_536 * 2
+    unknown, ipc = _estimate("qwen2.5-1.5b-grpo-megatron", transport=False), _estimate("qwen2.5-1.5b-grpo-megatron")
+    engine_weights = params_per_rank(shape, cfg.rollout.tensor_parallel_size, 1) * 2
+    assert unknown["actor"].per_gpu_bytes["resident"] == 0
+    assert ipc["actor"].per_gpu_bytes["resident"] == pytest.approx(slots + engine_weights, abs=1)
+    assert ipc["rollout"].per_gpu_bytes["resident"] == slots
+    # (made after SGLang sized its KV cache from the memory free when it started: that share is unchanged)
+    assert ipc["rollout"].per_gpu_bytes["kv_cache"] == unknown["rollout"].per_gpu_bytes["kv_cache"]
+    assert all(ipc[name].fits for name in ipc)
+    pipeline = _estimate("qwen2.5-1.5b-grpo-megatron-pipeline")
+    assert all(memory.per_gpu_bytes["resident"] == 0 for memory in pipeline.values())
