@@ -459,6 +459,24 @@ async def test_an_abort_reaches_samples_asked_for_during_a_weight_update(model_p
     assert after["after"].samples[0].finish_reason == "length" and after["after"].samples[0].version == 1
 
 
+async def test_samples_held_back_by_a_weight_update_are_not_sent_once_the_consumer_stopped(model_path: Path) -> None:
+    """A consumer that stops early while samples wait for a weight update to end: once it ends they are dropped,
+    not sent to run to `max_new_tokens` while the generator's cleanup waits for them (found by a review)."""
+    engine = make_engine(model_path)
+    tm = standin(engine).tokenizer_manager
+    bucket = [(k, v.detach().clone()) for k, v in standin(engine).scheduler.model.state_dict().items()]
+    async with engine.weight_update(version=1) as load:
+        gen = engine.generate([req("held", PROMPTS[1], max_new_tokens=300, ignore_eos=True)])
+        first = asyncio.ensure_future(gen.__anext__())
+        while not engine.held_back:  # (until the sample was asked for)
+            await asyncio.sleep(0)
+        first.cancel()  # the consumer stops; the generator's cleanup waits for the held-back sample
+        await load(bucket)
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert not tm.calls_of("generate_request")
+
+
 # --- weights and memory -------------------------------------------------------------------------------------
 
 

@@ -189,6 +189,7 @@ class SGLangEngine:
         done: list[list[SampleOutput | None]] = [[None] * r.sampling.n for r in requests]
         left = [r.sampling.n for r in requests]
         mine: set[str] = set()  # this call's rids still running in sglang
+        stopped = False  # the consumer stopped early: samples still held back are not sent
 
         async def run_sample(i: int, k: int) -> tuple[int, int, SampleOutput]:
             if not self._no_update.is_set():
@@ -198,7 +199,7 @@ class SGLangEngine:
                 finally:
                     self._held_back -= 1
             version = self._version  # (sglang runs a request sent now on these weights to its end)
-            if self._abort_epoch != epoch:
+            if self._abort_epoch != epoch or stopped:
                 return i, k, SampleOutput(response_ids=[], logprobs=[], finish_reason="abort", version=version)
             rid = uuid.uuid4().hex  # fixed width: no rid is a prefix of another
             params = self._sampling_params(requests[i], sample_seed(seeds[i], k))
@@ -226,6 +227,7 @@ class SGLangEngine:
                     yield GenerateResult(request_id=requests[i].request_id, prompt_ids=list(requests[i].prompt_ids),
                                          samples=[s for s in done[i] if s is not None])
         finally:
+            stopped = True
             pending = [t for t in tasks if not t.done()]
             for rid in list(mine):  # the consumer stopped early (or a sample failed): end this call's requests
                 self.tm.abort_request(rid=rid)
