@@ -11,6 +11,8 @@ when a node's clock is off by more than `WARN_S`.
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 
 from rlinf_pipe.scheduler.worker_group import WorkerGroup
@@ -49,13 +51,18 @@ class NodeClocks:
             for rank, proc in enumerate(group.placement.processes):
                 if proc.node_rank != self.driver_node:
                     probes.setdefault(proc.node_rank, (group, rank))
-        warnings = []
-        for node, (group, rank) in sorted(probes.items()):
+        async def sample(group: WorkerGroup, rank: int) -> list[tuple[float, float, float]]:
             samples = []
             for _ in range(SAMPLES):
                 sent = now()
                 remote = await group.rank(rank).clock()
                 samples.append((sent, remote, now()))
+            return samples
+
+        nodes = sorted(probes)
+        found = await asyncio.gather(*(sample(*probes[node]) for node in nodes))  # (the nodes at once)
+        warnings = []
+        for node, samples in zip(nodes, found, strict=True):
             offset, trip = offset_from_samples(samples)
             offset = offset if abs(offset) > trip else 0.0  # (within what one round trip can tell: in step)
             self.offsets[node] = offset
