@@ -99,7 +99,7 @@ if [ "$RANK" -eq 0 ]; then
   fi
   # (env -u RANK: Ray's processes, and so every worker, would inherit this node's rank under torch's name for a
   # process's rank in its distributed world)
-  env -u RANK "$RAY_BIN" "${args[@]}" --head --port="$port" --node-ip-address="$ip" "${extra_args[@]}" || start_failed
+  env -u RANK "$RAY_BIN" "${args[@]}" --head --port="$port" --node-ip-address="$ip" ${extra_args[@]+"${extra_args[@]}"} || start_failed
   write_atomic "$node_id_file" 644 "$RLINF_PIPE_RAY_NODE"
   write_atomic "$head_ip_file" 644 "${ip}:${port}"
   echo "Ray head started at ${ip}:${port} (node rank 0, auth ${RAY_AUTH_MODE}); address written to ${head_ip_file}"
@@ -147,7 +147,7 @@ done
 
 [ -n "${RAY_NODE_IP:-}" ] && args+=("--node-ip-address=${RAY_NODE_IP}")
 
-env -u RANK "$RAY_BIN" "${args[@]}" --address="$address" "${extra_args[@]}" || start_failed
+env -u RANK "$RAY_BIN" "${args[@]}" --address="$address" ${extra_args[@]+"${extra_args[@]}"} || start_failed
 mkdir -p "$(dirname "$node_id_file")"
 write_atomic "$node_id_file" 644 "$RLINF_PIPE_RAY_NODE"
 echo "Ray started: node rank ${RANK} joined ${address} (auth ${RAY_AUTH_MODE})"

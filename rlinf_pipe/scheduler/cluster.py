@@ -77,8 +77,13 @@ def order_nodes(ray_nodes: list[dict[str, Any]]) -> list[NodeInfo]:
 
 
 def head_ip_file() -> Path:
-    """Where `ray_utils/start_ray.sh` writes the head's address (RAY_HEAD_IP_FILE overrides)."""
-    return Path(os.environ.get("RAY_HEAD_IP_FILE", "ray_utils/ray_head_ip.txt"))
+    """Where `ray_utils/start_ray.sh` writes the head's address: RAY_HEAD_IP_FILE, else `ray_utils/ray_head_ip.txt`
+    of the checkout this package runs from (where start_ray.sh writes it, wherever the job was started), else of
+    the current folder."""
+    if "RAY_HEAD_IP_FILE" in os.environ:
+        return Path(os.environ["RAY_HEAD_IP_FILE"])
+    checkout = Path(__file__).resolve().parents[2] / "ray_utils"
+    return (checkout if checkout.is_dir() else Path("ray_utils")) / "ray_head_ip.txt"
 
 
 @dataclass(frozen=True)
@@ -95,13 +100,16 @@ def resolve_address(configured: str) -> RayAddress:
     some other cluster Ray's discovery would find on this machine: another user's, or an earlier job's).
 
     Also adopts start_ray.sh's token authentication (its token file next to the address file) when the
-    environment does not choose an auth mode itself.
+    environment chooses no auth mode itself, or chooses `token` without saying where the token is (as
+    `ray_utils/slurm.sbatch` passes `RAY_AUTH_MODE` on to the job).
     """
     if configured != "auto":
         return RayAddress(configured, "cluster.ray_address")
     address_file = head_ip_file()
     token_file = Path(os.environ.get("RAY_AUTH_TOKEN_FILE", address_file.parent / "ray_auth_token"))
-    if "RAY_AUTH_MODE" not in os.environ and token_file.is_file():
+    mode = os.environ.get("RAY_AUTH_MODE")
+    token_given = os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if token_file.is_file() and (mode is None or (mode == "token" and not token_given)):
         os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file.resolve()))
     if os.environ.get("RAY_ADDRESS"):
         return RayAddress(os.environ["RAY_ADDRESS"], "RAY_ADDRESS")
@@ -178,6 +186,13 @@ class Cluster:
                 raise ClusterError(
                     f"cannot connect to the Ray cluster at {where.address} (from {where.source}): {exc}; start it "
                     "with `RANK=0 bash ray_utils/start_ray.sh` or use cluster.ray_address=local"
+                ) from None
+            except ray.exceptions.AuthenticationError as exc:
+                raise ClusterError(
+                    f"the Ray cluster at {where.address} (from {where.source}) refused this job's authentication: "
+                    f"{str(exc).strip().splitlines()[0]}. Use the cluster's auth mode (RAY_AUTH_MODE, the same on "
+                    "every node and for the job) and, with `token`, its token: RAY_AUTH_TOKEN_PATH (start_ray.sh "
+                    "writes it next to the head's address file) or RAY_AUTH_TOKEN (docs/multi-node.md)"
                 ) from None
             print(f"[rlinf_pipe] Ray: joined the cluster at {where.address} (from {where.source})", flush=True)
             return False

@@ -121,6 +121,26 @@ def test_nodes_carry_rank_labels(cluster):
     assert line == 'NODES=[["0", 2.0], ["1", 3.0]]'
 
 
+DRIVER = """
+import ray
+from rlinf_pipe.scheduler.cluster import resolve_address
+where = resolve_address("auto")
+ray.init(address=where.address, log_to_driver=False, logging_level="ERROR")
+print("JOINED", where.address, sum(n["Alive"] for n in ray.nodes()))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cluster", ["token"], indirect=True)
+def test_a_job_given_only_the_token_mode_joins_with_the_token_start_ray_wrote(cluster, tmp_path):
+    """As `ray_utils/slurm.sbatch` runs the job: RAY_AUTH_MODE=token and no token path (and no ~/.ray/auth_token:
+    an empty HOME), so Ray alone would find no token and refuse the job."""
+    env = _script_env(cluster["tmp"], RAY_AUTH_MODE="token", HOME=str(tmp_path))
+    rc, out = cluster["sessions"].run([sys.executable, "-c", DRIVER], env, timeout=60)
+    assert rc == 0, out
+    assert f"JOINED {cluster['address']} 2" in out
+
+
 def _command_lines(pids: list[int]) -> dict[int, str]:
     """Each process's command line, parent and node tag (for a failure message)."""
     lines = {}

@@ -15,7 +15,7 @@ from rlinf_pipe.scheduler.cluster import Cluster, resolve_address
 def clean_env(tmp_path):
     """resolve_address() may set RAY_AUTH_* in os.environ: restore the whole environment afterwards."""
     saved = dict(os.environ)
-    for name in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN_FILE"):
+    for name in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN_FILE", "RAY_AUTH_TOKEN"):
         os.environ.pop(name, None)
     os.environ["RAY_HEAD_IP_FILE"] = str(tmp_path / "ray_head_ip.txt")
     yield tmp_path
@@ -57,6 +57,29 @@ def test_explicit_auth_mode_is_respected(clean_env):
     os.environ["RAY_AUTH_MODE"] = "disabled"
     resolve_address("auto")
     assert os.environ["RAY_AUTH_MODE"] == "disabled" and "RAY_AUTH_TOKEN_PATH" not in os.environ
+
+
+def test_token_mode_without_a_token_takes_the_one_start_ray_wrote(clean_env):
+    """`ray_utils/slurm.sbatch` passes RAY_AUTH_MODE=token on to the job but not where the token is: the driver
+    takes start_ray.sh's token file (Ray would find none, or a stale ~/.ray/auth_token, and refuse the job)."""
+    (clean_env / "ray_auth_token").write_text("secret\n")
+    os.environ["RAY_AUTH_MODE"] = "token"
+    resolve_address("auto")
+    assert os.environ["RAY_AUTH_TOKEN_PATH"] == str((clean_env / "ray_auth_token").resolve())
+    os.environ.pop("RAY_AUTH_TOKEN_PATH")
+    os.environ["RAY_AUTH_TOKEN"] = "given"  # a token of the user's own stands
+    resolve_address("auto")
+    assert "RAY_AUTH_TOKEN_PATH" not in os.environ
+
+
+def test_the_head_address_file_is_the_checkouts_wherever_the_job_starts(clean_env, monkeypatch):
+    from pathlib import Path
+
+    from rlinf_pipe.scheduler.cluster import head_ip_file
+
+    monkeypatch.delenv("RAY_HEAD_IP_FILE")
+    monkeypatch.chdir(clean_env)
+    assert head_ip_file() == Path(__file__).resolve().parents[2] / "ray_utils" / "ray_head_ip.txt"
 
 
 def test_a_stale_recorded_address_says_the_recorded_cluster_is_gone(clean_env):
