@@ -7,17 +7,15 @@ then stops looking names up in that process). Skipped where mount namespaces can
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.namespaces import require_mount_namespace, run_in_mount_namespace
 
 from rlinf_pipe.utils.net import QUICK_RESOLVER, RESOLVER_ENV
 
-ROOT = Path(__file__).resolve().parents[2]
 LOOKED_UP = "192.0.2.77"  # (TEST-NET-1: in no /etc/hosts, so its reverse lookup goes to the nameserver)
 CHILD = f"""
 import socket, sys
@@ -34,10 +32,7 @@ if len(sys.argv) > 2:  # the lookup itself, to its end
 @pytest.fixture
 def silent_nameserver(tmp_path):
     """A resolv.conf naming a bound UDP socket that never answers."""
-    if sys.platform != "linux" or shutil.which("unshare") is None or os.geteuid() != 0:
-        pytest.skip("needs Linux, root and unshare(1) for a mount namespace")
-    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
-        pytest.skip("this machine does not allow mount namespaces")
+    require_mount_namespace()  # (before binding port 53: root only)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as server:
         try:
             server.bind(("127.0.0.53", 53))
@@ -52,9 +47,8 @@ def run_offline(conf: Path, within_s: float, resolver: str | None, *lookup: str)
     """The child's output, run in a mount namespace with `conf` as /etc/resolv.conf and `resolver` as RES_OPTIONS."""
     script = (f"mount --bind {conf} /etc/resolv.conf && "
               f"exec {sys.executable} -c \"$CHILD\" {within_s} {' '.join(lookup)}")
-    env = {k: v for k, v in os.environ.items() if k != RESOLVER_ENV} | {"CHILD": CHILD, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env=env | ({RESOLVER_ENV: resolver} if resolver else {}))
+    env = {k: v for k, v in os.environ.items() if k != RESOLVER_ENV} | {"CHILD": CHILD}
+    proc = run_in_mount_namespace(script, env | ({RESOLVER_ENV: resolver} if resolver else {}))
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 

@@ -6,14 +6,10 @@ cannot be made (not root, no `unshare`)."""
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
-from pathlib import Path
 
-import pytest
+from support.namespaces import run_in_mount_namespace
 
-ROOT = Path(__file__).resolve().parents[2]
 CHILD = """
 import torch
 from rlinf_pipe.weights.checks import WeightSyncError
@@ -31,13 +27,8 @@ except WeightSyncError as exc:
 
 
 def test_the_ipc_transport_says_when_dev_shm_cannot_hold_its_buckets():
-    if sys.platform != "linux" or shutil.which("unshare") is None or os.geteuid() != 0:
-        pytest.skip("needs Linux, root and unshare(1) for a mount namespace")
-    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
-        pytest.skip("this machine does not allow mount namespaces")
     script = f'mount -t tmpfs -o size=8m tmpfs /dev/shm && exec {sys.executable} -c "$CHILD"'
-    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "CHILD": CHILD, "PYTHONPATH": str(ROOT)})
+    proc = run_in_mount_namespace(script, {**os.environ, "CHILD": CHILD})
     assert proc.returncode == 0, proc.stderr[-2000:]  # (-7: SIGBUS)
     assert f"small slot written {1 << 20}" in proc.stdout
     refused = proc.stdout.split("refused: ", 1)[1]
