@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.runner.devices import ActorPhase
 from rlinf_pipe.runner.weight_routes import WeightRoute, gpu_shared_in_group
-from rlinf_pipe.scheduler.worker_group import WorkerGroup
+from rlinf_pipe.scheduler.worker_group import POINT_DRAWS, WorkerGroup, claim_point
 from rlinf_pipe.utils.futures import mark_retrieved
 from rlinf_pipe.utils.tracing import Tracer
 from rlinf_pipe.weights import LoadedWeights, WeightSyncError, WeightVersion
@@ -33,7 +33,6 @@ from rlinf_pipe.weights.record import check_loaded
 from rlinf_pipe.weights.transports import Transport, needs_rendezvous
 
 log = logging.getLogger(__name__)
-PORT_DRAWS = 16
 
 
 class WeightSync:
@@ -67,13 +66,12 @@ class WeightSync:
                               f"group, which takes one rank per GPU, but {clash}: use auto")
         rendezvous: dict[int, Rendezvous | None] = {}
         calls = []
-        taken: set[tuple[str, int]] = set()
         for route in self.routes:
             ranks = await asyncio.gather(*(self.receivers[name].rank(r).weight_group_ranks(self.transport)
                                            for name, r in route.receivers))
             point = None
             if self.concurrent:
-                addr, port = await self._distinct_port(route.sender, taken)
+                addr, port = await self._distinct_port(route.sender)
                 # (a name of its own each time: SGLang's ranks keep the groups of earlier opens, and a port can come
                 # round again)
                 point = Rendezvous(addr, port, 1 + sum(ranks), backend if self.transport == "broadcast" else "gloo",
@@ -86,17 +84,17 @@ class WeightSync:
         replicas = {self.actor.dp_rank_of(route.sender) for route in self.routes}
         await asyncio.gather(self.actor.all.open_weights(self.transport, rendezvous, replicas, not native), *calls)
 
-    async def _distinct_port(self, sender: int, taken: set[tuple[str, int]]) -> tuple[str, int]:
-        """A rendezvous port on the node of actor rank `sender` that no other route of this open drew: each sender
-        draws a free one, but none binds it before every route has drawn, and two senders on one node drew the
-        same port about once in 70 starts with 8 routes (the second store then fails to bind)."""
-        for _ in range(PORT_DRAWS):
+    async def _distinct_port(self, sender: int) -> tuple[str, int]:
+        """A rendezvous port on the node of actor rank `sender` that no other rendezvous of this driver drew lately
+        (`claim_point`): each sender draws a free one, but none binds it before every route has drawn, and two
+        senders on one node drew the same port about once in 70 starts with 8 routes (the second store then fails
+        to bind)."""
+        for _ in range(POINT_DRAWS):
             point = tuple(await self.actor.rank(sender).free_port())
-            if point not in taken:
-                taken.add(point)
+            if claim_point(point):
                 return point
-        raise WeightSyncError(f"could not draw a rendezvous port for actor rank {sender} distinct from the other "
-                              f"weight routes' ({sorted(taken)}) in {PORT_DRAWS} draws")
+        raise WeightSyncError(f"could not draw a rendezvous port for actor rank {sender} distinct from the ones "
+                              f"handed out lately in {POINT_DRAWS} draws")
 
     async def publish(self, version: int) -> None:
         """At the end of an actor phase (the actor holds its devices): the object store publishes `version`; when

@@ -46,12 +46,23 @@ def _free_port_on_node() -> tuple[str, int]:
 
 
 _RECENT_POINTS: deque[tuple[str, int]] = deque(maxlen=64)  # rendezvous points this driver handed out last
+POINT_DRAWS = 16
 
 
-def _rendezvous_point(node: Any, draws: int = 16) -> tuple[str, int]:
+def claim_point(point: tuple[str, int]) -> bool:
+    """Whether `point` (address, port), drawn free for a rendezvous, is not one this driver handed out lately, and
+    record it if so. Every rendezvous it arranges draws ports before any of them is bound (groups started together,
+    the weight routes of one open), so a port free at each draw can be drawn twice; a False means: draw again."""
+    if point in _RECENT_POINTS:
+        return False
+    _RECENT_POINTS.append(point)
+    return True
+
+
+def _rendezvous_point(node: Any, draws: int = POINT_DRAWS) -> tuple[str, int]:
     """An address and a free port on `node` for a group's torch.distributed rendezvous: found here when the driver
-    runs on that node, else by a probe task there (a worker process of its own: seconds). Not one of the last
-    points handed out: groups started together draw before any of them binds its store."""
+    runs on that node, else by a probe task there (a worker process of its own: seconds); not one handed out lately
+    (`claim_point`)."""
     for _ in range(draws):
         if node.node_id == ray.get_runtime_context().get_node_id():
             point = _free_port_on_node()
@@ -59,8 +70,7 @@ def _rendezvous_point(node: Any, draws: int = 16) -> tuple[str, int]:
             probe = ray.remote(num_cpus=0)(_free_port_on_node).options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False))
             point = tuple(ray.get(probe.remote()))
-        if point not in _RECENT_POINTS:
-            _RECENT_POINTS.append(point)
+        if claim_point(point):
             return point
     raise ClusterError(f"could not draw a rendezvous port on node {node.node_rank} distinct from the last ones "
                        f"handed out in {draws} draws")

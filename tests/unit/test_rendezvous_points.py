@@ -19,7 +19,8 @@ def drawing(points: list[tuple[str, int]]):
     return lambda: next(draws)
 
 
-async def test_weight_routes_on_one_node_never_share_a_rendezvous_port():
+async def test_weight_routes_on_one_node_never_share_a_rendezvous_port(monkeypatch):
+    monkeypatch.setattr(worker_group, "_RECENT_POINTS", worker_group.deque(maxlen=64))
     draw = drawing([("10.0.0.1", 20007), ("10.0.0.1", 20007), ("10.0.0.2", 20007), ("10.0.0.1", 20007),
                     ("10.0.0.1", 21011)])
 
@@ -29,8 +30,7 @@ async def test_weight_routes_on_one_node_never_share_a_rendezvous_port():
     actor = SimpleNamespace(rank=lambda rank: SimpleNamespace(free_port=free_port))
     sync = WeightSync("broadcast", [WeightRoute(0, ())], actor, {}, verify=False, tracer=Tracer("driver"),
                       actor_phase=None, engines_share_actor=False)
-    taken: set[tuple[str, int]] = set()
-    points = [await sync._distinct_port(rank, taken) for rank in range(3)]
+    points = [await sync._distinct_port(rank) for rank in range(3)]
     assert points == [("10.0.0.1", 20007), ("10.0.0.2", 20007), ("10.0.0.1", 21011)]
 
 
@@ -44,3 +44,10 @@ def test_worker_groups_started_together_get_distinct_rendezvous_points(monkeypat
     monkeypatch.setattr(worker_group, "_free_port_on_node", lambda: ("10.0.0.1", 20500))
     with pytest.raises(ClusterError, match="distinct from the last ones handed out in 3 draws"):
         worker_group._rendezvous_point(here, draws=3)
+
+
+def test_groups_and_weight_routes_draw_from_one_registry(monkeypatch):
+    """A point a group was handed is drawn again by a weight route, and the other way round."""
+    monkeypatch.setattr(worker_group, "_RECENT_POINTS", worker_group.deque(maxlen=64))
+    assert worker_group.claim_point(("10.0.0.1", 20500)) and not worker_group.claim_point(("10.0.0.1", 20500))
+    assert worker_group.claim_point(("10.0.0.2", 20500))
