@@ -13,7 +13,7 @@ from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.runner.run_dir import checkpoint_dir, complete_checkpoints, find_resume_checkpoint
 from rlinf_pipe.scheduler.worker_group import WorkerGroup
-from rlinf_pipe.utils.folders import COMPLETE, mark_complete
+from rlinf_pipe.utils.folders import COMPLETE, absolute, mark_complete
 
 ACTOR_SUBDIR = "actor"
 RUNNER_STATE = "runner.json"
@@ -87,7 +87,7 @@ def check_resume(cfg: Config) -> Path | None:
     ckpt = find_resume_checkpoint(cfg)
     if ckpt is None:
         return None
-    ckpt = ckpt.resolve()  # (the actor's ranks read it: they start in other folders)
+    ckpt = absolute(ckpt)  # (the actor's ranks read it: they start in other folders)
     next_step = int(read_runner_state(ckpt)["next_step"])
     if next_step >= cfg.runner.max_steps:
         raise ConfigError(

@@ -14,6 +14,7 @@ from rlinf_pipe.config.schema import Config
 from rlinf_pipe.data.sampler import PromptSampler
 from rlinf_pipe.data.structs import PromptItem, RolloutGroup, ScoredGroup, TrainBatch
 from rlinf_pipe.engines.rollout.factory import sampling_params
+from rlinf_pipe.runner.checkpoints import ACTOR_SUBDIR
 from rlinf_pipe.runner.cpu_shares import cpu_stages, node_procs
 from rlinf_pipe.runner.driver_inputs import DriverInputs, driver_inputs
 from rlinf_pipe.runner.plan import RunPlan, plan_run
@@ -23,6 +24,7 @@ from rlinf_pipe.scheduler.node_paths import NodePath, check_node_paths
 from rlinf_pipe.scheduler.placement import ComponentPlacement, Placement, ProcessPlacement
 from rlinf_pipe.scheduler.worker import node_procs_env
 from rlinf_pipe.scheduler.worker_group import WorkerGroup
+from rlinf_pipe.utils.folders import COMPLETE
 from rlinf_pipe.utils.net import RESOLVER_ENV, quick_resolver_env
 from rlinf_pipe.workers.step_channels import StepChannels
 
@@ -31,6 +33,7 @@ EXIT_GRACE_S = 5.0  # a worker's time to release what a kill leaves behind, befo
 WORKER_ENV = {"PYTHONWARNINGS": "ignore::UserWarning,ignore::FutureWarning"}  # apex/TE fallbacks, deprecations
 NCCL_CUMEM = "NCCL_CUMEM_ENABLE"
 NCCL_NVLS = "NCCL_NVLS_ENABLE"
+CUDA_CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
 
 
 def nccl_env(cfg: Config, transport: str) -> dict[str, str]:
@@ -41,6 +44,16 @@ def nccl_env(cfg: Config, transport: str) -> dict[str, str]:
     if cfg.rollout.backend != "sglang" or transport != "broadcast":
         return {}
     return {name: os.environ.get(name, "0") for name in (NCCL_CUMEM, NCCL_NVLS)}
+
+
+def megatron_env(tensor_parallel_size: int) -> dict[str, str]:
+    """`CUDA_DEVICE_MAX_CONNECTIONS=1` for Megatron workers that split layers over GPUs (tensor parallel > 1), unless
+    set: megatron-core's tensor-parallel layers issue each backward collective before the gradient kernels it should
+    overlap and rely on one hardware queue to run them in that order (its `tensor_parallel/layers.py`); with
+    CUDA's default of 8 queues the collective may wait behind them. Read when CUDA starts, so set at launch."""
+    if tensor_parallel_size == 1:
+        return {}
+    return {CUDA_CONNECTIONS: os.environ.get(CUDA_CONNECTIONS, "1")}
 
 
 def resolver_env(node_ips: list[str]) -> dict[str, str]:
@@ -197,9 +210,11 @@ class GroupRecipes:
         raise ValueError(f"no worker group {name!r}")
 
 
-def node_paths(plan: RunPlan, inputs: DriverInputs, run_dir: Path, token: str) -> dict[int, list[NodePath]]:
+def node_paths(plan: RunPlan, inputs: DriverInputs, run_dir: Path, token: str,
+               resume_from: Path | None = None) -> dict[int, list[NodePath]]:
     """What each node must see as the driver does: the model folders of the workers it runs and, where actor ranks
-    run, the run folder (the file `run_dir/NODE_PROBE` holding `token`)."""
+    run, the run folder (the file `run_dir/NODE_PROBE` holding `token`) and the actor's part of the checkpoint
+    resumed from outside the run folder (`resume_from`)."""
     reads = {"actor": inputs.model_path, "inference": inputs.model_path, "rollout": inputs.rollout_path}
     keys = {"actor": "actor.model_path", "inference": "actor.model_path", "rollout": "rollout.model_path"}
     wants: dict[int, list[NodePath]] = {}
@@ -212,13 +227,17 @@ def node_paths(plan: RunPlan, inputs: DriverInputs, run_dir: Path, token: str) -
             if name == "actor":
                 paths.append(NodePath("runner.output_dir", str(run_dir / NODE_PROBE), "shared",
                                       "the actor's ranks", token))
+                if resume_from is not None and not resume_from.is_relative_to(run_dir):
+                    paths.append(NodePath("runner.resume_dir", str(resume_from / ACTOR_SUBDIR / COMPLETE), "file",
+                                          "the actor's ranks, to resume"))
     return {node: list(dict.fromkeys(paths)) for node, paths in wants.items()}
 
 
 NODE_PROBE = ".node-probe"
 
 
-def check_nodes_see_paths(cluster: Cluster, plan: RunPlan, inputs: DriverInputs, run_dir: Path) -> None:
+def check_nodes_see_paths(cluster: Cluster, plan: RunPlan, inputs: DriverInputs, run_dir: Path,
+                          resume_from: Path | None = None) -> None:
     """`check_node_paths` for this run (a no-op on one node)."""
     if cluster.num_nodes == 1:
         return
@@ -226,18 +245,20 @@ def check_nodes_see_paths(cluster: Cluster, plan: RunPlan, inputs: DriverInputs,
     probe = run_dir / NODE_PROBE
     probe.write_text(token)
     try:
-        check_node_paths(cluster, node_paths(plan, inputs, run_dir, token))
+        check_node_paths(cluster, node_paths(plan, inputs, run_dir, token, resume_from))
     finally:
         probe.unlink(missing_ok=True)
 
 
 def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | None = None,
-           on_connect: Callable[[], None] = lambda: None, run_dir: Path | None = None) -> Components:
+           on_connect: Callable[[], None] = lambda: None, run_dir: Path | None = None,
+           resume_from: Path | None = None) -> Components:
     """Start (or join) Ray, place and launch every group with its channels, open the weight transport's ends.
     `inputs` are read here unless given. Given a `cluster` (one started beside the driver's preparation, or a
     relaunch after `Components.stop_workers`), the groups go to its nodes and GPUs, and a failure leaves the cluster
     to its owner. `on_connect` runs once Ray is connected. Given the `run_dir`, every node first checks it sees the
-    model folders and the run folder as the driver does (`check_nodes_see_paths`)."""
+    model folders, the run folder and the checkpoint it resumes from (`resume_from`) as the driver does
+    (`check_nodes_see_paths`)."""
     from rlinf_pipe.scheduler.locks import DeviceLocks
     from rlinf_pipe.workers.actor import ActorWorker
     from rlinf_pipe.workers.arrival_slots import ArrivalSlots
@@ -264,7 +285,7 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
     try:
         plan = plan_run(cfg, cluster.gpus_per_node)
         if run_dir is not None:
-            check_nodes_see_paths(cluster, plan, inputs, run_dir)
+            check_nodes_see_paths(cluster, plan, inputs, run_dir, resume_from)
         comps = plan.placement.components
         cpus = node_procs_env(node_procs(comps[name] for name in cpu_stages(cfg) if name in comps))
         nccl = nccl_env(cfg, plan.weight_transport)
@@ -282,12 +303,12 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
         reward = start(RewardWorker, "reward", reward_place, cluster, *recipes.arguments("reward", channels)[0],
                        distributed=False)
         actor = start(ActorWorker, "actor", comps["actor"], cluster, *recipes.arguments("actor", channels)[0],
-                      env=WORKER_ENV)
+                      env={**WORKER_ENV, **megatron_env(cfg.actor.tensor_parallel_size)})
         if plan.engines_share_actor:
             actor.ready()
         inference = None if not plan.inference_workers else start(
             InferenceWorker, "inference", comps["inference"], cluster, *recipes.arguments("inference", channels)[0],
-            env=WORKER_ENV)
+            env={**WORKER_ENV, **megatron_env(cfg.inference.tensor_parallel_size)})
         if plan.inference_shares_rollout:
             inference.ready()
         rollout = start(RolloutWorker, "rollout", comps["rollout"], cluster, *recipes.arguments("rollout", channels)[0],

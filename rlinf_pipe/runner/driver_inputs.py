@@ -14,13 +14,14 @@ from rlinf_pipe.data.structs import PromptItem
 from rlinf_pipe.engines.reward.extract import resolve_thinking
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.models.resolve import resolve_model_path
+from rlinf_pipe.utils.folders import absolute
 
 
 def run_model_path(name: str, cfg: Config) -> str:
     """The model folder of a run (`resolve_model_path` with the run's data: `tiny` is the tiny model warm-started
     on it, built once and cached); an unusable name is a `ConfigError`."""
     try:
-        return str(resolve_model_path(name, data=cfg.data).resolve())  # absolute: workers start elsewhere
+        return str(absolute(resolve_model_path(name, data=cfg.data)))  # (symlinks kept: a link may differ by node)
     except ValueError as exc:
         raise ConfigError(f"actor.model_path / rollout.model_path: {exc}") from None
 

@@ -20,7 +20,7 @@ import yaml
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
-from rlinf_pipe.utils.folders import COMPLETE, is_complete
+from rlinf_pipe.utils.folders import COMPLETE, absolute, is_complete
 
 
 MIN_FREE_BYTES = 256 << 20  # below this much free space a run cannot save even the tiny model's checkpoint
@@ -29,7 +29,7 @@ MIN_FREE_BYTES = 256 << 20  # below this much free space a run cannot save even 
 def create_run_dir(cfg: Config) -> Path:
     """A fresh, empty run folder (a numeric suffix is added if two runs start in the same second). A folder that
     cannot be created or written, or a disk that is (nearly) full, is a `ConfigError` naming runner.output_dir."""
-    root = Path(cfg.runner.output_dir).expanduser().resolve() / cfg.runner.experiment_name  # absolute: for workers
+    root = absolute(Path(cfg.runner.output_dir).expanduser()) / cfg.runner.experiment_name  # (for workers)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for i in range(1000):
         path = root / (stamp if i == 0 else f"{stamp}-{i}")
@@ -67,7 +67,7 @@ def _unusable(cfg: Config, path: Path, why: str) -> ConfigError:
 
 def run_dir_of(ckpt: Path) -> Path | None:
     """The run folder a `checkpoints/step_N` folder belongs to (None for a checkpoint elsewhere)."""
-    ckpt = ckpt.resolve()
+    ckpt = absolute(ckpt)
     return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
 
 

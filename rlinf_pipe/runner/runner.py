@@ -92,7 +92,8 @@ class Runner:
         Ray starts), on `cluster` if given (its owner shuts it down), else on a Ray started or joined here."""
         prepared = prepared or prepare_run(cfg)
         stop = stop or StopSignals(cfg.runner.stop_grace_s)
-        components = launch(cfg, prepared.inputs, cluster, on_connect=stop.reinstall, run_dir=prepared.run_dir)
+        components = launch(cfg, prepared.inputs, cluster, on_connect=stop.reinstall, run_dir=prepared.run_dir,
+                            resume_from=prepared.resume_from)
         return cls(cfg, components, prepared.run_dir, prepared.resume_from, stop)
 
     # --- the run -----------------------------------------------------------------------------------------------

@@ -21,13 +21,14 @@ PROBE_TIMEOUT_S = 120.0
 
 @dataclass(frozen=True)
 class NodePath:
-    """A path a node must see: `model` (an HF folder with config.json) or `shared` (a file whose text is `token`,
-    which the driver wrote: the node sees the driver's folder, not a namesake). `key` is the config key behind it,
-    `needed_by` who reads or writes it there."""
+    """A path a node must see: `model` (an HF folder with config.json), `file` (a file to read, such as a resumed
+    checkpoint's completion record) or `shared` (a file whose text is `token`, which the driver wrote: the node sees
+    the driver's folder, not a namesake). `key` is the config key behind it, `needed_by` who reads or writes it
+    there."""
 
     key: str
     path: str
-    kind: Literal["model", "shared"]
+    kind: Literal["model", "file", "shared"]
     needed_by: str
     token: str = ""
 
@@ -40,6 +41,10 @@ def missing_here(paths: list[NodePath]) -> list[str]:
             if not os.path.isfile(os.path.join(want.path, "config.json")):
                 problems.append(f"{want.key}: no model folder with config.json at {want.path} (needed by "
                                 f"{want.needed_by})")
+            continue
+        if want.kind == "file":
+            if not os.path.isfile(want.path):
+                problems.append(f"{want.key}: no file {want.path} (needed by {want.needed_by})")
             continue
         try:
             with open(want.path) as f:
@@ -78,8 +83,9 @@ def check_node_paths(cluster: Any, wants: dict[int, list[NodePath]]) -> None:
     if lines:
         raise ConfigError(
             "paths that the workers use are not the same on every node:\n" + "\n".join(lines) + "\nEvery worker "
-            "reads the model from its own node and the actor's ranks write their part of each checkpoint into the "
-            "run folder: put the model folders at the same path on every node (a copy on each, or shared storage; "
-            "the built-in models are built in the driver's cache, $RLINF_PIPE_CACHE, which must then be shared) and "
-            "runner.output_dir on storage that every node mounts at the same path (docs/multi-node.md)."
+            "reads the model from its own node, and the actor's ranks write their part of each checkpoint into the "
+            "run folder and read the checkpoint a run resumes from: put the model folders at the same path on every "
+            "node (a copy on each, or shared storage; the built-in models are built in the driver's cache, "
+            "$RLINF_PIPE_CACHE, which must then be shared) and runner.output_dir and the checkpoints to resume from "
+            "on storage that every node mounts at the same path (docs/multi-node.md)."
         )

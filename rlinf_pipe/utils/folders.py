@@ -17,6 +17,13 @@ from typing import Any
 COMPLETE = "COMPLETE"
 
 
+def absolute(path: str | os.PathLike[str]) -> Path:
+    """`path` absolute, for workers that start in other folders, with its symlinks kept (not `Path.resolve`): a
+    link that each node points at its own mount (/outputs -> /mnt/nfs0/outputs) names the same folder everywhere,
+    where its target may not."""
+    return Path(os.path.abspath(path))
+
+
 def is_complete(folder: str | os.PathLike[str]) -> bool:
     """Whether `folder` holds its completion marker."""
     return (Path(folder) / COMPLETE).is_file()

@@ -185,6 +185,16 @@ def test_with_sglang_engines_every_worker_gets_one_nccl_cumem_setting(monkeypatc
     assert nccl_env(sglang, "broadcast") == {"NCCL_CUMEM_ENABLE": "1", "NCCL_NVLS_ENABLE": "1"}
 
 
+def test_megatron_workers_split_over_gpus_get_one_cuda_queue_unless_the_user_set_it(monkeypatch):
+    from rlinf_pipe.runner.components import megatron_env
+
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    assert megatron_env(1) == {}
+    assert megatron_env(2) == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "4")
+    assert megatron_env(2) == {"CUDA_DEVICE_MAX_CONNECTIONS": "4"}
+
+
 def test_a_sample_longer_than_the_models_context_is_refused_naming_the_keys(tmp_path):
     """SGLang would shorten each request's max_new_tokens without a word; the torch engine and Megatron would run
     at positions the model never saw."""
@@ -235,6 +245,52 @@ def test_each_node_checks_the_models_its_workers_read_and_the_actor_nodes_the_ru
         2: [("actor.model_path", "/m/actor", "model", ""),
             ("runner.output_dir", str(tmp_path / ".node-probe"), "shared", "tok")],
     }
+
+
+def test_actor_nodes_check_a_checkpoint_resumed_from_outside_the_run_folder(tmp_path):
+    """A checkpoint in the run folder is seen where the run folder is; one elsewhere (another run's) is probed on
+    every actor node by its actor part's completion record."""
+    from rlinf_pipe.runner.components import node_paths
+    from rlinf_pipe.runner.driver_inputs import DriverInputs
+
+    p = plan_run(load_config(overrides=["cluster.num_nodes=2", REF,
+                                        "cluster.component_placement={rollout: 0-1, actor: 2-3}"]), [2, 2])
+    inputs = DriverInputs("/m/actor", "/m/actor", None, [], 0)  # type: ignore[arg-type]
+    run_dir = tmp_path / "run"
+    inside = node_paths(p, inputs, run_dir, "tok", run_dir / "checkpoints" / "step_4")
+    other = tmp_path / "old-run" / "checkpoints" / "step_4"
+    outside = node_paths(p, inputs, run_dir, "tok", other)
+    assert [w.kind for w in inside[1]] == ["model", "shared"]
+    assert [(w.key, w.path, w.kind) for w in outside[1] if w.kind == "file"] == [
+        ("runner.resume_dir", str(other / "actor" / "COMPLETE"), "file")]
+    assert all(w.kind != "file" for w in outside[0])  # node 0 runs no actor rank
+
+
+def test_a_missing_file_is_named_with_who_needs_it(tmp_path):
+    from rlinf_pipe.scheduler.node_paths import NodePath, missing_here
+
+    there = tmp_path / "COMPLETE"
+    there.write_text("{}")
+    wants = [NodePath("runner.resume_dir", str(there), "file", "the actor"),
+             NodePath("runner.resume_dir", str(tmp_path / "gone"), "file", "the actor")]
+    assert missing_here(wants) == [f"runner.resume_dir: no file {tmp_path / 'gone'} (needed by the actor)"]
+
+
+def test_paths_handed_to_workers_keep_their_symlinks(tmp_path, monkeypatch):
+    """A link that each node points at its own copy names the same folder everywhere; its target may not."""
+    from rlinf_pipe.runner.driver_inputs import run_model_path
+    from rlinf_pipe.runner.run_dir import create_run_dir
+
+    target = tmp_path / "raid" / "model"
+    target.mkdir(parents=True)
+    (target / "config.json").write_text("{}")
+    (tmp_path / "models").symlink_to(tmp_path / "raid")
+    (tmp_path / "out-target").mkdir()
+    (tmp_path / "out").symlink_to(tmp_path / "out-target")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(overrides=["runner.output_dir=out", "runner.experiment_name=e"])
+    assert run_model_path("models/model", cfg) == str(tmp_path / "models" / "model")
+    assert create_run_dir(cfg).parent == tmp_path / "out" / "e"
 
 
 def test_a_tokenizer_that_drops_spaces_is_refused_before_launch():
