@@ -56,10 +56,17 @@ def megatron_env(tensor_parallel_size: int) -> dict[str, str]:
     return {CUDA_CONNECTIONS: os.environ.get(CUDA_CONNECTIONS, "1")}
 
 
+RESOLVER_CHOICES: dict[tuple[str, ...], dict[str, str]] = {}  # by the nodes' IPs: a relaunch does not probe again
+
+
 def resolver_env(node_ips: list[str]) -> dict[str, str]:
     """`RES_OPTIONS` for the workers where reverse DNS lookups of the nodes' IPs stall (`quick_resolver_env`), said
-    once with what removes the wait."""
+    once with what removes the wait; decided once per driver process for a set of nodes (`RESOLVER_CHOICES`)."""
+    key = tuple(sorted(set(node_ips)))
+    if key in RESOLVER_CHOICES:
+        return RESOLVER_CHOICES[key]
     env, stalled = quick_resolver_env(node_ips, os.environ)
+    RESOLVER_CHOICES[key] = env
     if stalled:
         print(f"[rlinf_pipe] reverse DNS lookups of {', '.join(stalled)} did not answer within 1 s (is the nameserver "
               "in /etc/resolv.conf reachable?). torch.distributed waits for one in every worker process, 10 s with "

@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from rlinf_pipe.runner import components
 from rlinf_pipe.runner.components import resolver_env
 from rlinf_pipe.utils.net import QUICK_RESOLVER, RESOLVER_ENV, quick_resolver_env, stalled_reverse_lookups
 
@@ -52,7 +53,18 @@ def test_a_resolver_the_user_chose_is_kept_and_nothing_is_looked_up(resolver):
 
 def test_the_driver_says_which_lookups_stalled_and_how_to_remove_the_wait(resolver, monkeypatch, capsys):
     monkeypatch.delenv(RESOLVER_ENV, raising=False)
+    monkeypatch.setattr(components, "RESOLVER_CHOICES", {})
     assert resolver_env([SILENT, ANSWERED]) == {RESOLVER_ENV: QUICK_RESOLVER}
     said = capsys.readouterr().out
     assert SILENT in said and ANSWERED not in said and "/etc/hosts" in said and RESOLVER_ENV in said
     assert resolver_env([ANSWERED]) == {} and capsys.readouterr().out == ""
+
+
+def test_a_relaunch_on_the_same_nodes_keeps_the_choice_without_asking_again(resolver, monkeypatch, capsys):
+    monkeypatch.delenv(RESOLVER_ENV, raising=False)
+    monkeypatch.setattr(components, "RESOLVER_CHOICES", {})
+    assert resolver_env([SILENT, ANSWERED]) == {RESOLVER_ENV: QUICK_RESOLVER}
+    capsys.readouterr()
+    asked = len(resolver)
+    assert resolver_env([ANSWERED, SILENT, ANSWERED]) == {RESOLVER_ENV: QUICK_RESOLVER}
+    assert len(resolver) == asked and capsys.readouterr().out == ""  # no lookup, no second message
