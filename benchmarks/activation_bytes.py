@@ -3,7 +3,8 @@
     python benchmarks/activation_bytes.py [--tokens 1024] [--hidden 768] [--heads 6] [--kv-heads 1]
         [--intermediate 4480] [--recompute selective] [--json]
 
-Trains one micro-batch of `tokens` tokens (bf16 parameters, the local layer spec, as on GPUs) on a model with these
+Runs one training micro-batch of `tokens` tokens (bf16 parameters, the local layer spec, as on GPUs; its backward
+skipped, as the count needs the forward alone) on a model with these
 widths (the defaults keep DeepSeek-R1-Distill-Qwen-1.5B's ratios: head_dim 128, 6 query heads per KV head, a gated
 MLP 5.8x the hidden size) and counts, with saved-tensor hooks, the distinct storages that the forward pass saves
 for backward (parameters excluded). Two models, of one and two layers, give one layer's share as their difference.
@@ -30,8 +31,13 @@ from rlinf_pipe.models.tiny import ensure_tiny_model  # noqa: E402
 from rlinf_pipe.scheduler.memory import layer_activations  # noqa: E402
 
 
-def _saved_bytes(rank: int, model_path: str, tokens: int, recompute: str) -> dict:
-    """Distinct non-parameter storages saved by the forward pass of one training micro-batch (in a spawned rank)."""
+def _saved_bytes_each(rank: int, model_paths: list[str], tokens: int, recompute: str) -> list[dict]:
+    """`_saved_bytes` of each model, in one spawned rank (its imports paid once)."""
+    return [_saved_bytes(path, tokens, recompute) for path in model_paths]
+
+
+def _saved_bytes(model_path: str, tokens: int, recompute: str) -> dict:
+    """Distinct non-parameter storages saved by the forward pass of one training micro-batch."""
     from rlinf_pipe.engines.policy.policy import MegatronPolicy
 
     policy = MegatronPolicy(model_path, lr=1e-6, params_dtype="bfloat16", recompute=recompute, load_weights=False)
@@ -48,13 +54,16 @@ def _saved_bytes(rank: int, model_path: str, tokens: int, recompute: str) -> dic
 
     run_backward = torch.autograd.backward
 
-    def marked_backward(*args, **kwargs):
+    def no_backward(*args, **kwargs) -> None:
+        """The count is the forward's: the backward's arithmetic (bf16 matmuls, slow on CPU) is skipped."""
         backward["started"] = True
-        return run_backward(*args, **kwargs)
 
-    torch.autograd.backward = marked_backward
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        policy.train_micro_batch(batch, LOSS)
+    torch.autograd.backward = no_backward
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            policy.train_micro_batch(batch, LOSS)
+    finally:
+        torch.autograd.backward = run_backward
     hidden = policy.module.config.hidden_size
     return {"total": sum(b for b, _, _ in saved.values()),
             "norm_fp32": sum(b for b, dtype, width in saved.values() if dtype == "torch.float32" and width == hidden)}
@@ -71,14 +80,14 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     out = tempfile.mkdtemp(prefix="activation_bytes_")
-    counts, folder = [], None
-    for layers in (1, 2):
-        folder = ensure_tiny_model(os.path.join(out, "models"), hidden_size=args.hidden, num_layers=layers,
-                                   num_heads=args.heads, num_kv_heads=args.kv_heads,
-                                   intermediate_size=args.intermediate, max_position_embeddings=max(512, args.tokens))
-        (count,) = spawn(1, _saved_bytes, os.path.join(out, f"run{layers}"), model_path=str(folder),
-                         tokens=args.tokens, recompute=args.recompute)
-        counts.append(count)
+    folders = [str(ensure_tiny_model(os.path.join(out, "models"), hidden_size=args.hidden, num_layers=layers,
+                                     num_heads=args.heads, num_kv_heads=args.kv_heads,
+                                     intermediate_size=args.intermediate,
+                                     max_position_embeddings=max(512, args.tokens)))
+               for layers in (1, 2)]
+    (counts,) = spawn(1, _saved_bytes_each, os.path.join(out, "run"), model_paths=folders, tokens=args.tokens,
+                      recompute=args.recompute)
+    folder = folders[-1]
     per_layer = (counts[1]["total"] - counts[0]["total"]) / args.tokens
     norm_fp32 = (counts[1]["norm_fp32"] - counts[0]["norm_fp32"]) / args.tokens
     estimate = layer_activations(hf_arch(AutoConfig.from_pretrained(folder)), 1)  # (the layers' widths)

@@ -63,26 +63,49 @@ if [ "${1:-}" = "--wheels" ]; then
     wheels="${2:?usage: --wheels DIR}"; shift 2
 fi
 [ "${1:-}" = "--" ] && shift
+if [ -n "$wheels" ] && ! compgen -G "$wheels/*.whl" >/dev/null; then
+    echo "error: no wheels in $wheels (see --fetch)" >&2; exit 1
+fi
 
 site="${RLINF_PIPE_GPU_SITE:-/tmp/rlinf-pipe-gpu-site}"
 export PYTHONPATH="$site:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$site/bin:$PATH"  # Ray's `ray` and its servers' entry points
 install=(-m pip install --quiet --no-deps --no-compile --no-cache-dir --upgrade --target "$site")
-for module in "${ASSUMED[@]}"; do
-    "$PYTHON" -c "import $module" 2>/dev/null || {
-        echo "error: $PYTHON cannot import $module, which the suite expects with the machine's torch; install it" \
-             "(pip install torch transformers pyyaml protobuf requests click filelock msgpack sympy attrs)" >&2
-        exit 1
-    }
-done
+# The import names among "$@" that $PYTHON cannot import, one a line: one process tries them all (a process each
+# took half a minute, torch imported again in most); a name it did not get to (a crash) counts as missing.
+unimportable() {
+    local imported
+    imported="$("$PYTHON" - "$@" <<'PY' 2>/dev/null | sed -n 's/^imported: //p'
+import importlib
+import sys
+
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except Exception:
+        continue
+    print(f"imported: {name}", flush=True)
+PY
+)" || true
+    local name
+    for name in "$@"; do
+        grep -qxF "$name" <<<"$imported" || echo "$name"
+    done
+}
+declare -A wanted_by_name=()
+for entry in "${NEEDED[@]}"; do wanted_by_name["${entry%%=*}"]="${entry#*=}"; done
+absent=() missing=()
+while read -r name; do  # (one check of both lists: each process pays for torch's import)
+    if [ -n "${wanted_by_name[$name]:-}" ]; then missing+=("${wanted_by_name[$name]}"); else absent+=("$name"); fi
+done < <(unimportable "${ASSUMED[@]}" "${!wanted_by_name[@]}")
+if [ ${#absent[@]} -gt 0 ]; then
+    echo "error: $PYTHON cannot import ${absent[*]}, which the suite expects with the machine's torch; install" \
+         "them (pip install torch transformers pyyaml protobuf requests click filelock msgpack sympy attrs)" >&2
+    exit 1
+fi
 if [ -n "$wheels" ]; then
-    compgen -G "$wheels/*.whl" >/dev/null || { echo "error: no wheels in $wheels (see --fetch)" >&2; exit 1; }
     "$PYTHON" "${install[@]}" --no-index "$wheels"/*.whl
 else
-    missing=()
-    for entry in "${NEEDED[@]}"; do
-        "$PYTHON" -c "import ${entry%%=*}" 2>/dev/null || missing+=("${entry#*=}")
-    done
     if [ ${#missing[@]} -gt 0 ]; then
         echo "installing into $site: ${missing[*]}"
         "$PYTHON" "${install[@]}" "${missing[@]}"
