@@ -12,6 +12,7 @@ import logging
 import os
 import pickle
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -32,7 +33,9 @@ from rlinf_pipe.engines.rollout import EngineAsleepError, GenerateRequest, Gener
 from rlinf_pipe.engines.rollout import sglang_leftovers
 from rlinf_pipe.engines.rollout.engine import sample_seed
 from rlinf_pipe.engines.rollout.sglang_engine import SGLangEngine, SGLangError
+from rlinf_pipe.engines.rollout import sglang_launch
 from rlinf_pipe.engines.rollout.sglang_launch import (
+    CORE_DUMPS_ENV,
     INSTALL_HINT,
     NCCL_PORT_BASE,
     SGLangNotInstalledError,
@@ -119,6 +122,38 @@ async def test_built_inside_a_running_loop_it_works_and_owns_a_tokenizer(model_p
     result = (await run(engine, [req("t", PROMPTS[0], max_new_tokens=4, ignore_eos=True)]))["t"]
     text = engine.tokenizer.decode(result.samples[0].response_ids)
     assert isinstance(text, str) and standin(engine).tokenizer_manager.tokenizer is None
+
+
+def test_a_process_running_an_engine_writes_no_core_file_when_sglang_sigquits_it(tmp_path: Path) -> None:
+    """sglang installs its SIGQUIT handler only in the main thread; ours builds the engine in a thread, so the
+    signal's default action (a core dump) applies: the adapter turns core dumps off, unless asked to keep them."""
+    script = ("import resource, sys\n"
+              "from rlinf_pipe.engines.rollout.sglang_launch import no_core_dumps\n"
+              "resource.setrlimit(resource.RLIMIT_CORE, (1 << 20, resource.getrlimit(resource.RLIMIT_CORE)[1]))\n"
+              "changed = no_core_dumps()\n"
+              "print(changed, resource.getrlimit(resource.RLIMIT_CORE)[0], no_core_dumps())\n")
+    hard = resource.getrlimit(resource.RLIMIT_CORE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 1 << 20:
+        pytest.skip(f"this machine's hard core-file limit ({hard}) is below the test's soft one")
+    env = {k: v for k, v in os.environ.items() if k != CORE_DUMPS_ENV}
+    off = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert off.stdout.split() == ["True", "0", "False"]  # (the second call finds them off already)
+    kept = subprocess.run([sys.executable, "-c", script], env={**env, CORE_DUMPS_ENV: "1"}, capture_output=True,
+                          text=True, check=True)
+    assert kept.stdout.split() == ["False", str(1 << 20), "False"]
+
+
+async def test_the_adapter_turns_core_dumps_off_before_it_builds_the_engine(model_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlinf_pipe.engines.rollout import sglang_engine
+
+    calls = []
+    monkeypatch.setattr(sglang_engine, "no_core_dumps", lambda: calls.append("off"))
+    monkeypatch.setattr(sglang_engine, "EngineThread",
+                        lambda factory, args: (calls.append("build"), sglang_launch.EngineThread(factory, args))[1])
+    engine = make_engine(model_path)
+    assert calls == ["off", "build"]
+    engine.shutdown()
 
 
 async def test_building_an_engine_keeps_this_processs_logging(model_path: Path) -> None:

@@ -61,6 +61,7 @@ from rlinf_pipe.engines.rollout.sglang_launch import (
     EngineThread,
     import_sglang,
     nccl_port_for,
+    no_core_dumps,
     server_args,
     without_expandable_segments,
 )
@@ -108,6 +109,7 @@ class SGLangEngine:
             os.environ[ALLOC_CONF] = without_expandable_segments(os.environ[ALLOC_CONF])
         if first_gpu is not None:  # a killed engine's processes there may still hold GPU memory
             wait_for_leftovers(first_gpu)
+        no_core_dumps()  # (sglang ends this process with SIGQUIT when its scheduler fails)
         self._engine_thread = EngineThread(api.Engine, self.server_args)
         if first_gpu is not None:
             record_children(first_gpu)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import concurrent.futures
 import importlib
 import os
+import resource
 import socket
 import threading
+from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
@@ -99,6 +101,25 @@ def without_expandable_segments(conf: str) -> str:
     refuses in the scheduler processes that inherit it (a common setting for Megatron, so workers may get it)."""
     kept = [o for o in conf.split(",") if o.strip() and o.split(":")[0].strip() != "expandable_segments"]
     return ",".join(kept)
+
+
+CORE_DUMPS_ENV = "RLINF_PIPE_CORE_DUMPS"
+"""Set to 1 to keep core dumps in processes that run an SGLang engine (`no_core_dumps`)."""
+
+
+def no_core_dumps(env: Mapping[str, str] = os.environ) -> bool:
+    """Turn core dumps off in this process (and the engine processes it starts), unless `RLINF_PIPE_CORE_DUMPS=1`;
+    returns whether it did. sglang's scheduler and watchdog end the engine's process with SIGQUIT when they fail,
+    and only an engine built in the main thread installs sglang's handler for it: ours is built in a thread
+    (`EngineThread`), so SIGQUIT's default action would write a core file of a process holding a CUDA context and
+    the engine's mappings where `ulimit -c` allows, while the worker's loss waits for the write."""
+    if env.get(CORE_DUMPS_ENV) == "1":
+        return False
+    soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    if soft == 0:
+        return False
+    resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
+    return True
 
 
 class EngineThread:
