@@ -25,6 +25,9 @@ def test_a_run_that_fails_its_checks_starts_nothing(tmp_path, capsys):
         run(load_config(overrides=[f"runner.output_dir={out}", "algorithm.adv_estimator=grpoo"]))
     with pytest.raises(DataError, match="data.dataset: .*missing.jsonl does not exist"):
         run(load_config(overrides=[f"runner.output_dir={out}", f"data.dataset={tmp_path / 'missing.jsonl'}"]))
+    (tmp_path / "no-config").mkdir()
+    with pytest.raises(ConfigError, match="rollout.model_path: model folder .*no-config.* has no config.json"):
+        run(load_config(overrides=[f"runner.output_dir={out}", f"rollout.model_path={tmp_path / 'no-config'}"]))
     assert not ray.is_initialized() and not out.exists()  # no Ray, no run folder
     assert "Ray: started" not in capsys.readouterr().out
 

@@ -27,7 +27,7 @@ def test_an_existing_model_folder_is_returned_as_is(tmp_path: Path) -> None:
 
 def test_smollm2_name_goes_to_ensure_smollm2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[object] = []
-    monkeypatch.setattr(resolve, "ensure_smollm2", lambda cache_dir: calls.append(cache_dir) or tmp_path)
+    monkeypatch.setattr(smollm2, "ensure_smollm2", lambda cache_dir: calls.append(cache_dir) or tmp_path)
     assert resolve_model_path("smollm2-135m", cache_dir="/some/cache") == tmp_path
     assert calls == ["/some/cache"]
 
