@@ -92,12 +92,14 @@ PY
         grep -qxF "$name" <<<"$imported" || echo "$name"
     done
 }
-declare -A wanted_by_name=()
-for entry in "${NEEDED[@]}"; do wanted_by_name["${entry%%=*}"]="${entry#*=}"; done
+declare -A wanted_by_name=()  # (without --wheels: what to install; with them, everything in them is installed)
+if [ -z "$wheels" ]; then
+    for entry in "${NEEDED[@]}"; do wanted_by_name["${entry%%=*}"]="${entry#*=}"; done
+fi
 absent=() missing=()
 while read -r name; do  # (one check of both lists: each process pays for torch's import)
     if [ -n "${wanted_by_name[$name]:-}" ]; then missing+=("${wanted_by_name[$name]}"); else absent+=("$name"); fi
-done < <(unimportable "${ASSUMED[@]}" "${!wanted_by_name[@]}")
+done < <(unimportable "${ASSUMED[@]}" ${wanted_by_name[@]+"${!wanted_by_name[@]}"})
 if [ ${#absent[@]} -gt 0 ]; then
     echo "error: $PYTHON cannot import ${absent[*]}, which the suite expects with the machine's torch; install" \
          "them (pip install torch transformers pyyaml protobuf requests click filelock msgpack sympy attrs)" >&2

@@ -63,13 +63,13 @@ def _rendezvous_point(node: Any, draws: int = POINT_DRAWS) -> tuple[str, int]:
     """An address and a free port on `node` for a group's torch.distributed rendezvous: found here when the driver
     runs on that node, else by a probe task there (a worker process of its own: seconds); not one handed out lately
     (`claim_point`)."""
+    draw = _free_port_on_node
+    if node.node_id != ray.get_runtime_context().get_node_id():
+        probe = ray.remote(num_cpus=0)(_free_port_on_node).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False))
+        draw = lambda: tuple(ray.get(probe.remote()))  # noqa: E731
     for _ in range(draws):
-        if node.node_id == ray.get_runtime_context().get_node_id():
-            point = _free_port_on_node()
-        else:
-            probe = ray.remote(num_cpus=0)(_free_port_on_node).options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False))
-            point = tuple(ray.get(probe.remote()))
+        point = draw()
         if claim_point(point):
             return point
     raise ClusterError(f"could not draw a rendezvous port on node {node.node_rank} distinct from the last ones "
