@@ -506,6 +506,28 @@ def test_a_consumer_connected_to_a_producer_that_fails_learns_it_from_the_regist
     assert time.monotonic() - start < 20  # (the registry is asked every second; the peer timeout is 30 s)
 
 
+def test_a_producer_that_closed_as_a_consumer_connected_is_seen_closed_through_the_registry(nodes):
+    """A producer closes once other consumers took every item it put. A consumer that found it in the registry just
+    before may connect as its socket closes: the hello is never read and nothing more comes (a CI run waited for it
+    until the peer timeout, then failed the step). The registry's record of the clean close must end it instead."""
+    from rlinf_pipe.scheduler.channel.registry import ProducerRecord, registry
+
+    ch = channel(maxsize=8, heartbeat_s=0.2, peer_timeout_s=30.0)
+    gone = ProducerRecord(  # a socket nobody reads (a closed producer's)
+        id="producer@closed-unread",
+        node_id=nodes[0],
+        ipc=f"ipc://{tempfile.gettempdir()}/rlinf-pipe-test-{ch.name}-never-bound",
+        tcp="tcp://127.0.0.1:1",
+    )
+    ray.get(registry().add_producer.remote(ch.name, gone))
+    ch.qsize()  # this process's consuming end connects to it
+    assert ch._consumer_end.endpoints() == [gone.ipc]
+    ray.get(registry().close_producer.remote(ch.name, gone.id, 0))  # it closed after ending step 0
+    assert ch.get(timeout=10) == StepEnd(0)
+    with pytest.raises(ChannelClosed, match="every producer closed"):
+        ch.get(timeout=10)
+
+
 def test_ray_going_away_under_a_consumer_ends_its_calls_with_channel_closed(nodes):
     """The housekeeping thread ends when Ray does (no `stop`): a take, `qsize`, `stats` and `iter_step` then say
     so instead of using the sockets that thread closed (or ending the step quietly)."""

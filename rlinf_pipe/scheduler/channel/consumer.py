@@ -177,14 +177,11 @@ class ConsumerEnd:
             for record in records:
                 if record.id not in self._links:
                     self._connect(record)
-                self._note_failure(record)
+                self._note_end(record)
             self.receive()
             self._waiter.notify()  # (waits poll the new sockets too)
 
     def _connect(self, record: ProducerRecord) -> None:
-        state = self.buffer.producer(record.id)
-        if record.closed:  # it finished (every item taken) before we arrived
-            state.closed, state.ended_through = True, max(state.ended_through, record.ended_through)
         sock = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.ROUTING_ID, self.id.encode())
         sock.setsockopt(zmq.LINGER, 0)
@@ -201,11 +198,16 @@ class ConsumerEnd:
             self._arenas[record.id] = arena
         self._fds = tuple(link.fd for link in self._links.values())
 
-    def _note_failure(self, record: ProducerRecord) -> None:
-        """A producer whose end failed, or was aborted with items not taken, is dead to this consumer at once (it
-        says nothing on its socket before going): a step it did not end cannot complete."""
+    def _note_end(self, record: ProducerRecord) -> None:
+        """What the registry says of a producer's end. Closed: every item it put was taken, so this consumer owes
+        it nothing and waits for nothing more from it (its socket may have closed before it read our hello, when we
+        connected as it closed: it would never say so itself). Failed, or aborted with items not taken: dead to this
+        consumer at once (it says nothing on its socket before going), and a step it did not end cannot complete."""
         state = self.buffer.producer(record.id)
-        if record.failure is not None and not state.dead and not state.closed:
+        if record.closed and not state.closed:
+            state.closed, state.ended_through = True, max(state.ended_through, record.ended_through)
+            self._waiter.notify()
+        elif record.failure is not None and not state.dead and not state.closed:
             state.ended_through = max(state.ended_through, record.ended_through)
             state.dead = record.failure
             self._waiter.notify()
