@@ -21,6 +21,7 @@ from rlinf_pipe.data.sampler import PromptSampler
 from rlinf_pipe.data.structs import PromptItem
 from rlinf_pipe.runner.stage_calls import StageCalls
 from rlinf_pipe.scheduler.worker_group import WorkerGroup
+from rlinf_pipe.utils.futures import mark_retrieved
 
 
 def draw_prompts(sampler: PromptSampler, count: int | None = None) -> list[PromptItem]:
@@ -97,7 +98,9 @@ class PlainGeneration:
         async def result() -> GenerationResult:
             return GenerationResult(await scoring)
 
-        return GenerationCalls(rollout, asyncio.ensure_future(result()), weights, ahead)
+        results = asyncio.ensure_future(result())
+        results.add_done_callback(mark_retrieved)  # (its failure is the scoring call's, which fails the step)
+        return GenerationCalls(rollout, results, weights, ahead)
 
 
 class DynamicSampling:

@@ -10,6 +10,8 @@ import asyncio
 from collections.abc import Awaitable
 from typing import Any
 
+from rlinf_pipe.utils.futures import mark_retrieved
+
 
 class StageCalls:
     """The step's running stage calls (see the module docstring)."""
@@ -26,8 +28,10 @@ class StageCalls:
 
     def watch(self, name: str, call: Awaitable[Any]) -> asyncio.Future:
         """Start a call that runs on into the next step: its failure fails this step, but `until_all` leaves it
-        out (the next step adopts it)."""
+        out (the next step adopts it, and fails with it). Dropped when a lost worker ends the run's steps before
+        that, it logs nothing."""
         task = asyncio.ensure_future(call)
+        task.add_done_callback(mark_retrieved)
         key, n = name, 1
         while key in self.watched:  # (several steps started ahead in one step)
             key, n = f"{name}_{n}", n + 1
@@ -57,8 +61,15 @@ class StageCalls:
             pending -= done
 
     def cancel(self) -> None:
+        """Cancel every call of the step. Their failures count as seen: the one that failed the step was raised,
+        the others (several stages fail together when a worker is lost) would each log "exception was never
+        retrieved" with its traceback once collected, long after the loss was handled."""
         for task in [*self.tasks.values(), *self.watched.values()]:
-            task.cancel()
+            if task.done():
+                mark_retrieved(task)
+            else:
+                task.add_done_callback(mark_retrieved)
+                task.cancel()
 
     async def until_all(self) -> None:
         """Wait for every call of this step (not the watched ones)."""
