@@ -325,10 +325,8 @@ def test_dead_producer_fails_a_blocked_get_naming_it(nodes):
     ray.get(producer.put_until_blocked.remote(1, 5.0))  # one item of step 1, then the producer dies
     ray.kill(producer)
     assert ch.get(timeout=30).seq == 0  # what it sent is not lost
-    start = time.monotonic()
     with pytest.raises(ChannelPeerError, match=r"producer producer@.*stopped responding.*step 1 cannot complete"):
-        ch.get(timeout=30)
-    assert time.monotonic() - start < 10
+        ch.get(timeout=30)  # (well before: the peer timeout is 1.5 s; a get that timed out would say so)
 
 
 def test_dead_consumer_fails_a_blocked_put_naming_it(nodes):
@@ -457,9 +455,8 @@ def test_aborting_a_process_handles_ends_its_waiting_get_and_put_at_once(nodes):
     consumer = on_node(Consumer, nodes[1], max_concurrency=2).remote(ch)
     waiting = consumer.wait_for_one.remote()
     assert ray.wait([waiting], timeout=0.5)[0] == []  # blocked: nothing was put
-    start = time.monotonic()
     assert ray.get(consumer.abort_handles.remote()) == 1
-    assert ray.get(waiting, timeout=30) == "ChannelClosed" and time.monotonic() - start < 5
+    assert ray.get(waiting, timeout=30) == "ChannelClosed"  # (not its own timeout's ChannelTimeout, after 60 s)
 
     blocked = channel(maxsize=1, **FAST_FAILURE)
     taker = on_node(Consumer, nodes[1]).remote(blocked)
@@ -500,10 +497,9 @@ def test_a_consumer_connected_to_a_producer_that_fails_learns_it_from_the_regist
     assert [t.seq for t in ray.get(consumer.take.remote(2))] == [0, 1]
     ray.get(producer.put_tagged.remote(1, steps=1, close=False))  # step 1's item, then the producer goes
     ray.get(producer.abort_handles.remote())
-    start = time.monotonic()
+    # (the registry's word, asked every second: after the peer timeout, 30 s, it would say "stopped responding")
     with pytest.raises(ray.exceptions.RayTaskError, match=r"was aborted with \d item\(s\) not taken"):
         ray.get(consumer.drain.remote(), timeout=60)
-    assert time.monotonic() - start < 20  # (the registry is asked every second; the peer timeout is 30 s)
 
 
 def test_a_producer_that_closed_as_a_consumer_connected_is_seen_closed_through_the_registry(nodes):

