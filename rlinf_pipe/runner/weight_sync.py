@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.runner.devices import ActorPhase
 from rlinf_pipe.runner.weight_routes import WeightRoute, gpu_shared_in_group
-from rlinf_pipe.scheduler.worker_group import POINT_DRAWS, WorkerGroup, claim_point
+from rlinf_pipe.scheduler.worker_group import WorkerGroup, hand_out, handed_out_ports
 from rlinf_pipe.utils.futures import mark_retrieved
 from rlinf_pipe.utils.tracing import Tracer
 from rlinf_pipe.weights import LoadedWeights, WeightSyncError, WeightVersion
@@ -86,15 +86,9 @@ class WeightSync:
 
     async def _distinct_port(self, sender: int) -> tuple[str, int]:
         """A rendezvous port on the node of actor rank `sender` that no other rendezvous of this driver drew lately
-        (`claim_point`): each sender draws a free one, but none binds it before every route has drawn, and two
-        senders on one node drew the same port about once in 70 starts with 8 routes (the second store then fails
-        to bind)."""
-        for _ in range(POINT_DRAWS):
-            point = tuple(await self.actor.rank(sender).free_port())
-            if claim_point(point):
-                return point
-        raise WeightSyncError(f"could not draw a rendezvous port for actor rank {sender} distinct from the ones "
-                              f"handed out lately in {POINT_DRAWS} draws")
+        (`handed_out_ports`): none binds its port before every route has drawn, and two senders on one node drew
+        the same port about once in 70 starts with 8 routes (the second store then fails to bind)."""
+        return hand_out(tuple(await self.actor.rank(sender).free_port(handed_out_ports())))
 
     async def publish(self, version: int) -> None:
         """At the end of an actor phase (the actor holds its devices): the object store publishes `version`; when

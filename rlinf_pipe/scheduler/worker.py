@@ -13,6 +13,7 @@ import socket
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
+from collections.abc import Sequence
 from typing import Any, Callable
 
 import ray
@@ -279,9 +280,10 @@ class Worker:
         """Stop the profiler; the trace (and on a GPU the memory snapshot) go back to the driver."""
         return self.profiler.stop()
 
-    def free_port(self) -> tuple[str, int]:
-        """An address and a free TCP port on this node (a rendezvous point this worker will listen on)."""
-        return ray.util.get_node_ip_address(), rendezvous_port()
+    def free_port(self, avoid: Sequence[int] = ()) -> tuple[str, int]:
+        """An address and a free TCP port on this node, not one of `avoid` (a rendezvous point this worker will
+        listen on)."""
+        return ray.util.get_node_ip_address(), rendezvous_port(avoid=frozenset(avoid))
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run `fn(self, *args, **kwargs)` in this worker (for tools and tests)."""

@@ -41,39 +41,36 @@ from rlinf_pipe.utils.net import rendezvous_port
 W = TypeVar("W", bound=Worker)
 
 
-def _free_port_on_node() -> tuple[str, int]:
-    return ray.util.get_node_ip_address(), rendezvous_port()
+def _free_port_on_node(avoid: Sequence[int] = ()) -> tuple[str, int]:
+    return ray.util.get_node_ip_address(), rendezvous_port(avoid=frozenset(avoid))
 
 
-_RECENT_POINTS: deque[tuple[str, int]] = deque(maxlen=64)  # rendezvous points this driver handed out last
-POINT_DRAWS = 16
+_HANDED_OUT: deque[int] = deque(maxlen=64)  # the ports of the rendezvous points this driver handed out last
 
 
-def claim_point(point: tuple[str, int]) -> bool:
-    """Whether `point` (address, port), drawn free for a rendezvous, is not one this driver handed out lately, and
-    record it if so. Every rendezvous it arranges draws ports before any of them is bound (groups started together,
-    the weight routes of one open), so a port free at each draw can be drawn twice; a False means: draw again."""
-    if point in _RECENT_POINTS:
-        return False
-    _RECENT_POINTS.append(point)
-    return True
+def handed_out_ports() -> list[int]:
+    """The ports of the rendezvous points this driver handed out lately, which a new draw avoids: every rendezvous it
+    arranges draws its port before any of them is bound (groups started together, the weight routes of one open),
+    so a port free at each draw could be drawn twice (the second store then fails to bind)."""
+    return list(_HANDED_OUT)
 
 
-def _rendezvous_point(node: Any, draws: int = POINT_DRAWS) -> tuple[str, int]:
-    """An address and a free port on `node` for a group's torch.distributed rendezvous: found here when the driver
-    runs on that node, else by a probe task there (a worker process of its own: seconds); not one handed out lately
-    (`claim_point`)."""
-    draw = _free_port_on_node
-    if node.node_id != ray.get_runtime_context().get_node_id():
-        probe = ray.remote(num_cpus=0)(_free_port_on_node).options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False))
-        draw = lambda: tuple(ray.get(probe.remote()))  # noqa: E731
-    for _ in range(draws):
-        point = draw()
-        if claim_point(point):
-            return point
-    raise ClusterError(f"could not draw a rendezvous port on node {node.node_rank} distinct from the last ones "
-                       f"handed out in {draws} draws")
+def hand_out(point: tuple[str, int]) -> tuple[str, int]:
+    """Record `point` (address, port), drawn avoiding `handed_out_ports()`, as handed out; returns it."""
+    _HANDED_OUT.append(point[1])
+    return point
+
+
+def _rendezvous_point(node: Any) -> tuple[str, int]:
+    """An address and a free port on `node` for a group's torch.distributed rendezvous, not one handed out lately:
+    found here when the driver runs on that node, else by a probe task there (a worker process of its own:
+    seconds)."""
+    avoid = handed_out_ports()
+    if node.node_id == ray.get_runtime_context().get_node_id():
+        return hand_out(_free_port_on_node(avoid))
+    probe = ray.remote(num_cpus=0)(_free_port_on_node).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False))
+    return hand_out(tuple(ray.get(probe.remote(avoid))))
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 
@@ -24,27 +24,33 @@ RENDEZVOUS_PORTS = (20000, 22000)
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
-def rendezvous_port(host: str = "") -> int:
+def rendezvous_port(host: str = "", avoid: Collection[int] = ()) -> int:
     """A port for a rendezvous that another process binds later (a torch.distributed store, the weight group's):
-    free now, and outside the range the kernel hands to every `bind(0)` and outgoing connection (which Ray, ZMQ and
-    the other workers make by the hundred while a job starts) and the ports Ray gives its workers, so nothing else
-    takes it meanwhile; `free_port` where the ephemeral range leaves no room below it."""
+    free now, not in `avoid` (ports handed out for other rendezvous not bound yet), and outside the range the kernel
+    hands to every `bind(0)` and outgoing connection (which Ray, ZMQ and the other workers make by the hundred while a
+    job starts) and the ports Ray gives its workers, so nothing else takes it meanwhile; from the ephemeral range
+    only where it leaves no room below it."""
     low, high = RENDEZVOUS_PORTS
     try:
         high = min(high, int(EPHEMERAL_RANGE.read_text().split()[0]))
     except (OSError, ValueError, IndexError):
         pass
-    if high - low < 500:
-        return free_port(host)
-    for port in random.sample(range(low, high), 64):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as the store binds it)
-            try:
-                sock.bind((host, port))
-            except OSError:
+    if high - low >= 500:
+        for port in random.sample(range(low, high), 64):
+            if port in avoid:
                 continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as the store binds it)
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+                return port
+    for _ in range(64):
+        port = free_port(host)
+        if port not in avoid:
             return port
-    return free_port(host)
+    raise OSError(f"no free port for a rendezvous on {host or 'this machine'} outside the {len(avoid)} handed out")
 
 
 GLOO_IFNAME_ENV = "GLOO_SOCKET_IFNAME"

@@ -74,3 +74,22 @@ def test_rendezvous_ports_come_from_below_the_kernels_ephemeral_range(tmp_path, 
     monkeypatch.setattr(net, "EPHEMERAL_RANGE", squeezed)
     monkeypatch.setattr(net, "free_port", lambda host="": 4242)
     assert net.rendezvous_port() == 4242
+
+
+def test_a_rendezvous_port_is_never_one_to_avoid(tmp_path, monkeypatch):
+    """Ports handed out for rendezvous not bound yet are free too, and must not be drawn again."""
+    from rlinf_pipe.utils import net
+
+    low, high = net.RENDEZVOUS_PORTS
+    keep = 20123
+    avoid = frozenset(range(low, high)) - {keep}
+    assert all(net.rendezvous_port(avoid=avoid) not in avoid for _ in range(5))  # `keep`, or one outside the range
+    squeezed = tmp_path / "ip_local_port_range"
+    squeezed.write_text("10500\t60999\n")  # any free port: the kernel's offers are skipped while avoided
+    monkeypatch.setattr(net, "EPHEMERAL_RANGE", squeezed)
+    offers = iter([4242, 4242, 4243])
+    monkeypatch.setattr(net, "free_port", lambda host="": next(offers))
+    assert net.rendezvous_port(avoid={4242}) == 4243
+    monkeypatch.setattr(net, "free_port", lambda host="": 4242)
+    with pytest.raises(OSError, match="no free port for a rendezvous"):
+        net.rendezvous_port(avoid={4242})
