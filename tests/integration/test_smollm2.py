@@ -108,3 +108,27 @@ def test_second_ensure_reuses_the_folder(cache: Path, folder: Path, monkeypatch:
     after = weights.stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
     assert [p.name for p in cache.iterdir()] == [smollm2.FOLDER_NAME]  # no temporary folders left
+
+
+def test_the_conversion_parses_the_gguf_file_once_and_puts_gguf_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers asks for a reader three times (config, tokenizer, weights) and a tensor-name map per tensor;
+    during the conversion each is made once (the folder's tests above check what it wrote), and after it gguf is as
+    it was. (A reader that records its openings stands in for gguf's, which takes seconds to parse the file.)"""
+    import gguf
+
+    opened: list[tuple[str, str]] = []
+
+    class Reader:
+        def __init__(self, path: object, mode: str = "r") -> None:
+            opened.append((str(path), mode))
+
+    monkeypatch.setattr(gguf, "GGUFReader", Reader)
+    real_map = gguf.get_tensor_name_map
+    path = smollm2.find_gguf()
+    with smollm2._gguf_parsed_once():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first and gguf.GGUFReader(path, "r+") is not first
+        arch = gguf.MODEL_ARCH.LLAMA
+        assert gguf.get_tensor_name_map(arch, 30) is gguf.get_tensor_name_map(arch, 30)
+    assert opened == [(str(path), "r"), (str(path), "r+")]
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (Reader, real_map)
