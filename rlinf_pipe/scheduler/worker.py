@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from collections.abc import Sequence
 from typing import Any, Callable
 
 import ray
