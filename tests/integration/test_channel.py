@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -75,6 +77,10 @@ class Producer:
         from rlinf_pipe.scheduler.channel.channel import abort_process_handles
 
         return abort_process_handles()
+
+    def given_up(self) -> list[str]:
+        """Why this producer gave up each consumer it gave up."""
+        return [link.dead for link in self.channel._producer._consumers.values() if link.dead]
 
 
 @ray.remote(num_cpus=0)
@@ -522,6 +528,45 @@ def test_a_producer_that_closed_as_a_consumer_connected_is_seen_closed_through_t
     assert ch.get(timeout=10) == StepEnd(0)
     with pytest.raises(ChannelClosed, match="every producer closed"):
         ch.get(timeout=10)
+
+
+class StalledRegistry:
+    """Stands in for a consumer's handle on the registry: each `list_producers` is answered (by the registry) only
+    once `release` is set."""
+
+    def __init__(self, real: Any):
+        self.real, self.asked, self.release = real, threading.Event(), threading.Event()
+        self.list_producers = SimpleNamespace(remote=self._remote)
+
+    def _remote(self, name: str) -> Any:
+        self.asked.set()
+        answer: concurrent.futures.Future = concurrent.futures.Future()
+        ref = self.real.list_producers.remote(name)
+
+        def later() -> None:
+            self.release.wait()
+            answer.set_result(ray.get(ref))
+
+        threading.Thread(target=later, daemon=True).start()
+        return SimpleNamespace(future=lambda: answer)
+
+
+def test_a_registry_slow_to_answer_does_not_silence_a_consumer(nodes):
+    """The housekeeping thread asks the registry every second and sends the heartbeats: waiting for an answer that
+    takes longer than the peer timeout, it fell silent, and the producers gave the consumer up (its items would go
+    to other consumers)."""
+    ch = channel(maxsize=8, **FAST_FAILURE)
+    producer = on_node(Producer, nodes[1]).remote(ch)
+    ray.get(producer.put_tagged.remote(1, close=False))
+    assert ch.get(timeout=30) == Tagged(0, 0)  # connected: the producer knows this consumer
+    end = ch._consumer_end
+    stalled = StalledRegistry(end._registry)
+    end._registry = stalled
+    assert stalled.asked.wait(timeout=30)  # the housekeeping thread's next look is waiting for its answer
+    time.sleep(2 * FAST_FAILURE["peer_timeout_s"])  # (the scenario itself: an answer slower than the peer timeout)
+    stalled.release.set()
+    assert ray.get(producer.given_up.remote()) == []
+    assert ch.get(timeout=30) == StepEnd(0)
 
 
 def test_ray_going_away_under_a_consumer_ends_its_calls_with_channel_closed(nodes):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -32,6 +33,7 @@ from rlinf_pipe.scheduler.channel.wire import endpoint_id
 
 REFRESH_S = 1.0  # how often the registry is asked for new producers
 EAGER_REFRESH_S = 0.02  # ... while producers are still missing
+ANSWER_POLL_S = 0.01  # how often the housekeeping thread looks for the registry's answer meanwhile
 REPORT_DELAY_S = 0.005  # takes the app left unreported go out this long after the first of them
 STREAMING_S = 0.05  # while the app took an item this recently, the housekeeping thread wakes every ...
 STREAMING_WAKE_S = 0.02  # ... this often (a take rings it only when it would report later than this past due)
@@ -163,16 +165,24 @@ class ConsumerEnd:
 
     # --- I/O thread -----------------------------------------------------------------------------------------
     def _refresh(self) -> None:
-        """Connect to producers that registered since the last look, and learn which ones failed (the registry call
-        runs without the lock)."""
+        """Connect to the producers the registry knows, waiting for its answer (the first look, from the app's
+        thread; the housekeeping thread asks without waiting: `_ask_registry`)."""
         try:
-            # Through the reference's future, not ray.get: a blocking ray.get from this thread, which runs no Ray
-            # task, crashed consumer processes with SIGSEGV inside Ray's task metrics (CoreWorker::Get ->
-            # TaskCounter::UnsetMetricStatus) in benchmarks/channel_bench.py.
-            records = self._registry.list_producers.remote(self.spec.name).future().result()
+            records = self._ask_registry().result()
         except GONE:  # the job that owned the registry ended (or Ray's memory monitor killed it): so does this channel
             self._stopping = True
             return
+        self._apply(records)
+
+    def _ask_registry(self) -> Future:
+        """The registry's producers of this channel, to come. Through the reference's future, not ray.get: a
+        blocking ray.get from the housekeeping thread, which runs no Ray task, crashed consumer processes with
+        SIGSEGV inside Ray's task metrics (CoreWorker::Get -> TaskCounter::UnsetMetricStatus) in
+        benchmarks/channel_bench.py."""
+        return self._registry.list_producers.remote(self.spec.name).future()
+
+    def _apply(self, records: list[ProducerRecord]) -> None:
+        """Connect to producers that registered since the last look, and learn which ones ended."""
         with self._waiter.lock:
             for record in records:
                 if record.id not in self._links:
@@ -214,11 +224,15 @@ class ConsumerEnd:
 
     def _run(self) -> None:
         next_housekeeping = next_refresh = 0.0
+        # The registry's answer, while one is awaited: heartbeats and peer expiry go on meanwhile (a registry slow
+        # to answer for `peer_timeout_s` would otherwise have the producers give this consumer up).
+        asked: Future | None = None
         try:
             while not self._stopping and self._ray_alive():  # Ray gone (shutdown): nothing left to serve
                 with self._waiter.lock:  # (a take that sets `_report_due` rings if this wait would outlast it)
                     now = time.monotonic()
-                    wait_s = min(self.spec.heartbeat_s / 2, max(0.0, next_refresh - now))
+                    refresh_in = max(0.0, next_refresh - now) if asked is None else ANSWER_POLL_S
+                    wait_s = min(self.spec.heartbeat_s / 2, refresh_in)
                     if self._report_due is not None:
                         wait_s = min(wait_s, max(0.0, self._report_due - now))
                     elif now - self._last_take < STREAMING_S:  # items flow: stay near, so that no take rings
@@ -226,8 +240,16 @@ class ConsumerEnd:
                     self._sleeps_until = now + wait_s
                 self._bell.wait(wait_s)
                 now = time.monotonic()
-                if now >= next_refresh:
-                    self._refresh()
+                if asked is None and now >= next_refresh:
+                    asked = self._ask_registry()
+                if asked is not None and asked.done():
+                    try:
+                        records = asked.result()
+                    except GONE:  # the job that owned the registry ended (or Ray's memory monitor killed it)
+                        self._stopping = True
+                        break
+                    asked = None
+                    self._apply(records)
                     expected = self.spec.num_producers
                     missing = not self._links or (expected is not None and len(self._links) < expected)
                     next_refresh = now + (EAGER_REFRESH_S if missing else REFRESH_S)
