@@ -35,6 +35,11 @@ MASTER_PORT_ENV = f"{ENV_PREFIX}MASTER_PORT"
 NODE_PROCS_ENV = f"{ENV_PREFIX}NODE_PROCS"  # "node:count,...": the compute processes sharing each node's CPUs
 
 
+def free_port_here(avoid: Sequence[int] = ()) -> tuple[str, int]:
+    """This node's address and a TCP port free on it for a rendezvous, not one of `avoid`."""
+    return ray.util.get_node_ip_address(), rendezvous_port(avoid=frozenset(avoid))
+
+
 @dataclass(frozen=True)
 class WorkerInfo:
     """Where a worker runs and who it is in its group."""
@@ -281,9 +286,8 @@ class Worker:
         return self.profiler.stop()
 
     def free_port(self, avoid: Sequence[int] = ()) -> tuple[str, int]:
-        """An address and a free TCP port on this node, not one of `avoid` (a rendezvous point this worker will
-        listen on)."""
-        return ray.util.get_node_ip_address(), rendezvous_port(avoid=frozenset(avoid))
+        """A rendezvous point this worker will listen on (`free_port_here`)."""
+        return free_port_here(avoid)
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run `fn(self, *args, **kwargs)` in this worker (for tools and tests)."""

@@ -35,14 +35,16 @@ from rlinf_pipe.scheduler.death import CALL_FAILED, death_cause
 from rlinf_pipe.scheduler.group_call import GroupCall, Member, Verb
 from rlinf_pipe.scheduler.last_output import announced_output, forget_output, output_tail
 from rlinf_pipe.scheduler.placement import ComponentPlacement, ProcessPlacement
-from rlinf_pipe.scheduler.worker import CONTROL_GROUP, Worker, WorkerInfo, placement_env, rendezvous_env
-from rlinf_pipe.utils.net import rendezvous_port
+from rlinf_pipe.scheduler.worker import (
+    CONTROL_GROUP,
+    Worker,
+    WorkerInfo,
+    free_port_here,
+    placement_env,
+    rendezvous_env,
+)
 
 W = TypeVar("W", bound=Worker)
-
-
-def _free_port_on_node(avoid: Sequence[int] = ()) -> tuple[str, int]:
-    return ray.util.get_node_ip_address(), rendezvous_port(avoid=frozenset(avoid))
 
 
 _HANDED_OUT: deque[int] = deque(maxlen=64)  # the ports of the rendezvous points this driver handed out last
@@ -67,8 +69,8 @@ def _rendezvous_point(node: Any) -> tuple[str, int]:
     seconds)."""
     avoid = handed_out_ports()
     if node.node_id == ray.get_runtime_context().get_node_id():
-        return hand_out(_free_port_on_node(avoid))
-    probe = ray.remote(num_cpus=0)(_free_port_on_node).options(
+        return hand_out(free_port_here(avoid))
+    probe = ray.remote(num_cpus=0)(free_port_here).options(
         scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False))
     return hand_out(tuple(ray.get(probe.remote(avoid))))
 

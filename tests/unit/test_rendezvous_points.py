@@ -44,7 +44,7 @@ def test_worker_groups_started_together_get_distinct_rendezvous_points(monkeypat
     monkeypatch.setattr(worker_group.ray, "get_runtime_context", lambda: SimpleNamespace(get_node_id=lambda: "n0"))
     monkeypatch.setattr(worker_group, "_HANDED_OUT", deque(maxlen=64))
     asked: list[list[int]] = []
-    monkeypatch.setattr(worker_group, "_free_port_on_node", node_offering("10.0.0.1", [20500, 20501], asked))
+    monkeypatch.setattr(worker_group, "free_port_here", node_offering("10.0.0.1", [20500, 20501], asked))
     assert [worker_group._rendezvous_point(here) for _ in range(2)] == [("10.0.0.1", 20500), ("10.0.0.1", 20501)]
     assert asked == [[], [20500]]
 

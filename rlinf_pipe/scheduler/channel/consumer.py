@@ -167,12 +167,7 @@ class ConsumerEnd:
     def _refresh(self) -> None:
         """Connect to the producers the registry knows, waiting for its answer (the first look, from the app's
         thread; the housekeeping thread asks without waiting: `_ask_registry`)."""
-        try:
-            records = self._ask_registry().result()
-        except GONE:  # the job that owned the registry ended (or Ray's memory monitor killed it): so does this channel
-            self._stopping = True
-            return
-        self._apply(records)
+        self._apply(self._ask_registry())
 
     def _ask_registry(self) -> Future:
         """The registry's producers of this channel, to come. Through the reference's future, not ray.get: a
@@ -181,8 +176,14 @@ class ConsumerEnd:
         benchmarks/channel_bench.py."""
         return self._registry.list_producers.remote(self.spec.name).future()
 
-    def _apply(self, records: list[ProducerRecord]) -> None:
-        """Connect to producers that registered since the last look, and learn which ones ended."""
+    def _apply(self, answer: Future) -> None:
+        """With the registry's `answer` (done): connect to producers that registered since the last look, and learn
+        which ones ended."""
+        try:
+            records = answer.result()
+        except GONE:  # the job that owned the registry ended (or Ray's memory monitor killed it): so does this channel
+            self._stopping = True
+            return
         with self._waiter.lock:
             for record in records:
                 if record.id not in self._links:
@@ -243,13 +244,8 @@ class ConsumerEnd:
                 if asked is None and now >= next_refresh:
                     asked = self._ask_registry()
                 if asked is not None and asked.done():
-                    try:
-                        records = asked.result()
-                    except GONE:  # the job that owned the registry ended (or Ray's memory monitor killed it)
-                        self._stopping = True
-                        break
+                    self._apply(asked)  # (the loop ends if the registry is gone)
                     asked = None
-                    self._apply(records)
                     expected = self.spec.num_producers
                     missing = not self._links or (expected is not None and len(self._links) < expected)
                     next_refresh = now + (EAGER_REFRESH_S if missing else REFRESH_S)
