@@ -184,12 +184,13 @@ def render_timeline_png(spans: Sequence[Span], path: str | Path, title: str = "t
     colours = {n: plt.get_cmap("tab20")(i % 20) for i, n in enumerate(stages)}
     t0 = min((s.start for s in spans), default=0.0)
     fig, ax = plt.subplots(figsize=(12, 1 + 0.45 * max(len(tracks), 1)))
-    for row, track in enumerate(tracks):
-        for s in (s for s in work if s.track == track):
-            ax.broken_barh([(s.start - t0, max(s.duration, 1e-4))], (row - 0.4, 0.8), color=colours[s.name])
-    for s in spans:
-        if s.name == STEP_SPAN:
-            ax.axvline(s.start - t0, color="0.6", lw=0.6, ls="--")
+    for row, track in enumerate(tracks):  # one collection per row (one per span took seconds for a long run)
+        on_row = [s for s in work if s.track == track]
+        row_colours = [colours[s.name] for s in on_row]
+        ax.broken_barh([(s.start - t0, max(s.duration, 1e-4)) for s in on_row], (row - 0.4, 0.8),
+                       facecolors=row_colours, edgecolors=row_colours)
+    step_starts = [s.start - t0 for s in spans if s.name == STEP_SPAN]
+    ax.vlines(step_starts, 0, 1, transform=ax.get_xaxis_transform(), colors="0.6", lw=0.6, ls="--")
     ax.set_yticks(range(len(tracks)), tracks)
     ax.set_xlabel("seconds")
     ax.set_title(title)

@@ -1,0 +1,48 @@
+"""The timeline picture: every span drawn in its stage's colour, on its own track, as wide as it lasted."""
+
+from __future__ import annotations
+
+import numpy as np
+from matplotlib import colormaps
+from PIL import Image
+
+from rlinf_pipe.utils.timeline import STEP_SPAN, render_timeline_png
+from rlinf_pipe.utils.tracing import Span
+
+
+def colour_pixels(path, rgba) -> int:
+    """How many pixels of the picture are exactly this colour."""
+    image = np.asarray(Image.open(path).convert("RGB")).astype(int)
+    rgb = np.round(np.array(rgba[:3]) * 255).astype(int)
+    return int((np.abs(image - rgb).sum(-1) == 0).sum())
+
+
+def test_each_span_is_drawn_in_its_stages_colour_with_its_width(tmp_path):
+    # Stages sort to colours tab20(0), tab20(1), tab20(2): generate, reward, train.
+    spans = [Span(STEP_SPAN, "driver", 0.0, 8.0)]
+    spans += [Span("train", "actor/0", 1.0 + 2 * i, 1.5 + 2 * i) for i in range(3)]  # 3 x 0.5 s
+    spans += [Span("generate", "rollout/0", 0.0, 6.0), Span("reward", "rollout/0", 6.0, 7.5)]
+    path = tmp_path / "timeline.png"
+    render_timeline_png(spans, path)
+
+    tab20 = colormaps["tab20"]
+    generate, reward, train = (colour_pixels(path, tab20(i)) for i in range(3))
+    assert min(generate, reward, train) > 0
+    # Areas follow the durations (the legend's swatches add the same few pixels to each colour).
+    assert 6.0 / 1.5 * 0.9 < generate / reward < 6.0 / 1.5 * 1.1
+    assert 1.5 / 1.5 * 0.9 < train / reward < 1.5 / 1.5 * 1.1
+
+
+def test_many_steps_draw_every_span_apart(tmp_path):
+    # The spans of a track are one collection since long runs took seconds to draw with one artist per span.
+    spans = [Span(STEP_SPAN, "driver", float(i), i + 1.0) for i in range(60)]
+    spans += [Span("train", "actor/0", i + 0.25, i + 0.75) for i in range(60)]
+    path = tmp_path / "timeline.png"
+    render_timeline_png(spans, path)
+    image = np.asarray(Image.open(path).convert("RGB")).astype(int)
+    train = np.round(np.array(colormaps["tab20"](0)[:3]) * 255).astype(int)
+    shown = (np.abs(image - train).sum(-1) == 0)
+    row = shown[:, :].sum(1).argmax()  # the image row through the middle of the track
+    columns = shown[row].astype(int)
+    starts = np.flatnonzero(np.diff(columns) == 1)
+    assert len(starts) == 60  # sixty separate bars (the legend's swatch is on another row)
