@@ -90,10 +90,11 @@ def test_the_replica_balance_simulation_compares_both_routings():
     assert result["by_tokens"]["median"] < result["by_slot"]["median"]
 
 
-def test_the_timeline_render_benchmark_draws_both_ways():
-    proc = subprocess.run([sys.executable, "benchmarks/timeline_render.py", "--steps", "5", "--repeats", "1", "--json"],
+def test_the_timeline_benchmark_times_both_ways_of_analysing_and_drawing():
+    proc = subprocess.run([sys.executable, "benchmarks/timeline_bench.py", "--steps", "5", "--repeats", "1", "--json"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["spans"] == 5 * 13  # a step line and four spans on each of three tracks
-    assert all(math.isfinite(result[k]) and result[k] > 0 for k in ("now_s", "one_artist_per_span_s"))
+    for part in ("analysis", "picture"):
+        assert all(math.isfinite(result[part][k]) and result[part][k] > 0 for k in ("now_s", "before_s")), result

@@ -1,13 +1,14 @@
-"""How long a run's `timeline.png` takes to draw: `render_timeline_png` against the way it drew until 2026-11-29 (one
-matplotlib artist per span and per step line), on the same spans.
+"""What a run's timeline costs at its end (and in `rlinf-pipe timeline`), against how it was done until 2026-11-29, on
+the same spans: the analysis (`summarise(analyse(spans))`, for summary.json) against `analyse_step` of each step
+among all the run's spans (what `analyse` did), and the picture (`render_timeline_png`) against one matplotlib artist
+per span and per step line.
 
-    python benchmarks/timeline_render.py [--steps 200] [--repeats 5] [--timeline RUN_DIR/timeline.json] [--json]
+    python benchmarks/timeline_bench.py [--steps 200] [--repeats 5] [--timeline RUN_DIR/timeline.json] [--json]
 
 The spans are a pipeline run's shape, `--steps` of them (a step line, and on each of three worker tracks the
 stages a default step records: generate and weight_sync; train, optimizer_step and publish_weights; reward), or
-those of a real run's timeline with `--timeline`. Each repeat draws both, alternating; reported: the medians with
-their ranges and the ratio baseline / now. The picture is drawn at the end of every run and by `rlinf-pipe
-timeline`. With --json the last printed line is one JSON object.
+those of a real run's timeline with `--timeline`. Each repeat times each way, alternating; reported: the medians
+with their ranges and the ratio before / now. With --json the last printed line is one JSON object.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from rlinf_pipe.utils.timeline import STEP_SPAN, read_chrome_trace, render_timeline_png
+from rlinf_pipe.utils.timeline import STEP_SPAN, analyse, analyse_step, read_chrome_trace, render_timeline_png, summarise
 from rlinf_pipe.utils.tracing import Span
 
 TRACKS = {"rollout/0": ("generate", "weight_sync"), "actor/0": ("train", "optimizer_step", "publish_weights"),
@@ -72,10 +73,34 @@ def render_one_artist_per_span(spans: Sequence[Span], path: Path) -> None:
     plt.close(fig)
 
 
-def timed(draw, spans: Sequence[Span], path: Path) -> float:
+def summary_now(spans: Sequence[Span], path: Path) -> None:
+    summarise(analyse(spans))
+
+
+def summary_before(spans: Sequence[Span], path: Path) -> None:
+    """The run's analysis as it was: each step's among every span of the run."""
+    steps = sorted((s for s in spans if s.name == STEP_SPAN), key=lambda s: s.start)
+    summarise([analyse_step(spans, step) for step in steps])
+
+
+def timed(work, spans: Sequence[Span], path: Path) -> float:
     start = time.perf_counter()
-    draw(spans, path)
+    work(spans, path)
     return time.perf_counter() - start
+
+
+def compare(now, before, spans: Sequence[Span], path: Path, repeats: int) -> dict[str, float | list[float]]:
+    """Medians and ranges of `now` and `before` on the same spans, alternating."""
+    times: dict[str, list[float]] = {"now": [], "before": []}
+    for _ in range(repeats):
+        times["now"].append(timed(now, spans, path))
+        times["before"].append(timed(before, spans, path))
+    result: dict[str, float | list[float]] = {}
+    for key, values in times.items():
+        result[f"{key}_s"] = statistics.median(values)
+        result[f"{key}_range_s"] = [min(values), max(values)]
+    result["ratio_before_over_now"] = statistics.median(times["before"]) / statistics.median(times["now"])
+    return result
 
 
 def main() -> None:
@@ -89,23 +114,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "timeline.png"
         render_timeline_png(spans[:10], path)  # matplotlib's import and first figure, outside the timings
-        now: list[float] = []
-        before: list[float] = []
-        for _ in range(args.repeats):
-            now.append(timed(render_timeline_png, spans, path))
-            before.append(timed(render_one_artist_per_span, spans, path))
-    result = {
-        "spans": len(spans),
-        "now_s": statistics.median(now), "now_range_s": [min(now), max(now)],
-        "one_artist_per_span_s": statistics.median(before), "one_artist_per_span_range_s": [min(before), max(before)],
-        "ratio_before_over_now": statistics.median(before) / statistics.median(now),
-    }
-    print(f"{len(spans)} spans: now {result['now_s']:.3f} s ({min(now):.3f}-{max(now):.3f}), one artist per span "
-          f"{result['one_artist_per_span_s']:.3f} s ({min(before):.3f}-{max(before):.3f}): "
-          f"{result['ratio_before_over_now']:.1f}x")
+        result: dict[str, object] = {
+            "spans": len(spans),
+            "analysis": compare(summary_now, summary_before, spans, path, args.repeats),
+            "picture": compare(render_timeline_png, render_one_artist_per_span, spans, path, args.repeats),
+        }
+    print(f"{len(spans)} spans")
+    for part in ("analysis", "picture"):
+        r = result[part]
+        print(f"  {part}: now {r['now_s']:.3f} s ({r['now_range_s'][0]:.3f}-{r['now_range_s'][1]:.3f}), before "
+              f"{r['before_s']:.3f} s ({r['before_range_s'][0]:.3f}-{r['before_range_s'][1]:.3f}): "
+              f"{r['ratio_before_over_now']:.1f}x")
     if args.json:
         print(json.dumps(result))
-
 
 if __name__ == "__main__":
     main()

@@ -1,13 +1,40 @@
-"""The timeline picture: every span drawn in its stage's colour, on its own track, as wide as it lasted."""
+"""The timeline: the run's analysis (each step's share of every stage, track and device) and its picture (every span
+drawn in its stage's colour, on its own track, as wide as it lasted)."""
 
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from matplotlib import colormaps
 from PIL import Image
 
-from rlinf_pipe.utils.timeline import STEP_SPAN, render_timeline_png
+from rlinf_pipe.utils.timeline import STEP_SPAN, analyse, analyse_step, render_timeline_png
 from rlinf_pipe.utils.tracing import Span
+
+# Times on a coarse grid, so that spans often start or end exactly where a step does.
+times = st.integers(0, 40).map(lambda t: t / 4)
+work_spans = st.builds(
+    lambda name, track, a, length, devices: Span(name, track, a, a + length, tuple(sorted(devices))),
+    st.sampled_from(["generate", "train", "reward"]), st.sampled_from(["rollout/0", "actor/0", "actor/1"]),
+    times, st.integers(0, 24).map(lambda t: t / 4), st.sets(st.integers(0, 3), max_size=2),
+)
+
+
+@st.composite
+def runs(draw) -> list[Span]:
+    """Steps one after another (some with gaps between them) and spans anywhere, across steps and beyond them."""
+    bounds = sorted(draw(st.sets(times, min_size=2, max_size=8)))
+    steps = [Span(STEP_SPAN, "driver", a, b, (), {"step": i}) for i, (a, b) in enumerate(zip(bounds, bounds[1:]))
+             if draw(st.booleans()) or i == 0]
+    return draw(st.permutations(steps + draw(st.lists(work_spans, max_size=30))))
+
+
+@settings(max_examples=300, deadline=None)
+@given(runs())
+def test_the_runs_analysis_is_each_steps_analysis_among_all_spans(spans):
+    steps = sorted((s for s in spans if s.name == STEP_SPAN), key=lambda s: s.start)
+    assert analyse(spans) == [analyse_step(spans, step) for step in steps]
 
 
 def colour_pixels(path, rgba) -> int:
