@@ -163,7 +163,8 @@ def read_prompt_items(
 
 def render_items(items: Sequence[PromptItem], renderer: PromptRenderer) -> list[PromptItem]:
     """Items with `prompt_ids` filled in by the renderer."""
-    return [msgspec.structs.replace(item, prompt_ids=renderer.encode(item.prompt)) for item in items]
+    ids = renderer.encode_many([item.prompt for item in items])
+    return [msgspec.structs.replace(item, prompt_ids=row) for item, row in zip(items, ids, strict=True)]
 
 
 def filter_by_prompt_length(items: Sequence[PromptItem], max_prompt_length: int) -> tuple[list[PromptItem], int]:

@@ -13,11 +13,13 @@ Two modes, chosen by `template` (config `data.template`):
 from __future__ import annotations
 
 import string
+from collections.abc import Sequence
 from typing import Any
 
 from rlinf_pipe.data.errors import TemplateError
 
 CHAT = "chat"
+ENCODE_CHUNK = 1024  # prompts per call of the tokenizer in `encode_many`
 DEFAULT_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
 
 
@@ -74,7 +76,20 @@ class PromptRenderer:
 
     def encode(self, prompt: str) -> list[int]:
         """Token ids of the rendered prompt."""
-        text = self.render(prompt)
+        return self.encode_many([prompt])[0]
+
+    def encode_many(self, prompts: Sequence[str], chunk: int = ENCODE_CHUNK) -> list[list[int]]:
+        """Token ids of each rendered prompt, the same as `encode`'s: the tokenizer takes them `chunk` at a time (a
+        fast tokenizer encodes a list in parallel, about 3x a prompt at a time on 2 cores: a dataset's launch)."""
+        texts = [self.render(prompt) for prompt in prompts]
         bos = getattr(self.tokenizer, "bos_token", None)
-        add_special = self.template != CHAT and not (bos and text.startswith(bos))  # (a format that writes its BOS)
-        return list(self.tokenizer(text, add_special_tokens=add_special)["input_ids"])
+        adds = [self.template != CHAT and not (bos and text.startswith(bos)) for text in texts]  # (a format with BOS)
+        ids: list[list[int]] = [[] for _ in texts]
+        for add_special in set(adds):
+            which = [i for i, add in enumerate(adds) if add == add_special]
+            for start in range(0, len(which), chunk):
+                part = which[start:start + chunk]
+                encoded = self.tokenizer([texts[i] for i in part], add_special_tokens=add_special)["input_ids"]
+                for i, row in zip(part, encoded, strict=True):
+                    ids[i] = list(row)
+        return ids

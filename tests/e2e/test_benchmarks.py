@@ -98,3 +98,11 @@ def test_the_timeline_benchmark_times_both_ways_of_analysing_and_drawing():
     assert result["spans"] == 5 * 13  # a step line and four spans on each of three tracks
     for part in ("analysis", "picture"):
         assert all(math.isfinite(result[part][k]) and result[part][k] > 0 for k in ("now_s", "before_s")), result
+
+
+def test_the_prompt_encoding_benchmark_encodes_both_ways_alike():
+    proc = subprocess.run([sys.executable, "benchmarks/prompt_encoding.py", "--prompts", "50", "--repeats", "1",
+                           "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]  # (it exits non-zero if the two ways give other ids)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["prompts"] == 50 and math.isfinite(result["ratio"]) and result["ratio"] > 0

@@ -73,14 +73,39 @@ def test_a_user_suffix_follows_the_problem_in_the_user_turn():
                     "<|im_start|>assistant\n")
 
 
+class BosTokenizer:
+    """Adds its BOS when asked for special tokens, as a Llama-style fast tokenizer does; takes a text or a list of
+    them, as transformers' tokenizers do."""
+
+    bos_token = "<s>"
+
+    def __call__(self, text, add_special_tokens=True):
+        def ids(one):
+            return ([1] if add_special_tokens else []) + [ord(c) for c in one]
+
+        return {"input_ids": ids(text) if isinstance(text, str) else [ids(t) for t in text]}
+
+
 def test_a_format_template_that_writes_the_bos_token_gets_no_second_one():
-    class BosTokenizer:  # adds its BOS when asked for special tokens, as a Llama-style fast tokenizer does
-        bos_token = "<s>"
-
-        def __call__(self, text, add_special_tokens=True):
-            return {"input_ids": ([1] if add_special_tokens else []) + [ord(c) for c in text]}
-
     written = PromptRenderer(BosTokenizer(), "<s>User: {prompt}\nAssistant:")
     assert written.encode("x") == [ord(c) for c in "<s>User: x\nAssistant:"]
     plain = PromptRenderer(BosTokenizer(), "User: {prompt}\nAssistant:")
     assert plain.encode("x") == [1] + [ord(c) for c in "User: x\nAssistant:"]
+
+
+@pytest.mark.parametrize("template", ["chat", "{prompt}\nAnswer:"])
+def test_prompts_encoded_together_are_encoded_as_one_at_a_time(template):
+    tokenizer = tiny_tokenizer()
+    renderer = PromptRenderer(tokenizer, template)
+    prompts = [f"What is {i} + {i * 7}?" + " Think." * (i % 3) for i in range(7)] + ["", "2 + 2 = ?"]
+    one_at_a_time = [tokenizer(renderer.render(p), add_special_tokens=template != "chat")["input_ids"] for p in prompts]
+    assert renderer.encode_many(prompts, chunk=2) == one_at_a_time
+    assert [renderer.encode(p) for p in prompts] == one_at_a_time
+    assert renderer.encode_many([]) == []
+
+
+def test_prompts_with_and_without_their_own_bos_encoded_together():
+    renderer = PromptRenderer(BosTokenizer(), "{prompt}")  # some prompts start with the BOS, some do not
+    prompts = ["<s>a", "b", "<s>c", "d", "e"]
+    assert renderer.encode_many(prompts, chunk=2) == [[ord(c) for c in "<s>a"], [1, ord("b")], [ord(c) for c in "<s>c"],
+                                             [1, ord("d")], [1, ord("e")]]
