@@ -22,7 +22,14 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from rlinf_pipe.utils.timeline import STEP_SPAN, analyse, analyse_step, read_chrome_trace, render_timeline_png, summarise
+from rlinf_pipe.utils.timeline import (
+    STEP_SPAN,
+    analyse,
+    analyse_step,
+    read_chrome_trace,
+    render_timeline_png,
+    summarise,
+)
 from rlinf_pipe.utils.tracing import Span
 
 TRACKS = {"rollout/0": ("generate", "weight_sync"), "actor/0": ("train", "optimizer_step", "publish_weights"),

@@ -227,7 +227,7 @@ def render_timeline_png(spans: Sequence[Span], path: str | Path, title: str = "t
     ax.set_xlabel("seconds")
     ax.set_title(title)
     handles = [plt.Rectangle((0, 0), 1, 1, color=colours[n]) for n in stages]
-    ax.legend(handles, stages, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=min(len(stages), 8),
+    ax.legend(handles, stages, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=max(1, min(len(stages), 8)),
               fontsize="small", frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -73,3 +73,9 @@ def test_many_steps_draw_every_span_apart(tmp_path):
     columns = shown[row].astype(int)
     starts = np.flatnonzero(np.diff(columns) == 1)
     assert len(starts) == 60  # sixty separate bars (the legend's swatch is on another row)
+
+
+def test_a_timeline_without_spans_draws_an_empty_picture(tmp_path):
+    # (`rlinf-pipe timeline` on a run folder whose timeline.json holds no spans: the legend had no columns)
+    render_timeline_png([], tmp_path / "timeline.png")
+    assert (tmp_path / "timeline.png").stat().st_size > 0
