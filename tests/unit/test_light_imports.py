@@ -1,5 +1,5 @@
-"""Processes that need one light module do not load torch or transformers' model classes (each costs seconds of
-CPU per worker at launch, on cores the other workers are starting on)."""
+"""Processes that need one light module do not load torch, transformers' model classes or math-verify's sympy (each
+costs a second or more of CPU per process at launch, on cores the other workers are starting on)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ CASES = {
     "rlinf_pipe.runner.preflight": ("transformers",),
     # the driver's sampling settings
     "rlinf_pipe.engines.rollout.factory": ("transformers",),
+    # the driver's dataset and prompts (answer extraction's thinking modes, not the scorer)
+    "rlinf_pipe.runner.driver_inputs": ("sympy", "math_verify"),
 }
 
 
