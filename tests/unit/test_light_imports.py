@@ -19,6 +19,8 @@ CASES = {
     "rlinf_pipe.engines.rollout.factory": ("transformers",),
     # the driver's dataset and prompts (answer extraction's thinking modes, not the scorer)
     "rlinf_pipe.runner.driver_inputs": ("sympy", "math_verify"),
+    # the reward worker: it quick-scores integers itself and hands the rest to its pool's processes
+    "rlinf_pipe.workers.reward": ("sympy", "math_verify"),
 }
 
 
@@ -29,3 +31,13 @@ def test_module_does_not_load(module):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]", f"importing {module} loaded {out.stdout.strip()}"
+
+
+def test_the_first_full_score_in_a_process_loads_math_verify_outside_its_time_limit():
+    # math-verify loads on first use (about a second): inside `deadline` its timer would cut the import short and
+    # score a right answer as timed out.
+    code = ("import sys; from rlinf_pipe.engines.reward.verify import score; assert 'sympy' not in sys.modules; "
+            "r = score('\\\\boxed{\\\\frac{1}{2}}', '0.5', timeout_s=0.2); print(r.correct, r.timed_out)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "False"]

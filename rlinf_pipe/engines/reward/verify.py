@@ -17,9 +17,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
-from sympy import Basic, MatrixBase
-
 from rlinf_pipe.engines.reward.deadline import VerifyTimeout, deadline
 from rlinf_pipe.engines.reward.extract import (
     THINKING_MODES,
@@ -33,9 +30,6 @@ from rlinf_pipe.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-_EXTRACTION = (LatexExtractionConfig(), ExprExtractionConfig())
-
-
 class _DropDisabledTimeoutWarning(logging.Filter):
     """math-verify warns when its timeout is off; ours is on (deadline / pool), so that warning is noise."""
 
@@ -43,8 +37,26 @@ class _DropDisabledTimeoutWarning(logging.Filter):
         return not record.getMessage().startswith("Timeout is disabled")
 
 
-for _name in ("math_verify.parser", "math_verify.grader"):
-    logging.getLogger(_name).addFilter(_DropDisabledTimeoutWarning())
+@dataclass(frozen=True)
+class _MathVerify:
+    """What scoring uses of math-verify and sympy."""
+
+    parse: Callable[..., list[Any]]
+    verify: Callable[..., bool]
+    extraction: tuple[Any, ...]
+    math_types: tuple[type, ...]
+
+
+@lru_cache(maxsize=1)
+def _math_verify() -> _MathVerify:
+    """math-verify and sympy, imported on first use (about a second of CPU): a process that only quick-scores, or
+    hands its items to the pool's processes (which load them in their forkserver), never loads them."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+    from sympy import Basic, MatrixBase
+
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logging.getLogger(name).addFilter(_DropDisabledTimeoutWarning())
+    return _MathVerify(parse, verify, (LatexExtractionConfig(), ExprExtractionConfig()), (Basic, MatrixBase))
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +120,7 @@ def score(
     """
     cfg = config or DEFAULT_CONFIG
     answer = None
+    _math_verify()  # (its first import takes about a second: never inside the time limit, nor cut by its signal)
     try:
         with deadline(timeout_s):
             answer = extract_answer(response or "", cfg.answer_pattern, cfg.thinking)
@@ -149,7 +162,8 @@ def quick_score(response: str, reference: str, config: ScoreConfig | None = None
 
 def parse_answer(answer: str) -> list[Any]:
     """math-verify's reading of an answer text (sympy objects, then its literal-string fallback)."""
-    return parse("\\boxed{" + answer + "}", _EXTRACTION, parsing_timeout=None)
+    math = _math_verify()
+    return math.parse("\\boxed{" + answer + "}", math.extraction, parsing_timeout=None)
 
 
 @lru_cache(maxsize=4096)
@@ -170,8 +184,8 @@ def warm_up() -> None:
 
 def _math_objects(parsed: list[Any]) -> list[Any]:
     # A bare string is math-verify's fallback for text it could not read; we never accept one as an answer.
-    return [item for item in parsed if isinstance(item, (Basic, MatrixBase))]
+    return [item for item in parsed if isinstance(item, _math_verify().math_types)]
 
 
 def _equal(gold: tuple[Any, ...], predicted: list[Any]) -> bool:
-    return bool(gold) and verify(list(gold), predicted, timeout_seconds=None)
+    return bool(gold) and _math_verify().verify(list(gold), predicted, timeout_seconds=None)
