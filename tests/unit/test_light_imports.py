@@ -41,3 +41,17 @@ def test_the_first_full_score_in_a_process_loads_math_verify_outside_its_time_li
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["True", "False"]
+
+
+def test_an_engine_on_a_llama_family_model_does_not_load_transformers_model_classes(tmp_path):
+    # The rollout worker's engine: transformers' model modules load TorchDynamo and DTensor (2-3 s of CPU per
+    # rollout worker at launch); its Llama-family models load without them (`engines/rollout/lean_model.py`).
+    from rlinf_pipe.models import ensure_tiny_model
+
+    folder = ensure_tiny_model(tmp_path)
+    heavy = ("transformers.modeling_utils", "torch._dynamo", "torch.distributed.tensor")
+    code = (f"import sys; from rlinf_pipe.engines.rollout import TorchEngine; e = TorchEngine({str(folder)!r}); "
+            f"print(type(e.model).__name__, [m for m in {heavy!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["LeanCausalLM", "[]"]

@@ -1,4 +1,4 @@
-"""`TorchEngine`: a `RolloutEngine` over a plain HF causal LM, on any torch device.
+"""`TorchEngine`: a `RolloutEngine` over a causal LM in a local folder, on any torch device.
 
 Samples (n per request) are queued in request order and run in static batches of up to `max_batch_size`
 rows (`DecodeBatch`): one prefill, then one KV-cached token per step, rows leaving as they finish. With
@@ -14,18 +14,21 @@ from __future__ import annotations
 
 import difflib
 import gc
+import json
 import os
 import random
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import AutoTokenizer
 
 from rlinf_pipe.engines.rollout.batch import DecodeBatch, SampleState
+from rlinf_pipe.engines.rollout.lean_model import load_lean_model
 from rlinf_pipe.engines.rollout.llama_forward import LlamaForward
 from rlinf_pipe.engines.rollout.engine import (
     EngineAsleepError,
@@ -48,8 +51,25 @@ def _as_id_set(value: int | list[int] | None) -> set[int]:
     return {value} if isinstance(value, int) else set(value)
 
 
+def load_causal_lm(model_path: str | os.PathLike[str], dtype: torch.dtype) -> Any:
+    """The folder's model for generation: a Llama-family model as a `LeanCausalLM` (transformers' weights and
+    names without importing its model classes, seconds of CPU at launch), any other through transformers."""
+    model = load_lean_model(model_path, dtype)
+    if model is not None:
+        return model
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype).eval()
+
+
+def generation_eos_ids(model_path: str | os.PathLike[str]) -> set[int]:
+    """The end-of-sequence ids in the folder's `generation_config.json` (none without one)."""
+    file = Path(model_path) / "generation_config.json"
+    return _as_id_set(json.loads(file.read_text()).get("eos_token_id")) if file.is_file() else set()
+
+
 class TorchEngine:
-    """Generates with an HF `AutoModelForCausalLM` loaded from the local folder `model_path`.
+    """Generates with the causal LM in the local folder `model_path` (`load_causal_lm`).
 
     `dtype` is a torch dtype or its name ("float32", "bfloat16", ...). `version` is the weight version of the
     folder's weights. `seed` seeds the source of request seeds for requests that give none. The forward passes
@@ -78,7 +98,7 @@ class TorchEngine:
         self.device = torch.device(device)
         self.compute = compute_thread(cpu_threads)
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype).to(self.device).eval()
+        self.model = load_causal_lm(model_path, dtype).to(self.device)
         self.lean = LlamaForward.build(self.model)  # None: transformers' forward (not a Llama-family model)
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         self.max_batch_size = max_batch_size
@@ -93,12 +113,8 @@ class TorchEngine:
         self._seeds = random.Random(seed)
 
     def _find_eos_ids(self, model_path: str) -> set[int]:
-        ids = _as_id_set(self.tokenizer.eos_token_id) | _as_id_set(self.model.config.eos_token_id)
-        try:
-            ids |= _as_id_set(GenerationConfig.from_pretrained(model_path).eos_token_id)
-        except OSError:  # no generation_config.json
-            pass
-        return ids
+        return (_as_id_set(self.tokenizer.eos_token_id) | _as_id_set(self.model.config.eos_token_id)
+                | generation_eos_ids(model_path))
 
     @property
     def cpu_threads(self) -> int:

@@ -1,0 +1,226 @@
+"""Llama-family causal LMs (Llama, Qwen2) loaded from a local folder without transformers' model classes.
+
+Importing transformers' model modules loads TorchDynamo, DTensor and FSDP: 2-3 s of CPU in every rollout worker's
+launch (docs/benchmarks.md), for a module whose forward `TorchEngine` does not call: it generates through
+`LlamaForward`, which reads only the module's weights and rotary embedding. `load_lean_model` builds a module with
+transformers' parameter names, shapes and ties (so `state_dict()` and weight updates by name are the same), its
+rotary embedding computed as transformers' default one, and loads the folder's safetensors into it. It returns
+None for what it does not build the same (another model type, rotary scaling, sliding windows, a `.bin`
+checkpoint, quantized weights, tensors missing or unexpected): the engine then loads the model with transformers.
+
+    model = load_lean_model(folder, torch.float32)   # None: use AutoModelForCausalLM.from_pretrained(folder)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+MODEL_TYPES = ("llama", "qwen2")
+CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
+
+
+@dataclass(frozen=True)
+class LeanConfig:
+    """What the lean model and `LlamaForward` read of a folder's `config.json`, under transformers' names."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    tie_word_embeddings: bool
+    attention_bias: bool  # q, k, v projections
+    output_bias: bool  # o projection
+    mlp_bias: bool
+    eos_token_id: int | list[int] | None
+    hidden_act: str = "silu"
+
+
+def _rope_theta(raw: dict[str, Any]) -> float | None:
+    """The default rotary embedding's base, from transformers 5's `rope_parameters` or the older `rope_theta` and
+    `rope_scaling`; None for any other rotary embedding (scaled, partial) or no stated base."""
+    params = raw.get("rope_parameters")
+    if params is None:
+        params = {**(raw.get("rope_scaling") or {"rope_type": "default"}), "rope_theta": raw.get("rope_theta")}
+    if not isinstance(params, dict) or params.get("rope_type", params.get("type")) != "default":
+        return None
+    if params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)) != 1.0:
+        return None
+    theta = params.get("rope_theta")
+    return float(theta) if isinstance(theta, (int, float)) else None
+
+
+def lean_config(raw: dict[str, Any]) -> LeanConfig | None:
+    """The lean config of a `config.json`'s contents, or None where the lean model would not be transformers'."""
+    kind = raw.get("model_type")
+    theta = _rope_theta(raw)
+    if kind not in MODEL_TYPES or raw.get("hidden_act") != "silu" or theta is None:
+        return None
+    if raw.get("quantization_config") or raw.get("pretraining_tp", 1) != 1 or raw.get("use_sliding_window"):
+        return None
+    if any(t != "full_attention" for t in raw.get("layer_types") or ()):
+        return None
+    needed = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "rms_norm_eps", "tie_word_embeddings")
+    if any(raw.get(key) is None for key in needed):
+        return None
+    heads = raw["num_attention_heads"]
+    llama = kind == "llama"
+    return LeanConfig(
+        model_type=kind, vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"],
+        intermediate_size=raw["intermediate_size"], num_hidden_layers=raw["num_hidden_layers"],
+        num_attention_heads=heads, num_key_value_heads=raw.get("num_key_value_heads") or heads,
+        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads, rms_norm_eps=float(raw["rms_norm_eps"]),
+        rope_theta=theta, tie_word_embeddings=bool(raw["tie_word_embeddings"]),
+        attention_bias=bool(raw.get("attention_bias", False)) if llama else True,
+        output_bias=bool(raw.get("attention_bias", False)) if llama else False,
+        mlp_bias=bool(raw.get("mlp_bias", False)) if llama else False,
+        eos_token_id=raw.get("eos_token_id"),
+    )
+
+
+def _unset(*shape: int) -> nn.Parameter:
+    """A parameter without storage, until `load_lean_model` assigns the folder's tensor. (`nn.Linear` and
+    `nn.Embedding` would initialise theirs, which on the meta device imports TorchDynamo.)"""
+    return nn.Parameter(torch.empty(*shape, device="meta"))
+
+
+class RMSNorm(nn.Module):
+    """A norm's weight and epsilon under transformers' names (`LlamaForward` computes the norm)."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = _unset(size)
+        self.variance_epsilon = eps
+
+
+class DefaultRotary(nn.Module):
+    """transformers' default rotary embedding: the same inverse frequencies and the same cosines and sines."""
+
+    def __init__(self, theta: float, head_dim: int):
+        super().__init__()
+        self.rope_type = "default"
+        self.attention_scaling = 1.0
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
+
+
+class _Weights(nn.Module):
+    """A linear projection's or an embedding's `weight` (and `bias`, None without one)."""
+
+    def __init__(self, outputs: int, inputs: int, bias: bool = False):
+        super().__init__()
+        self.weight = _unset(outputs, inputs)
+        self.bias = _unset(outputs) if bias else None
+
+
+def _linear(inputs: int, outputs: int, bias: bool) -> _Weights:
+    return _Weights(outputs, inputs, bias)
+
+
+class _Attention(nn.Module):
+    def __init__(self, c: LeanConfig):
+        super().__init__()
+        self.q_proj = _linear(c.hidden_size, c.num_attention_heads * c.head_dim, c.attention_bias)
+        self.k_proj = _linear(c.hidden_size, c.num_key_value_heads * c.head_dim, c.attention_bias)
+        self.v_proj = _linear(c.hidden_size, c.num_key_value_heads * c.head_dim, c.attention_bias)
+        self.o_proj = _linear(c.num_attention_heads * c.head_dim, c.hidden_size, c.output_bias)
+
+
+class _MLP(nn.Module):
+    def __init__(self, c: LeanConfig):
+        super().__init__()
+        self.gate_proj = _linear(c.hidden_size, c.intermediate_size, c.mlp_bias)
+        self.up_proj = _linear(c.hidden_size, c.intermediate_size, c.mlp_bias)
+        self.down_proj = _linear(c.intermediate_size, c.hidden_size, c.mlp_bias)
+
+
+class _Layer(nn.Module):
+    def __init__(self, c: LeanConfig):
+        super().__init__()
+        self.self_attn = _Attention(c)
+        self.mlp = _MLP(c)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+
+class _Decoder(nn.Module):
+    def __init__(self, c: LeanConfig):
+        super().__init__()
+        self.embed_tokens = _Weights(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(_Layer(c) for _ in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.rotary_emb = DefaultRotary(c.rope_theta, c.head_dim)
+
+
+class LeanCausalLM(nn.Module):
+    """A Llama-family decoder's weights in transformers' module tree (`model.layers.N.self_attn.q_proj`, ...,
+    `lm_head`), built on the meta device until `load_lean_model` assigns the folder's tensors. It has no forward
+    of its own: `LlamaForward.build(model)` computes with it."""
+
+    def __init__(self, config: LeanConfig):
+        super().__init__()
+        self.config = config
+        self.model = _Decoder(config)
+        self.lm_head = _linear(config.hidden_size, config.vocab_size, False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """With `tie_word_embeddings`, the output projection is the embedding's parameter itself (as in
+        transformers: `state_dict()` names it twice, and loading either name loads both)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+
+def _weight_files(folder: Path) -> list[Path] | None:
+    if (folder / WEIGHTS_FILE).is_file():
+        return [folder / WEIGHTS_FILE]
+    if (folder / WEIGHTS_INDEX).is_file():
+        shards = sorted(set(json.loads((folder / WEIGHTS_INDEX).read_text())["weight_map"].values()))
+        return [folder / shard for shard in shards]
+    return None
+
+
+def load_lean_model(path: str | os.PathLike[str], dtype: torch.dtype) -> LeanCausalLM | None:
+    """The folder's Llama-family model as a `LeanCausalLM` with weights of `dtype` on the CPU, or None where it
+    would differ from what transformers loads (see the module docstring)."""
+    from safetensors.torch import load_file
+
+    folder = Path(path)
+    config_file, files = folder / CONFIG_FILE, _weight_files(folder)
+    if not config_file.is_file() or files is None:
+        return None
+    config = lean_config(json.loads(config_file.read_text()))
+    if config is None:
+        return None
+    model = LeanCausalLM(config)
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        tensors.update(load_file(file, device="cpu"))
+    expected = set(model.state_dict())
+    embedding = tensors.get("model.embed_tokens.weight")
+    if config.tie_word_embeddings and embedding is not None:
+        if not torch.equal(tensors.setdefault("lm_head.weight", embedding), embedding):
+            return None  # (an output projection saved apart from the embedding it is tied to)
+    if set(tensors) != expected or not all(t.is_floating_point() for t in tensors.values()):
+        return None
+    model.load_state_dict({name: t.to(dtype) for name, t in tensors.items()}, assign=True)
+    model.tie_weights()  # (assigning gave the two names two parameters)
+    return model.eval()
