@@ -17,7 +17,8 @@ import pytest
 import ray
 import torch
 from support.channel_cluster import nodes_fixture, on_node
-from support.channel_items import Rich, Tagged, assert_same, rich
+from support.channel_items import Rich, assert_same, rich
+from support.light_items import Tagged
 
 from rlinf_pipe.errors import ChannelClosed, ChannelError, ChannelPeerError, ChannelTimeout
 from rlinf_pipe.scheduler.channel import Channel, StepEnd, wire
@@ -52,6 +53,8 @@ class Producer:
         return limit
 
     def put_rich(self, count: int) -> None:
+        from support.channel_items import rich  # (torch: only in the processes that put rich items)
+
         for step in range(count):
             self.channel.put(rich(step))
         self.channel.close()

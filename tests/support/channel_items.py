@@ -5,6 +5,9 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 import torch
+from support.light_items import Tagged
+
+__all__ = ["BIG", "Big", "Inner", "Rich", "Tagged", "assert_exact", "assert_same", "big", "rich"]
 
 
 class Inner(msgspec.Struct):
@@ -22,12 +25,6 @@ class Rich(msgspec.Struct):
     by_name: dict[str, torch.Tensor]
     optional: torch.Tensor | None = None
     version: int = 0
-
-
-class Tagged(msgspec.Struct, frozen=True):
-    producer: int
-    seq: int
-    step: int = 0
 
 
 BIG = 200_000  # bytes of a Big item's large tensor (over the arena's `SHARED_MIN_BYTES`)
