@@ -66,9 +66,9 @@ class TinySpec:
 
 
 def build_config(spec: TinySpec, vocab_size: int, pad_id: int, bos_id: int, eos_id: int) -> PretrainedConfig:
-    """The HF config for `spec` (Qwen2 has q/k/v biases; Llama has none)."""
-    from transformers import LlamaConfig, Qwen2Config
-
+    """The HF config for `spec` (Qwen2 has q/k/v biases; Llama has none). Only the class of `spec.arch` is
+    imported: transformers' Llama config module loads its activations, and through them DTensor and sympy (about
+    2 s of CPU in a driver that estimates the tiny Qwen2 model's memory)."""
     common = {
         "vocab_size": vocab_size,
         "hidden_size": spec.hidden_size,
@@ -85,7 +85,11 @@ def build_config(spec: TinySpec, vocab_size: int, pad_id: int, bos_id: int, eos_
         "dtype": "float32",
     }
     if spec.arch == "qwen2":
+        from transformers import Qwen2Config
+
         return Qwen2Config(**common, use_sliding_window=False, max_window_layers=spec.num_layers)
+    from transformers import LlamaConfig
+
     return LlamaConfig(**common, attention_bias=False, mlp_bias=False)
 
 

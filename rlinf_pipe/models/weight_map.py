@@ -245,7 +245,7 @@ def get_hf(hf_state: Mapping[str, Tensor], arch: HfArch, name: str) -> Tensor:
 
 def read_hf_arch(hf_dir: str | os.PathLike[str]) -> HfArch:
     """`hf_arch` of the HF folder's config; `ConversionError` for a missing folder or unsupported model."""
-    from transformers import AutoConfig
+    from rlinf_pipe.models.hf_config import load_hf_config
 
     path = Path(hf_dir)
     if not (path / "config.json").is_file():
@@ -253,7 +253,7 @@ def read_hf_arch(hf_dir: str | os.PathLike[str]) -> HfArch:
             f"{path} is not a Hugging Face model folder (no config.json); pass the folder holding config.json"
         )
     try:
-        return hf_arch(AutoConfig.from_pretrained(str(path)))
+        return hf_arch(load_hf_config(path))
     except UnsupportedModelError as exc:
         raise ConversionError(f"{path}: {exc}") from exc
     except ValueError as exc:  # AutoConfig: unknown model_type

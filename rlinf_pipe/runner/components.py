@@ -206,10 +206,10 @@ class GroupRecipes:
             return (cfg, channels.rollouts, channels.scored, self.rounds, direct, self.pad_token_id, self.balancer), {}
         if name == "actor":
             return (cfg, self.model_path, channels.train, channels.scored if plan.actor_logprobs else None,
-                    locks if plan.engines_share_actor else None, self.balancer), {}
+                    locks if plan.engines_share_actor else None, self.balancer, self.pad_token_id), {}
         if name == "inference":
             return (cfg, self.model_path, channels.scored, channels.train, plan.actor_dp,
-                    locks if plan.inference_shares_rollout else None, self.balancer), {}
+                    locks if plan.inference_shares_rollout else None, self.balancer, self.pad_token_id), {}
         if name == "rollout":  # (a small first batch only where the actor trains while the engines generate)
             first = None if plan.engines_share_actor else cfg.rollout.first_batch_size or cfg.actor.micro_batch_size
             return (cfg.rollout, self.rollout_path, sampling_params(cfg.rollout, cfg.algorithm.group_size),

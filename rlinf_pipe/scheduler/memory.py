@@ -325,8 +325,7 @@ def gpu_capacity_bytes(cfg: Config) -> int:
 def model_config(name_or_path: str) -> tuple[Any | None, str]:
     """A config's model's HF config from its `config.json` alone (the folder's, or for the tiny model its spec, or a
     copy shipped in `models.known`), and where it came from; (None, why) if there is none to read."""
-    from transformers import AutoConfig
-
+    from rlinf_pipe.models.hf_config import load_hf_config
     from rlinf_pipe.models.known import known_config
 
     if name_or_path == "tiny":
@@ -340,9 +339,9 @@ def model_config(name_or_path: str) -> tuple[Any | None, str]:
         if shipped is None:
             return None, (f"no config.json at {name_or_path} (the estimate reads only that file: run plan where the "
                           "model folder is)")
-        return AutoConfig.from_pretrained(str(shipped.parent)), (
+        return load_hf_config(shipped.parent), (
             f"{shipped}, the copy shipped with rlinf_pipe: no model folder at {name_or_path} on this machine")
-    return AutoConfig.from_pretrained(str(folder)), str(folder / "config.json")
+    return load_hf_config(folder), str(folder / "config.json")
 
 
 def model_shape(name_or_path: str) -> tuple[HfArch | None, str]:

@@ -55,3 +55,33 @@ def test_an_engine_on_a_llama_family_model_does_not_load_transformers_model_clas
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["LeanCausalLM", "[]"]
+
+
+def test_the_drivers_memory_estimate_of_the_tiny_model_reads_its_config_only():
+    # transformers' Llama config module loads DTensor and sympy (about 2 s of CPU); the tiny model is a Qwen2.
+    heavy = ("torch.distributed.tensor", "sympy", "transformers.models.llama.configuration_llama")
+    code = ("import sys; from rlinf_pipe.scheduler.memory import model_config; config, _ = model_config('tiny'); "
+            f"print(config.model_type, [m for m in {heavy!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["qwen2", "[]"]
+
+
+def test_a_megatron_policy_on_a_llama_model_does_not_import_transformers(tmp_path):
+    # The actor and log-prob workers read the model's config.json themselves (`models/hf_config.py`) and get the
+    # pad id from the driver: transformers (and through its Llama config, DTensor's sympy) stays out of them.
+    from rlinf_pipe.models import ensure_tiny_model
+    from rlinf_pipe.utils.net import free_port
+
+    folder = ensure_tiny_model(tmp_path, arch="llama")
+    code = (
+        "import os, sys, torch.distributed as dist; "
+        f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1); "
+        "from rlinf_pipe.models.megatron_gpt import init_model_parallel; init_model_parallel(1, 1); "
+        "from rlinf_pipe.engines.policy.policy import MegatronPolicy; "
+        f"p = MegatronPolicy({str(folder)!r}, train=True); "
+        "print(p.arch.model_type, 'transformers' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["llama", "False"]

@@ -122,8 +122,8 @@ class MegatronPolicy:
         import torch.distributed as dist
         from megatron.core import parallel_state as ps
         from megatron.core import tensor_parallel
-        from transformers import AutoConfig
 
+        from rlinf_pipe.models.hf_config import load_hf_config
         from rlinf_pipe.models.live_weights import load_hf_checkpoint
         from rlinf_pipe.models.megatron_gpt import build_gpt_model, hf_arch
         from rlinf_pipe.models.megatron_sdpa import model_supports_packing
@@ -151,7 +151,7 @@ class MegatronPolicy:
 
         torch.manual_seed(seed)
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
-        hf_config = AutoConfig.from_pretrained(str(path))
+        hf_config = load_hf_config(path)
         module = build_gpt_model(hf_config, params_dtype=self.params_dtype,
                                  recompute=recompute if train else "none")
         self.arch = load_hf_checkpoint(module, path) if load_weights else hf_arch(hf_config)

@@ -1,0 +1,98 @@
+"""A model folder's config read without transformers (`rlinf_pipe.models.hf_config`) gives its readers what
+transformers' `AutoConfig` gives them, on the configs we ship and build and on older and edited ones; where it
+would not, it hands over to `AutoConfig`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from transformers import AutoConfig
+
+from rlinf_pipe.models import ensure_tiny_model
+from rlinf_pipe.models.hf_config import STATED, light_hf_config, load_hf_config
+from rlinf_pipe.models.known import known_config
+from rlinf_pipe.models.megatron_gpt import UnsupportedModelError, hf_arch
+from rlinf_pipe.scheduler.memory import dtype_bytes_of
+
+
+def readings(config) -> tuple:
+    """What the readers take from a config: the architecture (or why it is refused) and the weights' bytes."""
+    try:
+        arch = hf_arch(config)
+    except UnsupportedModelError as exc:
+        arch = str(exc)
+    return arch, dtype_bytes_of(config)
+
+
+def folder_with(tmp_path: Path, source: Path, edit) -> Path:
+    folder = Path(shutil.copytree(source, tmp_path / "edited"))
+    raw = json.loads((folder / "config.json").read_text())
+    edit(raw)
+    (folder / "config.json").write_text(json.dumps(raw))
+    return folder
+
+
+def shipped_folder() -> Path:
+    shipped = known_config("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B")
+    assert shipped is not None
+    return shipped.parent
+
+
+@pytest.fixture(params=["qwen2", "llama", "shipped"])
+def source(request, tmp_path) -> Path:
+    if request.param == "shipped":
+        return shipped_folder()
+    return ensure_tiny_model(tmp_path / "cache", arch=request.param)
+
+
+def _older_format(raw: dict) -> None:  # transformers 4's rope keys and dtype name
+    raw["rope_theta"] = (raw.pop("rope_parameters", None) or {}).get("rope_theta", raw.get("rope_theta"))
+    raw["rope_scaling"] = None
+    if "dtype" in raw:
+        raw["torch_dtype"] = raw.pop("dtype")
+
+
+EDITS = {
+    "as saved": lambda raw: None,
+    "older format": _older_format,
+    "bf16 weights": lambda raw: raw.update(dtype="bfloat16", torch_dtype="bfloat16"),
+    "linear rope scaling": lambda raw: raw.update(
+        rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}),
+    "gelu": lambda raw: raw.update(hidden_act="gelu"),
+    "sliding window": lambda raw: raw.update(use_sliding_window=True, sliding_window=64),
+    "head size of its own": lambda raw: raw.update(head_dim=32),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_the_readers_see_what_autoconfig_gives_them(tmp_path, source, edit):
+    folder = folder_with(tmp_path, source, EDITS[edit])
+    config = load_hf_config(folder)
+    assert light_hf_config(json.loads((folder / "config.json").read_text())) is not None  # (read without it)
+    assert readings(config) == readings(AutoConfig.from_pretrained(folder))
+
+
+@pytest.mark.parametrize("missing", [*STATED, "rope"])
+def test_a_value_left_to_the_config_class_hands_over_to_autoconfig(tmp_path, missing):
+    def drop(raw: dict) -> None:
+        if missing == "rope":
+            raw.pop("rope_parameters", None), raw.pop("rope_theta", None)
+        else:
+            raw.pop(missing)
+
+    folder = folder_with(tmp_path, ensure_tiny_model(tmp_path / "cache", arch="llama"), drop)
+    assert light_hf_config(json.loads((folder / "config.json").read_text())) is None
+    if missing == "model_type":
+        return  # (AutoConfig itself cannot read a folder without one)
+    config = load_hf_config(folder)
+    assert type(config).__name__ == "LlamaConfig"
+    assert readings(config) == readings(AutoConfig.from_pretrained(folder))
+
+
+def test_other_model_types_hand_over_to_autoconfig(tmp_path):
+    folder = folder_with(tmp_path, ensure_tiny_model(tmp_path / "cache"), lambda raw: raw.update(model_type="mistral"))
+    assert type(load_hf_config(folder)) is type(AutoConfig.from_pretrained(folder))
+    assert light_hf_config(json.loads((folder / "config.json").read_text())) is None
