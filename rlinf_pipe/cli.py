@@ -82,8 +82,9 @@ def _plan(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     cfg = load_cli_config(args)  # a config error shows before anything starts
     from rlinf_pipe.runner import run  # (light: the driver stack loads while Ray starts)
+    from rlinf_pipe.utils.tracing import process_started
 
-    run(cfg)
+    run(cfg, launched_at=process_started())  # (the launch on the timeline counts the command's imports too)
     return 0
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.runner.stop import StopSignals
 from rlinf_pipe.scheduler.cluster import Cluster
+from rlinf_pipe.utils.tracing import LAUNCH_SPAN, Tracer, now
 
 T = TypeVar("T")
 
@@ -25,23 +26,31 @@ if TYPE_CHECKING:
     from rlinf_pipe.runner.runner import Runner
 
 
-def run(cfg: Config) -> Path:
+def run(cfg: Config, launched_at: float | None = None) -> Path:
     """Run `cfg` end to end (starting or joining Ray, and leaving it as it was); returns the run folder. SIGINT and
-    SIGTERM stop it cleanly (`rlinf_pipe.runner.stop`): `RunStopped` says where and how to resume."""
+    SIGTERM stop it cleanly (`rlinf_pipe.runner.stop`): `RunStopped` says where and how to resume. The launch's
+    spans (`tracing.LAUNCH_SPAN`) go on the run's timeline from `launched_at` (the command's start; default now)."""
+    launched_at = now() if launched_at is None else launched_at
+    driver, helper = Tracer("driver"), Tracer("driver/prepare")
     with StopSignals(cfg.runner.stop_grace_s) as stop:
         checked: Future[Preflight] = Future()
-        preparing = _in_background(_prepare, cfg, checked)
-        from rlinf_pipe.runner.preflight import preflight  # (imports torch: after the helper started)
+        preparing = _in_background(_prepare, cfg, checked, helper)
+        with driver.span(LAUNCH_SPAN, phase="preflight"):
+            from rlinf_pipe.runner.preflight import preflight  # (imports torch: after the helper started)
 
-        try:
-            checked.set_result(preflight(cfg))
-        except BaseException as exc:
-            checked.set_exception(exc)
-            raise
-        cluster = Cluster(cfg)
+            try:
+                checked.set_result(preflight(cfg))
+            except BaseException as exc:
+                checked.set_exception(exc)
+                raise
+        with driver.span(LAUNCH_SPAN, phase="ray_start"):
+            cluster = Cluster(cfg)
         try:
             runner_class, prepared = preparing.result()
-            runner = runner_class.start(cfg, stop, cluster, prepared)
+            with driver.span(LAUNCH_SPAN, phase="start_workers"):
+                runner = runner_class.start(cfg, stop, cluster, prepared)
+            driver.add(LAUNCH_SPAN, launched_at, now(), phase="job")
+            runner.spans += driver.drain() + helper.drain()
             try:
                 return runner.run()
             finally:
@@ -65,9 +74,12 @@ def _in_background(fn: Callable[..., T], *args: Any) -> Future[T]:
     return future
 
 
-def _prepare(cfg: Config, checked: Future[Preflight]) -> tuple[type[Runner], PreparedRun]:
+def _prepare(cfg: Config, checked: Future[Preflight], tracer: Tracer) -> tuple[type[Runner], PreparedRun]:
     """(The helper thread) import the driver stack, then prepare the run once it passed its checks."""
-    from rlinf_pipe.runner.prepare import prepare_run
-    from rlinf_pipe.runner.runner import Runner
+    with tracer.span(LAUNCH_SPAN, phase="import"):
+        from rlinf_pipe.runner.prepare import prepare_run
+        from rlinf_pipe.runner.runner import Runner
 
-    return Runner, prepare_run(cfg, checked.result())
+    passed = checked.result()
+    with tracer.span(LAUNCH_SPAN, phase="prepare"):
+        return Runner, prepare_run(cfg, passed)

@@ -11,6 +11,7 @@ from typing import Any
 from rlinf_pipe.algorithms.scoring import RewardTally
 from rlinf_pipe.runner.run_dir import read_events
 from rlinf_pipe.runner.steps import StepOutcome
+from rlinf_pipe.utils.launch_timeline import analyse_launch
 from rlinf_pipe.utils.metrics import max_over_mean, read_metrics
 from rlinf_pipe.utils.profiling import align_profiles
 from rlinf_pipe.utils.timeline import (
@@ -121,8 +122,8 @@ def previous_spans(run_dir: Path) -> list[Span]:
 
 
 def run_summary(run_dir: Path, spans: list[Span]) -> dict[str, Any]:
-    """summary.json: learning (first vs last quarter of the steps), speed, where the time went, and the run's
-    restarts, resumes and stops (`events.jsonl`)."""
+    """summary.json: learning (first vs last quarter of the steps), speed, where the time went (the launch's
+    included), and the run's restarts, resumes and stops (`events.jsonl`)."""
     everything = read_metrics(run_dir / "metrics.jsonl")
     records, validated = training_rows(everything), validation_rows(everything)
     head, tail = records[: max(1, len(records) // 4)], records[-max(1, len(records) // 4):]
@@ -143,5 +144,6 @@ def run_summary(run_dir: Path, spans: list[Span]) -> dict[str, Any]:
         "validation": [{"step": r["step"], "pass@1": r["val/pass@1"], "pass@k": r["val/pass@k"], "k": r["val/k"]}
                        for r in validated],
         "timeline": summarise(analyse(spans)) if spans else {},
+        "launch": analyse_launch(spans),
         "events": read_events(run_dir),
     }

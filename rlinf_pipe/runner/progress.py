@@ -8,6 +8,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from rlinf_pipe.utils.launch_timeline import render_launch
+
 
 class Progress:
     """A tqdm bar over the run's steps; disabled (silent) when `enabled` is False."""
@@ -53,6 +55,8 @@ class Progress:
         if restarts:
             lost = ", ".join(f"{e['worker']} {e['how']} in step {e['step']}" for e in restarts)
             lines.append(f"  restarts: {len(restarts)} ({lost}; {sum(e['seconds'] for e in restarts):.0f} s in all)")
+        if summary.get("launch"):
+            lines.append(f"  {render_launch(summary['launch'])}")
         if t:
             busy = ", ".join(f"{k} {v:.0%}" for k, v in sorted(t["stage_busy"].items(), key=lambda kv: -kv[1])[:6])
             lines.append(f"  stage busy: {busy}")

@@ -206,12 +206,16 @@ class Worker:
     CPUs (docs/workers.md#cpu-threads)."""
 
     def __init__(self) -> None:
+        constructed = tracing.now()
         announce_output()  # (first: a death while the worker builds is reported with its last output)
         claim_devices()
         self.info = read_worker_info()
         os.environ.update(socket_interface_env(self.info.ip, os.environ))  # before any group (ours, Megatron's)
         self.owner = f"{self.info.group}/{self.info.rank}"  # this worker's name in locks and on the timeline
         self.tracer = Tracer(self.owner, self.info.global_gpus)
+        # the launch span (`tracing.LAUNCH_SPAN`), recorded at the first `worker_info` call: the driver asks every
+        # worker as it starts it, so that call runs as soon as the constructor returns
+        self._launch: tuple[float, float] | None = (min(tracing.process_started(), constructed), constructed)
         self.profiler = StepProfiler()
         # Torch work runs in the process's compute thread with the worker's CPU share as intra-op threads; every
         # other thread (this one builds the models) keeps one, so the process has one OpenMP team.
@@ -235,6 +239,9 @@ class Worker:
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     def worker_info(self) -> WorkerInfo:
+        if self._launch is not None:
+            (started, constructed), self._launch, built = self._launch, None, tracing.now()
+            self.tracer.add(tracing.LAUNCH_SPAN, started, built, build_s=round(built - constructed, 3))
         return self.info
 
     @ray.method(concurrency_group=CONTROL_GROUP)

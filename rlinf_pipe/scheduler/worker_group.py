@@ -105,6 +105,7 @@ class WorkerGroup(Generic[W]):
                  recipe: _Recipe | None = None):
         self.name, self.placement, self._members, self._recipe = name, placement, members, recipe
         self._calls: list[tuple[Member, Any]] = []  # calls made through the verbs, not known to be finished
+        self._building: GroupCall | None = None  # `start`'s readiness call, until `ready` has waited for it
 
     @classmethod
     def launch(
@@ -145,6 +146,8 @@ class WorkerGroup(Generic[W]):
         remote_cls = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(worker_cls)
         group = cls(name, placement, [], _Recipe(remote_cls, cluster, distributed, dict(env or {}), runtime_env))
         group._members = group._start_members(list(placement.processes), args, kwargs)
+        # asked now, each rank answers as soon as its constructor returns (which its launch span records)
+        group._building = group.all.worker_info()
         return group
 
     def _start_members(self, procs: list[ProcessPlacement], args: tuple, kwargs: dict[str, Any]) -> list[Member]:
@@ -245,8 +248,9 @@ class WorkerGroup(Generic[W]):
     def ready(self) -> WorkerGroup[W]:
         """Wait until every rank's constructor finished. A rank failing there raises a `WorkerError` naming it, and
         the group's other actors are stopped (none is left waiting in the rendezvous)."""
+        building, self._building = self._building, None
         try:
-            self.all.worker_info().wait()
+            (building or self.all.worker_info()).wait()
         except WorkerError:
             self.shutdown()
             raise
@@ -373,6 +377,10 @@ class WorkerGroup(Generic[W]):
             released = [member.actor.before_stop.remote() for member in self._members]
             ray.wait(released, num_returns=len(released), timeout=grace_s)
         self.kill(range(self.size), wait_s)
+        building, self._building = self._building, None
+        if building is not None:  # (its calls fail with the killed ranks: fetched, Ray does not log them)
+            ray.wait(building.refs, num_returns=len(building.refs), timeout=1.0)
+            GroupCall.drain_finished(building.refs)
         for member in self._members:
             forget_output(member.actor._actor_id.hex())
         self._members = []

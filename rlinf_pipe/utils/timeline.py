@@ -20,9 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlinf_pipe.utils.tracing import Span
+from rlinf_pipe.utils.tracing import LAUNCH_SPAN, STEP_SPAN, Span
 
-STEP_SPAN = "step"  # the driver's span around a whole step; its args carry `step`
+
+def _is_step_work(span: Span) -> bool:
+    """Whether a span counts in the figures of the step it falls in (not the step's own, not a launch's)."""
+    return span.name not in (STEP_SPAN, LAUNCH_SPAN)
 
 
 def _union_length(intervals: Iterable[tuple[float, float]], lo: float, hi: float) -> float:
@@ -87,7 +90,7 @@ class _RunNames:
 
 def analyse_step(spans: Sequence[Span], step_span: Span) -> StepAnalysis:
     """Where `step_span`'s time went among `spans` (spans outside it count as idle)."""
-    work = [s for s in spans if s.name != STEP_SPAN]
+    work = [s for s in spans if _is_step_work(s)]
     return _analyse(step_span, work, _RunNames.of(work))
 
 
@@ -118,7 +121,7 @@ def analyse(spans: Sequence[Span]) -> list[StepAnalysis]:
     """One `StepAnalysis` per driver `step` span, in step order: `analyse_step` of each, in time linear in the
     run's length (each step looks only at the spans that reach into it; a 3,000-step run took two minutes)."""
     steps = sorted((s for s in spans if s.name == STEP_SPAN), key=lambda s: s.start)
-    work = sorted((s for s in spans if s.name != STEP_SPAN), key=lambda s: s.start)
+    work = sorted((s for s in spans if _is_step_work(s)), key=lambda s: s.start)
     names = _RunNames.of(work)
     analyses: list[StepAnalysis] = []
     reaching: list[Span] = []  # spans that started before the step ends and had not ended when an earlier one began
@@ -268,8 +271,12 @@ def timeline_report(run_dir: str | Path, render: bool = True) -> str:
             f"{path} is not a readable timeline ({type(exc).__name__}: {exc}); it was cut short or edited. Runs "
             "of this version write it whole; the run's metrics.jsonl and summary.json do not depend on it"
         ) from None
+    from rlinf_pipe.utils.launch_timeline import analyse_launch, render_launch
+
     s = summarise(analyse(spans))
-    lines = [f"{s['steps']} steps, {s['total_step_time_s']:.2f} s in steps", "", "stage busy (share of step time):"]
+    lines = [f"{s['steps']} steps, {s['total_step_time_s']:.2f} s in steps"]
+    lines += [launch] if (launch := render_launch(analyse_launch(spans))) else []
+    lines += ["", "stage busy (share of step time):"]
     lines += [f"  {name:<16} {frac:6.1%}" for name, frac in sorted(s["stage_busy"].items(), key=lambda kv: -kv[1])]
     lines += ["", "worker busy:"]
     lines += [f"  {name:<16} {frac:6.1%}" for name, frac in s["track_busy"].items()]

@@ -8,6 +8,7 @@ drains each worker's spans after every step, shifts those of other hosts by thei
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -17,9 +18,31 @@ from typing import Any
 import msgspec
 
 
+STEP_SPAN = "step"  # the driver's span around a whole step; its args carry `step`
+LAUNCH_SPAN = "launch"
+"""A job's launch, before its first step: each worker's span from its process's start until it is built (on its
+GPUs; args: `build_s`, the time in its constructor), and the driver's span over the whole launch (args: `phase:
+"job"`) and over each of its phases (`phase`: preflight, ray_start, import, prepare, start_workers; import and
+prepare run in a helper thread, on track `driver/prepare`). Launch spans are not part of any step's figures."""
+
+
 def now() -> float:
     """The clock of spans: seconds since the epoch on this host's clock."""
     return time.time()
+
+
+def process_started() -> float:
+    """When this process started, on the clock of spans (Linux: its age from /proc, to the scheduler's tick;
+    psutil's start time counts from the boot time in whole seconds)."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime (after "pid (comm)")
+            age = float(uptime.read().split()[0]) - ticks / os.sysconf("SC_CLK_TCK")
+        return now() - max(age, 0.0)
+    except (OSError, ValueError, IndexError):
+        import psutil
+
+        return psutil.Process().create_time()
 
 
 class Span(msgspec.Struct, frozen=True):
@@ -45,8 +68,10 @@ class Tracer:
         self._spans: list[Span] = []
         self._lock = threading.Lock()
 
-    def add(self, name: str, start: float, end: float, **args: Any) -> Span:
-        span = Span(name, self.track, start, end, self.devices, args)
+    def add(self, name: str, start: float, end: float, *, devices: tuple[int, ...] | None = None,
+            **args: Any) -> Span:
+        """Record a span of this track (on the tracer's devices unless `devices` is given)."""
+        span = Span(name, self.track, start, end, self.devices if devices is None else devices, args)
         with self._lock:
             self._spans.append(span)
         return span

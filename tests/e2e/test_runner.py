@@ -32,6 +32,7 @@ from rlinf_pipe.runner.stop import StopSignals
 from rlinf_pipe.runner.run_dir import complete_checkpoints
 from rlinf_pipe.utils.metrics import read_metrics
 from rlinf_pipe.utils.timeline import STEP_SPAN, overlaps, read_chrome_trace
+from rlinf_pipe.utils.tracing import LAUNCH_SPAN
 from support.faults import Fault, Saboteur, reward_pool_processes, wait_for
 from support.runs import assert_trains_like, final_weights
 
@@ -154,6 +155,23 @@ def test_pipeline_run_outputs_and_versions(pipeline_run):
         assert {s.args["version"] for s in inside if s.name in ("weight_sync", "publish_weights")} <= {k, k + 1}
     assert (pipeline_run / "timeline.png").stat().st_size > 0 and (pipeline_run / "reward.png").is_file()
     assert list((pipeline_run / "tensorboard").glob("events.out.tfevents.*"))
+    # the launch on the timeline: the driver's phases, then each worker from its process's start until built, all
+    # before the first step; summary.json says where its time went
+    launch = [s for s in spans if s.name == LAUNCH_SPAN]
+    (job,) = [s for s in launch if s.args.get("phase") == "job"]
+    phases = {s.args["phase"]: s for s in launch if s.track.startswith("driver") and s is not job}
+    assert set(phases) == {"preflight", "ray_start", "import", "prepare", "start_workers"}
+    built = {s.track: s for s in launch if not s.track.startswith("driver")}
+    assert set(built) == {"rollout/0", "reward/0", "inference/0", "actor/0"} and len(launch) == 10
+    for span in [*phases.values(), *built.values()]:
+        assert job.start - 0.05 <= span.start <= span.end <= job.end <= steps[0].start
+    for span in built.values():
+        # (a process's start is known to the scheduler's tick, 10 ms)
+        assert phases["start_workers"].start - 0.05 <= span.start and 0 < span.args["build_s"] <= span.duration
+    summary = json.loads((pipeline_run / "summary.json").read_text())["launch"]
+    assert summary["to_first_step_s"] == pytest.approx(steps[0].start - job.start, abs=1e-3)
+    assert summary["workers_s"] == {t.split("/")[0]: pytest.approx(s.duration, abs=1e-3) for t, s in built.items()}
+    assert "launch" not in json.loads((pipeline_run / "summary.json").read_text())["timeline"]["stage_busy"]
     ckpt = pipeline_run / "checkpoints" / "step_000002"
     assert (ckpt / "COMPLETE").is_file() and json.loads((ckpt / "runner.json").read_text())["next_step"] == 2
     # one marker name for every folder written; the actor's part has no doubled names
@@ -194,7 +212,7 @@ def test_engines_taking_turns_with_the_actor_and_inference_apart_train_like_the_
     # The log-probs run on GPU 1 without GPU 0's turns (whether they overlap the generation in time depends on
     # when the single batch's groups finish: not asserted).
     assert {s.devices for s in spans if s.track == "inference/0"} == {(1,)}
-    assert {s.name for s in spans if s.track == "inference/0"} <= {"logprob", "weight_sync"}
+    assert {s.name for s in spans if s.track == "inference/0"} <= {"launch", "logprob", "weight_sync"}
     found = [(a, b) for a, b in overlaps(spans) if {a.name, b.name} != {"publish_weights", "weight_sync"}]
     assert found == []  # engine and actor never on GPU 0 at once (but a weight transfer's two ends)
 
@@ -297,7 +315,7 @@ def test_tiny_default_learns(tmp_path, tiny_model):
     assert last > first + 0.05, (first, last, acc)
     # no log-prob pass is needed: the reward worker feeds the actor, which trains every sample of every step
     spans = read_chrome_trace(out / "timeline.json")
-    assert {s.track for s in spans} == {"driver", "rollout/0", "reward/0", "actor/0"}
+    assert {s.track for s in spans if s.name != LAUNCH_SPAN} == {"driver", "rollout/0", "reward/0", "actor/0"}
     assert not [s for s in spans if s.name == "logprob"]
     for step in range(24):
         assert sum(s.args["sequences"] for s in spans if s.name == "train" and s.args["version"] == step) == 128
