@@ -12,9 +12,9 @@ from typing import Any
 
 from rlinf_pipe.utils.tracing import LAUNCH_SPAN, STEP_SPAN, Span
 
-PHASES = ("preflight", "ray_start", "import", "prepare", "start_workers")
 PHASE_WORDS = {"preflight": "checks", "ray_start": "Ray", "import": "imports", "prepare": "preparing",
-               "start_workers": "workers"}
+               "start_workers": "workers"}  # the driver's phases, in order, and their words in the summary line
+PHASES = tuple(PHASE_WORDS)
 
 
 def analyse_launch(spans: Sequence[Span]) -> dict[str, Any]:

@@ -68,10 +68,8 @@ class Tracer:
         self._spans: list[Span] = []
         self._lock = threading.Lock()
 
-    def add(self, name: str, start: float, end: float, *, devices: tuple[int, ...] | None = None,
-            **args: Any) -> Span:
-        """Record a span of this track (on the tracer's devices unless `devices` is given)."""
-        span = Span(name, self.track, start, end, self.devices if devices is None else devices, args)
+    def add(self, name: str, start: float, end: float, **args: Any) -> Span:
+        span = Span(name, self.track, start, end, self.devices, args)
         with self._lock:
             self._spans.append(span)
         return span

@@ -34,7 +34,7 @@ from rlinf_pipe.utils.device_memory import hand_back_cached_memory
 from rlinf_pipe.weights import WeightLayout, WeightSender, WeightVersion, plan_weight_layout, publish_whole
 from rlinf_pipe.weights.process_group import Rendezvous
 from rlinf_pipe.weights.transports import Transport, open_sender
-from rlinf_pipe.workers.logprob_stage import LogprobStage, policy_options, tokenizer_pad_id, train_routing
+from rlinf_pipe.workers.logprob_stage import LogprobStage, pad_token_id, policy_options, train_routing
 from rlinf_pipe.workers.replica_balance import TrainRoute
 from rlinf_pipe.workers.replica_input import ReplicaInputFailed, read_shared
 from rlinf_pipe.workers.step_channels import StepChannels
@@ -77,7 +77,7 @@ class ActorWorker(Worker):
     the engines (None: the actor's own)."""
 
     def __init__(self, cfg: Config, model_path: str, train: Sequence[Channel], scored: Channel | None = None,
-                 locks: Any = None, balancer: Any = None, pad_token_id: int | None = None):
+                 locks: Any = None, balancer: Any = None, pad_id: int | None = None):
         super().__init__()
         a = cfg.actor
         init_model_parallel(a.tensor_parallel_size, a.pipeline_parallel_size)
@@ -93,7 +93,7 @@ class ActorWorker(Worker):
         self.balancer = balancer  # (`ReplicaBalancer`: groups reach this replica by tokens, not by slot)
         self.micro_batch_size, self.micro_batch_tokens = a.micro_batch_size, a.micro_batch_tokens
         self.max_micro_batch_size = a.max_micro_batch_size  # (MicroBatcher keeps it at least micro_batch_size)
-        self.pad_token_id = pad_token_id if pad_token_id is not None else tokenizer_pad_id(model_path)
+        self.pad_token_id = pad_token_id(model_path, pad_id)
         self.bucket_bytes = cfg.runner.weight_bucket_mb << 20
         self.sender: WeightSender | None = None  # the weight transport's sending end, on a sending rank once opened
         self.sending_replicas: set[int] = set()  # the replicas whose gathering rank sends

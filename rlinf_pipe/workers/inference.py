@@ -21,7 +21,7 @@ from rlinf_pipe.utils.device_memory import hand_back_cached_memory
 from rlinf_pipe.weights import LoadedWeights, WeightLayout, WeightVersion
 from rlinf_pipe.weights.process_group import Rendezvous
 from rlinf_pipe.weights.transports import Transport
-from rlinf_pipe.workers.logprob_stage import LogprobStage, policy_options, tokenizer_pad_id, train_routing
+from rlinf_pipe.workers.logprob_stage import LogprobStage, pad_token_id, policy_options, train_routing
 from rlinf_pipe.workers.replica_balance import TrainRoute
 from rlinf_pipe.workers.step_channels import StepChannels
 from rlinf_pipe.workers.weight_inbox import WeightInbox
@@ -44,7 +44,7 @@ class InferenceWorker(Worker):
     generations."""
 
     def __init__(self, cfg: Config, model_path: str, scored: Channel, train: Sequence[Channel], actor_dp: int,
-                 locks: Any = None, balancer: Any = None, pad_token_id: int | None = None):
+                 locks: Any = None, balancer: Any = None, pad_id: int | None = None):
         super().__init__()
         init_model_parallel(cfg.inference.tensor_parallel_size, cfg.inference.pipeline_parallel_size)
         self.locks = locks
@@ -52,7 +52,7 @@ class InferenceWorker(Worker):
         ref = MegatronPolicy(model_path, train=False, **policy_options(cfg)) if needs_ref(cfg) else None
         self.stage = LogprobStage(
             self.policy, ref, scored, train, TrainRoute(train_routing(cfg, actor_dp), balancer),
-            pad_token_id if pad_token_id is not None else tokenizer_pad_id(model_path),
+            pad_token_id(model_path, pad_id),
             recompute_old=recomputes_old(cfg), tracer=self.tracer, on_devices=self._on_devices,
         )
         self.inbox = WeightInbox(self.owner, self.policy.arch, self.tracer)

@@ -53,9 +53,11 @@ def pad_id_of(tokenizer: Any) -> int:
     return int(pad if pad is not None else 0)
 
 
-def tokenizer_pad_id(model_path: str) -> int:
-    """The pad id of the folder's tokenizer (`pad_id_of`). The runner passes the workers the one its driver read
-    (loading a tokenizer imports transformers, about 1.5 s of CPU at a worker's launch)."""
+def pad_token_id(model_path: str, given: int | None = None) -> int:
+    """`given`, else the pad id of the folder's tokenizer (`pad_id_of`). The runner gives the workers the one its
+    driver read (loading a tokenizer imports transformers, about 1.5 s of CPU at a worker's launch)."""
+    if given is not None:
+        return given
     from transformers import AutoTokenizer
 
     return pad_id_of(AutoTokenizer.from_pretrained(model_path))

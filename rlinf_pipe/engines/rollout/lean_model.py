@@ -22,7 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
-MODEL_TYPES = ("llama", "qwen2")
+from rlinf_pipe.engines.rollout.llama_forward import MODEL_TYPES
+
 CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
 
 
