@@ -7,20 +7,72 @@ DTensor and sympy (about 2 s more): paid at every actor, log-prob and rollout wo
 returns the file's own values as attributes when it states every value those readers take from it, for the model
 types they support (Llama, Qwen2); otherwise (a value left to the config class's default, another model type) it
 returns `AutoConfig.from_pretrained` as before. `tests/unit/test_hf_config.py` compares the two on the readers.
+`rope_of` is the one reader of a config's rotary settings (the lean model, `hf_arch` and this module use it).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+from rlinf_pipe.errors import RlinfPipeError
 
 MODEL_TYPES = ("llama", "qwen2")
 STATED = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
           "num_key_value_heads", "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings", "hidden_act")
 """What the file must state itself (the config classes' defaults for these differ by model type)."""
+ROPE_KEYS = ("rope_scaling", "rope_parameters", "rope_theta", "partial_rotary_factor")
+"""Where a config (transformers 5's `rope_parameters`, or the older `rope_theta` and `rope_scaling`) keeps its
+rotary settings."""
+
+
+class ModelFolderError(RlinfPipeError):
+    """A model folder's JSON file (config, weight index) cannot be read."""
+
+
+@dataclass(frozen=True)
+class Rope:
+    """A config's rotary embedding: its type (`default`: unscaled), base (None: not stated) and the fraction of
+    each head it rotates."""
+
+    kind: str
+    theta: float | None
+    partial_factor: float
+
+    @property
+    def plain(self) -> bool:
+        """The default rotary embedding over whole heads, with a stated base."""
+        return self.kind == "default" and self.partial_factor == 1.0 and self.theta is not None
+
+
+def rope_of(values: Mapping[str, Any]) -> Rope:
+    """The rotary settings of a config's values (`ROPE_KEYS`), where transformers looks for them: `rope_scaling`,
+    else `rope_parameters`, their base and partial factor defaulting to the top-level keys. Per-layer-type settings
+    (a dict of dicts) read as kind `per-layer`."""
+    params = values.get("rope_scaling") or values.get("rope_parameters") or {}
+    if not isinstance(params, Mapping) or any(isinstance(v, Mapping) for v in params.values()):
+        return Rope("per-layer", None, 1.0)
+    theta = params.get("rope_theta", values.get("rope_theta"))
+    partial = params.get("partial_rotary_factor", values.get("partial_rotary_factor"))
+    return Rope(
+        kind=str(params.get("rope_type") or params.get("type") or "default"),
+        theta=float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else None,
+        partial_factor=1.0 if partial is None else float(partial),
+    )
+
+
+def read_json(file: Path) -> Any:
+    """A model folder's JSON file, or a `ModelFolderError` naming it when it is not valid JSON."""
+    try:
+        return json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelFolderError(f"{file} is not valid JSON ({exc}): the model folder is damaged or was copied "
+                               "part-way; download or convert it again") from exc
 
 
 def light_hf_config(raw: dict[str, Any]) -> SimpleNamespace | None:
@@ -28,7 +80,7 @@ def light_hf_config(raw: dict[str, Any]) -> SimpleNamespace | None:
     in one of `STATED` or the rotary base, or the model type is not Llama or Qwen2."""
     if raw.get("model_type") not in MODEL_TYPES or any(raw.get(key) is None for key in STATED):
         return None
-    if not (raw.get("rope_parameters") or {}).get("rope_theta") and raw.get("rope_theta") is None:
+    if rope_of(raw).theta is None:
         return None
     return SimpleNamespace(**raw)
 
@@ -38,7 +90,7 @@ def load_hf_config(folder: str | os.PathLike[str]) -> Any:
     else `AutoConfig.from_pretrained(folder)`."""
     file = Path(folder) / "config.json"
     if file.is_file():
-        light = light_hf_config(json.loads(file.read_text()))
+        light = light_hf_config(read_json(file))
         if light is not None:
             return light
     from transformers import AutoConfig

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from rlinf_pipe.models.hf_config import ROPE_KEYS, rope_of
 from rlinf_pipe.models.megatron_import import import_megatron_core
 
 SUPPORTED_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
@@ -43,14 +44,15 @@ class HfArch:
 
 
 def _rope_theta(hf_config: Any) -> float:
-    params = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in ("default", None):
-        raise UnsupportedModelError(f"RoPE scaling {rope_type!r} is not supported (only the default RoPE)")
-    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
-    if theta is None:
+    rope = rope_of({key: getattr(hf_config, key, None) for key in ROPE_KEYS})
+    if rope.kind != "default":
+        raise UnsupportedModelError(f"RoPE scaling {rope.kind!r} is not supported (only the default RoPE)")
+    if rope.partial_factor != 1.0:
+        raise UnsupportedModelError(
+            f"partial_rotary_factor {rope.partial_factor} is not supported (only RoPE over whole heads)")
+    if rope.theta is None:
         raise UnsupportedModelError("the HF config has no rope_theta")
-    return float(theta)
+    return rope.theta
 
 
 def hf_arch(hf_config: Any) -> HfArch:

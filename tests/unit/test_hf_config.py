@@ -12,7 +12,7 @@ import pytest
 from transformers import AutoConfig
 
 from rlinf_pipe.models import ensure_tiny_model
-from rlinf_pipe.models.hf_config import STATED, light_hf_config, load_hf_config
+from rlinf_pipe.models.hf_config import STATED, ModelFolderError, light_hf_config, load_hf_config, rope_of
 from rlinf_pipe.models.known import known_config
 from rlinf_pipe.models.megatron_gpt import UnsupportedModelError, hf_arch
 from rlinf_pipe.scheduler.memory import dtype_bytes_of
@@ -64,6 +64,9 @@ EDITS = {
     "gelu": lambda raw: raw.update(hidden_act="gelu"),
     "sliding window": lambda raw: raw.update(use_sliding_window=True, sliding_window=64),
     "head size of its own": lambda raw: raw.update(head_dim=32),
+    "partial rotary": lambda raw: raw.update(partial_rotary_factor=0.5),
+    "older dynamic scaling": lambda raw: (_older_format(raw), raw.update(rope_scaling={"type": "dynamic",
+                                                                                       "factor": 2.0})),
 }
 
 
@@ -96,3 +99,43 @@ def test_other_model_types_hand_over_to_autoconfig(tmp_path):
     folder = folder_with(tmp_path, ensure_tiny_model(tmp_path / "cache"), lambda raw: raw.update(model_type="mistral"))
     assert type(load_hf_config(folder)) is type(AutoConfig.from_pretrained(folder))
     assert light_hf_config(json.loads((folder / "config.json").read_text())) is None
+
+
+ROPE_LAYOUTS = {
+    "transformers 5": {"rope_parameters": {"rope_type": "default", "rope_theta": 500.0}},
+    "transformers 4": {"rope_theta": 500.0, "rope_scaling": None},
+    "older scaling with type": {"rope_theta": 500.0, "rope_scaling": {"type": "linear", "factor": 2.0}},
+    "scaling beside parameters": {"rope_parameters": {"rope_type": "default", "rope_theta": 7.0},
+                                  "rope_scaling": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 9.0}},
+    "base at the top": {"rope_parameters": {"rope_type": "default"}, "rope_theta": 321.0},
+    "partial at the top": {"rope_parameters": {"rope_type": "default", "rope_theta": 5.0},
+                           "partial_rotary_factor": 0.5},
+    "partial inside": {"rope_parameters": {"rope_type": "default", "rope_theta": 5.0, "partial_rotary_factor": 0.25}},
+}
+
+
+@pytest.mark.parametrize("layout", sorted(ROPE_LAYOUTS))
+def test_the_rotary_settings_are_read_where_transformers_reads_them(tmp_path, layout):
+    def edit(raw: dict) -> None:
+        for key in ("rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor"):
+            raw.pop(key, None)
+        raw.update(ROPE_LAYOUTS[layout])
+
+    folder = folder_with(tmp_path, ensure_tiny_model(tmp_path / "cache", arch="llama"), edit)
+    rope, params = rope_of(json.loads((folder / "config.json").read_text())), AutoConfig.from_pretrained(
+        folder).rope_parameters
+    assert (rope.kind, rope.theta, rope.partial_factor) == (
+        params["rope_type"], params["rope_theta"], params.get("partial_rotary_factor", 1.0))
+
+
+def test_a_damaged_config_file_is_named(tmp_path):
+    folder = Path(shutil.copytree(ensure_tiny_model(tmp_path / "cache"), tmp_path / "damaged"))
+    (folder / "config.json").write_text('{"model_type": "qwen2", "vocab')
+    with pytest.raises(ModelFolderError, match=r"damaged/config\.json is not valid JSON"):
+        load_hf_config(folder)
+
+
+def test_a_partial_rotary_embedding_is_refused_by_the_actor(tmp_path):
+    folder = folder_with(tmp_path, ensure_tiny_model(tmp_path / "cache"), EDITS["partial rotary"])
+    with pytest.raises(UnsupportedModelError, match="partial_rotary_factor 0.5"):
+        hf_arch(load_hf_config(folder))

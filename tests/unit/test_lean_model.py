@@ -19,6 +19,7 @@ from rlinf_pipe.engines.rollout import GenerateRequest, SamplingParams, TorchEng
 from rlinf_pipe.engines.rollout.lean_model import LeanCausalLM, lean_config, load_lean_model
 from rlinf_pipe.engines.rollout.llama_forward import LlamaForward
 from rlinf_pipe.models import ensure_tiny_model
+from rlinf_pipe.models.hf_config import ModelFolderError
 
 PROMPTS = [[5, 9, 13, 2, 7, 11], [3, 4]]
 
@@ -129,7 +130,7 @@ def _edit_weights(folder: Path, edit) -> None:
 
 
 @pytest.mark.parametrize("case", ["bin", "extra", "missing", "untied_head", "integer"])
-def test_folders_it_would_not_load_as_transformers_are_refused(tmp_path, case):
+def test_folders_it_would_not_load_as_transformers_are_refused(tmp_path, monkeypatch, case):
     folder = Path(shutil.copytree(ensure_tiny_model(tmp_path / "cache"), tmp_path / case))
     if case == "bin":
         torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
@@ -142,7 +143,21 @@ def test_folders_it_would_not_load_as_transformers_are_refused(tmp_path, case):
         _edit_weights(folder, lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"] + 1}))
     else:
         _edit_weights(folder, lambda t: t.update({"model.norm.weight": t["model.norm.weight"].long()}))
+    reads: list[Path] = []
+    monkeypatch.setattr("safetensors.torch.load_file", lambda file, device: reads.append(file) or load_file(file))
     assert load_lean_model(folder, torch.float32) is None
+    # Names and dtypes are refused from the files' headers; only a tie needs the tensors' values.
+    assert reads == ([folder / "model.safetensors"] if case == "untied_head" else [])
+
+
+@pytest.mark.parametrize("file", ["config.json", "model.safetensors.index.json"])
+def test_a_damaged_json_file_is_named(tmp_path, file):
+    folder = Path(shutil.copytree(ensure_tiny_model(tmp_path / "cache"), tmp_path / "damaged"))
+    if file.endswith("index.json"):
+        (folder / "model.safetensors").rename(folder / "model-00001-of-00001.safetensors")
+    (folder / file).write_text('{"weight_map": ')
+    with pytest.raises(ModelFolderError, match=f"damaged/{file} is not valid JSON"):
+        load_lean_model(folder, torch.float32)
 
 
 def test_the_engine_loads_what_the_lean_model_refuses_with_transformers(tmp_path):

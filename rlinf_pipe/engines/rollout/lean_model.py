@@ -13,7 +13,6 @@ checkpoint, quantized weights, tensors missing or unexpected): the engine then l
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 from torch import nn
 
 from rlinf_pipe.engines.rollout.llama_forward import MODEL_TYPES
+from rlinf_pipe.models.hf_config import read_json, rope_of
 
 CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
 
@@ -49,25 +49,11 @@ class LeanConfig:
     hidden_act: str = "silu"
 
 
-def _rope_theta(raw: dict[str, Any]) -> float | None:
-    """The default rotary embedding's base, from transformers 5's `rope_parameters` or the older `rope_theta` and
-    `rope_scaling`; None for any other rotary embedding (scaled, partial) or no stated base."""
-    params = raw.get("rope_parameters")
-    if params is None:
-        params = {**(raw.get("rope_scaling") or {"rope_type": "default"}), "rope_theta": raw.get("rope_theta")}
-    if not isinstance(params, dict) or params.get("rope_type", params.get("type")) != "default":
-        return None
-    if params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)) != 1.0:
-        return None
-    theta = params.get("rope_theta")
-    return float(theta) if isinstance(theta, (int, float)) else None
-
-
 def lean_config(raw: dict[str, Any]) -> LeanConfig | None:
     """The lean config of a `config.json`'s contents, or None where the lean model would not be transformers'."""
     kind = raw.get("model_type")
-    theta = _rope_theta(raw)
-    if kind not in MODEL_TYPES or raw.get("hidden_act") != "silu" or theta is None:
+    rope = rope_of(raw)
+    if kind not in MODEL_TYPES or raw.get("hidden_act") != "silu" or not rope.plain:
         return None
     if raw.get("quantization_config") or raw.get("pretraining_tp", 1) != 1 or raw.get("use_sliding_window"):
         return None
@@ -84,7 +70,7 @@ def lean_config(raw: dict[str, Any]) -> LeanConfig | None:
         intermediate_size=raw["intermediate_size"], num_hidden_layers=raw["num_hidden_layers"],
         num_attention_heads=heads, num_key_value_heads=raw.get("num_key_value_heads") or heads,
         head_dim=raw.get("head_dim") or raw["hidden_size"] // heads, rms_norm_eps=float(raw["rms_norm_eps"]),
-        rope_theta=theta, tie_word_embeddings=bool(raw["tie_word_embeddings"]),
+        rope_theta=rope.theta, tie_word_embeddings=bool(raw["tie_word_embeddings"]),
         attention_bias=bool(raw.get("attention_bias", False)) if llama else True,
         output_bias=bool(raw.get("attention_bias", False)) if llama else False,
         mlp_bias=bool(raw.get("mlp_bias", False)) if llama else False,
@@ -194,34 +180,48 @@ def _weight_files(folder: Path) -> list[Path] | None:
     if (folder / WEIGHTS_FILE).is_file():
         return [folder / WEIGHTS_FILE]
     if (folder / WEIGHTS_INDEX).is_file():
-        shards = sorted(set(json.loads((folder / WEIGHTS_INDEX).read_text())["weight_map"].values()))
+        shards = sorted(set(read_json(folder / WEIGHTS_INDEX)["weight_map"].values()))
         return [folder / shard for shard in shards]
     return None
 
 
+def _stored_floats(files: list[Path]) -> set[str] | None:
+    """The tensor names the safetensors files hold (read from their headers), or None if one is not floating."""
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for file in files:
+        with safe_open(file, framework="pt") as stored:
+            for name in stored.keys():
+                if not stored.get_slice(name).get_dtype().startswith(("F", "BF")):
+                    return None  # (integer or boolean tensors: quantized or not a plain checkpoint)
+                names.add(name)
+    return names
+
+
 def load_lean_model(path: str | os.PathLike[str], dtype: torch.dtype) -> LeanCausalLM | None:
     """The folder's Llama-family model as a `LeanCausalLM` with weights of `dtype` on the CPU, or None where it
-    would differ from what transformers loads (see the module docstring)."""
+    would differ from what transformers loads (see the module docstring). The tensors' names and dtypes are
+    checked from the files' headers before any tensor is read."""
     from safetensors.torch import load_file
 
     folder = Path(path)
     config_file, files = folder / CONFIG_FILE, _weight_files(folder)
     if not config_file.is_file() or files is None:
         return None
-    config = lean_config(json.loads(config_file.read_text()))
+    config = lean_config(read_json(config_file))
     if config is None:
         return None
     model = LeanCausalLM(config)
+    stored, expected = _stored_floats(files), set(model.state_dict())
+    if stored is None or stored | ({"lm_head.weight"} if config.tie_word_embeddings else set()) != expected:
+        return None
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
         tensors.update(load_file(file, device="cpu"))
-    expected = set(model.state_dict())
-    embedding = tensors.get("model.embed_tokens.weight")
-    if config.tie_word_embeddings and embedding is not None:
-        if not torch.equal(tensors.setdefault("lm_head.weight", embedding), embedding):
-            return None  # (an output projection saved apart from the embedding it is tied to)
-    if set(tensors) != expected or not all(t.is_floating_point() for t in tensors.values()):
-        return None
+    embedding = tensors["model.embed_tokens.weight"]
+    if config.tie_word_embeddings and not torch.equal(tensors.setdefault("lm_head.weight", embedding), embedding):
+        return None  # (an output projection saved apart from the embedding it is tied to)
     model.load_state_dict({name: t.to(dtype) for name, t in tensors.items()}, assign=True)
     model.tie_weights()  # (assigning gave the two names two parameters)
     return model.eval()
