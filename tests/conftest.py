@@ -20,7 +20,14 @@ _TESTS = str(Path(__file__).resolve().parent)
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_TESTS, os.environ.get("PYTHONPATH", "")) if p)
 
 
+ALONE_DIRS = ("e2e", "gpu")
+"""Test folders whose tests are all `alone` (scripts/test.sh runs them after the tests that run two at a time)."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.parent.name in ALONE_DIRS and item.path.parent.parent.name == "tests":
+            item.add_marker(pytest.mark.alone)
     if not any(item.get_closest_marker("gpu") for item in items):
         return
     import torch

@@ -33,7 +33,7 @@ def model_path(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_session():
-    ray.init(num_gpus=gpu_count(), include_dashboard=False, log_to_driver=True)
+    ray.init(address="local", num_gpus=gpu_count(), include_dashboard=False, log_to_driver=True)
     yield
     ray.shutdown()
 
