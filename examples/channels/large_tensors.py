@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument("--mib", type=float, default=1.0)
     args = parser.parse_args()
     numel = int(args.mib * 2**20) // 4
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)  # (a Ray of its own, even beside another)
     try:
         run("shared memory", args.items, numel)
         run("socket only", args.items, numel, shared_bytes=0)
