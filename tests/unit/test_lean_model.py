@@ -105,7 +105,8 @@ def test_weights_in_shards_load_as_one_file(tmp_path):
 
 
 BASE = {"model_type": "qwen2", "hidden_act": "silu", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
-        "num_hidden_layers": 1, "num_attention_heads": 2, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+        "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
 
 
@@ -113,6 +114,7 @@ BASE = {"model_type": "qwen2", "hidden_act": "silu", "vocab_size": 10, "hidden_s
     {"model_type": "gpt2"}, {"hidden_act": "gelu"}, {"use_sliding_window": True},
     {"layer_types": ["sliding_attention"]}, {"quantization_config": {"quant_method": "gptq"}},
     {"pretraining_tp": 2}, {"tie_word_embeddings": None},
+    {"num_key_value_heads": None},  # (transformers' Qwen2 would take 32, not the attention heads)
     {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}},
     {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
     {"rope_parameters": None, "rope_theta": 10000.0, "rope_scaling": {"type": "dynamic", "factor": 2.0}},

@@ -59,8 +59,9 @@ def lean_config(raw: dict[str, Any]) -> LeanConfig | None:
         return None
     if any(t != "full_attention" for t in raw.get("layer_types") or ()):
         return None
+    # (stated, not defaulted: transformers' defaults differ by model type, e.g. Qwen2's 32 key/value heads)
     needed = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-              "rms_norm_eps", "tie_word_embeddings")
+              "num_key_value_heads", "rms_norm_eps", "tie_word_embeddings")
     if any(raw.get(key) is None for key in needed):
         return None
     heads = raw["num_attention_heads"]
@@ -68,7 +69,7 @@ def lean_config(raw: dict[str, Any]) -> LeanConfig | None:
     return LeanConfig(
         model_type=kind, vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"],
         intermediate_size=raw["intermediate_size"], num_hidden_layers=raw["num_hidden_layers"],
-        num_attention_heads=heads, num_key_value_heads=raw.get("num_key_value_heads") or heads,
+        num_attention_heads=heads, num_key_value_heads=raw["num_key_value_heads"],
         head_dim=raw.get("head_dim") or raw["hidden_size"] // heads, rms_norm_eps=float(raw["rms_norm_eps"]),
         rope_theta=rope.theta, tie_word_embeddings=bool(raw["tie_word_embeddings"]),
         attention_bias=bool(raw.get("attention_bias", False)) if llama else True,
