@@ -29,6 +29,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from rlinf_pipe.errors import RlinfPipeError
+from rlinf_pipe.models.hf_config import read_json
 from rlinf_pipe.utils.folders import COMPLETE, is_complete
 
 MEGATRON_FORMAT = "rlinf_pipe.megatron"
@@ -136,7 +137,7 @@ def hf_weight_files(hf_dir: PathLike) -> dict[str, Path]:
         raise CheckpointError(f"{hf_dir} does not exist or is not a folder; pass a Hugging Face model folder")
     index = hf_dir / HF_INDEX_FILE
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        weight_map = read_json(index)["weight_map"]
         return {name: hf_dir / file for name, file in weight_map.items()}
     files = sorted(hf_dir.glob("*.safetensors"))
     if not files:

@@ -139,3 +139,14 @@ def test_a_partial_rotary_embedding_is_refused_by_the_actor(tmp_path):
     folder = folder_with(tmp_path, ensure_tiny_model(tmp_path / "cache"), EDITS["partial rotary"])
     with pytest.raises(UnsupportedModelError, match="partial_rotary_factor 0.5"):
         hf_arch(load_hf_config(folder))
+
+
+@pytest.mark.parametrize("file", ["generation_config.json", "model.safetensors.index.json"])
+def test_the_other_readers_of_a_model_folders_json_name_a_damaged_file(tmp_path, file):
+    from rlinf_pipe.engines.rollout.torch_engine import generation_eos_ids
+    from rlinf_pipe.models.megatron_checkpoint import hf_weight_files
+
+    folder = Path(shutil.copytree(ensure_tiny_model(tmp_path / "cache"), tmp_path / "damaged"))
+    (folder / file).write_text('{"eos_token_id": ')
+    with pytest.raises(ModelFolderError, match=f"damaged/{file} is not valid JSON"):
+        generation_eos_ids(folder) if file.startswith("generation") else hf_weight_files(folder)

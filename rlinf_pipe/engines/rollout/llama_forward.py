@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-MODEL_TYPES = ("llama", "qwen2")
+from rlinf_pipe.models.hf_config import MODEL_TYPES  # (the Llama family: Llama, Qwen2)
 
 
 PACK_BYTES = 2 * 1024 * 1024  # CPU float32 weights from this size (and >= PACK_MIN_IN inputs) go through oneDNN

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import difflib
 import gc
-import json
 import os
 import random
 import threading
@@ -37,6 +36,7 @@ from rlinf_pipe.engines.rollout.engine import (
     SampleOutput,
     sample_seed,
 )
+from rlinf_pipe.models.hf_config import read_json
 from rlinf_pipe.utils.compute_thread import compute_thread
 from rlinf_pipe.utils.device_memory import hand_back_cached_memory
 from rlinf_pipe.weights import LoadBucket, WeightLayout, WeightReceiver, WeightVersion
@@ -65,7 +65,7 @@ def load_causal_lm(model_path: str | os.PathLike[str], dtype: torch.dtype) -> An
 def generation_eos_ids(model_path: str | os.PathLike[str]) -> set[int]:
     """The end-of-sequence ids in the folder's `generation_config.json` (none without one)."""
     file = Path(model_path) / "generation_config.json"
-    return _as_id_set(json.loads(file.read_text()).get("eos_token_id")) if file.is_file() else set()
+    return _as_id_set(read_json(file).get("eos_token_id")) if file.is_file() else set()
 
 
 class TorchEngine:
