@@ -5,6 +5,7 @@ would not, it hands over to `AutoConfig`."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -128,25 +129,23 @@ def test_the_rotary_settings_are_read_where_transformers_reads_them(tmp_path, la
         params["rope_type"], params["rope_theta"], params.get("partial_rotary_factor", 1.0))
 
 
-def test_a_damaged_config_file_is_named(tmp_path):
-    folder = Path(shutil.copytree(ensure_tiny_model(tmp_path / "cache"), tmp_path / "damaged"))
-    (folder / "config.json").write_text('{"model_type": "qwen2", "vocab')
-    with pytest.raises(ModelFolderError, match=r"damaged/config\.json is not valid JSON"):
-        load_hf_config(folder)
-
-
 def test_a_partial_rotary_embedding_is_refused_by_the_actor(tmp_path):
     folder = folder_with(tmp_path, ensure_tiny_model(tmp_path / "cache"), EDITS["partial rotary"])
     with pytest.raises(UnsupportedModelError, match="partial_rotary_factor 0.5"):
         hf_arch(load_hf_config(folder))
 
 
-@pytest.mark.parametrize("file", ["generation_config.json", "model.safetensors.index.json"])
-def test_the_other_readers_of_a_model_folders_json_name_a_damaged_file(tmp_path, file):
+def _readers() -> dict:
     from rlinf_pipe.engines.rollout.torch_engine import generation_eos_ids
     from rlinf_pipe.models.megatron_checkpoint import hf_weight_files
 
+    return {"config.json": load_hf_config, "generation_config.json": generation_eos_ids,
+            "model.safetensors.index.json": hf_weight_files}
+
+
+@pytest.mark.parametrize("file", ["config.json", "generation_config.json", "model.safetensors.index.json"])
+def test_a_damaged_json_file_of_a_model_folder_is_named(tmp_path, file):
     folder = Path(shutil.copytree(ensure_tiny_model(tmp_path / "cache"), tmp_path / "damaged"))
-    (folder / file).write_text('{"eos_token_id": ')
-    with pytest.raises(ModelFolderError, match=f"damaged/{file} is not valid JSON"):
-        generation_eos_ids(folder) if file.startswith("generation") else hf_weight_files(folder)
+    (folder / file).write_text('{"model_type": "qwen2", "vocab')
+    with pytest.raises(ModelFolderError, match=re.escape(f"damaged/{file} is not valid JSON")):
+        _readers()[file](folder)
