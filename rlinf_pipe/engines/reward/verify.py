@@ -49,14 +49,18 @@ class _MathVerify:
 
 @lru_cache(maxsize=1)
 def _math_verify() -> _MathVerify:
-    """math-verify and sympy, imported on first use (about a second of CPU): a process that only quick-scores, or
-    hands its items to the pool's processes (which load them in their forkserver), never loads them."""
+    """math-verify and sympy, imported on first use (about a second of CPU) and warmed by one comparison (the LaTeX
+    grammar and sympy's lazy parts, about 0.1 s more), so no caller's time limit pays for either. A process that only
+    quick-scores, or hands its items to the pool's processes (which load them in their forkserver), never loads them."""
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
     from sympy import Basic, MatrixBase
 
     for name in ("math_verify.parser", "math_verify.grader"):
         logging.getLogger(name).addFilter(_DropDisabledTimeoutWarning())
-    return _MathVerify(parse, verify, (LatexExtractionConfig(), ExprExtractionConfig()), (Basic, MatrixBase))
+    extraction = (LatexExtractionConfig(), ExprExtractionConfig())
+    verify(parse("\\boxed{0.5}", extraction, parsing_timeout=None),
+           parse("\\boxed{\\frac{1}{2}}", extraction, parsing_timeout=None), timeout_seconds=None)
+    return _MathVerify(parse, verify, extraction, (Basic, MatrixBase))
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,8 +182,8 @@ def parse_reference(reference: str) -> tuple[Any, ...]:
 
 
 def warm_up() -> None:
-    """Load the LaTeX grammar and sympy's lazy parts once, so the first real item is not slow."""
-    score("\\boxed{\\frac{1}{2}}", "0.5")
+    """Load math-verify, the LaTeX grammar and sympy's lazy parts now, so the first real item is not slow."""
+    _math_verify()
 
 
 def _math_objects(parsed: list[Any]) -> list[Any]:
