@@ -26,7 +26,7 @@ from rlinf_pipe.scheduler.channel.links import ConsumerLink, OutItem
 from rlinf_pipe.scheduler.channel.producer import DIRECT_BYTES
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-FAST_FAILURE = {"heartbeat_s": 0.2, "peer_timeout_s": 1.5}
+FAST_FAILURE = {"heartbeat_s": 0.2, "peer_timeout_s": 3.0}  # (a live peer is never 3 s silent, on any load)
 
 
 @ray.remote(num_cpus=0)
@@ -214,16 +214,16 @@ def test_a_put_that_finds_credit_sends_a_large_item_itself_and_leaves_small_ones
 
 def test_a_take_is_reported_soon_while_the_consumer_stays_busy(nodes):
     """A take below the report batch is reported REPORT_DELAY_S later by the consumer's housekeeping thread, which a
-    take wakes when it would sleep longer (here half a 10 s heartbeat): a producer blocked at maxsize is released
+    take wakes when it would sleep longer (here half a 40 s heartbeat): a producer blocked at maxsize is released
     at once, not when the thread happens to wake."""
-    ch = channel(maxsize=16, prefetch=16, heartbeat_s=10.0)
+    ch = channel(maxsize=16, prefetch=16, heartbeat_s=40.0, peer_timeout_s=120.0)
     ch.put(Tagged(0, 0))
     consumer = on_node(Consumer, nodes[0]).remote(ch)
     ray.get(consumer.open_refreshing_rarely.remote())
     for seq in range(1, 16):
         ch.put(Tagged(0, seq))  # maxsize reached: the next put waits for a take to be reported
     assert ray.get(consumer.take.remote(1)) == [Tagged(0, 0)]  # then the consumer takes nothing more
-    ch.put(Tagged(0, 16), timeout=2.5)  # (without the wake-up: about 5 s)
+    ch.put(Tagged(0, 16), timeout=10)  # (without the wake-up: about 20 s)
 
 
 def test_a_signal_during_a_puts_send_ends_the_producer_and_is_raised_as_is(nodes):
@@ -270,6 +270,9 @@ def test_producer_blocks_at_capacity_and_resumes_when_the_consumer_drains(nodes)
     producer = on_node(Producer, nodes[1]).remote(ch)
     assert ray.get(producer.put_until_blocked.remote(20, 1.0)) == 4  # blocked at capacity
     assert [ch.get(timeout=30).seq for _ in range(3)] == [0, 1, 2]
+    deadline = time.monotonic() + 30
+    while ray.get(producer.untaken.remote()) != 1:  # the 3 takes reached the producer (1 s is no bound on a busy host)
+        assert time.monotonic() < deadline
     assert ray.get(producer.put_until_blocked.remote(20, 1.0)) == 3  # resumed: exactly the freed room
 
 
@@ -335,7 +338,7 @@ def test_dead_producer_fails_a_blocked_get_naming_it(nodes):
     ray.kill(producer)
     assert ch.get(timeout=30).seq == 0  # what it sent is not lost
     with pytest.raises(ChannelPeerError, match=r"producer producer@.*stopped responding.*step 1 cannot complete"):
-        ch.get(timeout=30)  # (well before: the peer timeout is 1.5 s; a get that timed out would say so)
+        ch.get(timeout=30)  # (well before: the peer timeout is 3 s; a get that timed out would say so)
 
 
 def test_dead_consumer_fails_a_blocked_put_naming_it(nodes):
@@ -592,7 +595,7 @@ def test_ray_going_away_under_a_consumer_ends_its_calls_with_channel_closed(node
 def test_a_consumer_holding_only_a_later_steps_items_still_receives_the_current_steps_items_sent_again(nodes):
     """The driver's buffer holds step 1's items, as many as its credit; step 0's items come back from a consumer
     that died. Without one more credit from the driver, they could reach no consumer and step 0 would never end."""
-    ch = channel(maxsize=64, prefetch=2, heartbeat_s=0.2, peer_timeout_s=1.5)
+    ch = channel(maxsize=64, prefetch=2, **FAST_FAILURE)
     producer = on_node(Producer, nodes[0]).remote(ch)
     ray.get(producer.open.remote())
     doomed = on_node(Consumer, nodes[1]).remote(ch)

@@ -176,7 +176,7 @@ def test_a_consumer_that_leaves_frees_its_regions_and_its_untaken_items_reach_an
 
 
 def test_a_killed_consumers_regions_are_freed_once_its_process_is_gone_and_its_items_reach_another_exactly(nodes):
-    ch = channel(maxsize=16, prefetch=8, peer_timeout_s=1.5)
+    ch = channel(maxsize=16, prefetch=8, peer_timeout_s=3.0)
     doomed = on_node(Consumer, nodes[0]).remote(ch)
     ray.get(doomed.open.remote())
     producer = on_node(Producer, nodes[0]).remote(ch)
@@ -218,7 +218,7 @@ def test_an_item_sent_again_is_not_kept_waiting_behind_a_later_steps_items(nodes
     """A consumer's buffer full of step 1's items holds the arena, and a step-0 item comes back from a consumer that
     died: waiting for room would wait forever (the consumer takes nothing of step 1 before step 0 ends), so it goes
     over the socket."""
-    ch = channel(maxsize=64, prefetch=4, shared_bytes=2 * PER_ITEM, peer_timeout_s=1.5)
+    ch = channel(maxsize=64, prefetch=4, shared_bytes=2 * PER_ITEM, peer_timeout_s=3.0)
     producer = on_node(Producer, nodes[0]).remote(ch)
     ray.get(producer.open.remote())
     doomed = on_node(Consumer, nodes[1]).remote(ch)  # (on the other node: its items go over tcp)

@@ -15,7 +15,7 @@ from rlinf_pipe.scheduler.worker import CONTROL_GROUP
 from rlinf_pipe.workers.dynamic_sampling import SamplingRounds
 from rlinf_pipe.workers.reward import RewardWorker
 
-TIMEOUT_S = 1.0
+TIMEOUT_S = 3.0  # (each item, hung or not, from when it is sent: ordinary ones take milliseconds, 3 s on any load)
 CFG = load_config(overrides=["reward.num_workers=2", f"reward.timeout_s={TIMEOUT_S}", "reward.wrong_score=-1.0",
                              "reward.answer_pattern='#### (.*)'"])
 
@@ -64,7 +64,8 @@ def test_reward_worker_scores_a_step_and_survives_a_hang(local_ray) -> None:
         rollouts.put(g, weight=g.num_sequences)
     rollouts.end_step()
     call = worker.score_step.remote(0)
-    assert ray.get(worker.ping.remote(), timeout=TIMEOUT_S) > 0  # control calls answer while it scores
+    ping = worker.ping.remote()  # control calls answer while it scores (the step takes TIMEOUT_S at least)
+    assert ray.wait([ping, call], num_returns=1, timeout=60)[0] == [ping] and ray.get(ping) > 0
     tally = ray.get(call, timeout=60)
     out = {s.slot: s for s in take_step(scored)}
     assert sorted(out) == [0, 1, 2]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import os
+import re
 import sys
 
 import pytest
@@ -248,8 +249,10 @@ def test_wait_timeout_names_running_ranks(cluster):
                                distributed=False)
     try:
         blocker = group.rank(1).run(lambda w: __import__("time").sleep(30))
+        call = group.all.run(lambda w: w.rank)
+        ray.get(call.refs[0], timeout=60)  # (rank 0's part is over, however busy the machine)
         with pytest.raises(WorkerError, match=r"ranks \[1\] still running after 0.5 s"):
-            group.all.run(lambda w: w.rank).wait(timeout_s=0.5)
+            call.wait(timeout_s=0.5)
         assert group.alive() == [True, True]  # pings are answered while rank 1 is busy
         del blocker
     finally:
@@ -302,7 +305,7 @@ def test_the_heartbeat_names_a_hung_worker_and_a_peer_failure_is_blamed_on_the_l
     stuck = WorkerGroup.launch(Probe, "stuck", comps["actor"], cluster, distributed=False)
     noticing = WorkerGroup.launch(Probe, "noticing", comps["rollout"], cluster, distributed=False)
     pid = stuck.rank(1).run(lambda w: os.getpid()).wait()
-    health = Health(lambda: [stuck, noticing], timeout_s=1.0)
+    health = Health(lambda: [stuck, noticing], timeout_s=3.0)  # (a healthy rank's ping: well within, on any load)
     try:
         assert asyncio.run(health.find_lost()) == []
         os.kill(pid, signal.SIGSTOP)
@@ -313,7 +316,7 @@ def test_the_heartbeat_names_a_hung_worker_and_a_peer_failure_is_blamed_on_the_l
         with pytest.raises(WorkerLost) as hung:
             asyncio.run(health.guard(long_stage()))
         assert (hung.value.worker, hung.value.how) == ("rlinf_pipe:stuck:1", "hung")
-        assert "stuck rank 1 (node 0, GPUs 3)" in str(hung.value) and "within 1 s" in str(hung.value)
+        assert "stuck rank 1 (node 0, GPUs 3)" in str(hung.value) and "within 3 s" in str(hung.value)
 
         async def failing_peer() -> None:
             await noticing.rank(0).fail_on(0)
@@ -452,7 +455,9 @@ def test_a_node_clock_ahead_of_the_drivers_is_measured_and_its_spans_go_on_the_d
         warnings = asyncio.run(clocks.measure([group]))
         assert clocks.driver_node == 0 and set(clocks.offsets) == {1}
         assert clocks.offsets[1] == pytest.approx(SKEW_S, abs=0.5)
-        assert len(warnings) == 1 and warnings[0].startswith("node 1's clock is 3.0") and "ahead of" in warnings[0]
+        (warning,) = warnings
+        said = re.fullmatch(r"node 1's clock is ([0-9.]+) s ahead of .*", warning, re.S)
+        assert said and float(said[1]) == pytest.approx(SKEW_S, abs=0.5)  # (the text rounds what it measured)
         assert asyncio.run(clocks.measure([group])) == []  # said once
         before = time.time()
         group.rank(0).mark().wait()

@@ -86,7 +86,7 @@ def test_real_sympy_hang_costs_one_timeout_and_the_pool_keeps_working() -> None:
 
 
 def test_spinning_scorer_is_killed_at_its_deadline_while_other_workers_continue() -> None:
-    timeout_s = 0.5
+    timeout_s = 2.0  # (ordinary items run under it too, beside a spinning process: not too short for a busy host)
     with RewardPool(num_workers=2, timeout_s=timeout_s, scorer=spin_on_hang) as pool:
         pairs = [("a", "a"), ("x", "hang")] + [(str(i), str(i)) for i in range(20)] + [("y", "hang"), ("b", "c")]
         results = pool.score_batch(pairs)  # one timeout each, not one per item (the counters below)
@@ -96,12 +96,26 @@ def test_spinning_scorer_is_killed_at_its_deadline_while_other_workers_continue(
 
 
 def test_hung_item_blocks_a_single_worker_pool_for_one_timeout_only() -> None:
-    timeout_s = 0.3
+    timeout_s = 1.5
     with RewardPool(num_workers=1, timeout_s=timeout_s, scorer=spin_on_hang) as pool:
         for _ in range(2):  # the replacement process is as good as the first
             results = pool.score_batch([("x", "hang"), ("a", "a")])
             assert [r.timed_out for r in results] == [True, False] and results[1].correct
         assert pool.counters.timeouts == 2 and pool.counters.restarts == 2  # one each time
+
+
+def test_a_result_waiting_to_be_read_when_its_deadline_passes_is_taken_not_timed_out() -> None:
+    # Handling another process's message can take the pool past an item's deadline while that item's result is
+    # already in its pipe: the result counts, and the process is not killed for it.
+    with RewardPool(num_workers=1, timeout_s=60.0, scorer=spin_on_hang) as pool:
+        slot, pid = pool._slots[0], pool.pids[0]
+        slot.conn.send((1, "a", "a"))
+        slot.task = (1, 0, time.monotonic())  # (its deadline: now, so past once the result is there)
+        assert slot.conn.poll(60)
+        results: list[ScoreResult | None] = [None]
+        assert pool._expire(results) == 0 and slot.task is not None
+        assert pool._poll(results) == 1 and results[0] is not None and results[0].correct
+        assert pool.counters.timeouts == 0 and pool.pids == [pid]
 
 
 def test_crashing_and_raising_scorers_score_wrong_and_are_counted_as_errors() -> None:

@@ -191,7 +191,7 @@ def test_deadline_restores_an_outer_timer() -> None:
         with deadline(0.5):
             pass
         left, _ = signal.getitimer(signal.ITIMER_REAL)
-        assert 29.0 < left <= 30.0
+        assert 20.0 < left <= 30.0  # (restored, not reset: the 30 s timer, less what a busy host took meanwhile)
     finally:
         signal.signal(signal.SIGALRM, outer_handler)  # pytest-timeout's alarm, if it runs one
         signal.setitimer(signal.ITIMER_REAL, *outer_timer)

@@ -279,9 +279,11 @@ class RewardPool:
         return done
 
     def _expire(self, results: list[ScoreResult | None]) -> int:
+        """Time out the items past their deadline, except those whose result is already waiting to be read (the
+        next `_poll` takes it: it came back while another process's message was being handled)."""
         now, done = time.monotonic(), 0
         for slot in list(self._slots):
-            if slot.task is not None and now >= slot.task[2]:
+            if slot.task is not None and now >= slot.task[2] and not _has_message(slot.conn):
                 index = slot.task[1]
                 slot.task = None
                 self._finish(results, index, self.config.timeout_result(), timed_out=True)
@@ -378,3 +380,11 @@ def _kill_all(slots: list[_Slot]) -> None:
 
 def _text(value: object) -> str:
     return "" if value is None else str(value)
+
+
+def _has_message(conn: Connection) -> bool:
+    """Whether `conn` has something to read (a closed end counts: reading it says the process ended)."""
+    try:
+        return conn.poll()
+    except (EOFError, OSError):
+        return True
