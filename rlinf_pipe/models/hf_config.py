@@ -26,6 +26,7 @@ MODEL_TYPES = ("llama", "qwen2")
 STATED = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
           "num_key_value_heads", "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings", "hidden_act")
 """What the file must state itself (the config classes' defaults for these differ by model type)."""
+WEIGHTS_FILE, WEIGHTS_INDEX = "model.safetensors", "model.safetensors.index.json"
 ROPE_KEYS = ("rope_scaling", "rope_parameters", "rope_theta", "partial_rotary_factor")
 """Where a config (transformers 5's `rope_parameters`, or the older `rope_theta` and `rope_scaling`) keeps its
 rotary settings."""
@@ -73,6 +74,32 @@ def read_json(file: Path) -> Any:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ModelFolderError(f"{file} is not valid JSON ({exc}): the model folder is damaged or was copied "
                                "part-way; download or convert it again") from exc
+
+
+@dataclass(frozen=True)
+class WeightFiles:
+    """A folder's safetensors weights: its files, and for a sharded checkpoint each tensor name's shard."""
+
+    files: list[Path]
+    shard_of: dict[str, Path] | None
+
+
+def weight_files(folder: Path) -> WeightFiles | None:
+    """Where transformers loads a folder's safetensors weights from: `model.safetensors`, else the shards that
+    `model.safetensors.index.json` names (other `*.safetensors` files in the folder are not the model's); None
+    where the folder has neither. A damaged index raises `ModelFolderError` naming it."""
+    if (folder / WEIGHTS_FILE).is_file():
+        return WeightFiles([folder / WEIGHTS_FILE], None)
+    index = folder / WEIGHTS_INDEX
+    if not index.is_file():
+        return None
+    contents = read_json(index)
+    weight_map = contents.get("weight_map") if isinstance(contents, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ModelFolderError(f"{index} has no `weight_map` of tensor names to shard files: the model folder is "
+                               "damaged; download or convert it again")
+    shard_of = {name: folder / shard for name, shard in weight_map.items()}
+    return WeightFiles(sorted(set(shard_of.values())), shard_of)
 
 
 def light_hf_config(raw: dict[str, Any]) -> SimpleNamespace | None:

@@ -29,7 +29,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from rlinf_pipe.errors import RlinfPipeError
-from rlinf_pipe.models.hf_config import read_json
+from rlinf_pipe.models.hf_config import WEIGHTS_FILE, WEIGHTS_INDEX, read_json, weight_files
 from rlinf_pipe.utils.folders import COMPLETE, is_complete
 
 MEGATRON_FORMAT = "rlinf_pipe.megatron"
@@ -37,7 +37,6 @@ MEGATRON_FORMAT_VERSION = 1
 META_FILE = "megatron.json"
 MODEL_SUBDIR = "model"
 HF_SUBDIR = "hf"
-HF_INDEX_FILE = "model.safetensors.index.json"
 # Files of an HF folder that hold weights (never copied into `hf/`).
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt")
 _WEIGHT_INDEX_SUFFIX = ".index.json"
@@ -130,27 +129,22 @@ def _is_weight_file(name: str) -> bool:
 
 
 def hf_weight_files(hf_dir: PathLike) -> dict[str, Path]:
-    """Map each tensor name of an HF checkpoint to its safetensors file (single file or sharded with
-    `model.safetensors.index.json`). Raises `CheckpointError` when the folder has no safetensors weights."""
+    """Map each tensor name of an HF checkpoint to its safetensors file, from the files transformers loads
+    (`hf_config.weight_files`). Raises `CheckpointError` when the folder has no safetensors weights."""
     hf_dir = Path(hf_dir)
     if not hf_dir.is_dir():
         raise CheckpointError(f"{hf_dir} does not exist or is not a folder; pass a Hugging Face model folder")
-    index = hf_dir / HF_INDEX_FILE
-    if index.is_file():
-        weight_map = read_json(index)["weight_map"]
-        return {name: hf_dir / file for name, file in weight_map.items()}
-    files = sorted(hf_dir.glob("*.safetensors"))
-    if not files:
+    found = weight_files(hf_dir)
+    if found is None:
         raise CheckpointError(
-            f"{hf_dir} has no *.safetensors weights; save the model with "
+            f"{hf_dir} has neither {WEIGHTS_FILE} nor {WEIGHTS_INDEX}; save the model with "
             "`save_pretrained(..., safe_serialization=True)` first"
         )
-    out: dict[str, Path] = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as handle:
-            for name in handle.keys():  # noqa: SIM118
-                out[name] = file
-    return out
+    if found.shard_of is not None:
+        return found.shard_of
+    (file,) = found.files
+    with safe_open(str(file), framework="pt") as handle:
+        return dict.fromkeys(handle.keys(), file)
 
 
 class LazySafetensors(Mapping[str, torch.Tensor]):
@@ -201,7 +195,7 @@ def save_hf_safetensors(
         shards[-1][name] = t
         size += nbytes
     if len(shards) == 1:
-        return [save_safetensors(shards[0], out_dir / "model.safetensors")]
+        return [save_safetensors(shards[0], out_dir / WEIGHTS_FILE)]
     paths, weight_map = [], {}
     for i, shard in enumerate(shards):
         file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
@@ -209,7 +203,7 @@ def save_hf_safetensors(
         weight_map.update({name: file for name in shard})
     total = sum(t.numel() * t.element_size() for t in state.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    atomic_write_text(out_dir / HF_INDEX_FILE, json.dumps(index, indent=2) + "\n")
+    atomic_write_text(out_dir / WEIGHTS_INDEX, json.dumps(index, indent=2) + "\n")
     return paths
 
 
@@ -218,7 +212,7 @@ def read_hf_config_dict(hf_dir: PathLike) -> dict[str, Any]:
     path = Path(hf_dir) / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{hf_dir} has no config.json; pass a Hugging Face model folder")
-    return json.loads(path.read_text())
+    return read_json(path)
 
 
 # --- Megatron folders -------------------------------------------------------------------------------------

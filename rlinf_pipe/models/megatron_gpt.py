@@ -14,10 +14,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from rlinf_pipe.models.hf_config import ROPE_KEYS, rope_of
+from rlinf_pipe.models.hf_config import MODEL_TYPES, ROPE_KEYS, rope_of
 from rlinf_pipe.models.megatron_import import import_megatron_core
-
-SUPPORTED_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 
 class UnsupportedModelError(ValueError):
@@ -58,10 +56,8 @@ def _rope_theta(hf_config: Any) -> float:
 def hf_arch(hf_config: Any) -> HfArch:
     """Read and check the architecture facts of an HF `PretrainedConfig` (Llama or Qwen2)."""
     model_type = getattr(hf_config, "model_type", None)
-    if model_type not in SUPPORTED_ARCHS:
-        raise UnsupportedModelError(
-            f"model_type {model_type!r} is not supported; supported: {sorted(SUPPORTED_ARCHS)}"
-        )
+    if model_type not in MODEL_TYPES:
+        raise UnsupportedModelError(f"model_type {model_type!r} is not supported; supported: {sorted(MODEL_TYPES)}")
     if getattr(hf_config, "hidden_act", "silu") != "silu":
         raise UnsupportedModelError(f"hidden_act {hf_config.hidden_act!r} is not supported (only silu)")
     if model_type == "qwen2" and getattr(hf_config, "use_sliding_window", False):

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoConfig
 
 from rlinf_pipe.models import ensure_tiny_model
@@ -146,6 +147,29 @@ def _readers() -> dict:
 @pytest.mark.parametrize("file", ["config.json", "generation_config.json", "model.safetensors.index.json"])
 def test_a_damaged_json_file_of_a_model_folder_is_named(tmp_path, file):
     folder = Path(shutil.copytree(ensure_tiny_model(tmp_path / "cache"), tmp_path / "damaged"))
+    if file.endswith("index.json"):  # (read where there is no model.safetensors: a sharded checkpoint)
+        (folder / "model.safetensors").rename(folder / "model-00001-of-00001.safetensors")
     (folder / file).write_text('{"model_type": "qwen2", "vocab')
     with pytest.raises(ModelFolderError, match=re.escape(f"damaged/{file} is not valid JSON")):
         _readers()[file](folder)
+
+
+def test_the_weights_read_are_the_files_transformers_loads(tmp_path):
+    """model.safetensors, else the index's shards: neither another *.safetensors file in the folder (an adapter,
+    say) nor an index left beside model.safetensors is the model's weights."""
+    from safetensors.torch import load_file, save_file
+
+    from rlinf_pipe.engines.rollout.lean_model import load_lean_model
+    from rlinf_pipe.models.megatron_checkpoint import hf_weight_files
+
+    folder = Path(shutil.copytree(ensure_tiny_model(tmp_path / "cache"), tmp_path / "folder"))
+    names = set(load_file(folder / "model.safetensors"))
+    save_file({"extra": torch.zeros(2)}, folder / "adapter_model.safetensors")
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"extra": "gone.safetensors"}}))
+    assert hf_weight_files(folder) == dict.fromkeys(names, folder / "model.safetensors")
+    assert load_lean_model(folder, torch.float32) is not None  # (its check of the stored names would refuse extra)
+
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}}))
+    with pytest.raises(ModelFolderError, match=r"index.json has no `weight_map`"):
+        hf_weight_files(folder)

@@ -106,7 +106,7 @@ def test_weights_in_shards_load_as_one_file(tmp_path):
 
 BASE = {"model_type": "qwen2", "hidden_act": "silu", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
         "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": True, "max_position_embeddings": 64,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
 
 

@@ -22,9 +22,9 @@ import torch
 from torch import nn
 
 from rlinf_pipe.engines.rollout.llama_forward import MODEL_TYPES
-from rlinf_pipe.models.hf_config import read_json, rope_of
+from rlinf_pipe.models.hf_config import light_hf_config, read_json, rope_of, weight_files
 
-CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
+CONFIG_FILE = "config.json"
 
 
 @dataclass(frozen=True)
@@ -53,16 +53,13 @@ def lean_config(raw: dict[str, Any]) -> LeanConfig | None:
     """The lean config of a `config.json`'s contents, or None where the lean model would not be transformers'."""
     kind = raw.get("model_type")
     rope = rope_of(raw)
-    if kind not in MODEL_TYPES or raw.get("hidden_act") != "silu" or not rope.plain:
+    # (every size stated, not defaulted: transformers' defaults differ by model type, e.g. Qwen2's 32 key/value
+    # heads; `light_hf_config` is the one judge of that)
+    if light_hf_config(raw) is None or kind not in MODEL_TYPES or raw.get("hidden_act") != "silu" or not rope.plain:
         return None
     if raw.get("quantization_config") or raw.get("pretraining_tp", 1) != 1 or raw.get("use_sliding_window"):
         return None
     if any(t != "full_attention" for t in raw.get("layer_types") or ()):
-        return None
-    # (stated, not defaulted: transformers' defaults differ by model type, e.g. Qwen2's 32 key/value heads)
-    needed = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-              "num_key_value_heads", "rms_norm_eps", "tie_word_embeddings")
-    if any(raw.get(key) is None for key in needed):
         return None
     heads = raw["num_attention_heads"]
     llama = kind == "llama"
@@ -177,15 +174,6 @@ class LeanCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
 
-def _weight_files(folder: Path) -> list[Path] | None:
-    if (folder / WEIGHTS_FILE).is_file():
-        return [folder / WEIGHTS_FILE]
-    if (folder / WEIGHTS_INDEX).is_file():
-        shards = sorted(set(read_json(folder / WEIGHTS_INDEX)["weight_map"].values()))
-        return [folder / shard for shard in shards]
-    return None
-
-
 def _stored_floats(files: list[Path]) -> set[str] | None:
     """The tensor names the safetensors files hold (read from their headers), or None if one is not floating."""
     from safetensors import safe_open
@@ -207,9 +195,10 @@ def load_lean_model(path: str | os.PathLike[str], dtype: torch.dtype) -> LeanCau
     from safetensors.torch import load_file
 
     folder = Path(path)
-    config_file, files = folder / CONFIG_FILE, _weight_files(folder)
-    if not config_file.is_file() or files is None:
+    config_file, found = folder / CONFIG_FILE, weight_files(folder)
+    if not config_file.is_file() or found is None:
         return None
+    files = found.files
     config = lean_config(read_json(config_file))
     if config is None:
         return None
