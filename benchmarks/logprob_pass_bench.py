@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from megatron_step_bench import init_megatron, model_folder  # noqa: E402
 
-from rlinf_pipe.data.structs import TrainBatch  # noqa: E402
+from rlinf_pipe.data.train_batch import TrainBatch  # noqa: E402
 
 
 def long_tailed_batch(rows: int, group_size: int, max_prompt: int, max_response: int, vocab: int) -> TrainBatch:

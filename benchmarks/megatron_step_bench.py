@@ -42,7 +42,7 @@ import torch
 
 from rlinf_pipe.algorithms.losses import policy_loss
 from rlinf_pipe.algorithms.terms import LossTerms, finalize
-from rlinf_pipe.data.structs import TrainBatch
+from rlinf_pipe.data.train_batch import TrainBatch
 from rlinf_pipe.engines.policy.model_inputs import packing
 from rlinf_pipe.utils.net import free_port
 

@@ -9,7 +9,8 @@ import msgspec
 import numpy as np
 import torch
 
-from rlinf_pipe.data.structs import ScoredGroup, TrainBatch
+from rlinf_pipe.data.structs import ScoredGroup
+from rlinf_pipe.data.train_batch import TrainBatch
 
 
 def pack_train_batch(groups: Sequence[ScoredGroup], pad_token_id: int) -> TrainBatch:

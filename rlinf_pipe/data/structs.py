@@ -3,8 +3,8 @@
     PromptItem --rollout--> RolloutGroup --reward, advantages--> ScoredGroup --pack--> TrainBatch
     TrainBatch --split--> micro-batches (TrainBatch too)
 
-All are msgspec Structs, so channels encode them with typed decoding; numpy arrays and torch CPU tensors inside
-them travel as out-of-band frames (see `rlinf_pipe.scheduler.channel.codec`). Every item carries the weight
+`TrainBatch`, the one of torch tensors, is in `train_batch` (so that what reads prompts needs no torch). All are
+msgspec Structs, so channels encode them with typed decoding; numpy arrays and torch CPU tensors inside them travel as out-of-band frames (see `rlinf_pipe.scheduler.channel.codec`). Every item carries the weight
 `version` behind it, so a consumer can check staleness. Structs holding arrays compare by identity (`eq=False`):
 compare their fields instead.
 """
@@ -15,7 +15,6 @@ from typing import Literal
 
 import msgspec
 import numpy as np
-import torch
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -122,37 +121,3 @@ class ScoredGroup(msgspec.Struct, kw_only=True, eq=False):
     @property
     def num_tokens(self) -> int:
         return self.group.num_tokens
-
-
-class TrainBatch(msgspec.Struct, kw_only=True, eq=False):
-    """Padded training tensors; one row per sample (prompt then response, right-padded).
-
-    Shapes [B, L] unless noted. Per-token values are aligned with `input_ids`: `old_logprobs[b, t]` is
-    log p(input_ids[b, t] | input_ids[b, :t]), set where `response_mask` is True and 0 elsewhere; the same holds
-    for `ref_logprobs` and `advantages`.
-
-    - input_ids (int64): tokens, padded with the tokenizer's pad id
-    - attention_mask (bool): True on real tokens (prompt and response)
-    - response_mask (bool): True on response tokens only
-    - old_logprobs (float32): log-probs of the policy that sampled the batch (rollout log-probs until a
-      log-prob worker replaces them)
-    - ref_logprobs (float32 or None): reference-policy log-probs, None when no KL term is used
-    - advantages (float32): each sample's advantage on its response tokens
-    - rewards (float32 [B]): each sample's reward (for metrics)
-    - version: the oldest weight version among the rows
-    - num_sequences / num_tokens: rows and response tokens, the batch's weights for loss normalisation
-    - slot: the step slot of the group the rows come from (-1 for rows of several groups), which routes it to
-      an actor replica and a mini-batch (`rlinf_pipe.data.routing`)
-    """
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    response_mask: torch.Tensor
-    old_logprobs: torch.Tensor
-    advantages: torch.Tensor
-    rewards: torch.Tensor
-    version: int
-    num_sequences: int
-    num_tokens: int
-    ref_logprobs: torch.Tensor | None = None
-    slot: int = -1

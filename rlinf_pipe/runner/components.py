@@ -12,7 +12,8 @@ from typing import Any
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.data.sampler import PromptSampler
-from rlinf_pipe.data.structs import PromptItem, RolloutGroup, ScoredGroup, TrainBatch
+from rlinf_pipe.data.structs import PromptItem, RolloutGroup, ScoredGroup
+from rlinf_pipe.data.train_batch import TrainBatch
 from rlinf_pipe.engines.rollout.factory import sampling_params
 from rlinf_pipe.runner.checkpoints import ACTOR_SUBDIR
 from rlinf_pipe.runner.cpu_shares import cpu_stages, node_procs

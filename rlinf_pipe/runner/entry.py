@@ -36,7 +36,7 @@ def run(cfg: Config, launched_at: float | None = None) -> Path:
         checked: Future[Preflight] = Future()
         preparing = _in_background(_prepare, cfg, checked, helper)
         with driver.span(LAUNCH_SPAN, phase="preflight"):
-            from rlinf_pipe.runner.preflight import preflight  # (imports torch: after the helper started)
+            from rlinf_pipe.runner.preflight import preflight  # (no torch: the helper thread imports it)
 
             try:
                 checked.set_result(preflight(cfg))

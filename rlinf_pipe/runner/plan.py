@@ -20,7 +20,7 @@ from rlinf_pipe.scheduler.gpu_ids import format_ids
 from rlinf_pipe.scheduler.placement import Placement, plan_placement
 from rlinf_pipe.utils.text import closest
 from rlinf_pipe.runner.weight_routes import WeightRoute, gpu_shared_in_group, ipc_unreachable, weight_routes
-from rlinf_pipe.weights.transports import TRANSPORTS, Transport
+from rlinf_pipe.weights.transport_names import TRANSPORTS, Transport
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.scheduler.placement import ComponentPlacement, Placement
-from rlinf_pipe.weights.transports import Transport
+from rlinf_pipe.weights.transport_names import Transport
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from rlinf_pipe.utils.tracing import Tracer
 from rlinf_pipe.weights import LoadedWeights, WeightSyncError, WeightVersion
 from rlinf_pipe.weights.process_group import GROUP_NAME, Rendezvous
 from rlinf_pipe.weights.record import check_loaded
-from rlinf_pipe.weights.transports import Transport, needs_rendezvous
+from rlinf_pipe.weights.transport_names import Transport, needs_rendezvous
 
 log = logging.getLogger(__name__)
 

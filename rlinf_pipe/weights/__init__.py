@@ -9,18 +9,27 @@
 Transports: `object_store` (Ray's object store; `weights.object_store`) and `broadcast` (a process group,
 `weights.process_group`). This module and `layout`, `checks`, `api` import neither Ray nor the transports, so
 engines may use the layout without them.
-"""
 
-from rlinf_pipe.weights.api import (
-    LoadBucket,
-    LoadedWeights,
-    WeightReceiver,
-    WeightSender,
-    WeightVersion,
-    publish_whole,
-)
-from rlinf_pipe.weights.checks import WeightSyncError, check_version
-from rlinf_pipe.weights.layout import NamedTensors, WeightLayout, check_layout, plan_weight_layout
+The names below load their modules on first use (they import torch); `transport_names` is what a run's plan
+needs before Ray starts."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rlinf_pipe.utils.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from rlinf_pipe.weights.api import (
+        LoadBucket,
+        LoadedWeights,
+        WeightReceiver,
+        WeightSender,
+        WeightVersion,
+        publish_whole,
+    )
+    from rlinf_pipe.weights.checks import WeightSyncError, check_version
+    from rlinf_pipe.weights.layout import NamedTensors, WeightLayout, check_layout, plan_weight_layout
 
 __all__ = [
     "LoadBucket",
@@ -36,3 +45,8 @@ __all__ = [
     "plan_weight_layout",
     "publish_whole",
 ]
+__getattr__ = lazy_exports(__name__, {
+    "LoadBucket": "api", "LoadedWeights": "api", "NamedTensors": "layout", "WeightLayout": "layout",
+    "WeightReceiver": "api", "WeightSender": "api", "WeightSyncError": "checks", "WeightVersion": "api",
+    "check_layout": "layout", "check_version": "checks", "plan_weight_layout": "layout", "publish_whole": "api",
+})

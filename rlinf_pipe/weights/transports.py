@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from rlinf_pipe.weights.api import WeightReceiver, WeightSender
 from rlinf_pipe.weights.layout import WeightLayout, check_layout
 from rlinf_pipe.weights.process_group import Rendezvous
-
-Transport = Literal["object_store", "broadcast", "ipc"]
-TRANSPORTS: tuple[Transport, ...] = ("object_store", "broadcast", "ipc")
-
-
-def needs_rendezvous(transport: Transport) -> bool:
-    """Whether the transport's members meet in a group (all joining at once) and send and receive at once."""
-    return transport in ("broadcast", "ipc")
-
+from rlinf_pipe.weights.transport_names import TRANSPORTS, Transport, needs_rendezvous
 
 def open_sender(transport: Transport, layout: WeightLayout, rendezvous: Rendezvous | None = None) -> WeightSender:
     """The sending end (the actor's gathering rank; rank 0 of a group)."""

@@ -24,7 +24,7 @@ from rlinf_pipe.algorithms.losses import policy_loss
 from rlinf_pipe.algorithms.terms import LossTerms
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.data.packing import MicroBatcher
-from rlinf_pipe.data.structs import TrainBatch
+from rlinf_pipe.data.train_batch import TrainBatch
 from rlinf_pipe.engines.policy import MegatronPolicy, ReplicaRanks
 from rlinf_pipe.engines.policy.checkpoint import TrainerState
 from rlinf_pipe.models.megatron_gpt import init_model_parallel
@@ -33,7 +33,8 @@ from rlinf_pipe.scheduler.worker import Worker
 from rlinf_pipe.utils.device_memory import hand_back_cached_memory
 from rlinf_pipe.weights import WeightLayout, WeightSender, WeightVersion, plan_weight_layout, publish_whole
 from rlinf_pipe.weights.process_group import Rendezvous
-from rlinf_pipe.weights.transports import Transport, open_sender
+from rlinf_pipe.weights.transport_names import Transport
+from rlinf_pipe.weights.transports import open_sender
 from rlinf_pipe.workers.logprob_stage import LogprobStage, pad_token_id, policy_options, train_routing
 from rlinf_pipe.workers.replica_balance import TrainRoute
 from rlinf_pipe.workers.replica_input import ReplicaInputFailed, read_shared

@@ -20,7 +20,7 @@ from rlinf_pipe.scheduler.worker import Worker
 from rlinf_pipe.utils.device_memory import hand_back_cached_memory
 from rlinf_pipe.weights import LoadedWeights, WeightLayout, WeightVersion
 from rlinf_pipe.weights.process_group import Rendezvous
-from rlinf_pipe.weights.transports import Transport
+from rlinf_pipe.weights.transport_names import Transport
 from rlinf_pipe.workers.logprob_stage import LogprobStage, pad_token_id, policy_options, train_routing
 from rlinf_pipe.workers.replica_balance import TrainRoute
 from rlinf_pipe.workers.step_channels import StepChannels

@@ -20,7 +20,8 @@ import torch
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.data.packing import pack_train_batch
 from rlinf_pipe.data.routing import TrainRouting
-from rlinf_pipe.data.structs import ScoredGroup, TrainBatch
+from rlinf_pipe.data.structs import ScoredGroup
+from rlinf_pipe.data.train_batch import TrainBatch
 from rlinf_pipe.engines.policy import MegatronPolicy, ReplicaRanks
 from rlinf_pipe.scheduler.channel import Channel, StepEnd
 from rlinf_pipe.utils.compute_thread import compute_thread

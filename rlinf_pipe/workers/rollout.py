@@ -26,7 +26,7 @@ from rlinf_pipe.scheduler.locks import device_lock
 from rlinf_pipe.scheduler.worker import CONTROL_GROUP, Worker
 from rlinf_pipe.weights import LoadedWeights, WeightLayout, WeightVersion
 from rlinf_pipe.weights.process_group import Rendezvous
-from rlinf_pipe.weights.transports import Transport
+from rlinf_pipe.weights.transport_names import Transport
 from rlinf_pipe.workers.step_channels import StepChannels
 from rlinf_pipe.workers.weight_inbox import WeightInbox
 

@@ -23,7 +23,8 @@ from rlinf_pipe.weights import (
 )
 from rlinf_pipe.weights.layout import NamedTensors, check_layout
 from rlinf_pipe.weights.process_group import Rendezvous
-from rlinf_pipe.weights.transports import Transport, open_receiver
+from rlinf_pipe.weights.transport_names import Transport
+from rlinf_pipe.weights.transports import open_receiver
 from rlinf_pipe.workers.version_wait import VersionWait
 
 Session = Callable[[int], AbstractAsyncContextManager[LoadBucket]]

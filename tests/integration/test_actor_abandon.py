@@ -21,7 +21,7 @@ from support.actor_run import make_batch, vocab_size
 
 from rlinf_pipe.config import load_config
 from rlinf_pipe.data.routing import TrainRouting
-from rlinf_pipe.data.structs import TrainBatch
+from rlinf_pipe.data.train_batch import TrainBatch
 from rlinf_pipe.errors import WorkerError
 from rlinf_pipe.models.tiny import ensure_tiny_model
 from rlinf_pipe.scheduler.channel import Channel

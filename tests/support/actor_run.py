@@ -12,7 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 from rlinf_pipe.algorithms import policy_loss
-from rlinf_pipe.data.structs import TrainBatch
+from rlinf_pipe.data.train_batch import TrainBatch
 from rlinf_pipe.utils.net import free_port
 
 PAD_ID = 0

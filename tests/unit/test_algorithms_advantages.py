@@ -43,6 +43,14 @@ def test_builtin_names() -> None:
     assert registered_advantages() == BUILTIN
 
 
+def test_each_builtin_is_the_estimators_function_of_its_name_loaded_on_first_use() -> None:
+    from rlinf_pipe.algorithms import estimators
+
+    assert sorted(adv_mod.BUILTIN_ESTIMATORS) == BUILTIN
+    for name in BUILTIN:
+        assert get_advantage(name) is getattr(estimators, name) and adv_mod._REGISTRY[name] is get_advantage(name)
+
+
 def test_grpo_hand_values() -> None:
     # group 0: deviations [.25, -.75, .25, .25], sum of squares .75, unbiased var .75 / 3 = .25, std .5
     close(compute_advantages("grpo", REWARDS, GROUPS, eps=0.0), [0.5, -1.5, 0.5, 0.5, 0, 0, 0])

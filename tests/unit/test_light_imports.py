@@ -13,8 +13,11 @@ CASES = {
     "rlinf_pipe.scheduler.channel": ("torch", "transformers"),
     # resolving the tiny model's cached folder (its builders import what they need when called)
     "rlinf_pipe.models.resolve": ("torch", "transformers"),
-    # the checks a run passes before Ray starts, model names included
-    "rlinf_pipe.runner.preflight": ("transformers",),
+    # the checks a run passes before Ray starts, model names included (its config errors show in about a second)
+    "rlinf_pipe.runner.preflight": ("torch", "transformers"),
+    # the names of the advantage estimators and weight transports, which those checks take
+    "rlinf_pipe.algorithms": ("torch",),
+    "rlinf_pipe.weights": ("torch",),
     # the driver's sampling settings
     "rlinf_pipe.engines.rollout.factory": ("transformers",),
     # the driver's dataset and prompts (answer extraction's thinking modes, not the scorer)

@@ -10,7 +10,7 @@ import torch
 
 from rlinf_pipe.algorithms.losses import policy_loss
 from rlinf_pipe.config import load_config
-from rlinf_pipe.data.structs import TrainBatch
+from rlinf_pipe.data.train_batch import TrainBatch
 from rlinf_pipe.workers.actor import make_loss_fn
 from rlinf_pipe.algorithms.logprob_needs import old_is_current, recomputes_old
 

@@ -10,7 +10,8 @@ import torch
 from rlinf_pipe.algorithms.scoring import RewardTally, score_groups
 from rlinf_pipe.data.packing import MicroBatcher, concat_train_batches, pack_train_batch, row_chunks
 from rlinf_pipe.data.routing import TrainRouting
-from rlinf_pipe.data.structs import PromptItem, RolloutGroup, RolloutSample, ScoredGroup, TrainBatch
+from rlinf_pipe.data.structs import PromptItem, RolloutGroup, RolloutSample, ScoredGroup
+from rlinf_pipe.data.train_batch import TrainBatch
 from rlinf_pipe.scheduler.channel import StepEnd
 from rlinf_pipe.scheduler.traffic import payload_bytes
 from rlinf_pipe.utils.timeline import (

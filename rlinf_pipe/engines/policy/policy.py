@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from rlinf_pipe.algorithms.terms import LossTerms
-from rlinf_pipe.data.structs import TrainBatch
+from rlinf_pipe.data.train_batch import TrainBatch
 from rlinf_pipe.engines.policy import checkpoint
 from rlinf_pipe.engines.policy.logprobs import token_logprobs, token_logprobs_and_entropy
 from rlinf_pipe.engines.policy.model_inputs import (
