@@ -55,8 +55,10 @@ def register_advantage(name: str, *, scope: Scope = "group", override: bool = Fa
 
 
 def advantage_scope(name: str) -> Scope:
-    """`group` if the estimator can run group by group as groups stream in, `batch` if it needs the whole step."""
-    get_advantage(name)
+    """`group` if the estimator can run group by group as groups stream in, `batch` if it needs the whole step
+    (without loading a built-in estimator's code: a run's checks before Ray starts ask)."""
+    if name not in _SCOPES:
+        get_advantage(name)  # (the error naming the registered ones)
     return _SCOPES[name]
 
 

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from rlinf_pipe.models.hf_config import weight_files
 from rlinf_pipe.models.tokenizer import DEFAULT_VOCAB_SIZE, train_tiny_tokenizer
 from rlinf_pipe.utils.folders import build_folder_once
 
@@ -157,11 +158,13 @@ def ensure_tiny_model(cache_dir: str | os.PathLike[str] | None = None, arch: Arc
 
 
 def count_parameters(folder: str | os.PathLike[str]) -> int:
-    """Number of parameters stored in `folder`'s safetensors files (tied embeddings counted once)."""
+    """Number of parameters stored in `folder`'s safetensors weights (`hf_config.weight_files`; tied embeddings
+    counted once)."""
     from safetensors import safe_open
 
+    found = weight_files(Path(folder))
     total = 0
-    for path in sorted(Path(folder).glob("*.safetensors")):
+    for path in [] if found is None else found.files:
         with safe_open(str(path), framework="pt") as handle:
             for key in handle.keys():  # noqa: SIM118 (safe_open handles are not iterable)
                 total += math.prod(handle.get_slice(key).get_shape())

@@ -11,6 +11,7 @@ from rlinf_pipe.weights.layout import WeightLayout, check_layout
 from rlinf_pipe.weights.process_group import Rendezvous
 from rlinf_pipe.weights.transport_names import TRANSPORTS, Transport, needs_rendezvous
 
+
 def open_sender(transport: Transport, layout: WeightLayout, rendezvous: Rendezvous | None = None) -> WeightSender:
     """The sending end (the actor's gathering rank; rank 0 of a group)."""
     if transport == "object_store":

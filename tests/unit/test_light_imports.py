@@ -36,6 +36,17 @@ def test_module_does_not_load(module):
     assert out.stdout.strip() == "[]", f"importing {module} loaded {out.stdout.strip()}"
 
 
+@pytest.mark.parametrize("overrides", [[], ["algorithm.dynamic_sampling=true"]], ids=["default", "dynamic-sampling"])
+def test_a_runs_checks_before_ray_starts_load_no_torch(overrides):
+    # Its config errors show in about a second: the estimator's scope and the transports' names are known without
+    # their code.
+    code = ("import sys; from rlinf_pipe.config import load_config; from rlinf_pipe.runner.preflight import preflight; "
+            f"p = preflight(load_config(overrides={overrides!r})); print(p.plan.dynamic_sampling, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == [str(bool(overrides)), "False"]
+
+
 def test_the_first_full_score_in_a_process_loads_math_verify_outside_its_time_limit():
     # math-verify loads on first use (about a second, and its grammar warms on the first parse): inside `deadline`
     # its timer would cut the import short and score a right answer as timed out. What the time limit sees is

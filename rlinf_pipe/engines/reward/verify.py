@@ -58,8 +58,11 @@ def _math_verify() -> _MathVerify:
     for name in ("math_verify.parser", "math_verify.grader"):
         logging.getLogger(name).addFilter(_DropDisabledTimeoutWarning())
     extraction = (LatexExtractionConfig(), ExprExtractionConfig())
-    verify(parse("\\boxed{0.5}", extraction, parsing_timeout=None),
-           parse("\\boxed{\\frac{1}{2}}", extraction, parsing_timeout=None), timeout_seconds=None)
+    try:
+        verify(parse("\\boxed{0.5}", extraction, parsing_timeout=None),
+               parse("\\boxed{\\frac{1}{2}}", extraction, parsing_timeout=None), timeout_seconds=None)
+    except Exception:  # (only the warm-up: scoring reports its own errors)
+        logger.warning("reward: math-verify's warm-up comparison failed; the first score may be slow", exc_info=True)
     return _MathVerify(parse, verify, extraction, (Basic, MatrixBase))
 
 
