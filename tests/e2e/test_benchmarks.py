@@ -1,4 +1,5 @@
-"""Benchmark scripts run end to end at their smallest settings and report finite figures (no timed assertions)."""
+"""Benchmark scripts that start Ray or use shared memory run end to end at their smallest settings and report finite
+figures (no timed assertions); those that run in one process are in tests/integration/test_benchmark_scripts.py."""
 
 from __future__ import annotations
 
@@ -9,17 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def test_pipeline_vs_collocated_script_starts():
-    """The script imports and parses its options (its figures are tested on real runs in test_runner.py)."""
-    proc = subprocess.run([sys.executable, "benchmarks/pipeline_vs_collocated.py", "--help"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0 and "--gloo-iters" in proc.stdout, proc.stderr[-2000:]
 
 
 @pytest.mark.parametrize("transport", ["broadcast", "ipc"])
@@ -49,60 +41,3 @@ def test_channel_bench_reports_finite_figures_for_both_ways_of_taking():
     figures = [summary["ratio_vs_zmq"]["64KiB"], summary["ratio_vs_zmq_aget"]["64KiB"], summary["ratio_vs_ray"]["100B"],
                summary["ratio_vs_zmq_socket"]["64KiB"], *summary["cpu_us_per_item"]["64KiB"].values()]
     assert len(figures) == 8 and all(math.isfinite(f) and f > 0 for f in figures), summary  # (4 transports' CPU)
-
-
-def test_the_single_process_baseline_loop_trains_a_step():
-    """benchmarks/single_process_grpo.py's plain loop (the baseline of the default run) generates, scores and
-    updates the warm-started tiny model on the default config; the comparison itself is the script's."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_single", ROOT / "benchmarks" / "single_process_grpo.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    cfg = bench.default_config(2, ["data.rollout_batch_size=4"])
-    loop = bench.PlainLoop(cfg)
-    before = {k: v.clone() for k, v in loop.model.state_dict().items()}
-    seconds, reward = loop.step()
-    assert seconds > 0 and 0.0 <= reward <= 1.0
-    assert any(not torch.equal(before[k], v) for k, v in loop.model.state_dict().items())  # it updated
-
-
-def test_the_memory_estimate_covers_what_a_layer_saves_for_backward():
-    """`activation_bytes.py` counts what a Megatron layer saves (saved-tensor hooks, bf16, the local spec) at
-    DeepSeek-R1-Distill-Qwen-1.5B's width ratios; the estimate's `layer_activations` must not be below it (less the
-    float32 norm intermediates that only CPU keeps). The first estimate (Korthikanti's 34 x hidden) fails this."""
-    proc = subprocess.run([sys.executable, "benchmarks/activation_bytes.py", "--tokens", "256", "--json"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert summary["per_layer_fused"] > 34 * summary["hidden"]  # the gated MLP keeps far more than a 4x one
-    assert summary["layer_activations"] >= summary["per_layer_fused"]
-
-
-def test_the_replica_balance_simulation_compares_both_routings():
-    """Both routings place every group; by tokens the busiest replica is no busier than by slot on the median."""
-    proc = subprocess.run([sys.executable, "benchmarks/replica_balance_sim.py", "--trials", "200", "--json"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    for routing in ("by_slot", "by_tokens"):
-        assert 1.0 <= result[routing]["median"] <= result[routing]["p90"], result
-    assert result["by_tokens"]["median"] < result["by_slot"]["median"]
-
-
-def test_the_timeline_benchmark_times_both_ways_of_analysing_and_drawing():
-    proc = subprocess.run([sys.executable, "benchmarks/timeline_bench.py", "--steps", "5", "--repeats", "1", "--json"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["spans"] == 5 * 13  # a step line and four spans on each of three tracks
-    for part in ("analysis", "picture"):
-        assert all(math.isfinite(result[part][k]) and result[part][k] > 0 for k in ("now_s", "before_s")), result
-
-
-def test_the_prompt_encoding_benchmark_encodes_both_ways_alike():
-    proc = subprocess.run([sys.executable, "benchmarks/prompt_encoding.py", "--prompts", "50", "--repeats", "1",
-                           "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr[-2000:]  # (it exits non-zero if the two ways give other ids)
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["prompts"] == 50 and math.isfinite(result["ratio"]) and result["ratio"] > 0
