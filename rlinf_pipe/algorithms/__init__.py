@@ -44,38 +44,7 @@ if TYPE_CHECKING:
         merge,
     )
 
-__all__ = [
-    "AdvantageFn",
-    "DynamicSampler",
-    "GroupStats",
-    "KLEstimator",
-    "KL_ESTIMATORS",
-    "LOSS_AGG_MODES",
-    "LossAgg",
-    "LossTerms",
-    "PPOTokenLoss",
-    "Stat",
-    "adaptive_oversample",
-    "advantage_scope",
-    "aggregate",
-    "all_reduce_terms",
-    "batch_whiten",
-    "compute_advantages",
-    "drop_uniform_groups",
-    "finalize",
-    "finalize_metrics",
-    "get_advantage",
-    "group_stats",
-    "reward_metrics",
-    "kl_penalty",
-    "merge",
-    "policy_loss",
-    "ppo_clip_loss",
-    "register_advantage",
-    "registered_advantages",
-    "token_advantages",
-]
-__getattr__ = lazy_exports(__name__, {
+_EXPORTS = {
     "AdvantageFn": "advantages", "DynamicSampler": "filters", "GroupStats": "groups", "KLEstimator": "losses",
     "KL_ESTIMATORS": "losses", "LOSS_AGG_MODES": "terms", "LossAgg": "terms", "LossTerms": "terms",
     "PPOTokenLoss": "losses", "Stat": "terms", "adaptive_oversample": "filters", "advantage_scope": "advantages",
@@ -84,4 +53,6 @@ __getattr__ = lazy_exports(__name__, {
     "finalize_metrics": "terms", "get_advantage": "advantages", "group_stats": "groups", "kl_penalty": "losses",
     "merge": "terms", "policy_loss": "losses", "ppo_clip_loss": "losses", "register_advantage": "advantages",
     "registered_advantages": "advantages", "reward_metrics": "groups", "token_advantages": "losses",
-})
+}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

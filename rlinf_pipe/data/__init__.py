@@ -46,53 +46,7 @@ if TYPE_CHECKING:
     from rlinf_pipe.data.train_batch import TrainBatch
     from rlinf_pipe.data.templates import CHAT, DEFAULT_SYSTEM_PROMPT, PromptRenderer, check_format_template
 
-__all__ = [
-    "ANSWER_FORMATS",
-    "CHAT",
-    "DEFAULT_SYSTEM_PROMPT",
-    "GSM8K_REQUIREMENT",
-    "AnswerFormat",
-    "AnswerParseError",
-    "ArithmeticDataset",
-    "ArithmeticSpec",
-    "DataError",
-    "FileDataset",
-    "FinishReason",
-    "LoadReport",
-    "MalformedDataError",
-    "Problem",
-    "PromptDataset",
-    "PromptItem",
-    "PromptRenderer",
-    "PromptSampler",
-    "RecordIssue",
-    "RolloutGroup",
-    "RolloutSample",
-    "ScoredGroup",
-    "TemplateError",
-    "TrainBatch",
-    "build_prompt_dataset",
-    "build_renderer",
-    "build_sampler",
-    "check_format_template",
-    "epoch_permutation",
-    "filter_by_prompt_length",
-    "generate_problem",
-    "gsm8k_test_path",
-    "load_gsm8k",
-    "load_prompt_dataset",
-    "pack_train_batch",
-    "parse_boxed_answer",
-    "parse_gsm8k_answer",
-    "parse_plain_answer",
-    "parse_reference_answer",
-    "read_prompt_items",
-    "record_to_item",
-    "render_items",
-    "row_chunks",
-    "split_train_batch",
-]
-__getattr__ = lazy_exports(__name__, {
+_EXPORTS = {
     "ANSWER_FORMATS": "answers", "AnswerFormat": "answers", "AnswerParseError": "errors",
     "ArithmeticDataset": "arithmetic", "ArithmeticSpec": "arithmetic", "CHAT": "templates",
     "DEFAULT_SYSTEM_PROMPT": "templates", "DataError": "errors", "FileDataset": "datasets", "FinishReason": "structs",
@@ -106,4 +60,6 @@ __getattr__ = lazy_exports(__name__, {
     "pack_train_batch": "packing", "parse_boxed_answer": "answers", "parse_gsm8k_answer": "answers",
     "parse_plain_answer": "answers", "parse_reference_answer": "answers", "read_prompt_items": "datasets",
     "record_to_item": "datasets", "render_items": "datasets", "row_chunks": "packing", "split_train_batch": "packing",
-})
+}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -12,6 +12,6 @@ if TYPE_CHECKING:
     from rlinf_pipe.models.tiny import create_tiny_model, ensure_tiny_model
     from rlinf_pipe.models.tokenizer import train_tiny_tokenizer
 
-__all__ = ["create_tiny_model", "ensure_tiny_model", "train_tiny_tokenizer"]
-__getattr__ = lazy_exports(__name__, {"create_tiny_model": "tiny", "ensure_tiny_model": "tiny",
-                                      "train_tiny_tokenizer": "tokenizer"})
+_EXPORTS = {"create_tiny_model": "tiny", "ensure_tiny_model": "tiny", "train_tiny_tokenizer": "tokenizer"}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -31,22 +31,10 @@ if TYPE_CHECKING:
     from rlinf_pipe.weights.checks import WeightSyncError, check_version
     from rlinf_pipe.weights.layout import NamedTensors, WeightLayout, check_layout, plan_weight_layout
 
-__all__ = [
-    "LoadBucket",
-    "LoadedWeights",
-    "NamedTensors",
-    "WeightLayout",
-    "WeightReceiver",
-    "WeightSender",
-    "WeightSyncError",
-    "WeightVersion",
-    "check_layout",
-    "check_version",
-    "plan_weight_layout",
-    "publish_whole",
-]
-__getattr__ = lazy_exports(__name__, {
+_EXPORTS = {
     "LoadBucket": "api", "LoadedWeights": "api", "NamedTensors": "layout", "WeightLayout": "layout",
     "WeightReceiver": "api", "WeightSender": "api", "WeightSyncError": "checks", "WeightVersion": "api",
     "check_layout": "layout", "check_version": "checks", "plan_weight_layout": "layout", "publish_whole": "api",
-})
+}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

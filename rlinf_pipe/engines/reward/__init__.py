@@ -15,17 +15,9 @@ if TYPE_CHECKING:
     from rlinf_pipe.engines.reward.verdict import verify_math
     from rlinf_pipe.engines.reward.verify import ScoreConfig, ScoreResult, score
 
-__all__ = [
-    "RewardCounters",
-    "RewardPool",
-    "RewardPoolError",
-    "ScoreConfig",
-    "ScoreResult",
-    "extract_answer",
-    "score",
-    "verify_math",
-]
-__getattr__ = lazy_exports(__name__, {
+_EXPORTS = {
     "RewardCounters": "pool", "RewardPool": "pool", "RewardPoolError": "pool", "ScoreConfig": "verify",
     "ScoreResult": "verify", "extract_answer": "extract", "score": "verify", "verify_math": "verdict",
-})
+}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

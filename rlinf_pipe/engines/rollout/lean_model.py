@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlinf_pipe.engines.rollout.llama_forward import MODEL_TYPES
 from rlinf_pipe.models.hf_config import light_hf_config, read_json, rope_of, weight_files
 
 CONFIG_FILE = "config.json"
@@ -53,9 +52,9 @@ def lean_config(raw: dict[str, Any]) -> LeanConfig | None:
     """The lean config of a `config.json`'s contents, or None where the lean model would not be transformers'."""
     kind = raw.get("model_type")
     rope = rope_of(raw)
-    # (every size stated, not defaulted: transformers' defaults differ by model type, e.g. Qwen2's 32 key/value
-    # heads; `light_hf_config` is the one judge of that)
-    if light_hf_config(raw) is None or kind not in MODEL_TYPES or raw.get("hidden_act") != "silu" or not rope.plain:
+    # (a Llama or Qwen2 with every size stated, not defaulted: transformers' defaults differ by model type, e.g.
+    # Qwen2's 32 key/value heads; `light_hf_config` is the one judge of that)
+    if light_hf_config(raw) is None or raw.get("hidden_act") != "silu" or not rope.plain:
         return None
     if raw.get("quantization_config") or raw.get("pretraining_tp", 1) != 1 or raw.get("use_sliding_window"):
         return None
