@@ -26,7 +26,7 @@ from transformers import AutoConfig
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from support.actor_run import LOSS, one_sequence_batch, spawn  # noqa: E402
 
-from rlinf_pipe.models.megatron_gpt import hf_arch  # noqa: E402
+from rlinf_pipe.models.arch import hf_arch  # noqa: E402
 from rlinf_pipe.models.tiny import ensure_tiny_model  # noqa: E402
 from rlinf_pipe.scheduler.memory import layer_activations  # noqa: E402
 

@@ -126,7 +126,7 @@ def _convert(args: argparse.Namespace) -> int:
     from rlinf_pipe.models.convert import ConversionError, convert_hf_to_megatron, convert_megatron_to_hf
     from rlinf_pipe.models.weight_map import read_hf_arch
     from rlinf_pipe.models.megatron_checkpoint import read_megatron_meta
-    from rlinf_pipe.models.megatron_gpt import UnsupportedModelError, check_parallel_sizes
+    from rlinf_pipe.models.arch import UnsupportedModelError, check_parallel_sizes
 
     src, out = Path(args.src), Path(args.out)
     if not src.is_dir():

@@ -19,7 +19,7 @@ from rlinf_pipe.models.megatron_checkpoint import (
     save_model_shard,
     write_megatron_meta,
 )
-from rlinf_pipe.models.megatron_gpt import HfArch
+from rlinf_pipe.models.arch import HfArch
 from rlinf_pipe.models.weight_map import (
     M_OUTPUT,
     ConversionError,

@@ -1,11 +1,11 @@
 """A model folder's `config.json`, read without transformers where that gives what transformers' config gives.
 
-The workers read a handful of numbers from it (`megatron_gpt.hf_arch`: sizes, heads, norm epsilon, rotary base,
-ties; `scheduler.memory`: the weights' dtype). transformers' `AutoConfig` imports the library first (about 1 s of
+The workers read a handful of numbers from it (`arch.hf_arch`: sizes, heads, norm epsilon, rotary base and
+scaling, ties; `scheduler.memory`: the weights' dtype). transformers' `AutoConfig` imports the library first (about 1 s of
 CPU per process), and for a Llama model its config module also loads transformers' activations and through them
 DTensor and sympy (about 2 s more): paid at every actor, log-prob and rollout worker's launch. `load_hf_config`
 returns the file's own values as attributes when it states every value those readers take from it, for the model
-types they support (Llama, Qwen2); otherwise (a value left to the config class's default, another model type) it
+types they support (Llama, Qwen2, Qwen3); otherwise (a value left to the config class's default, another model type) it
 returns `AutoConfig.from_pretrained` as before. `tests/unit/test_hf_config.py` compares the two on the readers.
 `rope_of` is the one reader of a config's rotary settings (the lean model, `hf_arch` and this module use it).
 """
@@ -22,10 +22,13 @@ from typing import Any
 
 from rlinf_pipe.errors import RlinfPipeError
 
-MODEL_TYPES = ("llama", "qwen2")
+MODEL_TYPES = ("llama", "qwen2", "qwen3")
 STATED = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
           "num_key_value_heads", "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings", "hidden_act")
 """What the file must state itself (the config classes' defaults for these differ by model type)."""
+STATED_BY_TYPE = {"qwen3": ("head_dim",)}
+"""What a model type's file must state besides `STATED` (Qwen3's class defaults `head_dim` to 128, not the hidden
+size over the heads)."""
 WEIGHTS_FILE, WEIGHTS_INDEX = "model.safetensors", "model.safetensors.index.json"
 ROPE_KEYS = ("rope_scaling", "rope_parameters", "rope_theta", "partial_rotary_factor")
 """Where a config (transformers 5's `rope_parameters`, or the older `rope_theta` and `rope_scaling`) keeps its
@@ -37,13 +40,26 @@ class ModelFolderError(RlinfPipeError):
 
 
 @dataclass(frozen=True)
+class Llama3Scaling:
+    """Llama 3.x's rotary scaling (`rope_type: llama3`): wavelengths longer than the original context over
+    `low_freq_factor` are stretched by `factor`, those shorter than it over `high_freq_factor` kept, those between
+    interpolated."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
 class Rope:
-    """A config's rotary embedding: its type (`default`: unscaled), base (None: not stated) and the fraction of
-    each head it rotates."""
+    """A config's rotary embedding: its type (`default`: unscaled), base (None: not stated), the fraction of
+    each head it rotates, and Llama 3's scaling (None unless `kind` is `llama3` with every value it needs)."""
 
     kind: str
     theta: float | None
     partial_factor: float
+    llama3: Llama3Scaling | None = None
 
     @property
     def plain(self) -> bool:
@@ -53,18 +69,34 @@ class Rope:
 
 def rope_of(values: Mapping[str, Any]) -> Rope:
     """The rotary settings of a config's values (`ROPE_KEYS`), where transformers looks for them: `rope_scaling`,
-    else `rope_parameters`, their base and partial factor defaulting to the top-level keys. Per-layer-type settings
-    (a dict of dicts) read as kind `per-layer`."""
+    else `rope_parameters`, their base and partial factor defaulting to the top-level keys (Llama 3's original
+    context to `max_position_embeddings`, as transformers does). Per-layer-type settings (a dict of dicts) read as
+    kind `per-layer`."""
     params = values.get("rope_scaling") or values.get("rope_parameters") or {}
     if not isinstance(params, Mapping) or any(isinstance(v, Mapping) for v in params.values()):
         return Rope("per-layer", None, 1.0)
     theta = params.get("rope_theta", values.get("rope_theta"))
     partial = params.get("partial_rotary_factor", values.get("partial_rotary_factor"))
+    kind = str(params.get("rope_type") or params.get("type") or "default")
     return Rope(
-        kind=str(params.get("rope_type") or params.get("type") or "default"),
-        theta=float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else None,
+        kind=kind,
+        theta=_number(theta),
         partial_factor=1.0 if partial is None else float(partial),
+        llama3=_llama3(params, values) if kind == "llama3" else None,
     )
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _llama3(params: Mapping[str, Any], values: Mapping[str, Any]) -> Llama3Scaling | None:
+    numbers = [_number(params.get(key)) for key in ("factor", "low_freq_factor", "high_freq_factor")]
+    original = _number(params.get("original_max_position_embeddings", values.get("max_position_embeddings")))
+    if any(n is None for n in numbers) or original is None or numbers[1] == numbers[2]:
+        return None
+    factor, low, high = (float(n) for n in numbers if n is not None)
+    return Llama3Scaling(factor, low, high, int(original))
 
 
 def read_json(file: Path) -> Any:
@@ -104,8 +136,10 @@ def weight_files(folder: Path) -> WeightFiles | None:
 
 def light_hf_config(raw: dict[str, Any]) -> SimpleNamespace | None:
     """The values of a `config.json`'s contents as attributes, or None where transformers' config class would fill
-    in one of `STATED` or the rotary base, or the model type is not Llama or Qwen2."""
-    if raw.get("model_type") not in MODEL_TYPES or any(raw.get(key) is None for key in STATED):
+    in one of `STATED` (and `STATED_BY_TYPE`) or the rotary base, or the model type is not one of `MODEL_TYPES`."""
+    model_type = raw.get("model_type")
+    if model_type not in MODEL_TYPES or any(raw.get(key) is None for key in STATED + STATED_BY_TYPE.get(model_type,
+                                                                                                       ())):
         return None
     if rope_of(raw).theta is None:
         return None

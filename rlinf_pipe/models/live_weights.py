@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from rlinf_pipe.models.megatron_checkpoint import LazySafetensors
-from rlinf_pipe.models.megatron_gpt import HfArch
+from rlinf_pipe.models.arch import HfArch
 from rlinf_pipe.models.weight_map import (
     M_OUTPUT,
     ConversionError,

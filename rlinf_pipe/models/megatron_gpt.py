@@ -1,113 +1,22 @@
-"""A megatron-core GPTModel built from a Hugging Face config (Llama and Qwen2 families).
+"""A megatron-core GPTModel built from a Hugging Face config (Llama, Qwen2 and Qwen3 families; `models.arch`).
 
 `gpt_config_from_hf` maps the HF config to a `TransformerConfig` (RMSNorm, SwiGLU, RoPE with the
-checkpoint's theta, GQA, Qwen2's q/k/v bias, tied or untied embeddings); `build_gpt_model` builds this
-rank's pipeline stage once `megatron.core.parallel_state` is initialised. Weights are random until
+checkpoint's theta, GQA, Qwen2's q/k/v bias, Qwen3's per-head q/k norms and explicit head size, tied or untied
+embeddings); `build_gpt_model` builds this rank's pipeline stage once `megatron.core.parallel_state` is
+initialised, its rotary frequencies those of transformers (Llama 3's scaled ones included). Weights are random until
 `rlinf_pipe.models.live_weights` loads a checkpoint into them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from rlinf_pipe.models.hf_config import MODEL_TYPES, ROPE_KEYS, rope_of
+from rlinf_pipe.models.arch import check_parallel_sizes, hf_arch, padded_vocab_size
 from rlinf_pipe.models.megatron_import import import_megatron_core
-
-
-class UnsupportedModelError(ValueError):
-    """The HF config describes an architecture or feature the Megatron builder does not support."""
-
-
-@dataclass(frozen=True)
-class HfArch:
-    """What the Megatron builder and the weight converter need to know about an HF checkpoint."""
-
-    model_type: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    qkv_bias: bool
-
-
-def _rope_theta(hf_config: Any) -> float:
-    rope = rope_of({key: getattr(hf_config, key, None) for key in ROPE_KEYS})
-    if rope.kind != "default":
-        raise UnsupportedModelError(f"RoPE scaling {rope.kind!r} is not supported (only the default RoPE)")
-    if rope.partial_factor != 1.0:
-        raise UnsupportedModelError(
-            f"partial_rotary_factor {rope.partial_factor} is not supported (only RoPE over whole heads)")
-    if rope.theta is None:
-        raise UnsupportedModelError("the HF config has no rope_theta")
-    return rope.theta
-
-
-def hf_arch(hf_config: Any) -> HfArch:
-    """Read and check the architecture facts of an HF `PretrainedConfig` (Llama or Qwen2)."""
-    model_type = getattr(hf_config, "model_type", None)
-    if model_type not in MODEL_TYPES:
-        raise UnsupportedModelError(f"model_type {model_type!r} is not supported; supported: {sorted(MODEL_TYPES)}")
-    if getattr(hf_config, "hidden_act", "silu") != "silu":
-        raise UnsupportedModelError(f"hidden_act {hf_config.hidden_act!r} is not supported (only silu)")
-    if model_type == "qwen2" and getattr(hf_config, "use_sliding_window", False):
-        raise UnsupportedModelError("Qwen2 sliding-window attention is not supported")
-    if model_type == "llama" and getattr(hf_config, "mlp_bias", False):
-        raise UnsupportedModelError("Llama mlp_bias=True is not supported")
-    heads = hf_config.num_attention_heads
-    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
-    qkv_bias = model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False))
-    return HfArch(
-        model_type=model_type,
-        vocab_size=hf_config.vocab_size,
-        hidden_size=hf_config.hidden_size,
-        intermediate_size=hf_config.intermediate_size,
-        num_layers=hf_config.num_hidden_layers,
-        num_heads=heads,
-        num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or heads,
-        head_dim=head_dim,
-        rms_norm_eps=float(hf_config.rms_norm_eps),
-        rope_theta=_rope_theta(hf_config),
-        max_position_embeddings=hf_config.max_position_embeddings,
-        tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
-        qkv_bias=qkv_bias,
-    )
-
-
-def padded_vocab_size(vocab_size: int, tp: int) -> int:
-    """Megatron's vocabulary: the HF vocabulary rounded up to a multiple of `tp` (rows past the HF
-    vocabulary are zero and their logits must be masked out before any softmax)."""
-    return -(-vocab_size // tp) * tp
-
-
-def check_parallel_sizes(arch: HfArch, tp: int, pp: int) -> None:
-    """Raise `UnsupportedModelError` naming the size that does not divide the model."""
-    problems = []
-    if arch.num_heads % tp:
-        problems.append(f"num_attention_heads {arch.num_heads}")
-    if arch.num_kv_heads % tp:
-        problems.append(f"num_key_value_heads {arch.num_kv_heads}")
-    if arch.intermediate_size % tp:
-        problems.append(f"intermediate_size {arch.intermediate_size}")
-    if problems:
-        raise UnsupportedModelError(
-            f"tensor_parallel_size {tp} must divide {', '.join(problems)}; pick a TP size that divides them"
-        )
-    if arch.num_layers % pp:
-        raise UnsupportedModelError(
-            f"pipeline_parallel_size {pp} must divide num_hidden_layers {arch.num_layers}; "
-            "pick a PP size that divides it"
-        )
+from rlinf_pipe.models.rotary import inverse_frequencies
 
 
 RECOMPUTE = ("none", "selective", "full")
@@ -149,6 +58,7 @@ def gpt_config_from_hf(
         activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=arch.qkv_bias,
+        qk_layernorm=arch.qk_norm,
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,
@@ -208,7 +118,7 @@ def build_gpt_model(
         params_dtype=params_dtype,
         recompute=recompute,
     )
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=arch.qk_norm)
     # attention on torch's fused kernel, which also takes packed sequences (megatron_sdpa.py)
     spec.submodules.self_attention.submodules.core_attention = SdpaAttention
     # The block's final norm is the layers' own: given a layer spec, Megatron picks it from what is installed
@@ -229,6 +139,8 @@ def build_gpt_model(
         rotary_percent=1.0,
         parallel_output=True,
     )
+    if arch.rope_scaling is not None:  # (transformers' Llama 3 frequencies, not Megatron's own approximation of them)
+        model.rotary_pos_emb.inv_freq = inverse_frequencies(arch.head_dim, arch.rope_theta, arch.rope_scaling)
     with torch.no_grad():  # the torch-norm fallback (no apex / Transformer Engine) makes fp32 norm weights whatever
         for param in model.parameters():  # params_dtype is; one dtype for all, as Megatron's Float16Module casts
             if param.is_floating_point() and param.dtype != params_dtype:

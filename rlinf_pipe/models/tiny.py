@@ -1,9 +1,12 @@
-"""Tiny HF causal LMs (Qwen2 or Llama) built from a config, with the tiny tokenizer; no downloads.
+"""Tiny HF causal LMs (Qwen2, Qwen3, Llama, Llama 3.x) built from a config, with the tiny tokenizer; no downloads.
 
 `create_tiny_model(out_dir, ...)` writes a folder that `AutoModelForCausalLM.from_pretrained` and
 `AutoTokenizer.from_pretrained` load: safetensors weights, config, tokenizer and `generation_config.json`.
 Weights depend only on the knobs and `seed`. `ensure_tiny_model(cache_dir, ...)` builds it once per set of
-knobs and reuses it afterwards.
+knobs and reuses it afterwards. `arch` is a family: `qwen2` (q/k/v biases), `qwen3` (per-head q/k norms; its heads
+twice as wide as hidden / heads unless `head_dim` says otherwise, so the explicit head size is exercised),
+`llama`, and `llama3` (a Llama with Llama 3.x's `llama3` rotary scaling over an original context of 64 positions,
+so that all three of its frequency bands occur).
 
 CLI: `python -m rlinf_pipe.models.tiny --arch qwen2 --out DIR [--hidden-size 64 ...]`.
 """
@@ -27,8 +30,10 @@ from rlinf_pipe.utils.folders import build_folder_once
 if TYPE_CHECKING:  # torch and transformers load only when a model is built: resolving a cached folder is light
     from transformers import PretrainedConfig
 
-Arch = Literal["qwen2", "llama"]
-ARCHS: tuple[str, ...] = ("qwen2", "llama")
+Arch = Literal["qwen2", "qwen3", "llama", "llama3"]
+ARCHS: tuple[str, ...] = ("qwen2", "qwen3", "llama", "llama3")
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
 CACHE_ENV = "RLINF_PIPE_CACHE"
 
 
@@ -47,6 +52,7 @@ class TinySpec:
     rope_theta: float = 10000.0
     vocab_size: int = DEFAULT_VOCAB_SIZE
     seed: int = 0
+    head_dim: int | None = None  # None: hidden / heads (Qwen3: twice that)
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -58,16 +64,23 @@ class TinySpec:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not divisible by num_kv_heads {self.num_kv_heads}")
-        if (self.hidden_size // self.num_heads) % 2:
-            raise ValueError(f"head_dim {self.hidden_size // self.num_heads} must be even (rotary embeddings)")
+        if self.resolved_head_dim % 2:
+            raise ValueError(f"head_dim {self.resolved_head_dim} must be even (rotary embeddings)")
+
+    @property
+    def resolved_head_dim(self) -> int:
+        """The head size the config states (see `head_dim`)."""
+        return self.head_dim or (2 if self.arch == "qwen3" else 1) * (self.hidden_size // self.num_heads)
 
     def digest(self) -> str:
-        """A short stable hash of the knobs (names cache folders)."""
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        """A short stable hash of the knobs (names cache folders; an unset `head_dim` leaves the hash of the specs
+        from before it existed unchanged)."""
+        knobs = {k: v for k, v in asdict(self).items() if not (k == "head_dim" and v is None)}
+        return hashlib.sha256(json.dumps(knobs, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def build_config(spec: TinySpec, vocab_size: int, pad_id: int, bos_id: int, eos_id: int) -> PretrainedConfig:
-    """The HF config for `spec` (Qwen2 has q/k/v biases; Llama has none). Only the class of `spec.arch` is
+    """The HF config for `spec` (Qwen2 has q/k/v biases; Llama and Qwen3 none). Only the class of `spec.arch` is
     imported: transformers' Llama config module loads its activations, and through them DTensor and sympy (about
     2 s of CPU in a driver that estimates the tiny Qwen2 model's memory)."""
     common = {
@@ -85,12 +98,20 @@ def build_config(spec: TinySpec, vocab_size: int, pad_id: int, bos_id: int, eos_
         "eos_token_id": eos_id,
         "dtype": "float32",
     }
+    if spec.head_dim is not None or spec.arch == "qwen3":
+        common["head_dim"] = spec.resolved_head_dim
     if spec.arch == "qwen2":
         from transformers import Qwen2Config
 
         return Qwen2Config(**common, use_sliding_window=False, max_window_layers=spec.num_layers)
+    if spec.arch == "qwen3":
+        from transformers import Qwen3Config
+
+        return Qwen3Config(**common, attention_bias=False, use_sliding_window=False, max_window_layers=spec.num_layers)
     from transformers import LlamaConfig
 
+    if spec.arch == "llama3":
+        common["rope_parameters"] = {**LLAMA3_ROPE, "rope_theta": float(spec.rope_theta)}
     return LlamaConfig(**common, attention_bias=False, mlp_bias=False)
 
 
@@ -123,11 +144,12 @@ def create_tiny_model(
     seed: int = 0,
     rope_theta: float = 10000.0,
     vocab_size: int = DEFAULT_VOCAB_SIZE,
+    head_dim: int | None = None,
 ) -> Path:
     """Write a tiny randomly initialised model + tokenizer to `out_dir` (created if needed); return its path."""
     spec = TinySpec(
         arch, hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size, max_position_embeddings,
-        tie_word_embeddings, rope_theta, vocab_size, seed,
+        tie_word_embeddings, rope_theta, vocab_size, seed, head_dim,
     )
     out = Path(out_dir)
     _write_model(spec, out)
@@ -187,13 +209,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rope-theta", type=float, default=d.rope_theta)
     parser.add_argument("--vocab-size", type=int, default=d.vocab_size, help="tokenizer vocabulary (< 1000)")
     parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--head-dim", type=int, default=None, help="head size (default: hidden / heads; Qwen3: twice)")
     args = parser.parse_args(argv)
     try:
         out = create_tiny_model(
             args.out, arch=args.arch, hidden_size=args.hidden_size, num_layers=args.num_layers,
             num_heads=args.num_heads, num_kv_heads=args.num_kv_heads, intermediate_size=args.intermediate_size,
             max_position_embeddings=args.max_position_embeddings, tie_word_embeddings=args.tie_word_embeddings,
-            seed=args.seed, rope_theta=args.rope_theta, vocab_size=args.vocab_size,
+            seed=args.seed, rope_theta=args.rope_theta, vocab_size=args.vocab_size, head_dim=args.head_dim,
         )
     except ValueError as exc:
         parser.error(str(exc))

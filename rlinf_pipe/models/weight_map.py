@@ -1,4 +1,4 @@
-"""The tensor map between HF (Llama / Qwen2) checkpoints and megatron-core GPTModel shards: which Megatron tensor
+"""The tensor map between HF (Llama / Qwen2 / Qwen3) checkpoints and megatron-core GPTModel shards: which Megatron tensor
 each HF tensor goes into, how tensor parallelism slices it, which pipeline stage holds it.
 
 Layouts (checked against megatron-core 0.16's source, `transformer/attention.py` and `transformer/mlp.py`):
@@ -8,6 +8,8 @@ Layouts (checked against megatron-core 0.16's source, `transformer/attention.py`
   the r-th of `tp` equal row blocks (whole groups, since `tp` divides `num_kv_heads`).
 * `linear_fc1` fuses gate and up: TP rank r holds `[gate rows of shard r; up rows of shard r]` (megatron
   chunks its local output in two: SiLU(first half) * second half).
+* Qwen3's `q_layernorm` / `k_layernorm` (`self_attn.q_norm` / `k_norm`) normalise each head: one `head_dim`
+  weight, the same on every TP rank.
 * `linear_proj` / `linear_fc2` are row-parallel (split along the input dim); the others column-parallel.
 * word embeddings / output layer are vocab-parallel over `padded_vocab_size(vocab, tp)` rows; padding rows
   are zero and are dropped when converting back. Tied embeddings: `lm_head.weight` is not stored on the HF
@@ -30,7 +32,7 @@ from torch import Tensor
 
 from rlinf_pipe.errors import RlinfPipeError
 from rlinf_pipe.models.megatron_checkpoint import CheckpointError
-from rlinf_pipe.models.megatron_gpt import (
+from rlinf_pipe.models.arch import (
     HfArch,
     UnsupportedModelError,
     check_parallel_sizes,
@@ -72,6 +74,9 @@ def layer_rules(arch: HfArch, layer: int, local: int) -> list[Rule]:
     ]
     if arch.qkv_bias:
         rules.append(Rule(f"{m}self_attention.linear_qkv.bias", tuple(f"{attn}{p}_proj.bias" for p in "qkv"), "qkv"))
+    if arch.qk_norm:  # (one norm over each head's features: the same on every TP rank)
+        rules += [Rule(f"{m}self_attention.{p}_layernorm.weight", (f"{attn}{p}_norm.weight",), "replicated")
+                  for p in "qk"]
     rules += [
         Rule(f"{m}self_attention.linear_proj.weight", (f"{attn}o_proj.weight",), "row"),
         Rule(f"{m}pre_mlp_layernorm.weight", (f"{h}post_attention_layernorm.weight",), "replicated"),
@@ -108,8 +113,8 @@ def stage_units(arch: HfArch, pp: int, pp_rank: int) -> list[list[Rule]]:
 
 
 def hf_weight_names(arch: HfArch) -> list[str]:
-    """The HF tensor names of a checkpoint, in the order `iter_hf_weights` streams them: embedding,
-    then per layer input norm, q/k/v weights (and biases), o_proj, post-attention norm, gate/up/down, then the
+    """The HF tensor names of a checkpoint, in the order `iter_hf_weights` streams them: embedding, then per layer
+    input norm, q/k/v weights (and biases, and q/k norms), o_proj, post-attention norm, gate/up/down, then the
     final norm and (untied only) `lm_head.weight`."""
     return [name for group in hf_weight_groups(arch) for name in group]
 
@@ -131,6 +136,8 @@ def hf_weight_shape(arch: HfArch, name: str) -> tuple[int, ...]:
     h, hd = arch.hidden_size, arch.head_dim
     if name in (EMBED, LM_HEAD):
         return (arch.vocab_size, h)
+    if name.endswith(("q_norm.weight", "k_norm.weight")):
+        return (hd,)
     if name.endswith("norm.weight"):
         return (h,)
     leaf = name.rsplit(".", 2)[-2:]

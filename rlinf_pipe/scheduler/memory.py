@@ -46,7 +46,7 @@ from rlinf_pipe.engines.rollout.factory import TORCH_MAX_RUNNING, memory_fractio
 from rlinf_pipe.scheduler.placement import ComponentPlacement, Placement
 
 if TYPE_CHECKING:
-    from rlinf_pipe.models.megatron_gpt import HfArch
+    from rlinf_pipe.models.arch import HfArch
 
 GIB = 1 << 30
 DEFAULT_CAPACITY_GB = 80.0
@@ -56,10 +56,10 @@ Recompute = Literal["none", "selective", "full"]
 
 
 def layer_params(arch: HfArch) -> int:
-    """Parameters of one transformer layer (attention with its biases, the gated MLP, two norms)."""
+    """Parameters of one transformer layer (attention with its biases and q/k norms, the gated MLP, two norms)."""
     h, hd = arch.hidden_size, arch.head_dim
     q, kv = arch.num_heads * hd, arch.num_kv_heads * hd
-    attention = h * (q + 2 * kv) + q * h + (q + 2 * kv if arch.qkv_bias else 0)
+    attention = h * (q + 2 * kv) + q * h + (q + 2 * kv if arch.qkv_bias else 0) + (2 * hd if arch.qk_norm else 0)
     return attention + 3 * h * arch.intermediate_size + 2 * h
 
 
@@ -346,7 +346,7 @@ def model_config(name_or_path: str) -> tuple[Any | None, str]:
 
 def model_shape(name_or_path: str) -> tuple[HfArch | None, str]:
     """The architecture of a config's model (`model_config`); (None, why) if there is none to read."""
-    from rlinf_pipe.models.megatron_gpt import hf_arch
+    from rlinf_pipe.models.arch import hf_arch
 
     config, source = model_config(name_or_path)
     return (None if config is None else hf_arch(config)), source
@@ -365,7 +365,7 @@ def memory_report(cfg: Config, placement: Placement, weight_transport: str = "")
     config, source = model_config(cfg.actor.model_path)
     if config is None:
         return MemoryReport({}, cfg.actor.model_path, capacity, note=source)
-    from rlinf_pipe.models.megatron_gpt import hf_arch
+    from rlinf_pipe.models.arch import hf_arch
 
     return MemoryReport(estimate_memory(cfg, placement, hf_arch(config), capacity, dtype_bytes_of(config),
                                         weight_transport), source, capacity)

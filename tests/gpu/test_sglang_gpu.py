@@ -105,7 +105,7 @@ def _send(host: Any, transport: str, model_path: str, sender_gpu: int) -> None:
     by name), then the original ones: generation must then repeat what it gave before."""
     from transformers import AutoConfig
 
-    from rlinf_pipe.models.megatron_gpt import hf_arch
+    from rlinf_pipe.models.arch import hf_arch
     from rlinf_pipe.utils.net import free_port
     from rlinf_pipe.weights import plan_weight_layout
     from rlinf_pipe.weights.process_group import Rendezvous

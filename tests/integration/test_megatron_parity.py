@@ -3,8 +3,9 @@ HF weight stream of a TP=2 / PP=2 model reloads into HF exactly, and TorchEngine
 
 One spawn of 2 gloo processes (torch.multiprocessing) runs every configuration in turn (DP=2 x TP=1, then TP=2,
 then PP=2, re-initialising megatron's parallel state in between) and saves its measurements; the tests below
-check them. Models: tiny Qwen2 (tied embeddings, q/k/v bias) and tiny Llama (untied), GQA with 4 query and
-2 key/value heads, vocabulary 437 (odd: TP=2 pads it).
+check them. Models: tiny Qwen2 (tied embeddings, q/k/v bias), tiny Llama (untied), tiny Qwen3 (untied, per-head q/k
+norms, heads twice hidden / heads wide) and tiny Llama 3 (tied, `llama3` rotary scaling), GQA with 4 query and 2
+key/value heads, vocabulary 437 (odd: TP=2 pads it).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ pytestmark = pytest.mark.slow  # one 2-process spawn: about 20-30 s on 2 busy co
 WORLD = 2
 TOL = 1e-4
 SEED = 1234
-MODELS = {"qwen2": dict(arch="qwen2", tie_word_embeddings=True), "llama": dict(arch="llama", tie_word_embeddings=False)}
+MODELS = {"qwen2": dict(arch="qwen2", tie_word_embeddings=True), "llama": dict(arch="llama", tie_word_embeddings=False),
+          "qwen3": dict(arch="qwen3", tie_word_embeddings=False), "llama3": dict(arch="llama3", tie_word_embeddings=True)}
 
 
 def _tokens(vocab: int) -> torch.Tensor:

@@ -8,7 +8,7 @@ import torch
 from transformers import Qwen2Config
 
 from rlinf_pipe.models.weight_map import hf_weight_names, hf_weight_shape
-from rlinf_pipe.models.megatron_gpt import hf_arch
+from rlinf_pipe.models.arch import hf_arch
 
 
 def make_arch(num_layers: int = 3, tied: bool = True) -> Any:

@@ -20,7 +20,7 @@ from rlinf_pipe.models.megatron_checkpoint import (
     read_megatron_meta,
     save_hf_safetensors,
 )
-from rlinf_pipe.models.megatron_gpt import hf_arch, padded_vocab_size
+from rlinf_pipe.models.arch import hf_arch, padded_vocab_size
 from rlinf_pipe.models.tiny import ensure_tiny_model
 
 # num_kv_heads=4 lets TP=4 divide every model; the GQA models (2 kv heads) go up to TP=2.
@@ -31,6 +31,10 @@ MODELS = {
     "llama-untied": dict(arch="llama", tie_word_embeddings=False, num_kv_heads=4),
     "qwen2-gqa": dict(arch="qwen2", tie_word_embeddings=True, num_kv_heads=2),
     "llama-gqa": dict(arch="llama", tie_word_embeddings=False, num_kv_heads=2),
+    "qwen3-tied": dict(arch="qwen3", tie_word_embeddings=True, num_kv_heads=4),
+    "qwen3-gqa": dict(arch="qwen3", tie_word_embeddings=False, num_kv_heads=2),
+    "llama3-tied": dict(arch="llama3", tie_word_embeddings=True, num_kv_heads=2),
+    "llama3-untied": dict(arch="llama3", tie_word_embeddings=False, num_kv_heads=4),
 }
 
 

@@ -63,7 +63,8 @@ def assert_loads_as_transformers(folder: Path, dtype: torch.dtype = torch.float3
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("arch,tied,kv_heads", [("qwen2", True, 2), ("qwen2", False, 4), ("llama", True, 2),
-                                                ("llama", False, 1)])
+                                                ("llama", False, 1), ("qwen3", True, 2), ("qwen3", False, 1),
+                                                ("llama3", True, 2), ("llama3", False, 4)])
 def test_a_tiny_model_loads_as_transformers_loads_it(tmp_path, arch, tied, kv_heads, dtype):
     folder = ensure_tiny_model(tmp_path, arch=arch, tie_word_embeddings=tied, num_kv_heads=kv_heads)
     assert_loads_as_transformers(folder, dtype)
@@ -119,6 +120,8 @@ BASE = {"model_type": "qwen2", "hidden_act": "silu", "vocab_size": 10, "hidden_s
     {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
     {"rope_parameters": None, "rope_theta": 10000.0, "rope_scaling": {"type": "dynamic", "factor": 2.0}},
     {"rope_parameters": None},  # no stated base
+    {"rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0}},  # (its other values missing)
+    {"model_type": "qwen3"},  # (no head_dim stated: transformers' Qwen3 takes 128, not hidden / heads)
 ])
 def test_configs_it_would_not_load_as_transformers_are_refused(change):
     assert lean_config(BASE) is not None

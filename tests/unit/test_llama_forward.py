@@ -32,7 +32,7 @@ def pack_everything(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("packed", [False, True])
-@pytest.mark.parametrize("arch,kv_heads", [("qwen2", 2), ("llama", 2), ("qwen2", 4)])
+@pytest.mark.parametrize("arch,kv_heads", [("qwen2", 2), ("llama", 2), ("qwen2", 4), ("qwen3", 2), ("llama3", 1)])
 def test_lean_forward_matches_transformers_through_prefill_decode_and_dropped_rows(tmp_path, arch, kv_heads, packed,
                                                                                    monkeypatch):
     if packed:

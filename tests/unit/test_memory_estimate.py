@@ -56,7 +56,7 @@ def test_shape_counts_the_parameters_of_the_real_model_class(tied):
     hf_config.tie_word_embeddings = tied
     shape, _ = model_shape(R1_DISTILL)
     if tied:
-        from rlinf_pipe.models.megatron_gpt import hf_arch
+        from rlinf_pipe.models.arch import hf_arch
 
         shape = hf_arch(hf_config)
     assert num_params(shape) == _meta_model_params(hf_config)

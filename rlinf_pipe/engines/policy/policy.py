@@ -125,7 +125,8 @@ class MegatronPolicy:
 
         from rlinf_pipe.models.hf_config import load_hf_config
         from rlinf_pipe.models.live_weights import load_hf_checkpoint
-        from rlinf_pipe.models.megatron_gpt import build_gpt_model, hf_arch
+        from rlinf_pipe.models.arch import hf_arch
+        from rlinf_pipe.models.megatron_gpt import build_gpt_model
         from rlinf_pipe.models.megatron_sdpa import model_supports_packing
 
         if not dist.is_initialized() or not ps.model_parallel_is_initialized():

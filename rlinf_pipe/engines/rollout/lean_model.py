@@ -1,12 +1,13 @@
-"""Llama-family causal LMs (Llama, Qwen2) loaded from a local folder without transformers' model classes.
+"""Llama-family causal LMs (Llama, Qwen2, Qwen3) loaded from a local folder without transformers' model classes.
 
 Importing transformers' model modules loads TorchDynamo, DTensor and FSDP: 2-3 s of CPU in every rollout worker's
 launch (docs/benchmarks.md), for a module whose forward `TorchEngine` does not call: it generates through
 `LlamaForward`, which reads only the module's weights and rotary embedding. `load_lean_model` builds a module with
 transformers' parameter names, shapes and ties (so `state_dict()` and weight updates by name are the same), its
-rotary embedding computed as transformers' default one, and loads the folder's safetensors into it. It returns
-None for what it does not build the same (another model type, rotary scaling, sliding windows, a `.bin`
-checkpoint, quantized weights, tensors missing or unexpected): the engine then loads the model with transformers.
+rotary embedding computed as transformers' (the default one, or Llama 3's scaled one: `models.rotary`), and loads
+the folder's safetensors into it. It returns None for what it does not build the same (another model type, another
+rotary scaling, sliding windows, a `.bin` checkpoint, quantized weights, tensors missing or unexpected): the engine
+then loads the model with transformers.
 
     model = load_lean_model(folder, torch.float32)   # None: use AutoModelForCausalLM.from_pretrained(folder)
 """
@@ -21,7 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlinf_pipe.models.hf_config import light_hf_config, read_json, rope_of, weight_files
+from rlinf_pipe.models.hf_config import Llama3Scaling, light_hf_config, read_json, rope_of, weight_files
+from rlinf_pipe.models.rotary import inverse_frequencies
 
 CONFIG_FILE = "config.json"
 
@@ -46,6 +48,8 @@ class LeanConfig:
     mlp_bias: bool
     eos_token_id: int | list[int] | None
     hidden_act: str = "silu"
+    qk_norm: bool = False  # Qwen3's RMSNorm over each query and key head
+    rope_llama3: Llama3Scaling | None = None
 
 
 def lean_config(raw: dict[str, Any]) -> LeanConfig | None:
@@ -54,24 +58,28 @@ def lean_config(raw: dict[str, Any]) -> LeanConfig | None:
     rope = rope_of(raw)
     # (a Llama or Qwen2 with every size stated, not defaulted: transformers' defaults differ by model type, e.g.
     # Qwen2's 32 key/value heads; `light_hf_config` is the one judge of that)
-    if light_hf_config(raw) is None or raw.get("hidden_act") != "silu" or not rope.plain:
+    llama3 = rope.kind == "llama3" and rope.llama3 is not None and rope.partial_factor == 1.0
+    if light_hf_config(raw) is None or raw.get("hidden_act") != "silu" or not (rope.plain or llama3):
         return None
     if raw.get("quantization_config") or raw.get("pretraining_tp", 1) != 1 or raw.get("use_sliding_window"):
         return None
     if any(t != "full_attention" for t in raw.get("layer_types") or ()):
         return None
     heads = raw["num_attention_heads"]
-    llama = kind == "llama"
+    llama, qwen3 = kind == "llama", kind == "qwen3"
+    biased = bool(raw.get("attention_bias", False))
     return LeanConfig(
         model_type=kind, vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"],
         intermediate_size=raw["intermediate_size"], num_hidden_layers=raw["num_hidden_layers"],
         num_attention_heads=heads, num_key_value_heads=raw["num_key_value_heads"],
         head_dim=raw.get("head_dim") or raw["hidden_size"] // heads, rms_norm_eps=float(raw["rms_norm_eps"]),
         rope_theta=rope.theta, tie_word_embeddings=bool(raw["tie_word_embeddings"]),
-        attention_bias=bool(raw.get("attention_bias", False)) if llama else True,
-        output_bias=bool(raw.get("attention_bias", False)) if llama else False,
+        attention_bias=biased if llama or qwen3 else True,
+        output_bias=biased if llama or qwen3 else False,
         mlp_bias=bool(raw.get("mlp_bias", False)) if llama else False,
         eos_token_id=raw.get("eos_token_id"),
+        qk_norm=qwen3,
+        rope_llama3=rope.llama3 if llama3 else None,
     )
 
 
@@ -90,15 +98,15 @@ class RMSNorm(nn.Module):
         self.variance_epsilon = eps
 
 
-class DefaultRotary(nn.Module):
-    """transformers' default rotary embedding: the same inverse frequencies and the same cosines and sines."""
+class Rotary(nn.Module):
+    """transformers' rotary embedding of the default or the `llama3` type: the same inverse frequencies and the same
+    cosines and sines (neither type scales them)."""
 
-    def __init__(self, theta: float, head_dim: int):
+    def __init__(self, theta: float, head_dim: int, llama3: Llama3Scaling | None = None):
         super().__init__()
-        self.rope_type = "default"
+        self.rope_type = "default" if llama3 is None else "llama3"
         self.attention_scaling = 1.0
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", inverse_frequencies(head_dim, theta, llama3), persistent=False)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
@@ -126,6 +134,9 @@ class _Attention(nn.Module):
         self.k_proj = _linear(c.hidden_size, c.num_key_value_heads * c.head_dim, c.attention_bias)
         self.v_proj = _linear(c.hidden_size, c.num_key_value_heads * c.head_dim, c.attention_bias)
         self.o_proj = _linear(c.num_attention_heads * c.head_dim, c.hidden_size, c.output_bias)
+        if c.qk_norm:
+            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
 
 
 class _MLP(nn.Module):
@@ -151,7 +162,7 @@ class _Decoder(nn.Module):
         self.embed_tokens = _Weights(c.vocab_size, c.hidden_size)
         self.layers = nn.ModuleList(_Layer(c) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.rotary_emb = DefaultRotary(c.rope_theta, c.head_dim)
+        self.rotary_emb = Rotary(c.rope_theta, c.head_dim, c.rope_llama3)
 
 
 class LeanCausalLM(nn.Module):

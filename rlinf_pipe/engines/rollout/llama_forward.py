@@ -1,7 +1,8 @@
-"""A lean forward pass for Llama-family decoders (Llama, Qwen2: the tiny models, SmolLM2, Qwen2.5) in `TorchEngine`.
+"""A lean forward pass for Llama-family decoders (Llama, Qwen2, Qwen3: the tiny models, SmolLM2, Qwen2.5) in
+`TorchEngine`.
 
 It runs the Hugging Face model's own modules' weights (so weight updates, sleep and wake apply unchanged) through
-the same math as transformers' forward: RMSNorm, rotary embeddings from the model's own rotary module, grouped-query
+the same math as transformers' forward: RMSNorm (and Qwen3's per-head query / key norms), rotary embeddings from the model's own rotary module, grouped-query
 attention with a key/value cache, SiLU-gated MLP. What it leaves out is transformers' per-call machinery (cache
 objects, mask builders, output capturing, keyword plumbing), which on a small model costs more than the tensor
 work: the cache is one preallocated tensor per layer for the whole batch, filled in place, and the mask comes from
@@ -20,7 +21,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from rlinf_pipe.models.hf_config import MODEL_TYPES  # (the Llama family: Llama, Qwen2)
+from rlinf_pipe.models.hf_config import MODEL_TYPES  # (the Llama family: Llama, Qwen2, Qwen3)
+
+TABLE_ROPES = ("default", "llama3")  # rotary types whose cosines and sines depend on the position alone
 
 
 PACK_BYTES = 2 * 1024 * 1024  # CPU float32 weights from this size (and >= PACK_MIN_IN inputs) go through oneDNN
@@ -74,6 +77,8 @@ class _Layer:
     gate: Projection
     up: Projection
     down: Projection
+    q_norm: torch.Tensor | None = None  # (Qwen3: RMSNorm weights over each query / key head)
+    k_norm: torch.Tensor | None = None
 
     def projections(self) -> list[Projection]:
         return [self.q, self.k, self.v, self.o, self.gate, self.up, self.down]
@@ -99,6 +104,11 @@ def _linear(module: Any) -> Projection:
     return Projection(module.weight, module.bias)
 
 
+def _norm_weight(attention: Any, name: str) -> torch.Tensor | None:
+    norm = getattr(attention, name, None)
+    return None if norm is None else norm.weight
+
+
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' Llama / Qwen2 RMSNorm: normalised in float32, cast back, then scaled."""
     dtype = x.dtype
@@ -122,7 +132,7 @@ class LlamaForward:
         self.embed = inner.embed_tokens.weight
         self.rotary = inner.rotary_emb
         # a plain table of positions: computed once per batch (dynamic variants depend on the positions asked for)
-        self.rotary_table = getattr(self.rotary, "rope_type", "default") == "default"
+        self.rotary_table = getattr(self.rotary, "rope_type", "default") in TABLE_ROPES
         self.final_norm, self.final_eps = inner.norm.weight, inner.norm.variance_epsilon
         self.lm_head = Projection(model.lm_head.weight)
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -135,6 +145,7 @@ class LlamaForward:
                 q=_linear(layer.self_attn.q_proj), k=_linear(layer.self_attn.k_proj),
                 v=_linear(layer.self_attn.v_proj), o=_linear(layer.self_attn.o_proj),
                 gate=_linear(layer.mlp.gate_proj), up=_linear(layer.mlp.up_proj), down=_linear(layer.mlp.down_proj),
+                q_norm=_norm_weight(layer.self_attn, "q_norm"), k_norm=_norm_weight(layer.self_attn, "k_norm"),
             )
             for layer in inner.layers
         ]
@@ -185,8 +196,11 @@ class LlamaForward:
         attend = self._attention_mask(mask.bool(), new)
         for layer, keys, values in zip(self.layers, cache.keys, cache.values, strict=True):
             h = _rms_norm(x, layer.norm1, layer.eps)
-            q = layer.q(h).view(rows, new, self.heads, self.head_dim).transpose(1, 2)
-            k = layer.k(h).view(rows, new, self.kv_heads, self.head_dim).transpose(1, 2)
+            q = layer.q(h).view(rows, new, self.heads, self.head_dim)
+            k = layer.k(h).view(rows, new, self.kv_heads, self.head_dim)
+            if layer.q_norm is not None:
+                q, k = _rms_norm(q, layer.q_norm, layer.eps), _rms_norm(k, layer.k_norm, layer.eps)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
             v = layer.v(h).view(rows, new, self.kv_heads, self.head_dim).transpose(1, 2)
             q = q * cos + _rotate_half(q) * sin
             keys[:, :, start:end] = k * cos + _rotate_half(k) * sin
