@@ -63,12 +63,14 @@ def load_cli_config(args: argparse.Namespace) -> Any:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from rlinf_pipe.runner.model_fit import check_models
     from rlinf_pipe.runner.plan import plan_run
     from rlinf_pipe.scheduler.memory import memory_report
     from rlinf_pipe.scheduler.plan_report import render_plan
 
     cfg = load_cli_config(args)
     plan = plan_run(cfg)
+    check_models(cfg, plan)
     placement = plan.placement
     memory = memory_report(cfg, placement, plan.weight_transport)
     if args.json:

@@ -10,11 +10,14 @@ SGLang would refuse it once started.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rlinf_pipe.errors import RlinfPipeError
-from rlinf_pipe.models.hf_config import MODEL_TYPES, ROPE_KEYS, Llama3Scaling, rope_of
+from rlinf_pipe.models.hf_config import MODEL_TYPES, ROPE_KEYS, Llama3Scaling, light_hf_config, load_hf_config, \
+    read_json, rope_of
 
 FAMILIES = "Llama (2, 3.x, SmolLM2), Qwen2 / Qwen2.5 (and their distills), Qwen3 dense"
 """The supported families in words (errors name them)."""
@@ -151,3 +154,44 @@ def check_parallel_sizes(arch: HfArch, tp: int, pp: int) -> None:
     problems = megatron_size_problems(arch, tp, pp)
     if problems:
         raise UnsupportedModelError("; ".join(problems))
+
+
+def model_config(name_or_path: str | os.PathLike[str]) -> tuple[Any | None, str]:
+    """A config's model's HF config from its `config.json` alone (the folder's, or for the tiny model its spec's
+    values, or a copy shipped in `models.known`), and where it came from; (None, why) if there is none to read. A
+    folder whose model type is not supported raises `UnsupportedModelError` naming the file, before transformers
+    is asked to read it."""
+    from rlinf_pipe.models.known import known_config
+
+    name = os.fspath(name_or_path)
+    if name == "tiny":
+        from rlinf_pipe.models.tiny import TinySpec, config_values
+
+        spec = TinySpec()
+        return light_hf_config(config_values(spec, spec.vocab_size, 0, 1, 2)), "the tiny model"
+    folder, source = Path(name).expanduser(), ""
+    if not (folder / "config.json").is_file():
+        shipped = known_config(name)
+        if shipped is None:
+            return None, (f"no config.json at {name} (only that file is read: run this where the model folder is, "
+                          "or on a copy of it)")
+        folder, source = shipped.parent, f", the copy shipped with rlinf_pipe: no model folder at {name} on this machine"
+    file = folder / "config.json"
+    raw = read_json(file)
+    model_type = raw.get("model_type") if isinstance(raw, dict) else None
+    if model_type not in MODEL_TYPES:
+        raise UnsupportedModelError(f"{file}: model_type {model_type!r} is not supported; supported: "
+                                    f"{', '.join(MODEL_TYPES)} ({FAMILIES}). See docs/models.md")
+    return load_hf_config(folder), f"{file}{source}"
+
+
+def model_arch(name_or_path: str | os.PathLike[str]) -> tuple[HfArch | None, str]:
+    """The architecture of a config's model (`model_config`), checked by `hf_arch`; (None, why) where there is no
+    config to read. `UnsupportedModelError` names the file and what it cannot run."""
+    config, source = model_config(name_or_path)
+    if config is None:
+        return None, source
+    try:
+        return hf_arch(config), source
+    except UnsupportedModelError as exc:
+        raise UnsupportedModelError(f"{source.split(',')[0]}: {exc}. See docs/models.md") from None

@@ -21,7 +21,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from rlinf_pipe.models.hf_config import weight_files
 from rlinf_pipe.models.tokenizer import DEFAULT_VOCAB_SIZE, train_tiny_tokenizer
@@ -79,11 +79,12 @@ class TinySpec:
         return hashlib.sha256(json.dumps(knobs, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def build_config(spec: TinySpec, vocab_size: int, pad_id: int, bos_id: int, eos_id: int) -> PretrainedConfig:
-    """The HF config for `spec` (Qwen2 has q/k/v biases; Llama and Qwen3 none). Only the class of `spec.arch` is
-    imported: transformers' Llama config module loads its activations, and through them DTensor and sympy (about
-    2 s of CPU in a driver that estimates the tiny Qwen2 model's memory)."""
-    common = {
+def config_values(spec: TinySpec, vocab_size: int, pad_id: int, bos_id: int, eos_id: int) -> dict[str, Any]:
+    """The `config.json` values of `spec`'s model, every one stated (so `hf_config.light_hf_config` reads them as
+    transformers would, without importing it): Qwen2 has q/k/v biases; Llama and Qwen3 none."""
+    family = "llama" if spec.arch == "llama3" else spec.arch
+    values: dict[str, Any] = {
+        "model_type": family,
         "vocab_size": vocab_size,
         "hidden_size": spec.hidden_size,
         "intermediate_size": spec.intermediate_size,
@@ -93,26 +94,42 @@ def build_config(spec: TinySpec, vocab_size: int, pad_id: int, bos_id: int, eos_
         "max_position_embeddings": spec.max_position_embeddings,
         "tie_word_embeddings": spec.tie_word_embeddings,
         "rope_parameters": {"rope_type": "default", "rope_theta": float(spec.rope_theta)},
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
         "pad_token_id": pad_id,
         "bos_token_id": bos_id,
         "eos_token_id": eos_id,
         "dtype": "float32",
     }
     if spec.head_dim is not None or spec.arch == "qwen3":
-        common["head_dim"] = spec.resolved_head_dim
-    if spec.arch == "qwen2":
+        values["head_dim"] = spec.resolved_head_dim
+    if family in ("qwen2", "qwen3"):
+        values.update(use_sliding_window=False, max_window_layers=spec.num_layers)
+    if family in ("llama", "qwen3"):
+        values.update(attention_bias=False)
+    if family == "llama":
+        values.update(mlp_bias=False)
+    if spec.arch == "llama3":
+        values["rope_parameters"] = {**LLAMA3_ROPE, "rope_theta": float(spec.rope_theta)}
+    return values
+
+
+def build_config(spec: TinySpec, vocab_size: int, pad_id: int, bos_id: int, eos_id: int) -> PretrainedConfig:
+    """The HF config of `config_values`. Only the class of `spec.arch` is imported: transformers' Llama config module
+    loads its activations, and through them DTensor and sympy."""
+    values = config_values(spec, vocab_size, pad_id, bos_id, eos_id)
+    family = values.pop("model_type")
+    if family == "qwen2":
         from transformers import Qwen2Config
 
-        return Qwen2Config(**common, use_sliding_window=False, max_window_layers=spec.num_layers)
-    if spec.arch == "qwen3":
+        return Qwen2Config(**values)
+    if family == "qwen3":
         from transformers import Qwen3Config
 
-        return Qwen3Config(**common, attention_bias=False, use_sliding_window=False, max_window_layers=spec.num_layers)
+        return Qwen3Config(**values)
     from transformers import LlamaConfig
 
-    if spec.arch == "llama3":
-        common["rope_parameters"] = {**LLAMA3_ROPE, "rope_theta": float(spec.rope_theta)}
-    return LlamaConfig(**common, attention_bias=False, mlp_bias=False)
+    return LlamaConfig(**values)
 
 
 def _write_model(spec: TinySpec, out: Path) -> None:

@@ -36,7 +36,7 @@ from rlinf_pipe.models.arch import (
     HfArch,
     UnsupportedModelError,
     check_parallel_sizes,
-    hf_arch,
+    model_arch,
     padded_vocab_size,
 )
 
@@ -251,17 +251,18 @@ def get_hf(hf_state: Mapping[str, Tensor], arch: HfArch, name: str) -> Tensor:
 
 
 def read_hf_arch(hf_dir: str | os.PathLike[str]) -> HfArch:
-    """`hf_arch` of the HF folder's config; `ConversionError` for a missing folder or unsupported model."""
-    from rlinf_pipe.models.hf_config import load_hf_config
-
+    """`hf_arch` of the HF folder's config (`arch.model_arch`: an unsupported model type is refused before
+    transformers reads the file); `ConversionError` for a missing folder or unsupported model."""
     path = Path(hf_dir)
     if not (path / "config.json").is_file():
         raise CheckpointError(
             f"{path} is not a Hugging Face model folder (no config.json); pass the folder holding config.json"
         )
     try:
-        return hf_arch(load_hf_config(path))
+        arch, _ = model_arch(path)
     except UnsupportedModelError as exc:
-        raise ConversionError(f"{path}: {exc}") from exc
+        raise ConversionError(str(exc)) from exc
     except ValueError as exc:  # AutoConfig: unknown model_type
         raise ConversionError(f"{path}: cannot read config.json: {exc}".splitlines()[0]) from exc
+    assert arch is not None  # (config.json exists)
+    return arch

@@ -1,5 +1,6 @@
 """The checks a run passes before Ray starts: its plan (placement, algorithm, transports: `plan_run`), its model
-names (a built-in one or a folder with config.json), its dataset files (present, readable by suffix) and the
+names (a built-in one or a folder with config.json), its models' families and parallel sizes (`model_fit`), its
+dataset files (present, readable by suffix) and the
 checkpoint it resumes from (`checkpoints.check_resume`). Light to import (no model code)."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from rlinf_pipe.data.factory import check_data_files
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.models.resolve import check_model_name
 from rlinf_pipe.runner import checkpoints
+from rlinf_pipe.runner.model_fit import check_models
 from rlinf_pipe.runner.plan import RunPlan, plan_run
 
 
@@ -28,6 +30,7 @@ def preflight(cfg: Config) -> Preflight:
     fix it."""
     plan = plan_run(cfg)
     check_model_names(cfg)
+    check_models(cfg, plan)
     check_data_files(cfg.data, validates=bool(cfg.runner.val_interval or cfg.runner.val_before_train))
     return Preflight(plan, checkpoints.check_resume(cfg))
 

@@ -322,36 +322,6 @@ def gpu_capacity_bytes(cfg: Config) -> int:
     return int(DEFAULT_CAPACITY_GB * 1e9)
 
 
-def model_config(name_or_path: str) -> tuple[Any | None, str]:
-    """A config's model's HF config from its `config.json` alone (the folder's, or for the tiny model its spec, or a
-    copy shipped in `models.known`), and where it came from; (None, why) if there is none to read."""
-    from rlinf_pipe.models.hf_config import load_hf_config
-    from rlinf_pipe.models.known import known_config
-
-    if name_or_path == "tiny":
-        from rlinf_pipe.models.tiny import TinySpec, build_config
-
-        spec = TinySpec()
-        return build_config(spec, spec.vocab_size, 0, 1, 2), "the tiny model"
-    folder = Path(name_or_path).expanduser()
-    if not (folder / "config.json").is_file():
-        shipped = known_config(name_or_path)
-        if shipped is None:
-            return None, (f"no config.json at {name_or_path} (the estimate reads only that file: run plan where the "
-                          "model folder is)")
-        return load_hf_config(shipped.parent), (
-            f"{shipped}, the copy shipped with rlinf_pipe: no model folder at {name_or_path} on this machine")
-    return load_hf_config(folder), str(folder / "config.json")
-
-
-def model_shape(name_or_path: str) -> tuple[HfArch | None, str]:
-    """The architecture of a config's model (`model_config`); (None, why) if there is none to read."""
-    from rlinf_pipe.models.arch import hf_arch
-
-    config, source = model_config(name_or_path)
-    return (None if config is None else hf_arch(config)), source
-
-
 def dtype_bytes_of(hf_config: Any) -> int:
     """Bytes a value of the weights the HF config says its folder holds (`dtype`, formerly `torch_dtype`): 4 for
     float32, else 2 (bf16 and fp16, and when it says nothing)."""
@@ -361,11 +331,11 @@ def dtype_bytes_of(hf_config: Any) -> int:
 
 def memory_report(cfg: Config, placement: Placement, weight_transport: str = "") -> MemoryReport:
     """The per-GPU estimate of a run's components (see the module docstring); `weight_transport` as the plan's."""
+    from rlinf_pipe.models.arch import hf_arch, model_config
+
     capacity = gpu_capacity_bytes(cfg)
     config, source = model_config(cfg.actor.model_path)
     if config is None:
         return MemoryReport({}, cfg.actor.model_path, capacity, note=source)
-    from rlinf_pipe.models.arch import hf_arch
-
     return MemoryReport(estimate_memory(cfg, placement, hf_arch(config), capacity, dtype_bytes_of(config),
                                         weight_transport), source, capacity)

@@ -17,7 +17,8 @@ from support.gpu import backend, measures_memory
 
 from rlinf_pipe.config import load_config
 from rlinf_pipe.models.known import known_config
-from rlinf_pipe.scheduler.memory import GIB, estimate_memory, model_shape
+from rlinf_pipe.models.arch import model_arch
+from rlinf_pipe.scheduler.memory import GIB, estimate_memory
 from rlinf_pipe.scheduler.placement import plan_placement
 
 pytest.importorskip("megatron.core")
@@ -62,12 +63,12 @@ def test_a_micro_batch_at_the_example_shape_fits_within_the_estimate(tmp_path):
         folder = tmp_path / MODEL
         folder.mkdir()
         shutil.copy(known_config(MODEL), folder / "config.json")  # the architecture only: random weights
-        shape, _ = model_shape(str(folder))
+        shape, _ = model_arch(str(folder))
     else:  # a dry run on CPU: the same code on the tiny model
         from rlinf_pipe.models.tiny import ensure_tiny_model
 
         folder, tokens = ensure_tiny_model(tmp_path / "tiny"), 64
-        shape, _ = model_shape(str(folder))
+        shape, _ = model_arch(str(folder))
         cfg = load_config(CONFIGS, EXAMPLE, [
             "cluster.num_nodes=1", "cluster.num_gpus_per_node=1", 'cluster.component_placement={"actor,rollout": 0}',
             "algorithm.compute_ref_logprobs=false", f"actor.micro_batch_tokens={tokens}",

@@ -87,7 +87,7 @@ def test_an_engine_on_a_llama_family_model_does_not_load_transformers_model_clas
 def test_the_drivers_memory_estimate_of_the_tiny_model_reads_its_config_only():
     # transformers' Llama config module loads DTensor and sympy (about 2 s of CPU); the tiny model is a Qwen2.
     heavy = ("torch.distributed.tensor", "sympy", "transformers.models.llama.configuration_llama")
-    code = ("import sys; from rlinf_pipe.scheduler.memory import model_config; config, _ = model_config('tiny'); "
+    code = ("import sys; from rlinf_pipe.models.arch import model_config; config, _ = model_config('tiny'); "
             f"print(config.model_type, [m for m in {heavy!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

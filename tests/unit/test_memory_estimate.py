@@ -11,6 +11,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlinf_pipe.config import load_config
 from rlinf_pipe.models.known import known_config
+from rlinf_pipe.models.arch import model_arch
 from rlinf_pipe.scheduler.memory import (
     GIB,
     PROCESS_OVERHEAD,
@@ -19,7 +20,6 @@ from rlinf_pipe.scheduler.memory import (
     kv_cache_bytes,
     layer_params,
     memory_report,
-    model_shape,
     num_params,
     params_per_rank,
 )
@@ -37,7 +37,7 @@ def _estimate(config_name: str, *overrides: str, transport: bool = True) -> dict
     from rlinf_pipe.runner.plan import plan_run
 
     cfg = load_config(CONFIGS, config_name, overrides)
-    shape, _ = model_shape(cfg.actor.model_path)
+    shape, _ = model_arch(cfg.actor.model_path)
     assert shape is not None
     plan = plan_run(cfg)
     return estimate_memory(cfg, plan.placement, shape, CAPACITY, weight_transport=plan.weight_transport if transport
@@ -54,7 +54,7 @@ def _meta_model_params(hf_config) -> int:
 def test_shape_counts_the_parameters_of_the_real_model_class(tied):
     hf_config = AutoConfig.from_pretrained(str(known_config(R1_DISTILL).parent))
     hf_config.tie_word_embeddings = tied
-    shape, _ = model_shape(R1_DISTILL)
+    shape, _ = model_arch(R1_DISTILL)
     if tied:
         from rlinf_pipe.models.arch import hf_arch
 
@@ -69,9 +69,9 @@ def test_shape_counts_the_parameters_of_the_real_model_class(tied):
 
 
 def test_the_tiny_model_has_a_shape():
-    shape, source = model_shape("tiny")
+    shape, source = model_arch("tiny")
     assert shape is not None and source == "the tiny model" and num_params(shape) > 0
-    shape, source = model_shape(R1_DISTILL)  # not on this machine: the estimate says whose config it read
+    shape, source = model_arch(R1_DISTILL)  # not on this machine: the estimate says whose config it read
     assert shape is not None and source.startswith(str(known_config(R1_DISTILL)))
     assert f"no model folder at {R1_DISTILL} on this machine" in source
 
@@ -204,7 +204,7 @@ def test_inference_workers_that_do_not_start_have_no_estimate_and_no_share():
 def test_the_torch_engine_holds_the_whole_model_on_one_gpu_whatever_its_tp():
     base = ("qwen2.5-1.5b-grpo-megatron-pipeline", "rollout.backend=torch")
     one, two = (_estimate(*base, f"rollout.tensor_parallel_size={tp}")["rollout"].per_gpu_bytes for tp in (1, 2))
-    assert one == two and one["weights"] == 2 * params_per_rank(model_shape(R1_DISTILL)[0], 1, 1)
+    assert one == two and one["weights"] == 2 * params_per_rank(model_arch(R1_DISTILL)[0], 1, 1)
 
 
 def test_an_sglang_kv_cache_shorter_than_one_sample_does_not_fit_and_says_why():
@@ -225,7 +225,7 @@ def test_an_sglang_kv_cache_shorter_than_one_sample_does_not_fit_and_says_why():
 
 def test_tensor_parallel_ranks_past_the_kv_head_count_each_hold_a_whole_head():
     """sglang replicates KV heads over ranks when TP exceeds their count (the 1.5B model has 2)."""
-    shape, _ = model_shape(R1_DISTILL)
+    shape, _ = model_arch(R1_DISTILL)
     assert shape is not None and shape.num_kv_heads == 2
     one = kv_cache_bytes(shape, 1, 1, 1)
     assert kv_cache_bytes(shape, 1, 1, 2) == one / 2 == kv_cache_bytes(shape, 1, 1, 4) == kv_cache_bytes(shape, 1, 1, 8)
@@ -238,15 +238,16 @@ def test_the_engines_weights_are_counted_in_their_own_dtype_not_the_actors(backe
     name, engine = "qwen2.5-1.5b-grpo-megatron-pipeline", f"rollout.backend={backend}"
     fp32 = load_config(CONFIGS, name, [engine, "actor.params_dtype=float32"])
     rollout = memory_report(fp32, plan_placement(fp32)).components["rollout"]
-    assert rollout.per_gpu_bytes["weights"] == 2 * params_per_rank(model_shape(R1_DISTILL)[0], 1, 1)
+    assert rollout.per_gpu_bytes["weights"] == 2 * params_per_rank(model_arch(R1_DISTILL)[0], 1, 1)
     actor = memory_report(fp32, plan_placement(fp32)).components["actor"]
-    assert actor.per_gpu_bytes["weights"] == 4 * params_per_rank(model_shape(R1_DISTILL)[0], 1, 1)
+    assert actor.per_gpu_bytes["weights"] == 4 * params_per_rank(model_arch(R1_DISTILL)[0], 1, 1)
 
 
 def test_a_checkpoints_dtype_is_read_from_its_config():
     from transformers import PretrainedConfig
 
-    from rlinf_pipe.scheduler.memory import dtype_bytes_of, model_config
+    from rlinf_pipe.models.arch import model_config
+    from rlinf_pipe.scheduler.memory import dtype_bytes_of
 
     assert dtype_bytes_of(model_config(R1_DISTILL)[0]) == 2  # torch_dtype: bfloat16
     assert dtype_bytes_of(model_config("tiny")[0]) == 4  # the tiny model is saved in float32
@@ -260,7 +261,7 @@ def test_what_stays_on_the_gpu_beside_a_collocated_actor_and_its_engines():
     from rlinf_pipe.scheduler.memory import ipc_slot_bytes
 
     cfg = load_config(CONFIGS, "qwen2.5-1.5b-grpo-megatron")
-    shape, _ = model_shape(cfg.actor.model_path)
+    shape, _ = model_arch(cfg.actor.model_path)
     slots = ipc_slot_bytes(cfg, shape, 2)
     assert slots == 2 * 151_936 * 1_536 * 2
     unknown, ipc = _estimate("qwen2.5-1.5b-grpo-megatron", transport=False), _estimate("qwen2.5-1.5b-grpo-megatron")
