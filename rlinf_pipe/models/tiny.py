@@ -72,11 +72,14 @@ class TinySpec:
         """The head size the config states (see `head_dim`)."""
         return self.head_dim or (2 if self.arch == "qwen3" else 1) * (self.hidden_size // self.num_heads)
 
+    def knobs(self) -> dict[str, Any]:
+        """The knobs as a dict (an unset `head_dim` left out, so that the specs from before it existed keep their
+        hashes and cached folders)."""
+        return {k: v for k, v in asdict(self).items() if not (k == "head_dim" and v is None)}
+
     def digest(self) -> str:
-        """A short stable hash of the knobs (names cache folders; an unset `head_dim` leaves the hash of the specs
-        from before it existed unchanged)."""
-        knobs = {k: v for k, v in asdict(self).items() if not (k == "head_dim" and v is None)}
-        return hashlib.sha256(json.dumps(knobs, sort_keys=True).encode()).hexdigest()[:12]
+        """A short stable hash of the knobs (names cache folders)."""
+        return hashlib.sha256(json.dumps(self.knobs(), sort_keys=True).encode()).hexdigest()[:12]
 
 
 def config_values(spec: TinySpec, vocab_size: int, pad_id: int, bos_id: int, eos_id: int) -> dict[str, Any]:
@@ -191,7 +194,7 @@ def ensure_tiny_model(cache_dir: str | os.PathLike[str] | None = None, arch: Arc
 
     def build(tmp: Path) -> dict:
         _write_model(spec, tmp)
-        return asdict(spec)
+        return spec.knobs()
 
     return build_folder_once(root / f"tiny-{spec.arch}-{spec.digest()}", build)
 

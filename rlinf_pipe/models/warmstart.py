@@ -172,7 +172,7 @@ def _data_knobs(data: DataConfig) -> dict[str, Any]:
 
 def warm_digest(tiny: TinySpec, spec: WarmStartSpec, data: DataConfig) -> str:
     """A short stable hash of everything the warm-started weights depend on."""
-    blob = {"tiny": asdict(tiny), "warm": asdict(spec), "data": _data_knobs(data)}
+    blob = {"tiny": tiny.knobs(), "warm": asdict(spec), "data": _data_knobs(data)}
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -201,7 +201,7 @@ def ensure_warm_tiny_model(
     def build(tmp: Path) -> dict:
         stats = warm_start(base, tmp, data, **asdict(spec))
         logger.info("warm start of %s: %s", final.name, stats)
-        return {"tiny": asdict(tiny), "warm": asdict(spec), "data": _data_knobs(data), "stats": stats}
+        return {"tiny": tiny.knobs(), "warm": asdict(spec), "data": _data_knobs(data), "stats": stats}
 
     return build_folder_once(final, build)
 
