@@ -29,8 +29,22 @@ def exit_on_user_error(fn: Callable[..., Any], *args: Any) -> int:
     return result if isinstance(result, int) else 0
 
 
+SHIPPED_CONFIGS = "examples/math/config"
+
+
+def shipped_config_path() -> str:
+    """Where `--config-name` looks when no `--config-path` is given: `examples/math/config` under the current folder,
+    else that of the checkout this package runs from (so the shipped configs are found from any folder)."""
+    from pathlib import Path
+
+    if Path(SHIPPED_CONFIGS).is_dir():
+        return SHIPPED_CONFIGS
+    return str(Path(__file__).resolve().parents[1] / SHIPPED_CONFIGS)
+
+
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config-path", default="examples/math/config", help="folder of YAML configs")
+    parser.add_argument("--config-path", default=None,
+                        help=f"folder of YAML configs (default: {SHIPPED_CONFIGS}, the shipped ones, from any folder)")
     parser.add_argument(
         "--config-name",
         default=None,
@@ -44,40 +58,59 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
 
 def load_cli_config(args: argparse.Namespace) -> Any:
     """The config named on the command line: `FILE.yaml key=value ...`, or `--config-path/--config-name` and
-    overrides. A first word without `=` is a config file; one that does not exist is a clear error."""
+    overrides. A first word without `=` is a config file; one that does not exist is a clear error (naming
+    `--config-name` when a shipped config has that name)."""
     from pathlib import Path
 
     from rlinf_pipe.config import load_config
     from rlinf_pipe.errors import ConfigError
 
     overrides = list(args.overrides)
+    config_path = args.config_path or shipped_config_path()
     if overrides and "=" not in overrides[0]:
         file = Path(overrides.pop(0))
         if args.config_name:
             raise ConfigError(f"{file}: give the config either as a file or with --config-name, not both")
         if not file.is_file():
+            shipped = Path(config_path) / f"{file.name}.yaml"
+            if file.suffix not in (".yaml", ".yml") and len(file.parts) == 1 and shipped.is_file():
+                raise ConfigError(f"{file}: no such config file; the shipped config of that name is "
+                                  f"`--config-name {file}` ({shipped})")
             hint = "" if file.suffix in (".yaml", ".yml") else "; overrides look like key=value"
             raise ConfigError(f"{file}: no such config file{hint}")
         return load_config(file.parent, file.name, overrides)
-    return load_config(args.config_path, args.config_name, overrides)
+    return load_config(config_path, args.config_name, overrides)
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from rlinf_pipe.runner.model_fit import check_models
-    from rlinf_pipe.runner.plan import plan_run
+    from rlinf_pipe.errors import ConfigError
+    from rlinf_pipe.runner.preflight import preflight
     from rlinf_pipe.scheduler.memory import memory_report
     from rlinf_pipe.scheduler.plan_report import render_plan
 
     cfg = load_cli_config(args)
-    plan = plan_run(cfg)
-    check_models(cfg, plan)
-    placement = plan.placement
-    memory = memory_report(cfg, placement, plan.weight_transport)
+    checked = preflight(cfg, files=False)
+    if not args.no_files:
+        try:
+            checked = preflight(cfg)
+        except RlinfPipeError as exc:  # (a check of the model, data or checkpoint files: the others passed above)
+            raise ConfigError(f"{exc} (`rlinf-pipe plan --no-files` skips the checks of files, to plan from a machine "
+                              "without them)") from None
+    plan = checked.plan
+    memory = memory_report(cfg, plan.placement, plan.weight_transport)
+    weights = {"transport": plan.weight_transport, "why": plan.weight_transport_why,
+               "receivers": list(plan.weight_receivers)}
+    checks = {"passed": list(checked.passed), "skipped": list(checked.skipped)}
     if args.json:
-        print(json.dumps({**placement.to_json(), "warnings": list(plan.warnings), "memory": memory.to_json()},
-                         indent=2))
-    else:
-        print(render_plan(placement, memory, plan.warnings))
+        print(json.dumps({**plan.placement.to_json(), "warnings": list(plan.warnings), "memory": memory.to_json(),
+                          "weight_sync": weights, "checks": checks}, indent=2))
+        return 0
+    notes = [f"weight sync: {plan.weight_transport} to {', '.join(plan.weight_receivers)} "
+             f"({plan.weight_transport_why})",
+             f"checks passed: {', '.join(checked.passed)}"]
+    if checked.skipped:
+        notes.append(f"checks skipped (--no-files): {', '.join(checked.skipped)}")
+    print(render_plan(plan.placement, memory, plan.warnings, notes))
     return 0
 
 
@@ -181,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(plan)
     plan.add_argument("--json", action="store_true",
                       help="print the placement and the per-GPU memory estimate as JSON")
+    plan.add_argument("--no-files", action="store_true",
+                      help="skip the checks that read the model, data and checkpoint files (plan a cluster from a "
+                      "machine without them); every other check of `train` runs")
     plan.set_defaults(run=_plan)
     train = commands.add_parser("train", help="run a config (the same as examples/math/main_math.py)")
     _add_config_args(train)

@@ -53,6 +53,31 @@ def find_config_file(config_path: str | Path, config_name: str) -> Path:
     return path
 
 
+UTF16_MARKS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def read_config_file(file: Path) -> dict[str, Any]:
+    """A YAML config file's mapping of sections (unresolved), or a `ConfigError` naming the file for text that is
+    not UTF-8, a top level that is not a mapping, or invalid YAML (raised by the caller's handler)."""
+    data = file.read_bytes()
+    if data.startswith(UTF16_MARKS):
+        raise ConfigError(f"file {file}: UTF-16 text; configs are read as UTF-8: save the file as UTF-8")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"file {file}: not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x}, perhaps "
+                          "Latin-1); configs are read as UTF-8: save the file as UTF-8") from None
+    if "\x00" in text:
+        raise ConfigError(f"file {file}: holds a NUL character (byte {text.index(chr(0))}); is it a text file?")
+    top = yaml.safe_load(text)  # (only its type: OmegaConf's own loader reads the values, `1e-6` as a number)
+    if top is None:
+        return {}
+    if not isinstance(top, dict):
+        raise ConfigError(f"file {file}: the top level must be a mapping of sections (`cluster:`, `runner:`, ...), "
+                          f"got {type_name(type(top))} {str(top)[:40]!r}")
+    return typing.cast(dict[str, Any], OmegaConf.to_container(OmegaConf.create(text), resolve=False))
+
+
 def load_config(
     config_path: str | Path | None = None,
     config_name: str | None = None,
@@ -68,10 +93,7 @@ def load_config(
         merged: dict[str, Any] = {}
         whole: set[str] = set()  # mapping fields given as a whole: they replace the default, never merge into it
         if file is not None:
-            loaded = OmegaConf.load(file)
-            if not OmegaConf.is_dict(loaded):
-                raise ConfigError(f"file {file}: the top level must be a mapping of sections")
-            merged = OmegaConf.to_container(loaded, resolve=False)
+            merged = read_config_file(file)
             whole.update(p for p in MAPPING_FIELDS if _select(merged, p) is not None)
         for key, value in _parse_overrides(overrides):
             _check_split_placement(key, value)
@@ -329,6 +351,9 @@ def _convert_inner(tp: Any, value: Any, path: str, sources: _Sources) -> Any:
         raise _Mismatch
     if tp is str:
         if isinstance(value, str):
+            if "\x00" in value:
+                raise ConfigError(f"{path}: holds a NUL character (from {sources.of(path)}), which no name, path or "
+                                  "text of a run can hold; remove it")
             return value
         raise _Mismatch
     raise TypeError(f"schema type {tp!r} at {path} is not supported by the config loader")

@@ -11,6 +11,7 @@ import typing
 
 from rlinf_pipe.config.loader import type_name
 from rlinf_pipe.config.schema import Config
+from rlinf_pipe.config.validate import bound_text
 
 START, END = "<!-- reference:start -->", "<!-- reference:end -->"
 
@@ -32,7 +33,7 @@ def _render_section(cls: type, path: str, lines: list[str]) -> None:
         if dataclasses.is_dataclass(hints[f.name]):
             nested.append((hints[f.name], f"{path}.{f.name}"))
             continue
-        bounds = [f"{sign} {f.metadata[key]:g}" for key, sign in (("min", ">="), ("below", "<"))
+        bounds = [f"{sign} {bound_text(f.metadata[key])}" for key, sign in (("min", ">="), ("below", "<"))
                   if f.metadata.get(key) is not None]
         bound = f" ({', '.join(bounds)})" if bounds else ""
         help_text = f.metadata.get("help", "").replace("|", "\\|")

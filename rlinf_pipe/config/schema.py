@@ -61,7 +61,7 @@ class RunnerConfig:
     experiment_name: str = opt("tiny-grpo", "Name of the run; outputs go to `<output_dir>/<experiment_name>/<time>/`.")
     output_dir: str = opt("outputs", "Root folder of run outputs.")
     max_steps: int = opt(60, "Number of training steps.", min=1)
-    seed: int = opt(1, "Seed of data order, sampling and initialisation.")
+    seed: int = opt(1, "Seed of data order, sampling and initialisation.", min=0, below=2**63)
     save_interval: int = opt(0, "Save a checkpoint every N steps (0: only at the end).", min=0)
     keep_checkpoints: int = opt(
         0, "Complete checkpoints kept in the run folder: after each save the oldest beyond this many are deleted (0: "
@@ -99,7 +99,8 @@ class RunnerConfig:
         "step k trains, so samples lag the trained weights by up to N versions (rollout on GPUs of its own; the "
         "loss uses the sampling log-probs, see docs/pipeline.md#staleness).", min=0
     )
-    weight_bucket_mb: int = opt(64, "Size of one weight-sync bucket in MiB.", min=1)
+    weight_bucket_mb: int = opt(64, "Size of one weight-sync bucket in MiB (at most 65536: a bucket is held in memory "
+                                "whole, twice with `ipc`).", min=1, below=65537)
     channel_shared_mb: int = opt(
         64, "Shared memory (MiB) that each worker putting into a step channel lends the consumers on its node for "
         "tensors of 64 KiB or more (touched only as far as used; 0: every byte over sockets). Raise it when the run "
@@ -119,6 +120,10 @@ class RunnerConfig:
         "workers), or reading a few tensors back by name (SGLang, for the model classes it can read back).")
     tensorboard: bool = opt(True, "Write tensorboard events to `<run dir>/tensorboard`.")
     wandb_project: str | None = opt(None, "Log metrics to this wandb project (null: wandb off, no network).")
+    wandb_entity: str | None = opt(None, "wandb entity (team or user) of the project (null: the login's default).")
+    wandb_run_name: str | None = opt(
+        None, "wandb run name (null: runner.experiment_name).")
+    wandb_tags: list[str] = opt([], "wandb tags of the run.")
     progress: bool = opt(True, "Show the console progress bar and the end-of-run summary.")
 
 
@@ -193,7 +198,7 @@ class RolloutConfig:
     )
     temperature: float = opt(1.0, "Sampling temperature.", min=0)
     top_p: float = opt(1.0, "Nucleus sampling threshold.", min=0)
-    top_k: int = opt(-1, "Top-k sampling (-1: off).")
+    top_k: int = opt(-1, "Top-k sampling (-1: off; else at least 1).", min=-1)
     max_new_tokens: int = opt(32, "Maximum response length in tokens.", min=1)
 
 

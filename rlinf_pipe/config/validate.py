@@ -61,6 +61,12 @@ def validate_config(cfg: Config, source_of: Callable[[str], str] = lambda _: "th
             f"algorithm.dual_clip_c: {cfg.algorithm.dual_clip_c} must be > 1, or null to disable the dual clip "
             f"(from {source_of('algorithm.dual_clip_c')})"
         )
+    if cfg.rollout.top_k == 0:
+        raise ConfigError(
+            f"rollout.top_k: 0 would sample from no token (from {source_of('rollout.top_k')}); use -1 (off) or a "
+            "number of tokens >= 1"
+        )
+    _check_ray_address(cfg.cluster.ray_address, source_of("cluster.ray_address"))
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError(
             f"rollout.top_p: {cfg.rollout.top_p} must be in (0, 1] (the probability mass sampled from; 1 = off) "
@@ -96,6 +102,29 @@ def validate_config(cfg: Config, source_of: Callable[[str], str] = lambda _: "th
         cfg.rollout.model_path = cfg.actor.model_path
 
 
+ADDRESS = re.compile(r"(?:ray://)?(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.\-_]+):(?P<port>[0-9]+)")
+
+
+def _check_ray_address(address: str, source: str) -> None:
+    """`auto`, `local`, or `HOST:PORT` / `ray://HOST:PORT` with a port Ray can listen on."""
+    if address in ("auto", "local"):
+        return
+    match = ADDRESS.fullmatch(address)
+    if match is None or not 1 <= int(match["port"]) <= 65535:
+        problem = "a port must be 1-65535" if match else "not `auto`, `local` or HOST:PORT"
+        raise ConfigError(
+            f"cluster.ray_address: {address!r} (from {source}): {problem}; give the head's address as printed by "
+            "`ray start --head` or ray_utils/start_ray.sh (e.g. 10.0.0.1:6379), `auto` or `local`"
+        )
+
+
+def bound_text(value: float) -> str:
+    """A bound as written: 2**63 as `2**63`, whole numbers whole, others in `%g`."""
+    if value == 2**63:
+        return "2**63"
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
 def _check_bounds(section: object, source_of: Callable[[str], str], prefix: str = "") -> None:
     """Every field's `min` and `below` bounds, recursing into nested sections (e.g. data.arithmetic)."""
     for f in dataclasses.fields(section):
@@ -110,6 +139,6 @@ def _check_bounds(section: object, source_of: Callable[[str], str], prefix: str 
             if not isinstance(item, (int, float)):
                 continue
             if low is not None and item < low:
-                raise ConfigError(f"{key}: must be >= {low:g}, got {item!r} (from {source_of(key)})")
+                raise ConfigError(f"{key}: must be >= {bound_text(low)}, got {item!r} (from {source_of(key)})")
             if high is not None and item >= high:
-                raise ConfigError(f"{key}: must be < {high:g}, got {item!r} (from {source_of(key)})")
+                raise ConfigError(f"{key}: must be < {bound_text(high)}, got {item!r} (from {source_of(key)})")

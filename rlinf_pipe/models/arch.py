@@ -136,6 +136,11 @@ def megatron_size_problems(arch: HfArch, tp: int, pp: int) -> list[str]:
     return problems
 
 
+SGLANG_SPARE_TOKENS = 2
+"""Tokens of a request's length that sglang 0.5.23 never gives it: a request may be at most one token shorter than
+the context or the KV cache (tp_worker.py `max_req_len`), and its new tokens stop one short of that (scheduler.py)."""
+
+
 def sglang_tp_problem(arch: HfArch, tp: int) -> str:
     """Why SGLang cannot run `arch` at `tp` GPUs per engine ("" if it can): each rank takes whole query heads, and
     key/value heads are split (TP divides them) or replicated (the count divides TP)."""

@@ -13,7 +13,9 @@ from rlinf_pipe.data.sampler import PromptSampler
 from rlinf_pipe.data.structs import PromptItem
 from rlinf_pipe.engines.reward.extract import resolve_thinking
 from rlinf_pipe.errors import ConfigError
+from rlinf_pipe.models.hf_config import load_hf_config
 from rlinf_pipe.models.resolve import resolve_model_path
+from rlinf_pipe.runner.model_fit import check_context_length
 from rlinf_pipe.utils.folders import absolute
 
 
@@ -49,8 +51,8 @@ def driver_inputs(cfg: Config) -> DriverInputs:
     rollout_path = model_path if cfg.rollout.model_path in (None, cfg.actor.model_path) else run_model_path(
         cfg.rollout.model_path, cfg
     )
-    for path in dict.fromkeys((model_path, rollout_path)):
-        check_context_length(cfg, path)
+    for path in dict.fromkeys((model_path, rollout_path)):  # (built-in models' folders exist only from here)
+        check_context_length(cfg, load_hf_config(path), path)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     check_round_trip(tokenizer, model_path)
     resolve_thinking(cfg, tokenizer)
@@ -81,39 +83,3 @@ def check_round_trip(tokenizer: Any, model_path: str) -> None:
         )
 
 
-CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
-
-
-def context_length(hf_config: Any) -> int:
-    """A model's context in tokens as sglang 0.5.23 reads it from the HF config (`get_context_length`): the first of
-    `CONTEXT_KEYS` it has, times a `rope_scaling` factor unless the scaling names its original length or is
-    llama3's (whose `max_position_embeddings` is already the scaled one); 2048 when it has none of them."""
-    scaling = getattr(hf_config, "rope_scaling", None) or {}
-    factor = scaling.get("factor", 1)
-    if "original_max_position_embeddings" in scaling or scaling.get("rope_type") == "llama3":
-        factor = 1
-    for key in CONTEXT_KEYS:
-        if (value := getattr(hf_config, key, None)) is not None:
-            return int(factor * value)
-    return 2048
-
-
-def check_context_length(cfg: Config, model_path: str) -> None:
-    """The longest sample a run can make (the longest prompt it keeps and the longest response) must fit the
-    model's context (`context_length`) less the tokens sglang keeps spare (`SGLANG_SPARE_TOKENS`): beyond it SGLang
-    silently shortens each request's max_new_tokens, while the torch engine and Megatron go on at positions the
-    model never saw. A `ConfigError` names the keys."""
-    from transformers import AutoConfig
-
-    from rlinf_pipe.scheduler.memory import SGLANG_SPARE_TOKENS
-
-    context = context_length(AutoConfig.from_pretrained(model_path))
-    usable = context - SGLANG_SPARE_TOKENS
-    longest = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-    if longest > usable:
-        raise ConfigError(
-            f"data.max_prompt_length ({cfg.data.max_prompt_length}) + rollout.max_new_tokens "
-            f"({cfg.rollout.max_new_tokens}) = {longest} tokens does not fit the context of {model_path} ({context} "
-            f"tokens, from its config.json, of which SGLang keeps {SGLANG_SPARE_TOKENS} spare): lower one of them so "
-            f"that the sum is at most {usable}"
-        )

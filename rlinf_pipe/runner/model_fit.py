@@ -1,16 +1,18 @@
 """The run's models checked against what runs them, before Ray starts (`rlinf-pipe plan` and `train`): a supported
-family (`models.arch`), and every parallel size one can be split by: Megatron's rules for the actor and the log-prob
-workers, SGLang's for its engines. Reads only `config.json` files (no torch)."""
+family (`models.arch`), every parallel size one can be split by (Megatron's rules for the actor and the log-prob
+workers, SGLang's for its engines), and the longest sample within the model's context. Reads only `config.json`
+files (no torch)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
-from rlinf_pipe.models.arch import HfArch, UnsupportedModelError, megatron_size_problems, model_arch, \
-    sglang_tp_problem
+from rlinf_pipe.models.arch import SGLANG_SPARE_TOKENS, HfArch, UnsupportedModelError, megatron_size_problems, \
+    model_arch, model_config, sglang_tp_problem
 from rlinf_pipe.runner.plan import RunPlan
 
 
@@ -67,3 +69,45 @@ def check_models(cfg: Config, plan: RunPlan) -> None:
         if problems:
             where = source.split(",")[0]
             raise ConfigError(f"{'; '.join(problems)} (model: {where})")
+
+
+CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
+
+
+def context_length(hf_config: Any) -> int:
+    """A model's context in tokens as sglang 0.5.23 reads it from the HF config (`get_context_length`): the first of
+    `CONTEXT_KEYS` it has, times a `rope_scaling` factor unless the scaling names its original length or is
+    llama3's (whose `max_position_embeddings` is already the scaled one); 2048 when it has none of them."""
+    scaling = getattr(hf_config, "rope_scaling", None) or {}
+    factor = scaling.get("factor", 1)
+    if "original_max_position_embeddings" in scaling or scaling.get("rope_type") == "llama3":
+        factor = 1
+    for key in CONTEXT_KEYS:
+        if (value := getattr(hf_config, key, None)) is not None:
+            return int(factor * value)
+    return 2048
+
+
+def check_context_length(cfg: Config, hf_config: Any, model: str) -> None:
+    """The longest sample a run can make (the longest prompt it keeps and the longest response) must fit the
+    model's context (`context_length`) less the tokens sglang keeps spare: beyond it SGLang silently shortens each
+    request's max_new_tokens, while the torch engine and Megatron go on at positions the model never saw. A
+    `ConfigError` names the keys."""
+    context = context_length(hf_config)
+    usable = context - SGLANG_SPARE_TOKENS
+    longest = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    if longest > usable:
+        raise ConfigError(
+            f"data.max_prompt_length ({cfg.data.max_prompt_length}) + rollout.max_new_tokens "
+            f"({cfg.rollout.max_new_tokens}) = {longest} tokens does not fit the context of {model} ({context} "
+            f"tokens, from its config.json, of which SGLang keeps {SGLANG_SPARE_TOKENS} spare): lower one of them so "
+            f"that the sum is at most {usable}"
+        )
+
+
+def check_context(cfg: Config, plan: RunPlan | None = None) -> None:
+    """`check_context_length` for each of the run's models whose config.json can be read here."""
+    for model in dict.fromkeys(m for m in (cfg.actor.model_path, cfg.rollout.model_path) if m):
+        config, _ = model_config(model)
+        if config is not None:
+            check_context_length(cfg, config, model)

@@ -35,6 +35,7 @@ class RunPlan:
     channel_shared_bytes: int  # each producer's shared memory in the step channels (`runner.channel_shared_mb`)
     logprob_stage: bool = True  # the algorithm needs a log-prob pass (old or reference log-probs)
     idle_inference: str = ""  # why placed inference workers are not started (empty: they are, or none are placed)
+    weight_transport_why: str = ""  # why `runner.weight_sync` came to `weight_transport` (`plan` prints it)
     arrival_slots: bool = False  # groups take slots in the order they are scored (dynamic sampling does anyway)
     token_balance: bool = False  # groups go to the actor replica with the fewest tokens (DP > 1)
 
@@ -121,20 +122,28 @@ def idle_inference_warning(cfg: Config, placement: Placement) -> str:
             "true (the kl metric) or algorithm.n_minibatches > 1 (old log-probs recomputed)")
 
 
-def resolve_weight_transport(setting: str, placement: Placement, receivers: Sequence[str]) -> Transport:
-    """`runner.weight_sync`: `auto` is `broadcast` (NCCL on GPUs, gloo on CPU) when no two members of its group
-    (the actor's rank 0 and the receivers) share a GPU. Otherwise (collocated, or a hybrid placement) NCCL could
+def resolve_weight_transport(setting: str, placement: Placement, receivers: Sequence[str]) -> tuple[Transport, str]:
+    """`runner.weight_sync` and why: `auto` is `broadcast` (NCCL on GPUs, gloo on CPU) when no two members of its
+    group (the actor's rank 0 and the receivers) share a GPU. Otherwise (collocated, or a hybrid placement) NCCL could
     not form the group: `ipc` when every receiver shares a GPU with an actor rank that holds a whole replica (CUDA
     IPC on GPUs, shared memory on CPU; `weight_routes`), else `object_store`."""
-    if setting == "auto":
-        comps = placement.components
-        members = {name: comps[name] for name in receivers if name in comps}
-        if placement.mode != "collocated" and gpu_shared_in_group(comps["actor"], members) is None:
-            return "broadcast"
-        return "ipc" if ipc_unreachable(placement, receivers) is None else "object_store"
     if setting in TRANSPORTS:
-        return setting  # type: ignore[return-value]
-    raise ConfigError(f"runner.weight_sync: {setting!r} is not one of auto, {', '.join(TRANSPORTS)}")
+        return setting, "set by runner.weight_sync"  # type: ignore[return-value]
+    if setting != "auto":
+        raise ConfigError(f"runner.weight_sync: {setting!r} is not one of auto, {', '.join(TRANSPORTS)}")
+    comps = placement.components
+    members = {name: comps[name] for name in receivers if name in comps}
+    shared = ("actor and rollout take turns on every GPU" if placement.mode == "collocated"
+              else gpu_shared_in_group(comps["actor"], members))
+    if shared is None:
+        return "broadcast", "auto: no two members of the group (actor rank 0 and the receivers) share a GPU"
+    unreachable = ipc_unreachable(placement, receivers)
+    if unreachable is None:
+        return "ipc", (f"auto: {shared}, and a broadcast group (NCCL) takes one rank per GPU; every receiver shares a "
+                       "GPU with an actor rank holding a whole replica")
+    return "object_store", (f"auto: {shared}, so no broadcast group (NCCL takes one rank per GPU), and {unreachable}, "
+                            "so no IPC: the slower object store carries the weights; place the receivers apart from "
+                            "the actor, or on the GPUs of its gathering ranks, for a faster transport")
 
 
 def check_algorithm(cfg: Config) -> None:
@@ -166,9 +175,9 @@ def plan_run(cfg: Config, gpus_per_node: Sequence[int] | None = None) -> RunPlan
         )
     logprob_stage = computes_logprobs(cfg)
     receivers = weight_receivers(placement, logprob_stage)
-    transport = resolve_weight_transport(cfg.runner.weight_sync, placement, receivers)
+    transport, why = resolve_weight_transport(cfg.runner.weight_sync, placement, receivers)
     return RunPlan(
-        placement=placement, weight_transport=transport,
+        placement=placement, weight_transport=transport, weight_transport_why=why,
         weight_routes=tuple(weight_routes(placement, transport, receivers)),
         staleness=cfg.runner.max_staleness, dynamic_sampling=cfg.algorithm.dynamic_sampling,
         logprob_stage=logprob_stage, idle_inference=idle_inference_warning(cfg, placement),

@@ -36,7 +36,7 @@ from rlinf_pipe.runner.validation import Validation
 from rlinf_pipe.runner.weight_sync import WeightSync
 from rlinf_pipe.scheduler import traffic
 from rlinf_pipe.scheduler.cluster import Cluster
-from rlinf_pipe.utils.metrics import MetricsWriter, json_safe
+from rlinf_pipe.utils.metrics import MetricsWriter, WandbRun, json_safe
 from rlinf_pipe.utils.profiling import PROFILE_DIR, write_profile
 from rlinf_pipe.utils.timeline import STEP_SPAN
 from rlinf_pipe.utils.tracing import Span, Tracer
@@ -101,8 +101,10 @@ class Runner:
         """Train to `runner.max_steps`; returns the run folder. A stop signal raises `RunStopped` once the run's
         outputs are written."""
         cfg = self.cfg.runner
-        writer = MetricsWriter(self.run_dir, tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project,
-                               wandb_name=cfg.experiment_name)
+        wandb_run = None if cfg.wandb_project is None else WandbRun(
+            cfg.wandb_project, cfg.wandb_entity, cfg.wandb_run_name or cfg.experiment_name,
+            tuple(cfg.wandb_tags))
+        writer = MetricsWriter(self.run_dir, tensorboard=cfg.tensorboard, wandb_run=wandb_run)
         try:
             asyncio.run(self.train(writer))
         except RunStopped:

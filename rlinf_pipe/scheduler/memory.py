@@ -43,6 +43,7 @@ from rlinf_pipe.algorithms.logprob_needs import computes_logprobs, needs_ref
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.engines.policy.logprobs import CHUNK_BYTES
 from rlinf_pipe.engines.rollout.factory import TORCH_MAX_RUNNING, memory_fraction
+from rlinf_pipe.models.arch import SGLANG_SPARE_TOKENS
 from rlinf_pipe.scheduler.placement import ComponentPlacement, Placement
 
 if TYPE_CHECKING:
@@ -144,9 +145,6 @@ def forward_activations(shape: HfArch, tokens: int, tp: int) -> float:
     return layer + tokens * shape.vocab_size / tp * 2 + 2 * CHUNK_BYTES
 
 
-# Tokens of a request's length that sglang 0.5.23 never gives it: a request may be at most one token shorter than
-# the context or the KV cache (tp_worker.py `max_req_len`), and its new tokens stop one short of that (scheduler.py)
-SGLANG_SPARE_TOKENS = 2
 
 
 def kv_cache_bytes(shape: HfArch, sequences: int, seq_len: int, tp: int, dtype_bytes: int = 2) -> float:

@@ -16,8 +16,9 @@ MODE_REASONS = {
 
 
 def render_plan(placement: Placement, memory: MemoryReport | None = None,
-                warnings: tuple[str, ...] | None = None) -> str:
-    """The screen `rlinf-pipe plan` prints (`warnings`: the run's, default the placement's)."""
+                warnings: tuple[str, ...] | None = None, notes: list[str] | None = None) -> str:
+    """The screen `rlinf-pipe plan` prints (`warnings`: the run's, default the placement's; `notes`: lines after the
+    memory estimate)."""
     lines = [
         f"mode: {placement.mode} ({MODE_REASONS[placement.mode]})",
         f"cluster: {len(placement.gpus_per_node)} node(s), {placement.world_size} GPU(s)",
@@ -33,6 +34,8 @@ def render_plan(placement: Placement, memory: MemoryReport | None = None,
     ]
     if memory is not None:
         lines += ["", *_memory(memory)]
+    if notes:
+        lines += ["", *notes]
     warnings = [*(placement.warnings if warnings is None else warnings),
                 *(memory.warnings() if memory is not None else [])]
     if warnings:

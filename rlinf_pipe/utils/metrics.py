@@ -1,6 +1,6 @@
 """Where per-step metrics go: `metrics.jsonl` always, tensorboard events, and wandb when asked.
 
-`MetricsWriter(run_dir, tensorboard=True, wandb_project=None)`; `write(step, metrics)`; `close()`.
+`MetricsWriter(run_dir, tensorboard=True, wandb=None)`; `write(step, metrics)`; `close()`.
 wandb is imported only when a project is given, so a run without it needs neither the package nor a network.
 """
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +40,23 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+@dataclass(frozen=True)
+class WandbRun:
+    """Where a run's metrics go in wandb: its project, entity (team or user; None: the login's default), run name and
+    tags (`runner.wandb_*`)."""
+
+    project: str
+    entity: str | None = None
+    name: str | None = None
+    tags: tuple[str, ...] = ()
+
+
 class MetricsWriter:
     """Appends one JSON object per step to `<run_dir>/metrics.jsonl` and mirrors scalars to the other sinks."""
 
     def __init__(
-        self, run_dir: str | Path, *, tensorboard: bool = True, wandb_project: str | None = None,
-        wandb_name: str | None = None, config: dict[str, Any] | None = None,
+        self, run_dir: str | Path, *, tensorboard: bool = True, wandb_run: WandbRun | None = None,
+        config: dict[str, Any] | None = None,
     ):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / "metrics.jsonl"
@@ -55,14 +67,15 @@ class MetricsWriter:
 
             self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
         self._wandb = None
-        if wandb_project:
+        if wandb_run is not None:
             try:
                 import wandb
             except ImportError as exc:
                 raise RuntimeError(
                     "runner.wandb_project is set but wandb is not installed: `pip install wandb`, or unset it"
                 ) from exc
-            self._wandb = wandb.init(project=wandb_project, name=wandb_name, config=config, dir=str(self.run_dir))
+            self._wandb = wandb.init(project=wandb_run.project, entity=wandb_run.entity, name=wandb_run.name,
+                                     tags=list(wandb_run.tags) or None, config=config, dir=str(self.run_dir))
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}

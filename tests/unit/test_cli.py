@@ -16,7 +16,8 @@ CONFIGS = str(ROOT / "examples" / "math" / "config")
 
 
 def run_plan(capsys, *args: str) -> tuple[int, str, str]:
-    code = main(["plan", "--config-path", CONFIGS, *args])
+    """`plan --no-files` (the example configs name model and data folders this machine does not have)."""
+    code = main(["plan", "--no-files", "--config-path", CONFIGS, *args])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -112,9 +113,31 @@ def test_user_errors_exit_2_with_message(capsys, args, expected):
     assert err.startswith("error: ") and expected in err and "Traceback" not in err
 
 
+def test_plan_runs_the_file_checks_of_train_unless_told_not_to(capsys):
+    code = main(["plan", "--config-path", CONFIGS, "--config-name", "qwen2.5-1.5b-grpo-megatron-pipeline"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "actor.model_path: unknown model '/mnt/models/DeepSeek-R1-Distill-Qwen-1.5B'" in err
+    assert "`rlinf-pipe plan --no-files` skips the checks of files" in err
+    code, out, _ = run_plan(capsys, "--config-name", "qwen2.5-1.5b-grpo-megatron-pipeline")
+    assert code == 0 and "checks skipped (--no-files): model names, dataset files, resume checkpoint" in out
+    checks = next(line for line in out.splitlines() if line.startswith("checks passed: "))
+    assert "models' families and parallel sizes" in checks and "data settings" in checks
+
+
+def test_plan_says_which_weight_transport_the_run_takes_and_why(capsys):
+    code, out, _ = run_plan(capsys, "--config-name", "tiny-grpo-megatron-hybrid")
+    line = next(line for line in out.splitlines() if line.startswith("weight sync: "))
+    assert code == 0 and line.startswith("weight sync: object_store to rollout, inference (auto: ")
+    assert "the slower object store carries the weights" in line
+    code, out, _ = run_plan(capsys, "--config-name", "tiny-grpo-megatron-hybrid", "--json")
+    weights = json.loads(out)["weight_sync"]
+    assert weights["transport"] == "object_store" and weights["why"].startswith("auto: ")
+
+
 def test_console_script_exits_2_without_traceback():
     proc = subprocess.run(
-        [sys.executable, "-m", "rlinf_pipe.cli", "plan", "--config-path", CONFIGS,
+        [sys.executable, "-m", "rlinf_pipe.cli", "plan", "--no-files", "--config-path", CONFIGS,
          "--config-name", "qwen2.5-1.5b-grpo-megatron-pipeline", "cluster.component_placement.actor=20-31"],
         capture_output=True, text=True, timeout=60,
     )

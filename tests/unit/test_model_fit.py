@@ -115,7 +115,7 @@ def test_sglang_splits_or_replicates_key_value_heads():
 @pytest.mark.parametrize("name, config", [("Qwen3-1.7B", QWEN3_1_7B), ("Llama-3.1-8B", LLAMA_3_1_8B)])
 def test_qwen3_and_llama3_folders_are_planned_and_estimated(tmp_path, capsys, name, config):
     path = folder(tmp_path, name, config)
-    code, out, err = plan(capsys, R1_1NODE, f"actor.model_path={path}", "cluster.gpu_memory_gb=1000")
+    code, out, err = plan(capsys, "--no-files", R1_1NODE, f"actor.model_path={path}", "cluster.gpu_memory_gb=1000")
     assert code == 0, err
     assert f"memory estimate (model: {path}/config.json" in out and "DOES NOT FIT" not in out
     arch = hf_arch(light_hf_config(config))

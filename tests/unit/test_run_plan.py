@@ -114,16 +114,21 @@ def test_staleness_needs_the_disaggregated_pipeline():
     assert plan("runner.max_staleness=1").staleness == 1
 
 
-def test_auto_weight_sync_resolves_by_mode_and_reach():
-    assert resolve_weight_transport("auto", plan().placement, ("rollout", "inference")) == "broadcast"
-    assert resolve_weight_transport("auto", plan(*COLLOCATED).placement, ("rollout",)) == "ipc"
+def test_auto_weight_sync_resolves_by_mode_and_reach_and_says_why():
+    assert resolve_weight_transport("auto", plan().placement, ("rollout", "inference"))[0] == "broadcast"
+    transport, why = resolve_weight_transport("auto", plan(*COLLOCATED).placement, ("rollout",))
+    assert transport == "ipc" and why.startswith("auto: actor and rollout take turns on every GPU")
     # a collocated engine on a node without an actor rank holding a whole replica (pipeline stage 1 only): no
     # ipc, and no broadcast either (the engine on the actor's GPU): the object store
     staged = load_config(overrides=["cluster.num_nodes=2", "cluster.num_gpus_per_node=1",
                                     'cluster.component_placement={"actor,rollout": all}',
                                     "actor.pipeline_parallel_size=2"])
-    assert plan_run(staged, [1, 1]).weight_transport == "object_store"
-    assert resolve_weight_transport("object_store", plan().placement, ("rollout",)) == "object_store"
+    staged_plan = plan_run(staged, [1, 1])
+    assert staged_plan.weight_transport == "object_store"
+    assert "so no IPC: the slower object store carries the weights" in staged_plan.weight_transport_why
+    assert "rollout rank 1 (GPU 1) shares no GPU with an actor rank" in staged_plan.weight_transport_why
+    assert resolve_weight_transport("object_store", plan().placement, ("rollout",)) == ("object_store",
+                                                                                       "set by runner.weight_sync")
 
 
 @pytest.mark.parametrize(
@@ -199,16 +204,17 @@ def test_a_sample_longer_than_the_models_context_is_refused_naming_the_keys(tmp_
     """SGLang would shorten each request's max_new_tokens without a word; the torch engine and Megatron would run
     at positions the model never saw."""
     from rlinf_pipe.models.tiny import ensure_tiny_model
-    from rlinf_pipe.runner.driver_inputs import check_context_length
+    from rlinf_pipe.runner.preflight import preflight
 
     model = str(ensure_tiny_model(tmp_path / "models"))  # max_position_embeddings 512
-    check_context_length(load_config("examples/math/config", "tiny-grpo-megatron", [
-        "data.max_prompt_length=478", "rollout.max_new_tokens=32"]), model)  # 510: fits
-    with pytest.raises(ConfigError, match=r"data.max_prompt_length \(479\) \+ rollout.max_new_tokens \(32\) = 511 "
-                                          r"tokens does not fit the context of .*\(512 tokens, from its config.json, of "
-                                          r"which SGLang keeps 2 spare\): .* at most 510"):
-        check_context_length(load_config("examples/math/config", "tiny-grpo-megatron", [
-            "data.max_prompt_length=479", "rollout.max_new_tokens=32"]), model)
+    preflight(load_config("examples/math/config", "tiny-grpo-megatron", [
+        f"actor.model_path={model}", "data.max_prompt_length=478", "rollout.max_new_tokens=32"]))  # 510: fits
+    for name in (model, "tiny"):  # (a folder, and the built-in model read from its spec before it is built)
+        with pytest.raises(ConfigError, match=r"data.max_prompt_length \(479\) \+ rollout.max_new_tokens \(32\) = "
+                                              r"511 tokens does not fit the context of .*\(512 tokens, from its "
+                                              r"config.json, of which SGLang keeps 2 spare\): .* at most 510"):
+            preflight(load_config("examples/math/config", "tiny-grpo-megatron", [
+                f"actor.model_path={name}", "data.max_prompt_length=479", "rollout.max_new_tokens=32"]))
 
 
 @pytest.mark.parametrize(("fields", "context"), [
@@ -223,7 +229,7 @@ def test_a_sample_longer_than_the_models_context_is_refused_naming_the_keys(tmp_
 def test_the_context_length_is_read_as_sglang_reads_it(fields, context):
     from types import SimpleNamespace
 
-    from rlinf_pipe.runner.driver_inputs import context_length
+    from rlinf_pipe.runner.model_fit import context_length
 
     assert context_length(SimpleNamespace(**fields)) == context
 
