@@ -25,7 +25,7 @@ from rlinf_pipe.engines.evaluation import (
     write_problems,
 )
 from rlinf_pipe.engines.reward.extract import resolve_thinking
-from rlinf_pipe.engines.reward.pool import reward_pool
+from rlinf_pipe.engines.reward.registry import reward_pool
 from rlinf_pipe.engines.rollout.factory import build_engine, sampling_params
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.models.convert import convert_megatron_to_hf
