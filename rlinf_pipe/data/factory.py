@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,13 @@ from rlinf_pipe.data.templates import PromptRenderer
 
 ARITHMETIC = "arithmetic"
 GSM8K = "gsm8k"
+
+
+def warm_start_data(data: DataConfig) -> DataConfig:
+    """The data the built-in `tiny` model is warm-started on for a run on `data`: the run's own arithmetic data, or,
+    for a dataset file or gsm8k, the arithmetic generator with the run's knobs and template (the warm start teaches
+    the answer format on arithmetic problems)."""
+    return data if data.dataset == ARITHMETIC else dataclasses.replace(data, dataset=ARITHMETIC)
 
 
 def build_renderer(data: DataConfig, tokenizer: Any) -> PromptRenderer:
@@ -73,12 +82,16 @@ def check_data_files(data: DataConfig, validates: bool) -> None:
             check_data_file(Path(source), key)
 
 
-def split_validation(data: DataConfig, tokenizer: Any, seed: int, train: PromptDataset
+def split_validation(data: DataConfig, tokenizer: Any, seed: int, train: PromptDataset,
+                     loaded: Callable[[str, PromptDataset], None] | None = None
                      ) -> tuple[PromptDataset, list[PromptItem]]:
     """The training dataset and the evaluation prompts of `data.val_dataset` (see its help): `heldout` takes the
-    last `data.val_size` records out of a finite training set, or draws arithmetic problems under another name."""
+    last `data.val_size` records out of a finite training set, or draws arithmetic problems under another name.
+    `loaded("data.val_dataset", dataset)` is called when a dataset of its own is loaded."""
     if data.val_dataset != HELDOUT:
         prompts = build_prompt_dataset(data, tokenizer, seed, source=data.val_dataset)  # `rlinf-pipe eval`'s set
+        if loaded is not None:
+            loaded("data.val_dataset", prompts)
         return train, first_prompts(prompts, data.val_size)
     if data.dataset == ARITHMETIC:
         return train, first_prompts(build_prompt_dataset(data, tokenizer, seed, name="arithmetic-val"), data.val_size)
@@ -93,6 +106,12 @@ def split_validation(data: DataConfig, tokenizer: Any, seed: int, train: PromptD
             "data.val_size or give data.val_dataset a file of its own"
         )
     return FileDataset(train.name, train.items[:keep], train.report), list(train.items[keep:])
+
+
+def dataset_line(key: str, dataset: PromptDataset) -> str | None:
+    """What a run says at launch of a dataset loaded from a file: its record schema and what was loaded
+    (`LoadReport.summary`); None for a generated dataset."""
+    return f"{key}: {dataset.report.summary()}" if isinstance(dataset, FileDataset) else None
 
 
 def first_prompts(dataset: PromptDataset, count: int) -> list[PromptItem]:

@@ -1,7 +1,7 @@
 """Reading dataset files into raw records, each with its location for error messages.
 
 Formats by suffix: `.jsonl` (one JSON object per line; blank lines ignored), `.json` (a list of objects, or an
-object whose `data` key holds that list), `.parquet` (needs pyarrow; imported only here). Problems with one record
+object whose `data` key holds that list), `.parquet` (read with pyarrow, imported only here). Problems with one record
 (invalid JSON line, not an object) are yielded as `RecordIssue`s so the caller can skip or report them; problems
 with the whole file (missing file, unknown suffix, unreadable JSON document) raise DataError.
 """
@@ -20,10 +20,13 @@ SUFFIXES = (".jsonl", ".json", ".parquet")
 Record = dict[str, Any]
 
 
-def iter_records(path: Path, columns: Sequence[str] = ()) -> Iterator[tuple[str, Record | RecordIssue]]:
+def iter_records(path: Path, columns: Sequence[str] = (), required: Sequence[str] = ()
+                 ) -> Iterator[tuple[str, Record | RecordIssue]]:
     """Yield `(location, record)` or `(location, issue)` for every record of `path`, in file order.
 
-    `columns` are the keys the caller needs (parquet reads only those top-level columns).
+    `columns` are the keys the caller may read and `required` those it cannot do without (parquet reads only those
+    top-level columns; a missing required one, or none of `columns` there, is a DataError naming the file's
+    columns). Empty `columns`: every column.
     """
     check_data_file(path)
     suffix = path.suffix.lower()
@@ -31,7 +34,7 @@ def iter_records(path: Path, columns: Sequence[str] = ()) -> Iterator[tuple[str,
         return _iter_jsonl(path)
     if suffix == ".json":
         return _iter_json(path)
-    return _iter_parquet(path, columns)
+    return _iter_parquet(path, columns, required)
 
 
 def check_data_file(path: Path, key: str = "data.dataset") -> None:
@@ -89,26 +92,31 @@ def _iter_json(path: Path) -> Iterator[tuple[str, Record | RecordIssue]]:
         yield _check_object(f"{path} record [{index}]", value)
 
 
-def _iter_parquet(path: Path, columns: Sequence[str]) -> Iterator[tuple[str, Record | RecordIssue]]:
+def _iter_parquet(path: Path, columns: Sequence[str], required: Sequence[str]
+                  ) -> Iterator[tuple[str, Record | RecordIssue]]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
         raise DataError(
-            f"{path}: reading .parquet files needs pyarrow, which is not installed; run `pip install pyarrow` "
-            "or convert the file to .jsonl"
+            f"{path}: reading .parquet files needs pyarrow, a dependency of rlinf_pipe that is missing here; "
+            "reinstall rlinf_pipe (`bash scripts/setup.sh`) or `pip install pyarrow`"
         ) from None
+
+    def top(key: str) -> str:  # a dotted key's top-level column (a literal column name with a dot is kept)
+        return key if key in available else key.split(".", 1)[0]
+
     try:
         available = list(pq.read_schema(path).names)
-        wanted = [c if c in available else c.split(".", 1)[0] for c in columns]  # dotted keys: top-level column
-        present = [c for c in dict.fromkeys(wanted) if c in available]
+        wanted = list(dict.fromkeys(top(c) for c in columns)) if columns else available
+        present = [c for c in wanted if c in available]
+        missing = [c for c in dict.fromkeys(top(c) for c in required) if c not in available]
+        if missing or not present:
+            what = f"no column(s) {', '.join(map(repr, missing))}" if missing else "none of the columns a record " \
+                f"schema reads ({', '.join(wanted)})"
+            raise DataError(f"{path}: {what}; the file has columns {available} (set data.prompt_key / "
+                            "data.answer_key)")
         table = pq.read_table(path, columns=present)
     except (OSError, ValueError) as exc:  # pyarrow's errors derive from these
         raise DataError(f"{path}: cannot read the parquet file ({exc})") from None
-    missing = [c for c in dict.fromkeys(wanted) if c not in available]
-    if missing:
-        raise DataError(
-            f"{path}: no column(s) {', '.join(map(repr, missing))}; the file has columns {available} "
-            "(set data.prompt_key / data.answer_key)"
-        )
     for index, record in enumerate(table.to_pylist()):
         yield f"{path} record [{index}]", record

@@ -20,14 +20,29 @@ import numpy as np
 FinishReason = Literal["stop", "length", "abort"]
 
 
+class ChatMessage(msgspec.Struct, frozen=True):
+    """One message of a chat-message prompt (`role`: system, user, assistant, ...)."""
+
+    role: str
+    content: str
+
+
 class PromptItem(msgspec.Struct, frozen=True, kw_only=True):
     """One prompt, ready for generation.
 
     `id` is stable across runs (dataset name + record number in its source); `index` is its position in the
     dataset the sampler draws from and `epoch` the pass over that dataset that drew it, so (index, epoch)
-    identifies a draw for resumption. `prompt` is the raw question; `prompt_ids` the tokens of the rendered
-    prompt (template applied; empty until rendered). `version` is the weight version the prompt was dispatched
-    under (-1 until dispatched) and `slot` its position in that step's batch (see `rlinf_pipe.data.routing`).
+    identifies a draw for resumption. `prompt` is the raw question (for a chat-message prompt, its last user
+    message) and `messages` the record's own chat messages, rendered as given (empty for a plain question);
+    `prompt_ids` the tokens of the rendered prompt (template applied; empty until rendered). `version` is the
+    weight version the prompt was dispatched under (-1 until dispatched) and `slot` its position in that step's
+    batch (see `rlinf_pipe.data.routing`).
+
+    What the reward reads: `answer` is the parsed reference answer, `answers` every one when the record has
+    several (a response is correct when it matches any; empty: `answer` alone). `data_source`, `extra_info` (JSON
+    text of the record's object, "" when it has none) and `ground_truth` (JSON text of a verl record's
+    `reward_model.ground_truth` as stored, "" otherwise) are what a reward function receives
+    (`rlinf_pipe.engines.reward.context`).
     """
 
     id: str
@@ -38,6 +53,16 @@ class PromptItem(msgspec.Struct, frozen=True, kw_only=True):
     prompt_ids: list[int] = []
     version: int = -1
     slot: int = -1
+    messages: tuple[ChatMessage, ...] = ()
+    answers: tuple[str, ...] = ()
+    data_source: str = ""
+    extra_info: str = ""
+    ground_truth: str = ""
+
+    @property
+    def references(self) -> tuple[str, ...]:
+        """Every reference answer: `answers`, or `(answer,)` when the record has one."""
+        return self.answers or (self.answer,)
 
 
 class RolloutSample(msgspec.Struct, kw_only=True, eq=False):

@@ -8,6 +8,9 @@ Two modes, chosen by `template` (config `data.template`):
 - a format string with one field, `{prompt}`, e.g. `"{prompt}\\nPut the final answer in \\\\boxed{{}}."`
   (literal braces doubled); tokenized with the tokenizer's special tokens (e.g. BOS), unless the text already
   starts with the tokenizer's BOS token. `system_prompt` and `user_suffix` are unused.
+
+A record's own chat messages (verl's `prompt`) go through the tokenizer's chat template in either mode, as given:
+no `system_prompt` or `user_suffix` is added, and the assistant turn is opened.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlinf_pipe.data.errors import TemplateError
+from rlinf_pipe.data.structs import ChatMessage
+
+Prompt = str | Sequence[ChatMessage]  # a question, or a record's own chat messages
 
 CHAT = "chat"
 ENCODE_CHUNK = 1024  # prompts per call of the tokenizer in `encode_many`
@@ -61,29 +67,41 @@ class PromptRenderer:
         else:
             check_format_template(template)
 
-    def render(self, prompt: str) -> str:
+    def render(self, prompt: Prompt) -> str:
         """The prompt text the model sees."""
+        if not isinstance(prompt, str):
+            return self._chat([{"role": m.role, "content": m.content} for m in prompt])
         if self.template != CHAT:
             return self.template.format(prompt=prompt)
         content = prompt if self.user_suffix is None else f"{prompt}\n{self.user_suffix}"
         messages = [{"role": "user", "content": content}]
         if self.system_prompt:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return self._chat(messages)
+
+    def _chat(self, messages: list[dict[str, str]]) -> str:
+        if not getattr(self.tokenizer, "chat_template", None):
+            name = getattr(self.tokenizer, "name_or_path", "") or type(self.tokenizer).__name__
+            raise TemplateError(
+                f"a dataset record has a chat-message prompt, which goes through the tokenizer's chat template, but "
+                f"the tokenizer {name!r} has none; use a chat model's tokenizer, or give the prompts as text"
+            )
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         if not isinstance(text, str):
             raise TemplateError(f"the tokenizer's chat template returned {type(text).__name__}, not text")
         return text
 
-    def encode(self, prompt: str) -> list[int]:
+    def encode(self, prompt: Prompt) -> list[int]:
         """Token ids of the rendered prompt."""
         return self.encode_many([prompt])[0]
 
-    def encode_many(self, prompts: Sequence[str], chunk: int = ENCODE_CHUNK) -> list[list[int]]:
+    def encode_many(self, prompts: Sequence[Prompt], chunk: int = ENCODE_CHUNK) -> list[list[int]]:
         """Token ids of each rendered prompt, the same as `encode`'s: the tokenizer takes them `chunk` at a time (a
         fast tokenizer encodes a list in its own threads: 1.8x a prompt at a time at a dataset's launch, on 2 cores)."""
         texts = [self.render(prompt) for prompt in prompts]
         bos = getattr(self.tokenizer, "bos_token", None)
-        adds = [self.template != CHAT and not (bos and text.startswith(bos)) for text in texts]  # (a format with BOS)
+        adds = [self.template != CHAT and isinstance(prompt, str) and not (bos and text.startswith(bos))
+                for prompt, text in zip(prompts, texts, strict=True)]  # (a chat template or a format with BOS: no)
         ids: list[list[int]] = [[] for _ in texts]
         for add_special in set(adds):
             which = [i for i, add in enumerate(adds) if add == add_special]

@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from rlinf_pipe.data.structs import PromptItem
+from rlinf_pipe.engines.reward.context import RewardContext, reward_context
 from rlinf_pipe.engines.rollout.engine import GenerateRequest, RolloutEngine, SamplingParams, request_seed
 
 GREEDY, SAMPLED = "greedy", "sampled"
@@ -74,9 +75,11 @@ async def generate_texts(engine: RolloutEngine, requests: Sequence[GenerateReque
     return [by_id[r.request_id] for r in requests]
 
 
-def score_pairs(prompts: Sequence[PromptItem], outputs: Sequence[EvalOutput]) -> list[tuple[str, str]]:
-    """(response, reference answer) of every text of `outputs`, in order: what the reward scores."""
-    return [(text, prompts[_index(o)].answer) for o in outputs for text in o.texts]
+def score_pairs(prompts: Sequence[PromptItem], outputs: Sequence[EvalOutput]) -> list[tuple[str, RewardContext]]:
+    """(response, the prompt's `RewardContext`: its reference answers and a reward function's arguments) of every
+    text of `outputs`, in order: what the reward scores."""
+    contexts = [reward_context(prompt) for prompt in prompts]
+    return [(text, contexts[_index(o)]) for o in outputs for text in o.texts]
 
 
 def eval_problems(prompts: Sequence[PromptItem], outputs: Sequence[EvalOutput], correct: Sequence[bool]

@@ -15,7 +15,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from rlinf_pipe.config.schema import Config
-from rlinf_pipe.data.factory import build_prompt_dataset, first_prompts, split_validation
+from rlinf_pipe.data.factory import build_prompt_dataset, first_prompts, split_validation, warm_start_data
 from rlinf_pipe.engines.evaluation import (
     eval_metrics,
     eval_problems,
@@ -25,7 +25,7 @@ from rlinf_pipe.engines.evaluation import (
     write_problems,
 )
 from rlinf_pipe.engines.reward.extract import resolve_thinking
-from rlinf_pipe.engines.reward.pool import reward_pool
+from rlinf_pipe.engines.reward.registry import reward_pool
 from rlinf_pipe.engines.rollout.factory import build_engine, sampling_params
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.models.convert import convert_megatron_to_hf
@@ -47,7 +47,7 @@ def eval_model_folder(model: str, cfg: Config, out_dir: Path) -> Path:
             convert_megatron_to_hf(path, converted)
         return converted
     try:
-        return resolve_model_path(model, data=cfg.data)
+        return resolve_model_path(model, data=warm_start_data(cfg.data))
     except ValueError as exc:
         raise ConfigError(f"--model: {exc} A run's checkpoint (checkpoints/step_N) works too.") from None
 

@@ -1,6 +1,6 @@
 """What the driver reads before it launches the workers (`driver_inputs`): the model folders, the tokenizer, the
-prompt sets, and the checks that need them (the context length, the tokenizer's round trip), and the reward
-settings that depend on the prompts (`reward.thinking`)."""
+prompt sets (the record schema of a dataset file said in one line), and the checks that need them (the context
+length, the tokenizer's round trip), and the reward settings that depend on the prompts (`reward.thinking`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlinf_pipe.config.schema import Config
-from rlinf_pipe.data.factory import build_prompt_dataset, build_sampler, split_validation
+from rlinf_pipe.data.datasets import PromptDataset
+from rlinf_pipe.data.factory import (
+    build_prompt_dataset,
+    build_sampler,
+    dataset_line,
+    split_validation,
+    warm_start_data,
+)
 from rlinf_pipe.data.sampler import PromptSampler
 from rlinf_pipe.data.structs import PromptItem
 from rlinf_pipe.engines.reward.extract import resolve_thinking
@@ -21,9 +28,10 @@ from rlinf_pipe.utils.folders import absolute
 
 def run_model_path(name: str, cfg: Config) -> str:
     """The model folder of a run (`resolve_model_path` with the run's data: `tiny` is the tiny model warm-started
-    on it, built once and cached); an unusable name is a `ConfigError`."""
-    try:
-        return str(absolute(resolve_model_path(name, data=cfg.data)))  # (symlinks kept: a link may differ by node)
+    on it, or on arithmetic problems for a dataset file (`warm_start_data`), built once and cached); an unusable
+    name is a `ConfigError`."""
+    try:  # (symlinks kept: a link may differ by node)
+        return str(absolute(resolve_model_path(name, data=warm_start_data(cfg.data))))
     except ValueError as exc:
         raise ConfigError(f"actor.model_path / rollout.model_path: {exc}") from None
 
@@ -57,11 +65,19 @@ def driver_inputs(cfg: Config) -> DriverInputs:
     check_round_trip(tokenizer, model_path)
     resolve_thinking(cfg, tokenizer)
     dataset = build_prompt_dataset(cfg.data, tokenizer, cfg.runner.seed)
+    say_dataset("data.dataset", dataset)
     val_prompts: list[PromptItem] = []
     if cfg.runner.val_interval or cfg.runner.val_before_train:
-        dataset, val_prompts = split_validation(cfg.data, tokenizer, cfg.runner.seed, dataset)
+        dataset, val_prompts = split_validation(cfg.data, tokenizer, cfg.runner.seed, dataset, say_dataset)
     return DriverInputs(model_path, rollout_path, build_sampler(cfg.data, dataset, cfg.runner.seed), val_prompts,
                         pad_id_of(tokenizer))
+
+
+def say_dataset(key: str, dataset: PromptDataset) -> None:
+    """Print, in one line, the record schema detected in a dataset file and what was loaded from it."""
+    line = dataset_line(key, dataset)
+    if line is not None:
+        print(f"[rlinf_pipe] {line}", flush=True)
 
 
 ROUND_TRIP_PROBE = "What is 12 + 30? The answer is 42."

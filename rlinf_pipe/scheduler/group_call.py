@@ -13,7 +13,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from rlinf_pipe.errors import WorkerError
+from rlinf_pipe.errors import ConfigError, UserCodeError, WorkerError
 from rlinf_pipe.scheduler import traffic
 from rlinf_pipe.scheduler.death import ANSI_ESCAPES, CALL_FAILED, GONE, death_cause
 from rlinf_pipe.scheduler.gpu_ids import format_ids
@@ -106,6 +106,8 @@ class GroupCall:
             )
         if isinstance(exc, GONE):
             return self.group.died(member, head, death_cause(exc))
+        if isinstance(getattr(exc, "cause", None), (ConfigError, UserCodeError)):  # (its message says it all)
+            return WorkerError(f"{head}: {exc.cause}")
         return WorkerError(f"{head} raised {type(exc.cause).__name__}: {exc.cause}\n--- remote traceback ---\n{remote}")
 
 

@@ -21,7 +21,9 @@ from rlinf_pipe.algorithms.scoring import RewardTally, score_groups
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.data.packing import pack_train_batch
 from rlinf_pipe.data.structs import RolloutGroup, ScoredGroup
-from rlinf_pipe.engines.reward.pool import remove_process_temp_folder, reward_pool
+from rlinf_pipe.engines.reward.context import RewardContext, reward_context
+from rlinf_pipe.engines.reward.pool import remove_process_temp_folder
+from rlinf_pipe.engines.reward.registry import reward_pool
 from rlinf_pipe.scheduler.channel import Channel, StepEnd
 from rlinf_pipe.scheduler.worker import CONTROL_GROUP, Worker
 from rlinf_pipe.workers.logprob_stage import train_routing
@@ -94,11 +96,12 @@ class RewardWorker(Worker):
         held: list[tuple[RolloutGroup, list[float], int]] = []
         while not isinstance(group := await self.rollouts.aget(), StepEnd):
             with self.tracer.span("reward", step=step, version=group.version, samples=group.num_sequences) as args:
-                pairs = [(s.text, group.prompt.answer) for s in group.samples]
-                results = await asyncio.to_thread(self.pool.score_batch, pairs)
+                context = reward_context(group.prompt)
+                results = await asyncio.to_thread(self.pool.score_batch, [(s.text, context) for s in group.samples])
                 rewards = [r.reward for r in results]
                 tally.add(group, rewards, [r.correct for r in results], [r.parsed for r in results],
-                          [r.timed_out for r in results])
+                          [r.timed_out for r in results], [r.error is not None for r in results],
+                          [r.extras for r in results])
                 slot = args["slot"] = await self._slot(group, rewards)  # (None: dropped)
                 if slot is None:
                     continue
@@ -125,7 +128,8 @@ class RewardWorker(Worker):
         """Counters since start: items, correct, parse_failures, timeouts, errors, restarts, accuracy."""
         return self.pool.metrics()
 
-    async def judge(self, pairs: list[tuple[str, str]]) -> list[bool]:
-        """Whether each (response, reference answer) is correct: evaluation's scoring, outside the channels."""
+    async def judge(self, pairs: list[tuple[str, str | RewardContext]]) -> list[bool]:
+        """Whether each (response, reference answer or `RewardContext`) is correct: evaluation's scoring, outside the
+        channels."""
         results = await asyncio.to_thread(self.pool.score_batch, pairs)
         return [r.correct for r in results]

@@ -36,6 +36,7 @@ from rlinf_pipe.utils.tracing import LAUNCH_SPAN
 from support.faults import Fault, Saboteur, reward_pool_processes, wait_for
 from support.runs import assert_trains_like, final_weights
 
+ROOT = Path(__file__).resolve().parents[2]
 REQUIRED_METRICS = {
     "step", "reward/mean", "reward/accuracy", "response_length/mean", "loss", "grad_norm", "kl", "timing/step",
     "timing/rollout", "timing/inference", "timing/train", "timing/weight_sync", "throughput/tokens_per_s",
@@ -345,6 +346,50 @@ def test_a_validated_step_starts_its_own_generation_and_the_run_finishes(tmp_pat
     early = {s.args["step"]: s.args["generation_started_ahead"] for s in spans if s.name == STEP_SPAN}
     assert early == {0: False, 1: True, 2: False, 3: True}
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl") if "val/pass@1" in r] == [2, 4]
+
+
+def verl_parquet(path: Path, count: int) -> Path:
+    """`count` arithmetic problems in verl's record layout (chat-message prompt, reward_model.ground_truth,
+    data_source, extra_info), the system message the tiny model was warm-started with in each."""
+    import random
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlinf_pipe.data.arithmetic import ArithmeticSpec, generate_problem
+    from rlinf_pipe.data.templates import DEFAULT_SYSTEM_PROMPT
+
+    problems = [generate_problem(ArithmeticSpec(max_value=10), random.Random(f"verl:{i}")) for i in range(count)]
+    pq.write_table(pa.Table.from_pylist([{
+        "data_source": "arithmetic", "ability": "math",
+        "prompt": [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
+                   {"role": "user", "content": f"What is {p.expression}?"}],
+        "reward_model": {"style": "rule", "ground_truth": str(p.answer)}, "extra_info": {"split": "train", "index": i},
+    } for i, p in enumerate(problems)]), path)
+    return path
+
+
+@pytest.mark.slow
+def test_a_verl_parquet_file_trains_with_a_verl_reward_function(tmp_path, tiny_model, capsys):
+    """Bring your own data and reward: a verl-format parquet file, with only data.dataset set (its schema is
+    detected and said at launch), scored by the example's verl-style `compute_score` file, whose extra keys are the
+    steps' `reward/<key>` means; validation scores with it too."""
+    data = verl_parquet(tmp_path / "gsm8k-like.parquet", 40)
+    out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, f"data.dataset={data}",
+              f"reward.function={ROOT / 'examples/math/reward/verl_reward.py'}", "runner.val_interval=2",
+              "data.val_size=4", "runner.val_k=2")
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[rlinf_pipe] data.dataset:")]
+    assert said == [f"[rlinf_pipe] data.dataset: {data}: verl schema (prompt `prompt`, answer "
+                    "`reward_model.ground_truth`, data_source, extra_info) with 40 chat-message prompts; 40 prompts "
+                    "from 40 records (0 malformed skipped, 0 over the prompt-length limit dropped)"]
+    rows = read_metrics(out / "metrics.jsonl")
+    steps = [r for r in rows if "reward/mean" in r]
+    assert len(steps) == 2 and [r["step"] for r in rows if "val/pass@1" in r] == [2]
+    for row in steps:
+        assert row["reward/errors"] == 0 and row["reward/timeouts"] == 0 and row["rollout/samples"] == 16
+        assert row["reward/acc"] == row["reward/accuracy"] == row["reward/mean"]  # (score 1 exactly when acc)
+        assert 0 < row["reward/answered"] <= 1  # the warm-started model boxes its answers
+    assert sum(r["reward/acc"] for r in steps) > 0
 
 
 @pytest.mark.slow

@@ -28,19 +28,19 @@ def local_ray():
     ray.shutdown()
 
 
-def launch(name: str, rounds=None):
+def launch(name: str, rounds=None, cfg=CFG):
     """A RewardWorker with the actor options WorkerGroup.launch uses (a control concurrency group makes the actor
     threaded, so scoring runs off the main thread, where math-verify's own signal timeouts cannot work)."""
     rollouts = Channel.create(f"{name}-rollouts", RolloutGroup, maxsize=None, num_producers=1)
     scored = Channel.create(f"{name}-scored", ScoredGroup, maxsize=None, num_producers=1)
     remote_cls = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(RewardWorker)
-    worker = remote_cls.options(num_cpus=0).remote(CFG, rollouts, scored, rounds)
+    worker = remote_cls.options(num_cpus=0).remote(cfg, rollouts, scored, rounds)
     ray.get(worker.ping.remote())
     return worker, rollouts, scored
 
 
-def group(slot: int, answer: str, responses: list[str]) -> RolloutGroup:
-    prompt = PromptItem(id=f"p{slot}", prompt="?", answer=answer, index=slot, prompt_ids=[1, 2], slot=slot)
+def group(slot: int, answer: str, responses: list[str], **fields) -> RolloutGroup:
+    prompt = PromptItem(id=f"p{slot}", prompt="?", answer=answer, index=slot, prompt_ids=[1, 2], slot=slot, **fields)
     samples = [RolloutSample(response_ids=np.array([3]), logprobs=np.array([0.0]), finish_reason="stop", version=0,
                              text=text) for text in responses]
     return RolloutGroup.of(prompt, samples)
@@ -97,3 +97,39 @@ def test_dynamic_sampling_keeps_varied_groups_in_slots_up_to_the_target(local_ra
     metrics = ray.get(rounds.metrics.remote())
     assert metrics["dynamic_sampling/groups_kept"] == 2 and metrics["dynamic_sampling/groups_surplus"] == 1
     assert ray.get(rounds.done.remote())
+
+
+REWARD_FILE = """\
+def compute_score(data_source, solution_str, ground_truth, extra_info):
+    if solution_str == "raise":
+        raise RuntimeError("no score for this one")
+    return {"score": float(solution_str in ground_truth), "index": extra_info["index"], "from": data_source}
+"""
+
+
+def test_a_reward_function_scores_the_step_with_its_extras_and_errors(local_ray, tmp_path) -> None:
+    """verl's arguments reach the function in the worker's pool (a verl list ground truth, extra_info, data_source);
+    its extra keys and failures land in the step's tally; with fail_on_error the step call raises the failure."""
+    path = tmp_path / "reward_fn.py"
+    path.write_text(REWARD_FILE)
+    cfg = load_config(overrides=[f"reward.function={path}", "reward.timeout_s=10"])
+    worker, rollouts, scored = launch("function", cfg=cfg)
+    fields = {"answers": ("7", "7.0"), "ground_truth": '["7", "7.0"]', "data_source": "mine",
+              "extra_info": '{"index": 3}'}
+    for g in (group(0, "7", ["7", "7.0", "8"], **fields), group(1, "7", ["raise", "7"], **fields)):
+        rollouts.put(g, weight=g.num_sequences)
+    rollouts.end_step()
+    tally = ray.get(worker.score_step.remote(0), timeout=60)
+    out = {s.slot: s.rewards.tolist() for s in take_step(scored)}
+    assert out == {0: [1.0, 1.0, 0.0], 1: [0.0, 1.0]}
+    metrics = tally.metrics()
+    assert (metrics["reward/errors"], metrics["reward/index"], metrics["reward/mean"]) == (1.0, 3.0, 0.6)
+    assert "reward/from" not in metrics  # (text is not a metric)
+
+    strict = load_config(overrides=[f"reward.function={path}", "reward.fail_on_error=true"])
+    worker, rollouts, _ = launch("function-strict", cfg=strict)
+    rollouts.put(group(0, "7", ["raise"], **fields), weight=1)
+    rollouts.end_step()
+    with pytest.raises(ray.exceptions.RayTaskError) as info:
+        ray.get(worker.score_step.remote(0), timeout=60)
+    assert "RewardFunctionError" in str(info.value) and "RuntimeError: no score for this one" in str(info.value)

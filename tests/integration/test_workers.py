@@ -14,7 +14,7 @@ import torch
 from ray.cluster_utils import Cluster as RayTestCluster
 
 from rlinf_pipe.config import Config
-from rlinf_pipe.errors import ClusterError, ConfigError, WorkerError
+from rlinf_pipe.errors import ClusterError, ConfigError, UserCodeError, WorkerError
 from rlinf_pipe.scheduler import worker_group
 from rlinf_pipe.scheduler.cluster import NODE_RANK_LABEL, Cluster
 from rlinf_pipe.scheduler.node_paths import NodePath, check_node_paths
@@ -53,6 +53,11 @@ class Probe(Worker):
     def fail_on(self, rank: int) -> int:
         if self.rank == rank:
             raise ValueError(f"rank {rank} refuses on purpose")
+        return self.rank
+
+    def user_code_fails_on(self, rank: int) -> int:
+        if self.rank == rank:
+            raise UserCodeError(f"my_reward.py:7 in compute_score: KeyError: 'x' (on rank {rank})")
         return self.rank
 
     def shard_sum(self, shard: list[int], offset: int = 0) -> tuple[int, list[int]]:
@@ -210,6 +215,13 @@ def test_remote_exception_names_group_rank_node_gpus_and_traceback(actor_group):
     assert "--- remote traceback ---" in message and "\x1b[" not in message
     assert 'test_workers.py", line' in message and "in fail_on" in message
     assert actor_group.all.fail_on(-1).wait() == [0, 1, 2, 3]  # the group keeps working
+
+
+def test_a_user_code_error_in_a_worker_is_its_message_without_a_traceback(actor_group):
+    with pytest.raises(WorkerError) as info:
+        actor_group.all.user_code_fails_on(1).wait()
+    assert str(info.value) == ("actor rank 1 (node 0, GPUs 7) in user_code_fails_on(): my_reward.py:7 in "
+                               "compute_score: KeyError: 'x' (on rank 1)")
 
 
 async def test_await_a_group_call(actor_group):

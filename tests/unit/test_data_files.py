@@ -33,7 +33,7 @@ def write_jsonl(path: Path, lines: list[str]) -> Path:
 
 
 def write_parquet(path: Path, records: list[dict]) -> Path:
-    pa = pytest.importorskip("pyarrow")
+    import pyarrow as pa  # (a dependency of rlinf_pipe: no extra to install)
     import pyarrow.parquet as pq
 
     pq.write_table(pa.Table.from_pylist(records), path)
@@ -90,26 +90,29 @@ def test_malformed_jsonl_is_fatal_by_default_with_file_and_line(tmp_path):
         load_prompt_dataset(path)
     message = str(info.value)
     assert "6 of 8 records are malformed" in message
-    for line, fragment in [(2, "invalid JSON"), (3, "missing prompt key 'question' (record keys: prompt, answer)"),
-                           (4, "prompt 'question' must be a string, got int"),
+    # (line 1 fixes the file's schema: question / answer; line 3 is an RLinf record, which does not fit it)
+    for line, fragment in [(2, "invalid JSON"),
+                           (3, "missing prompt key 'question' / 'problem' (record keys: prompt, answer); the file's "
+                               "records are question-answer records"),
+                           (4, "prompt 'question' must be a string or a list of chat messages, got int"),
                            (5, "answer 'answer': nothing after `####`"),
-                           (6, "expected a JSON object, got a list"), (7, "missing answer key 'answer'")]:
+                           (6, "expected a JSON object, got a list"), (7, "missing answer key 'answer' / 'solution'")]:
         assert f"{path}:{line}: {fragment}" in message
     assert "data.skip_malformed=true" in message
     assert [issue.location for issue in info.value.issues] == [f"{path}:{n}" for n in range(2, 8)]
 
 
-@pytest.mark.parametrize(("records", "hint"), [
-    ([{"problem": "1+1", "answer": "2"}] * 3, "no record has that field: set data.prompt_key to the field that holds "
-                                             "the problem"),
-    ([{"question": "1+1", "solution": "\\boxed{2}"}] * 3, "set data.answer_key to the field that holds the reference "
-                                                            "answer"),
+@pytest.mark.parametrize(("records", "keys", "hint"), [
+    ([{"problem": "1+1", "answer": "2"}] * 3, {"prompt_key": "question"},
+     "no record has that field: set data.prompt_key to the field that holds the problem"),
+    ([{"question": "1+1", "solution": "\\boxed{2}"}] * 3, {"answer_key": "final"},
+     "set data.answer_key to the field that holds the reference answer"),
 ])
-def test_a_file_whose_every_record_lacks_the_field_names_the_key_to_set(tmp_path, records, hint):
-    """(A DeepScaleR- or MATH-style file: `problem` / `solution`.) Skipping malformed records would skip them all."""
+def test_a_file_whose_every_record_lacks_the_field_names_the_key_to_set(tmp_path, records, keys, hint):
+    """An explicit key no record has: skipping malformed records would skip them all."""
     path = write_jsonl(tmp_path / "other_fields.jsonl", [json.dumps(r) for r in records])
     with pytest.raises(MalformedDataError) as info:
-        load_prompt_dataset(path)
+        load_prompt_dataset(path, **keys)
     assert hint in str(info.value) and "skip_malformed" not in str(info.value)
 
 
@@ -167,6 +170,10 @@ def test_missing_file_and_missing_parquet_column(tmp_path):
         load_prompt_dataset(tmp_path / "absent.jsonl", answer_format="latex")  # type: ignore[arg-type]
     path = write_parquet(tmp_path / "c.parquet", [{"problem": "q", "answer": "1"}])
     with pytest.raises(DataError, match=r"no column\(s\) 'question'; the file has columns \['problem', 'answer'\]"):
+        load_prompt_dataset(path, prompt_key="question")
+    path = write_parquet(tmp_path / "d.parquet", [{"text": "q", "label": "1"}])
+    with pytest.raises(DataError, match=r"none of the columns a record schema reads .*the file has columns "
+                                        r"\['text', 'label'\] \(set data.prompt_key / data.answer_key\)"):
         load_prompt_dataset(path)
 
 
@@ -202,12 +209,14 @@ def test_max_length_without_renderer_is_a_usage_error(tmp_path):
         load_prompt_dataset(path, max_prompt_length=10)
 
 
-def test_parquet_without_pyarrow_says_how_to_install(tmp_path, monkeypatch):
+def test_parquet_without_pyarrow_says_how_to_get_it(tmp_path, monkeypatch):
+    # (pyarrow is a dependency of rlinf_pipe; an environment that lost it is told how to get it back)
     path = tmp_path / "p.parquet"
     path.write_bytes(b"PAR1")
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # makes `import pyarrow...` fail
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
-    with pytest.raises(DataError, match=r"needs pyarrow, which is not installed; run `pip install pyarrow`"):
+    with pytest.raises(DataError, match=r"needs pyarrow, a dependency of rlinf_pipe that is missing here; reinstall "
+                                        r"rlinf_pipe \(`bash scripts/setup.sh`\) or `pip install pyarrow`"):
         load_prompt_dataset(path)
 
 
@@ -218,7 +227,6 @@ def test_byte_order_mark_and_crlf_are_tolerated(tmp_path):
 
 
 def test_corrupt_parquet_is_a_data_error(tmp_path):
-    pytest.importorskip("pyarrow")
     path = tmp_path / "broken.parquet"
     path.write_bytes(b"not a parquet file at all")
     with pytest.raises(DataError, match=r"broken\.parquet: cannot read the parquet file"):

@@ -65,7 +65,9 @@ def test_problems_and_metrics_count_greedy_and_any_of_k_whatever_the_output_orde
     items = prompts(2)
     outputs = [EvalOutput("sampled/1", ["a", "b"], [4, 6]), EvalOutput("greedy/0", ["c"], [2]),
                EvalOutput("sampled/0", ["d", "e"], [2, 2]), EvalOutput("greedy/1", ["f"], [5])]
-    assert score_pairs(items, outputs) == [("a", "1"), ("b", "1"), ("c", "0"), ("d", "0"), ("e", "0"), ("f", "1")]
+    pairs = score_pairs(items, outputs)  # (each text with its prompt's reference answers, what the reward reads)
+    assert [(text, context.references) for text, context in pairs] == [
+        ("a", ("1",)), ("b", ("1",)), ("c", ("0",)), ("d", ("0",)), ("e", ("0",)), ("f", ("1",))]
     problems = eval_problems(items, outputs, [False, True, True, False, False, False])
     assert [(p.greedy, p.greedy_correct, p.samples, p.samples_correct) for p in problems] == [
         ("c", True, ["d", "e"], [False, False]), ("f", False, ["a", "b"], [False, True])]

@@ -339,3 +339,18 @@ def test_the_driver_reads_answers_only_after_the_reasoning_where_the_chat_templa
     kept = load_config(overrides=["reward.thinking=ignore"])
     resolve_thinking(kept, tokenizer)
     assert kept.reward.thinking == "ignore"
+
+
+def test_the_tiny_model_of_a_run_on_a_dataset_file_is_warm_started_on_arithmetic(tmp_path, monkeypatch):
+    """A run with only data.dataset set (a verl parquet, an RLinf jsonl) on the default `tiny` model: the warm start
+    teaches the answer format on arithmetic problems with the run's template (the warm start reads no file)."""
+    from rlinf_pipe.models import warmstart
+    from rlinf_pipe.runner.driver_inputs import run_model_path
+
+    seen = []
+    monkeypatch.setattr(warmstart, "ensure_warm_tiny_model",
+                        lambda cache, data: seen.append(data) or tmp_path / "warm")
+    cfg = load_config(overrides=[f"data.dataset={tmp_path / 'train.parquet'}", "data.system_prompt=Be brief."])
+    assert run_model_path("tiny", cfg) == str(tmp_path / "warm")
+    assert seen[0].dataset == "arithmetic" and seen[0].system_prompt == "Be brief."
+    assert cfg.data.dataset.endswith("train.parquet")  # (the run's own config is left as it is)

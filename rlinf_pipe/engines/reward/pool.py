@@ -4,6 +4,8 @@
         results = pool.score_batch([(response, "72"), ...])   # ScoreResult per pair, in order
         pool.metrics()   # {"items": ..., "correct": ..., "parse_failures": ..., "timeouts": ..., ...}
 
+A reference is what the scorer reads: a string, a list of reference answers, or a `RewardContext`.
+
 Items the math scorer can decide without sympy (`quick_score`: no answer, or integers) are scored in the calling
 thread: they cannot hang. Each worker process owns one pipe and scores one item at a time. The calling thread hands items to idle workers and
 waits on their pipes; an item still running at its deadline (dispatch time + timeout_s) scores as wrong and timed
@@ -14,7 +16,6 @@ forkserver that has math-verify imported and warmed up, so a replacement costs m
 
 from __future__ import annotations
 
-import functools
 import logging
 import multiprocessing
 import shutil
@@ -23,14 +24,16 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from multiprocessing import util as multiprocessing_util
 from multiprocessing.connection import Connection, wait
-from typing import Self
+from typing import Any, Self
 
-from rlinf_pipe.config.schema import RewardConfig
+from rlinf_pipe.engines.reward.context import RewardContext
+from rlinf_pipe.engines.reward.counters import RewardCounters
+from rlinf_pipe.engines.reward.function import RewardFunctionError
 from rlinf_pipe.engines.reward.pool_worker import serve
-from rlinf_pipe.engines.reward.verify import ScoreConfig, ScoreResult, Scorer, quick_score, score
+from rlinf_pipe.engines.reward.verify import MathScorer, RewardFailure, ScoreConfig, ScoreResult, Scorer
 from rlinf_pipe.errors import RlinfPipeError
 
 logger = logging.getLogger(__name__)
@@ -41,25 +44,6 @@ _MAX_START_FAILURES = 3
 
 class RewardPoolError(RlinfPipeError):
     """The reward pool is closed, or its worker processes cannot start."""
-
-
-@dataclass
-class RewardCounters:
-    """Totals since the pool started. A parse failure is an item without a readable answer (timeouts and worker
-    errors are counted on their own); restarts counts processes replaced after a timeout or a crash."""
-
-    items: int = 0
-    correct: int = 0
-    parse_failures: int = 0
-    timeouts: int = 0
-    errors: int = 0
-    restarts: int = 0
-
-    def as_dict(self) -> dict[str, float]:
-        """The counters plus accuracy (correct / items), as metric values."""
-        values: dict[str, float] = {key: float(value) for key, value in asdict(self).items()}
-        values["accuracy"] = self.correct / self.items if self.items else 0.0
-        return values
 
 
 class _Slot:
@@ -82,8 +66,10 @@ class RewardPool:
     """A fixed number of scoring processes with a per-item timeout (see the module docstring).
 
     `config` sets the reward values and answer extraction; `scorer` replaces the math scorer by any picklable
-    `(response, reference) -> ScoreResult` callable (tests, other verifiable tasks). `timeout_s` None or <= 0
-    means no limit.
+    `(response, reference) -> ScoreResult` callable (a reward function from a file, tests, other verifiable
+    tasks); its `quick` method, if any, scores what it can in the calling thread, and its `warm_up`, if any, runs
+    in each process before it says ready. `timeout_s` None or <= 0 means no limit. A result with an `error` is
+    logged once per place it failed; with `fail_on_error`, `score_batch` then raises `RewardFunctionError`.
     """
 
     def __init__(
@@ -93,6 +79,7 @@ class RewardPool:
         config: ScoreConfig | None = None,
         *,
         scorer: Scorer | None = None,
+        fail_on_error: bool = False,
         start_method: str | None = None,
         start_timeout_s: float = 120.0,
     ):
@@ -101,8 +88,10 @@ class RewardPool:
         self.num_workers = num_workers
         self.timeout_s = timeout_s if timeout_s and timeout_s > 0 else None
         self.config = config or ScoreConfig()
-        self._scorer: Scorer = scorer or functools.partial(score, config=self.config)
-        self._quick = scorer is None  # the math scorer: `quick_score` decides what it can here
+        self._scorer: Scorer = scorer or MathScorer(self.config)
+        self._quick = getattr(self._scorer, "quick", None)  # (the math scorer's: `quick_score` decides what it can)
+        self.fail_on_error = fail_on_error
+        self._reported: set[tuple[str, str]] = set()  # (where, kind) of the failures logged
         self._start_timeout_s = start_timeout_s
         self._ctx = _context(start_method)
         self._counters = RewardCounters()
@@ -121,16 +110,24 @@ class RewardPool:
             raise
 
     # --- public API -------------------------------------------------------------------------------------------
-    def score_batch(self, pairs: Sequence[tuple[str, str]]) -> list[ScoreResult]:
+    def score_batch(self, pairs: Sequence[tuple[str, Any]]) -> list[ScoreResult]:
         """Score every (response, reference) pair; results come back in input order. With the math scorer, pairs
         that `quick_score` decides (no answer, or integers: no sympy, so they cannot hang) are scored here, the
-        others in the worker processes."""
-        items = [(_text(response), _text(reference)) for response, reference in pairs]
+        others in the worker processes. With `fail_on_error`, a result with an error raises RewardFunctionError
+        once the batch is done."""
+        items = [(_text(response), _reference(reference)) for response, reference in pairs]
         with self._lock:
             if self._closed:
                 raise RewardPoolError("reward pool is closed")
             self._drop_abandoned_tasks()
-            return self._run(items)
+            results = self._run(items)
+        failure = next((r.error for r in results if r.error is not None), None)
+        if failure is not None and self.fail_on_error:
+            raise RewardFunctionError(
+                f"the reward function failed: {failure} (reward.fail_on_error is true, so the run stops; fix the "
+                "function, or set reward.fail_on_error=false to score such samples 0 and go on)"
+            )
+        return results
 
     @property
     def counters(self) -> RewardCounters:
@@ -177,11 +174,11 @@ class RewardPool:
         self.close()
 
     # --- scheduling -------------------------------------------------------------------------------------------
-    def _run(self, items: list[tuple[str, str]]) -> list[ScoreResult]:
+    def _run(self, items: list[tuple[str, Any]]) -> list[ScoreResult]:
         results: list[ScoreResult | None] = [None] * len(items)
         todo: deque[int] = deque()
         for index, (response, reference) in enumerate(items):
-            quick = quick_score(response, reference, self.config) if self._quick else None
+            quick = self._quick(response, reference) if self._quick else None
             if quick is None:
                 todo.append(index)
             else:
@@ -193,7 +190,7 @@ class RewardPool:
             left -= self._expire(results)
         return results  # type: ignore[return-value]  # every index was filled
 
-    def _dispatch(self, todo: deque[int], items: list[tuple[str, str]]) -> None:
+    def _dispatch(self, todo: deque[int], items: list[tuple[str, Any]]) -> None:
         for slot in self._slots:
             if not todo:
                 return
@@ -304,12 +301,23 @@ class RewardPool:
         error: bool = False,
     ) -> None:
         results[index] = result
+        error = error or result.error is not None
         c = self._counters
         c.items += 1
         c.correct += int(result.correct)
         c.timeouts += int(timed_out or result.timed_out)
         c.errors += int(error)
         c.parse_failures += int(not (result.parsed or result.timed_out or timed_out or error))
+        if result.error is not None:
+            self._report(result.error)
+
+    def _report(self, failure: RewardFailure) -> None:
+        """Log a reward function's failure the first time it fails at that place in that way."""
+        if (failure.where, failure.kind) in self._reported:
+            return
+        self._reported.add((failure.where, failure.kind))
+        logger.warning("reward function failed at %s (the sample scores 0; counted in reward/errors, and reported "
+                       "once per place and error type)", failure)
 
     def _error_result(self) -> ScoreResult:
         return ScoreResult(correct=False, parsed=False, timed_out=False, reward=float(self.config.wrong_score))
@@ -366,13 +374,6 @@ def remove_process_temp_folder() -> None:
     shutil.rmtree(multiprocessing_util.get_temp_dir(), ignore_errors=True)
 
 
-def reward_pool(reward: RewardConfig) -> RewardPool:
-    """The pool of the `reward` config section: its process count, time limit, reward values and answer pattern."""
-    config = ScoreConfig(reward.correct_score, reward.wrong_score, reward.format_score, reward.answer_pattern,
-                         reward.thinking)
-    return RewardPool(num_workers=reward.num_workers, timeout_s=reward.timeout_s, config=config)
-
-
 def _kill_all(slots: list[_Slot]) -> None:
     for slot in slots:
         slot.kill()
@@ -380,6 +381,11 @@ def _kill_all(slots: list[_Slot]) -> None:
 
 def _text(value: object) -> str:
     return "" if value is None else str(value)
+
+
+def _reference(value: object) -> Any:
+    """What the scorer receives: a RewardContext or a list of references as they are, anything else as text."""
+    return value if isinstance(value, (RewardContext, list, tuple)) else _text(value)
 
 
 def _has_message(conn: Connection) -> bool:

@@ -20,6 +20,7 @@ def serve(conn: Connection, scorer: Scorer) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     try:
         warm_up()
+        getattr(scorer, "warm_up", lambda: None)()  # (a reward function's file imports here, not in an item)
     except Exception:
         logger.warning("reward worker warm-up failed:\n%s", traceback.format_exc())
     conn.send(("ready", os.getpid()))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from rlinf_pipe.engines.reward.context import references_of
 from rlinf_pipe.engines.reward.deadline import VerifyTimeout, deadline
 from rlinf_pipe.engines.reward.extract import (
     THINKING_MODES,
@@ -67,12 +68,27 @@ def _math_verify() -> _MathVerify:
 
 
 @dataclass(frozen=True, slots=True)
+class RewardFailure:
+    """Why a reward function gave no reward: where (`file:line in NAME`), the exception type (or `bad return`), the
+    message."""
+
+    where: str
+    kind: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.kind}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
 class ScoreResult:
     """Verdict on one response.
 
-    correct: the answer equals the reference. parsed: an answer was found and read as math (False for a missing,
-    empty, truncated or unreadable answer, and for a timeout). timed_out: verification ran out of time (scored as
-    wrong). reward: the scalar reward. answer: the extracted answer text, if any.
+    correct: the answer equals the reference (one of them, where there are several). parsed: an answer was found
+    and read as math (False for a missing, empty, truncated or unreadable answer, and for a timeout). timed_out:
+    verification ran out of time (scored as wrong). reward: the scalar reward. answer: the extracted answer text, if
+    any. extras: a reward function's other numeric values (logged as `reward/<key>` means). error: why a reward
+    function failed (it then scores 0).
     """
 
     correct: bool
@@ -80,6 +96,8 @@ class ScoreResult:
     timed_out: bool
     reward: float
     answer: str | None = None
+    extras: dict[str, float] | None = None
+    error: RewardFailure | None = None
 
 
 @dataclass(frozen=True)
@@ -114,13 +132,16 @@ class ScoreConfig:
 
 
 DEFAULT_CONFIG = ScoreConfig()
-Scorer = Callable[[str, str], ScoreResult]  # what scores one (response, reference) pair, e.g. `score`
+# What scores one (response, reference) pair, e.g. `score`. The reference is whatever the scorer reads: a string,
+# a list of reference answers, or a `context.RewardContext`.
+Scorer = Callable[[str, Any], ScoreResult]
 
 
 def score(
-    response: str, reference: str, config: ScoreConfig | None = None, *, timeout_s: float | None = None
+    response: str, reference: Any, config: ScoreConfig | None = None, *, timeout_s: float | None = None
 ) -> ScoreResult:
-    """Score one response against its reference answer.
+    """Score one response against its reference answer: a string, a list of them (correct when the answer matches
+    any) or a `RewardContext` (its `references`).
 
     `timeout_s` bounds the work in this process when called from the main thread (see `deadline`); elsewhere it is
     ignored. Never raises for bad input: a missing or unreadable answer scores as wrong with parsed=False.
@@ -134,7 +155,8 @@ def score(
             if answer is None:
                 return ScoreResult(correct=False, parsed=False, timed_out=False, reward=float(cfg.wrong_score))
             predicted = _math_objects(parse_answer(answer))
-            correct = bool(predicted) and _equal(parse_reference(str(reference)), predicted)
+            correct = bool(predicted) and any(_equal(parse_reference(ref), predicted)
+                                              for ref in references_of(reference))
     except VerifyTimeout:
         return ScoreResult(correct=False, parsed=False, timed_out=True, reward=float(cfg.wrong_score), answer=answer)
     base = cfg.correct_score if correct else cfg.wrong_score
@@ -143,13 +165,28 @@ def score(
     )
 
 
+@dataclass(frozen=True)
+class MathScorer:
+    """The built-in math reward (`reward.reward_type: math`) as a pool scorer: `score` in the pool's processes, and
+    `quick` (`quick_score`) in the calling thread for what needs no sympy."""
+
+    config: ScoreConfig = DEFAULT_CONFIG
+
+    def __call__(self, response: str, reference: Any) -> ScoreResult:
+        return score(response, reference, self.config)
+
+    def quick(self, response: str, reference: Any) -> ScoreResult | None:
+        return quick_score(response, reference, self.config)
+
+
 _INTEGER = re.compile(r"-?[0-9]+")
 
 
-def quick_score(response: str, reference: str, config: ScoreConfig | None = None) -> ScoreResult | None:
+def quick_score(response: str, reference: Any, config: ScoreConfig | None = None) -> ScoreResult | None:
     """The verdict `score` gives, where it can be had without sympy (so it cannot hang): no answer stated, or a plain
-    integer answer (`\\boxed{-12}`) against a plain integer reference, compared exactly. None otherwise, and when
-    the answer would come from `answer_pattern` (a user's regular expression may run long): score it in full."""
+    integer answer (`\\boxed{-12}`) against plain integer references (any of them equal: correct; all of them
+    integers and none equal: wrong), compared exactly. None otherwise, and when the answer would come from
+    `answer_pattern` (a user's regular expression may run long): score it in full."""
     cfg = config or DEFAULT_CONFIG
     region = answer_region(response or "", cfg.thinking)
     raw = None if region is None else last_boxed(region)
@@ -158,10 +195,12 @@ def quick_score(response: str, reference: str, config: ScoreConfig | None = None
     answer = normalize_answer(raw) if raw is not None else ""
     if not answer:
         return ScoreResult(correct=False, parsed=False, timed_out=False, reward=float(cfg.wrong_score))
-    reference = str(reference).strip()
-    if not (_INTEGER.fullmatch(answer) and _INTEGER.fullmatch(reference)):
+    if not _INTEGER.fullmatch(answer):
         return None
-    correct = int(answer) == int(reference)
+    integers = [int(ref) for ref in (r.strip() for r in references_of(reference)) if _INTEGER.fullmatch(ref)]
+    correct = int(answer) in integers
+    if not correct and len(integers) < len(references_of(reference)):
+        return None  # (a reference that is not an integer may still equal it)
     base = cfg.correct_score if correct else cfg.wrong_score
     return ScoreResult(correct=correct, parsed=True, timed_out=False, reward=float(base + cfg.format_score),
                        answer=answer)
