@@ -87,7 +87,7 @@ def validate_config(cfg: Config, source_of: Callable[[str], str] = lambda _: "th
                 f"reward.answer_pattern: {cfg.reward.answer_pattern!r} is not a usable regex: {exc} "
                 f"(from {source_of('reward.answer_pattern')}); write e.g. '#### (.+)'"
             ) from None
-    if cfg.reward.function is not None:  # (the file is checked before launch: `runner.plan.check_reward`)
+    if cfg.reward.function is not None:  # (the file is checked before launch: `runner.preflight`)
         try:
             cfg.reward.function = absolute_function_ref(cfg.reward.function)
         except ConfigError as exc:

@@ -1,7 +1,8 @@
 """The checks a run passes before Ray starts, the same for `rlinf-pipe train` and `rlinf-pipe plan`: its plan
 (placement, algorithm, transports: `plan_run`), its model names (a built-in one or a folder with config.json), its
 models' families, parallel sizes and context (`model_fit`), its data settings (the arithmetic generator's knobs, a
-format template), its dataset files (present, readable by suffix) and the checkpoint it resumes from
+format template), its dataset files (present, readable by suffix), its reward function file (imported here) and
+the checkpoint it resumes from
 (`checkpoints.check_resume`). `plan --no-files` skips those that read the user's files, to plan a cluster from a
 machine without them. Light to import (no model code)."""
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.data.factory import ARITHMETIC, check_data_files
+from rlinf_pipe.engines.reward.registry import check_reward
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.models.resolve import check_model_name
 from rlinf_pipe.runner import checkpoints
@@ -71,6 +73,12 @@ def check_data_settings(cfg: Config, plan: RunPlan | None = None) -> None:
         check_format_template(cfg.data.template)
 
 
+def _reward_function(cfg: Config, plan: RunPlan) -> None:
+    """A `reward.function` file imports here and its NAME takes verl's arguments (`check_reward`)."""
+    if cfg.reward.function is not None:
+        check_reward(cfg.reward)
+
+
 def _data_files(cfg: Config, plan: RunPlan) -> None:
     check_data_files(cfg.data, validates=bool(cfg.runner.val_interval or cfg.runner.val_before_train))
 
@@ -82,6 +90,7 @@ CHECKS: tuple[tuple[str, bool, Callable[[Config, RunPlan], object]], ...] = (
     ("prompt and response lengths in the model's context", False, check_context),
     ("data settings", False, check_data_settings),
     ("dataset files", True, _data_files),
+    ("reward function", True, _reward_function),
     (RESUME, True, lambda cfg, plan: checkpoints.check_resume(cfg)),  # (the checkpoint, or None)
 )
 """(name, whether it reads the user's files, the check) in the order they run."""

@@ -120,7 +120,7 @@ def test_plan_runs_the_file_checks_of_train_unless_told_not_to(capsys):
     assert "actor.model_path: unknown model '/mnt/models/DeepSeek-R1-Distill-Qwen-1.5B'" in err
     assert "`rlinf-pipe plan --no-files` skips the checks of files" in err
     code, out, _ = run_plan(capsys, "--config-name", "qwen2.5-1.5b-grpo-megatron-pipeline")
-    assert code == 0 and "checks skipped (--no-files): model names, dataset files, resume checkpoint" in out
+    assert code == 0 and "checks skipped (--no-files): model names, dataset files, reward function, resume checkpoint" in out
     checks = next(line for line in out.splitlines() if line.startswith("checks passed: "))
     assert "models' families and parallel sizes" in checks and "data settings" in checks
 
