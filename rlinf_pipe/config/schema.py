@@ -208,6 +208,9 @@ class InferenceConfig:
 
     tensor_parallel_size: int = opt(1, "Megatron tensor-parallel size of each inference replica.", min=1)
     pipeline_parallel_size: int = opt(1, "Megatron pipeline-parallel size of each inference replica.", min=1)
+    sequence_parallel: bool = opt(
+        False, "Megatron sequence parallelism in each inference replica (needs tensor_parallel_size > 1): see "
+        "actor.sequence_parallel.")
     max_tokens_per_batch: int = opt(4096, "Token budget of one log-prob forward pass.", min=1)
 
 
@@ -221,6 +224,10 @@ class ActorConfig:
     )
     tensor_parallel_size: int = opt(1, "Megatron tensor-parallel size.", min=1)
     pipeline_parallel_size: int = opt(1, "Megatron pipeline-parallel size.", min=1)
+    sequence_parallel: bool = opt(
+        False, "Megatron sequence parallelism (needs tensor_parallel_size > 1): the norms and residuals of every layer "
+        "hold 1/TP of the sequence, which divides those activations by TP (docs/backends.md#long-responses); the "
+        "same results within float rounding.")
     micro_batch_size: int = opt(
         16, "Sequences per micro-batch (the cap when micro_batch_tokens is set too; a larger group is split by rows).",
         min=1)

@@ -68,6 +68,14 @@ def validate_config(cfg: Config, source_of: Callable[[str], str] = lambda _: "th
             "number of tokens >= 1"
         )
     _check_ray_address(cfg.cluster.ray_address, source_of("cluster.ray_address"))
+    for name, section in (("actor", cfg.actor), ("inference", cfg.inference)):
+        if section.sequence_parallel and section.tensor_parallel_size < 2:
+            raise ConfigError(
+                f"{name}.sequence_parallel: true splits each layer's sequence over the tensor-parallel ranks, but "
+                f"{name}.tensor_parallel_size is {section.tensor_parallel_size} (from "
+                f"{source_of(f'{name}.sequence_parallel')}); set {name}.tensor_parallel_size to 2 or more, or "
+                f"{name}.sequence_parallel: false"
+            )
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError(
             f"rollout.top_p: {cfg.rollout.top_p} must be in (0, 1] (the probability mass sampled from; 1 = off) "

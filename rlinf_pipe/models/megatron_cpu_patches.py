@@ -294,4 +294,27 @@ PATCHES: list[Patch] = [
         "CUDA before the first/last-stage all-reduce that copies it; on CPU the all-reduce "
         "runs on the CPU weight (run by GPTModel.__init__)",
     ),
+    # ---- 8. sequence parallelism: the sequence's gather and reduce-scatter over the TP group ----
+    Patch(
+        name="sequence-parallel-gather",
+        target="megatron.core.tensor_parallel.mappings:_gather_along_first_dim",
+        kind="edit",
+        edits=((_CUDA_DEV, _CPU_DEV, 2),),
+        reason="allocates the gathered sequence on torch.cuda.current_device() (gloo gathers into a CPU tensor)",
+    ),
+    Patch(
+        name="sequence-parallel-reduce-scatter",
+        target="megatron.core.tensor_parallel.mappings:_reduce_scatter_along_first_dim",
+        kind="edit",
+        edits=((_CUDA_DEV, _CPU_DEV, 1),),
+        reason="allocates each rank's reduced slice of the sequence on torch.cuda.current_device()",
+    ),
+    Patch(
+        name="sequence-parallel-linear-backward",
+        target="megatron.core.tensor_parallel.layers:LinearWithGradAccumulationAndAsyncCommunication.backward",
+        kind="edit",
+        edits=((_CUDA_DEV, _CPU_DEV, 3),),
+        reason="the backward of a sequence-parallel linear layer allocates the reduce-scattered input gradient (and, "
+        "with gradient-accumulation fusion, a weight gradient) on torch.cuda.current_device()",
+    ),
 ]

@@ -37,13 +37,17 @@ def recompute_options(recompute: str) -> dict[str, Any]:
 
 def gpt_config_from_hf(
     hf_config: Any, *, tp: int = 1, pp: int = 1, params_dtype: torch.dtype = torch.float32, recompute: str = "none",
+    sequence_parallel: bool = False,
 ) -> Any:
-    """The megatron `TransformerConfig` equivalent to `hf_config` for a TP x PP split."""
+    """The megatron `TransformerConfig` equivalent to `hf_config` for a TP x PP split (`sequence_parallel`: needs
+    TP > 1)."""
     import_megatron_core()
     from megatron.core.transformer import TransformerConfig
 
     arch = hf_arch(hf_config)
     check_parallel_sizes(arch, tp, pp)
+    if sequence_parallel and tp < 2:
+        raise ValueError("sequence parallelism splits the sequence over the tensor-parallel ranks: it needs TP >= 2")
     bf16 = params_dtype == torch.bfloat16
     return TransformerConfig(
         num_layers=arch.num_layers,
@@ -69,6 +73,7 @@ def gpt_config_from_hf(
         attention_softmax_in_fp32=True,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
+        sequence_parallel=sequence_parallel,
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
         bf16=bf16,
@@ -93,7 +98,7 @@ def init_model_parallel(tp: int, pp: int) -> None:
 
 def build_gpt_model(
     hf_config: Any, *, params_dtype: torch.dtype = torch.float32, pre_process: bool | None = None,
-    post_process: bool | None = None, recompute: str = "none",
+    post_process: bool | None = None, recompute: str = "none", sequence_parallel: bool = False,
 ) -> Any:
     """This rank's `GPTModel` stage for `hf_config`, with TP/PP sizes taken from `parallel_state`.
 
@@ -106,6 +111,7 @@ def build_gpt_model(
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
     from rlinf_pipe.models import megatron_rope
+    from rlinf_pipe.models.megatron_norm import HeadRMSNorm, SequenceRMSNorm
     from rlinf_pipe.models.megatron_sdpa import SdpaAttention
 
     if not ps.model_parallel_is_initialized():
@@ -117,8 +123,14 @@ def build_gpt_model(
         pp=ps.get_pipeline_model_parallel_world_size(),
         params_dtype=params_dtype,
         recompute=recompute,
+        sequence_parallel=sequence_parallel,
     )
     spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=arch.qk_norm)
+    # the norms: torch's RMSNorm, marked for sequence parallelism (megatron_norm.py)
+    spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = SequenceRMSNorm
+    if arch.qk_norm:
+        attention = spec.submodules.self_attention.submodules
+        attention.q_layernorm = attention.k_layernorm = HeadRMSNorm
     # attention on torch's fused kernel, which also takes packed sequences (megatron_sdpa.py)
     spec.submodules.self_attention.submodules.core_attention = SdpaAttention
     # The block's final norm is the layers' own: given a layer spec, Megatron picks it from what is installed

@@ -137,11 +137,13 @@ class PackedRows:
     gather_out: Tensor
 
     @classmethod
-    def of(cls, attention_mask: Tensor, total: int | None = None, shared: Sharing | None = None) -> PackedRows:
+    def of(cls, attention_mask: Tensor, total: int | None = None, shared: Sharing | None = None,
+           multiple: int = 1) -> PackedRows:
         """The packing of a right-padded batch (`attention_mask` `[B, L]`: each row's real tokens first). `shared`
         (`shared_prompts`): per row, the first row of its block and how many leading tokens the block's rows share
         (the caller vouches that they are equal); None: nothing shared. With `total`, filler sequences of at most L
-        tokens each make the stream `total` tokens long."""
+        tokens each make the stream `total` tokens long; with `multiple`, the stream's length is rounded up to a
+        multiple of it (sequence parallelism splits the stream in that many equal parts)."""
         if attention_mask.dim() != 2 or attention_mask.shape[0] == 0:
             raise ValueError(f"attention_mask must be a non-empty [batch, seq] mask, got {tuple(attention_mask.shape)}")
         valid = attention_mask.bool()
@@ -158,14 +160,17 @@ class PackedRows:
                 block, count)) for row, ((block, count), n) in enumerate(zip(shared, lengths, strict=True))):
             raise ValueError(f"shared must name for each of the {len(lengths)} rows a block (its first row, that row "
                              "or an earlier one) and fewer shared tokens than the row has")
-        return cls._build(valid, lengths, shared, total)
+        return cls._build(valid, lengths, shared, total, multiple)
 
     @classmethod
-    def _build(cls, valid: Tensor, lengths: list[int], shared: Sharing, total: int | None) -> PackedRows:
+    def _build(cls, valid: Tensor, lengths: list[int], shared: Sharing, total: int | None,
+               multiple: int = 1) -> PackedRows:
         index, owned, order, blocks, positions = _stream_layout(lengths, shared)
         real, width = len(positions), valid.shape[1]
         if total is not None and total < real:
             raise ValueError(f"a stream of {total} tokens cannot hold the batch's {real} real tokens")
+        if multiple > 1:
+            total = -(-(real if total is None else total) // multiple) * multiple
         fillers = [] if total is None else [min(width, total - start) for start in range(real, total, width)]
         for n in fillers:  # filler sequences (token 0), each laid out as a row of its own
             index.append(list(range(len(positions), len(positions) + n)))

@@ -109,30 +109,33 @@ def _bytes(kinds: dict[str, float], processes: int) -> dict[str, int]:
     return out
 
 
-def layer_activations(shape: HfArch, tp: int) -> float:
-    """Bytes per token that one layer of the local layer spec saves for its backward on one of `tp` ranks (bf16, no
-    sequence parallelism, attention scores not included), as counted by `benchmarks/activation_bytes.py`: its two
+def layer_activations(shape: HfArch, tp: int, sequence_parallel: bool = False) -> float:
+    """Bytes per token that one layer of the local layer spec saves for its backward on one of `tp` ranks (bf16,
+    attention scores not included), as counted by `benchmarks/activation_bytes.py`: its two
     norms' inputs (fused norms: input and one statistic); the QKV projection's input and output, the rotated queries
     and keys, the output projection's input; the MLP's input, the fused gate / up output and the gated unit's three
     intermediate tensors (the down projection's input among them). Korthikanti et al.'s 34 x hidden assumes a 4x MLP
-    and full multi-head attention; a Qwen2 model's gated MLP alone keeps about 58 x hidden."""
+    and full multi-head attention; a Qwen2 model's gated MLP alone keeps about 58 x hidden. With sequence parallelism
+    the tensors TP alone replicates on every rank (the norms' and the projections' inputs: each rank keeps its slice
+    of the sequence and gathers the rest again in the backward pass) are divided by TP too."""
     h, q, kv = shape.hidden_size, shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-    norms = 2 * 2 * h
-    attention = 2 * h + 2 * (q + 2 * kv) / tp + 2 * (q + kv) / tp + 2 * q / tp
-    mlp = 2 * h + 2 * 5 * shape.intermediate_size / tp
+    sp = tp if sequence_parallel else 1
+    norms = 2 * 2 * h / sp
+    attention = 2 * h / sp + 2 * (q + 2 * kv) / tp + 2 * (q + kv) / tp + 2 * q / tp
+    mlp = 2 * h / sp + 2 * 5 * shape.intermediate_size / tp
     return norms + attention + mlp
 
 
 def training_activations(shape: HfArch, tokens: int, seq_len: int, tp: int, pp: int,
-                         recompute: Recompute) -> float:
+                         recompute: Recompute, sequence_parallel: bool = False) -> float:
     """Bytes one micro-batch of `tokens` (rows of up to `seq_len`) keeps for backward on one rank (bf16)."""
     h, layers = shape.hidden_size, -(-shape.num_layers // pp)
-    layer = layer_activations(shape, tp)
+    layer = layer_activations(shape, tp, sequence_parallel)
     attention_scores = 5 * shape.num_heads * seq_len / tp  # per token: scores + softmax
     per_layer = {
         "none": tokens * (layer + attention_scores),
         "selective": tokens * layer,  # the scores are recomputed
-        "full": tokens * h * 2,  # the layer input only; the rest is recomputed, one layer at a time
+        "full": tokens * h * 2 / (tp if sequence_parallel else 1),  # the layer input only; the rest is recomputed
     }[recompute]
     recomputing = tokens * layer if recompute == "full" else 0.0
     logits = 2 * tokens * shape.vocab_size / tp * 2 + 3 * CHUNK_BYTES  # bf16 logits + their gradient
@@ -140,7 +143,8 @@ def training_activations(shape: HfArch, tokens: int, seq_len: int, tp: int, pp: 
 
 
 def forward_activations(shape: HfArch, tokens: int, tp: int) -> float:
-    """Bytes of a forward-only pass over `tokens`: one layer's working set, the logits and the log-prob chunks."""
+    """Bytes of a forward-only pass over `tokens`: one layer's working set, the logits and the log-prob chunks
+    (sequence parallelism keeps the same peak: each projection gathers the whole sequence)."""
     layer = tokens * shape.hidden_size * 16 / tp + tokens * shape.intermediate_size * 2 * 3 / tp
     return layer + tokens * shape.vocab_size / tp * 2 + 2 * CHUNK_BYTES
 
@@ -220,7 +224,7 @@ def _actor(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, d
         "grads": params * 4,
         "optimizer": params * (8 + master) / (comp.dp if distributed_optimizer else 1),
         "activations": training_activations(shape, tokens, min(seq_len, tokens), comp.tp, comp.pp,
-                                            cfg.actor.recompute),
+                                            cfg.actor.recompute, cfg.actor.sequence_parallel),
     }
 
 

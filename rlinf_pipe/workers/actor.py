@@ -85,7 +85,7 @@ class ActorWorker(Worker):
         self.policy = MegatronPolicy(
             model_path, train=True, lr=a.lr, weight_decay=a.weight_decay, clip_grad=a.clip_grad,
             lr_warmup_steps=a.lr_warmup_steps, train_entropy=cfg.algorithm.entropy_coef != 0, recompute=a.recompute,
-            **policy_options(cfg),
+            **policy_options(cfg, "actor"),
         )
         self.ranks = ReplicaRanks.current()
         self.loss_fn = make_loss_fn(cfg)
@@ -101,7 +101,7 @@ class ActorWorker(Worker):
         self.trailer = True  # whether weight buckets carry the version / CRC32 trailer
         self.version = 0  # the weight version the policy holds: step s trains version s + 1
         self.trained = VersionWait(self.owner, "train")  # a send of the next version waits here for its training
-        self.ref = MegatronPolicy(model_path, train=False, **policy_options(cfg)) if (
+        self.ref = MegatronPolicy(model_path, train=False, **policy_options(cfg, "actor")) if (
             scored is not None and needs_ref(cfg)) else None
         self.stage = None if scored is None else LogprobStage(
             self.policy, self.ref, scored, train, TrainRoute(self.routing, balancer), self.pad_token_id,

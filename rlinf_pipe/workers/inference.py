@@ -48,8 +48,8 @@ class InferenceWorker(Worker):
         super().__init__()
         init_model_parallel(cfg.inference.tensor_parallel_size, cfg.inference.pipeline_parallel_size)
         self.locks = locks
-        self.policy = MegatronPolicy(model_path, train=False, **policy_options(cfg))
-        ref = MegatronPolicy(model_path, train=False, **policy_options(cfg)) if needs_ref(cfg) else None
+        self.policy = MegatronPolicy(model_path, train=False, **policy_options(cfg, "inference"))
+        ref = MegatronPolicy(model_path, train=False, **policy_options(cfg, "inference")) if needs_ref(cfg) else None
         self.stage = LogprobStage(
             self.policy, ref, scored, train, TrainRoute(train_routing(cfg, actor_dp), balancer),
             pad_token_id(model_path, pad_id),

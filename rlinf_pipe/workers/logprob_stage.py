@@ -36,12 +36,15 @@ def logprob_temperature(cfg: Config) -> float:
     return cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
 
 
-def policy_options(cfg: Config) -> dict[str, Any]:
-    """`MegatronPolicy` keywords every policy of a run shares."""
+def policy_options(cfg: Config, component: str) -> dict[str, Any]:
+    """`MegatronPolicy` keywords of a policy of `component` (`actor`: its model and reference model; `inference`):
+    those every policy of a run shares, and the component's own parallelism."""
     dtype = None if cfg.actor.params_dtype == "auto" else cfg.actor.params_dtype
+    parallel = cfg.actor if component == "actor" else cfg.inference
     return {"temperature": logprob_temperature(cfg), "logprob_max_tokens": cfg.inference.max_tokens_per_batch,
             "seed": cfg.runner.seed, "params_dtype": dtype, "pack_sequences": cfg.actor.pack_sequences,
-            "share_prompts": cfg.actor.share_prompts, "offload_on_cpu": cfg.actor.offload_on_cpu}
+            "share_prompts": cfg.actor.share_prompts, "offload_on_cpu": cfg.actor.offload_on_cpu,
+            "sequence_parallel": parallel.sequence_parallel}
 
 
 def train_routing(cfg: Config, actor_dp: int) -> TrainRouting:

@@ -34,7 +34,7 @@ from rlinf_pipe.utils.metrics import read_metrics
 from rlinf_pipe.utils.timeline import STEP_SPAN, overlaps, read_chrome_trace
 from rlinf_pipe.utils.tracing import LAUNCH_SPAN
 from support.faults import Fault, Saboteur, reward_pool_processes, wait_for
-from support.runs import assert_trains_like, final_weights
+from support.runs import assert_trains_like, checkpoint_weights, final_weights
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUIRED_METRICS = {
@@ -470,6 +470,21 @@ def test_mini_batches_in_arrival_order_train_every_group_once(tmp_path, tiny_mod
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("mode", ["pipeline", "collocated"])
+def test_sequence_parallel_actors_train_like_the_pipeline(tmp_path, tiny_model, pipeline_run, mode):
+    """Megatron's sequence parallelism (actor TP 2: each rank's norms and residuals hold half of every packed
+    stream) trains like the TP 1 pipeline: same rollouts, losses and final weights. In the pipeline the actor takes
+    GPUs 2-3 of its own; collocated, it takes turns with one engine spanning both GPUs (so the rollouts are one
+    engine's, as in the pipeline) and computes the log-probs itself."""
+    placement = ("cluster.num_gpus_per_node=4", "cluster.component_placement={rollout: 0, inference: 1, actor: 2-3}") \
+        if mode == "pipeline" else ("cluster.num_gpus_per_node=2", 'cluster.component_placement={"actor,rollout": all}',
+                                     "rollout.tensor_parallel_size=2", "actor.offload_on_cpu=true")
+    out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, *placement,
+              "actor.tensor_parallel_size=2", "actor.sequence_parallel=true")
+    assert_trains_like(pipeline_run, out, summed_otherwise=True)
+
+
+@pytest.mark.slow
 def test_dynamic_sampling_trains_only_varied_groups(tmp_path, tiny_model):
     """algorithm.dynamic_sampling: groups whose rewards are all equal never reach the log-prob stage or the actor;
     extra rounds draw more prompts; every generated group counts in the reward metrics. The inference worker takes
@@ -638,7 +653,7 @@ def test_lost_workers_of_every_kind_a_stop_signal_and_a_resume(tmp_path, tiny_mo
     for a, b in zip(read_metrics(pipeline_run / "metrics.jsonl"), records, strict=True):
         for key in ("reward/mean", "response_length/mean", "loss", "grad_norm"):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (a["step"], key)
-    wa, wb = final_weights(pipeline_run), load_model_shard(ckpt / "actor", 0, 0)
+    wa, wb = final_weights(pipeline_run), checkpoint_weights(ckpt / "actor")
     for name in wa:
         torch.testing.assert_close(wb[name], wa[name], atol=1e-6, rtol=1e-5, msg=name)
     restarts = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()[:len(KINDS)]]

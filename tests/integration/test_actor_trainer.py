@@ -183,10 +183,11 @@ def _single_process(rank: int, model_path: str) -> dict:
     return out
 
 
-def _model_parallel(rank: int, model_path: str) -> dict:
-    """TP=2 or PP=2 (one replica): the DP=1 run's log-probs and update, compared in HF names."""
+def _model_parallel(rank: int, model_path: str, sequence_parallel: bool = False) -> dict:
+    """TP=2 (with or without sequence parallelism) or PP=2 (one replica): the DP=1 run's log-probs and update,
+    compared in HF names."""
     vocab = vocab_size(model_path)
-    p = _policy(model_path)
+    p = _policy(model_path, sequence_parallel=sequence_parallel)
     glob = make_batch(2, 6, vocab)
     logprobs = p.compute_logprobs(glob)
     box = [logprobs]
@@ -399,9 +400,10 @@ def test_dp2_matches_dp1(single, dp2):
     assert r0["metrics"] == r1["metrics"]
 
 
-@pytest.mark.parametrize("parallel", [{"tp": 2}, {"pp": 2}], ids=["tp2", "pp2"])
+@pytest.mark.parametrize("parallel", [{"tp": 2}, {"tp": 2, "sp": True}, {"pp": 2}], ids=["tp2", "tp2-sp", "pp2"])
 def test_model_parallel_matches_single_process(single, parallel, model_path, tmp_path):
-    results = spawn(2, _model_parallel, str(tmp_path), parallel=parallel, model_path=model_path)
+    results = spawn(2, _model_parallel, str(tmp_path), parallel=parallel, model_path=model_path,
+                    sequence_parallel=parallel.get("sp", False))
     last = results[-1]  # the last pipeline stage (either rank with TP)
     torch.testing.assert_close(last["logprobs"], single["dp1_logprobs"], atol=1e-5, rtol=1e-5)
     assert last["metrics"]["loss"] == pytest.approx(single["dp1_metrics"]["loss"], abs=1e-6)

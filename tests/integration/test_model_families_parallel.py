@@ -15,10 +15,11 @@ pytestmark = pytest.mark.slow
 SPLIT = [[0, 1], [2], [3, 4, 5]]
 
 
-def _one_step(rank: int, model_path: str) -> dict:
+def _one_step(rank: int, model_path: str, sequence_parallel: bool = False, pack_sequences: bool = True) -> dict:
     from rlinf_pipe.engines.policy.policy import MegatronPolicy
 
-    policy = MegatronPolicy(model_path, lr=1e-3, adam_eps=1e-4)
+    policy = MegatronPolicy(model_path, lr=1e-3, adam_eps=1e-4, sequence_parallel=sequence_parallel,
+                            pack_sequences=pack_sequences)
     batch = make_batch(2, 6, vocab_size(model_path))
     logprobs = policy.compute_logprobs(batch)
     batch = with_old_logprobs(batch, logprobs)
@@ -29,11 +30,15 @@ def _one_step(rank: int, model_path: str) -> dict:
     return {"logprobs": logprobs, "metrics": metrics, "hf": dict(policy.hf_weights()), "norms": norms}
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "llama3"])
-def test_tensor_parallel_training_equals_one_process(tmp_path, arch):
+@pytest.mark.parametrize("arch, sequence_parallel, packed", [
+    ("qwen3", False, True), ("llama3", False, True), ("qwen3", True, True), ("llama3", True, False)])
+def test_tensor_parallel_training_equals_one_process(tmp_path, arch, sequence_parallel, packed):
+    """TP 2, with sequence parallelism too (its norms' gradients summed over the TP group), on packed streams and on
+    padded rows (both made a multiple of TP long)."""
     model = str(ensure_tiny_model(tmp_path / "models", arch=arch, tie_word_embeddings=arch == "llama3"))
-    (single,) = spawn(1, _one_step, str(tmp_path / "one"), model_path=model)
-    tp2 = spawn(2, _one_step, str(tmp_path / "tp2"), parallel={"tp": 2}, model_path=model)
+    (single,) = spawn(1, _one_step, str(tmp_path / "one"), model_path=model, pack_sequences=packed)
+    tp2 = spawn(2, _one_step, str(tmp_path / "tp2"), parallel={"tp": 2}, model_path=model,
+                sequence_parallel=sequence_parallel, pack_sequences=packed)
     for rank in tp2:
         torch.testing.assert_close(rank["logprobs"], single["logprobs"], atol=1e-5, rtol=1e-5)
         assert rank["metrics"]["loss"] == pytest.approx(single["metrics"]["loss"], abs=1e-6)

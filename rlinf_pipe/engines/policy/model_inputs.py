@@ -30,6 +30,7 @@ class ModelInputs:
     mask: Tensor | None
     rows: PackedRows | None = None
     packed_seq_params: Any = None
+    length: int | None = None  # padded: the batch's own length, where `ids` are longer (`multiple`)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -45,27 +46,33 @@ class ModelInputs:
     def per_token(self, values: Tensor) -> Tensor:
         """A `[b, s]` result of `token_logprobs` on `ids` -> `[B, L]` of the batch: each token's value at its
         position, 0 at each row's first position and (packed) on padding. Differentiable."""
-        return values if self.rows is None else self.rows.unpack_predicted(values[0])
+        if self.rows is not None:
+            return self.rows.unpack_predicted(values[0])
+        return values if self.length is None else values[:, : self.length]
 
 
-def padded_inputs(input_ids: Tensor, device: torch.device) -> ModelInputs:
-    """A right-padded `[B, L]` micro-batch as it is, with the causal mask (True = masked)."""
+def padded_inputs(input_ids: Tensor, device: torch.device, multiple: int = 1) -> ModelInputs:
+    """A right-padded `[B, L]` micro-batch with the causal mask (True = masked); with `multiple`, its columns padded
+    on the right to a multiple of it (sequence parallelism: a real token never sees the extra ones)."""
     b, length = input_ids.shape
+    width = -(-length // multiple) * multiple
     ids = input_ids.to(device, dtype=torch.long)
-    positions = torch.arange(length, device=device).unsqueeze(0).expand(b, length)
-    mask = torch.triu(torch.ones(1, 1, length, length, dtype=torch.bool, device=device), diagonal=1)
-    return ModelInputs(ids, positions, mask)
+    if width != length:
+        ids = torch.cat([ids, ids.new_zeros(b, width - length)], dim=1)
+    positions = torch.arange(width, device=device).unsqueeze(0).expand(b, width)
+    mask = torch.triu(torch.ones(1, 1, width, width, dtype=torch.bool, device=device), diagonal=1)
+    return ModelInputs(ids, positions, mask, length=None if width == length else length)
 
 
 def packed_inputs(input_ids: Tensor, attention_mask: Tensor, device: torch.device, total: int | None = None,
-                  shared: Sharing | None = None) -> ModelInputs:
+                  shared: Sharing | None = None, multiple: int = 1) -> ModelInputs:
     """The real tokens of a right-padded micro-batch as one stream (`total`: its length with filler; `shared`: the
-    rows' shared prompts, `packed_rows.shared_prompts`)."""
+    rows' shared prompts, `packed_rows.shared_prompts`; `multiple`: the stream's length a multiple of it)."""
     from megatron.core import parallel_state
 
     from rlinf_pipe.models.megatron_sdpa import packed_params
 
-    rows = PackedRows.of(attention_mask.to(device), total, shared)
+    rows = PackedRows.of(attention_mask.to(device), total, shared, multiple)
     ids = rows.pack(input_ids.to(device, dtype=torch.long))[None]
     return ModelInputs(ids, rows.positions[None], None, rows,
                        packed_params(rows, parallel_state.get_context_parallel_group()))
@@ -82,12 +89,13 @@ def packing(batch: Any, pack: bool, share: bool) -> tuple[bool, Sharing | None]:
     return shares or not bool(batch.attention_mask.all()), shared if shares else None
 
 
-def micro_batch_inputs(batch: Any, device: torch.device, pack: bool, share: bool) -> ModelInputs:
-    """A `TrainBatch` (in host memory) as the model takes it in one micro-batch on `device` (see `packing`)."""
+def micro_batch_inputs(batch: Any, device: torch.device, pack: bool, share: bool, multiple: int = 1) -> ModelInputs:
+    """A `TrainBatch` (in host memory) as the model takes it in one micro-batch on `device` (see `packing`), its
+    sequence length a multiple of `multiple`."""
     packed, shared = packing(batch, pack, share)
     if packed:
-        return packed_inputs(batch.input_ids, batch.attention_mask, device, shared=shared)
-    return padded_inputs(batch.input_ids, device)
+        return packed_inputs(batch.input_ids, batch.attention_mask, device, shared=shared, multiple=multiple)
+    return padded_inputs(batch.input_ids, device, multiple)
 
 
 def token_chunks(lengths: Sequence[int], budget: int) -> list[range]:
@@ -104,13 +112,13 @@ def token_chunks(lengths: Sequence[int], budget: int) -> list[range]:
 
 
 def logprob_micro_batches(batch: Any, budget: int, packed: bool, device: torch.device, shared: Sharing | None = None,
-                          same_shape: bool = True) -> tuple[list[range], list[ModelInputs]]:
+                          same_shape: bool = True, multiple: int = 1) -> tuple[list[range], list[ModelInputs]]:
     """The forward-only micro-batches of a `TrainBatch` (their rows, and their model inputs): packed, runs of rows of
     at most `budget` real tokens (rows of one prompt sharing it where `shared`, the batch's sharing from `packing`,
     says so); padded, runs of at most `budget // length` rows. With `same_shape` (a pipeline-parallel schedule,
     whose stages exchange activations of one shape) every packed stream is made as long as the longest with filler
     and the last padded run is filled up with copies of its last row; without it each micro-batch keeps its own
-    shape, and no compute goes to filler."""
+    shape, and no compute goes to filler. Every sequence length is a multiple of `multiple`."""
     input_ids, mask = batch.input_ids, batch.attention_mask
     b, length = input_ids.shape
     if packed:
@@ -120,7 +128,7 @@ def logprob_micro_batches(batch: Any, budget: int, packed: bool, device: torch.d
                   for r in chunks]
         total = max(stream_length(lengths[r.start:r.stop], s) for r, s in zip(chunks, shares, strict=True))
         return chunks, [packed_inputs(input_ids[r.start:r.stop], mask[r.start:r.stop], device,
-                                      total if same_shape else None, s)
+                                      total if same_shape else None, s, multiple)
                         for r, s in zip(chunks, shares, strict=True)]
     rows = max(1, min(b, budget // length))
     chunks = [range(i, min(i + rows, b)) for i in range(0, b, rows)]
@@ -128,4 +136,4 @@ def logprob_micro_batches(batch: Any, budget: int, packed: bool, device: torch.d
     if same_shape and ids[-1].shape[0] < rows:  # pad with copies of the last row
         last = ids[-1]
         ids[-1] = torch.cat([last, last[-1:].expand(rows - last.shape[0], length)])
-    return chunks, [padded_inputs(i, device) for i in ids]
+    return chunks, [padded_inputs(i, device, multiple) for i in ids]

@@ -79,6 +79,8 @@ class MegatronPolicy:
             padded when False.
         share_prompts: packed, the rows of a micro-batch with the same prompt run it once (`packed_rows`: the
             same values within float rounding; no context parallelism).
+        sequence_parallel: Megatron's sequence parallelism (TP > 1): the norms, dropouts and residuals of each layer
+            hold a 1/TP slice of the sequence (every micro-batch's length is made a multiple of TP).
         seed: torch / Megatron model-parallel RNG seed.
         load_weights: False keeps the random initialisation (the folder then needs only `config.json`; for
             memory and speed measurements at a real model's shape).
@@ -106,6 +108,7 @@ class MegatronPolicy:
         pack_sequences: bool = True,
         share_prompts: bool = True,
         offload_on_cpu: bool = False,
+        sequence_parallel: bool = False,
     ) -> None:
         if logprob_max_tokens < 1:
             raise ValueError(f"logprob_max_tokens must be >= 1, got {logprob_max_tokens}")
@@ -154,7 +157,8 @@ class MegatronPolicy:
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
         hf_config = load_hf_config(path)
         module = build_gpt_model(hf_config, params_dtype=self.params_dtype,
-                                 recompute=recompute if train else "none")
+                                 recompute=recompute if train else "none", sequence_parallel=sequence_parallel)
+        self.sequence_multiple = self.tp_size if sequence_parallel else 1
         self.arch = load_hf_checkpoint(module, path) if load_weights else hf_arch(hf_config)
         self.vocab_size = self.arch.vocab_size
         self.pack_sequences = pack_sequences and model_supports_packing(module)
@@ -218,7 +222,8 @@ class MegatronPolicy:
     def model_inputs(self, batch: TrainBatch) -> ModelInputs:
         """`batch` as the model takes it in one micro-batch, on this rank's device: packed or padded (pass the batch
         in host memory: where it packs and what it shares is worked out there)."""
-        return micro_batch_inputs(batch, self.device, self.pack_sequences, self.share_prompts)
+        return micro_batch_inputs(batch, self.device, self.pack_sequences, self.share_prompts,
+                                  self.sequence_multiple)
 
     def _token_values(self, logits: Tensor, inputs: ModelInputs, temperature: float, with_entropy: bool
                       ) -> tuple[Tensor, Tensor | None]:
@@ -271,7 +276,7 @@ class MegatronPolicy:
             raise ValueError(f"input_ids must be a non-empty [batch, seq] tensor, got {tuple(input_ids.shape)}")
         packed, shared = packing(batch, self.pack_sequences, self.share_prompts)
         chunks, micro_batches = logprob_micro_batches(batch, self.logprob_max_tokens, packed, self.device, shared,
-                                                      same_shape=self.pp_size > 1)
+                                                      same_shape=self.pp_size > 1, multiple=self.sequence_multiple)
 
         def factory(index: int) -> Callable:
             inputs = micro_batches[index]
