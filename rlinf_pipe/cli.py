@@ -123,6 +123,21 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rehearse(args: argparse.Namespace) -> int:
+    from rlinf_pipe.errors import ConfigError
+
+    if args.steps < 1:
+        raise ConfigError(f"--steps must be >= 1, got {args.steps}")
+    cfg = load_cli_config(args)
+    from rlinf_pipe.runner.rehearse import rehearse
+
+    def load(extra: Sequence[str]) -> Any:
+        return load_cli_config(argparse.Namespace(**{**vars(args), "overrides": [*args.overrides, *extra]}))
+
+    print(rehearse(cfg, load, steps=args.steps, model=args.model, output_dir=args.output).report)
+    return 0
+
+
 def _eval(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -218,6 +233,16 @@ def build_parser() -> argparse.ArgumentParser:
                       help="skip the checks that read the model, data and checkpoint files (plan a cluster from a "
                       "machine without them); every other check of `train` runs")
     plan.set_defaults(run=_plan)
+    rehearse = commands.add_parser(
+        "rehearse", help="train a cluster config for a few steps on this machine before booking the cluster: its "
+        "nodes as local Ray nodes, its placement, parallel sizes, channels and weight routes, with the tiny model and "
+        "the torch engine (docs/multi-node.md#rehearse-before-you-book)")
+    _add_config_args(rehearse)
+    rehearse.add_argument("--steps", type=int, default=2, help="steps to train (default 2)")
+    rehearse.add_argument("--model", default=None, help="a model folder or built-in name to rehearse with instead "
+                          "of the tiny model")
+    rehearse.add_argument("--output", default="outputs/rehearsals", help="the rehearsal runs' folder")
+    rehearse.set_defaults(run=_rehearse)
     train = commands.add_parser("train", help="run a config (the same as examples/math/main_math.py)")
     _add_config_args(train)
     train.set_defaults(run=_train)

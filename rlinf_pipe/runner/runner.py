@@ -34,6 +34,7 @@ from rlinf_pipe.runner.steps import Step
 from rlinf_pipe.runner.stop import StepAbandoned, StopSignals
 from rlinf_pipe.runner.validation import Validation
 from rlinf_pipe.runner.weight_sync import WeightSync
+from rlinf_pipe.runner.workers_record import record_workers
 from rlinf_pipe.scheduler import traffic
 from rlinf_pipe.scheduler.cluster import Cluster
 from rlinf_pipe.utils.metrics import MetricsWriter, WandbRun, json_safe
@@ -107,6 +108,7 @@ class Runner:
         writer = MetricsWriter(self.run_dir, tensorboard=cfg.tensorboard, wandb_run=wandb_run)
         try:
             asyncio.run(self.train(writer))
+            record_workers(self.c.groups(), self.run_dir)
         except RunStopped:
             self.write_summary(quiet=True)
             raise

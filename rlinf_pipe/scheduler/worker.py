@@ -249,6 +249,13 @@ class Worker:
         return os.getpid()
 
     @ray.method(concurrency_group=CONTROL_GROUP)
+    def peak_memory(self) -> int:
+        """The largest resident memory this process has held, in bytes (Linux: `getrusage`'s `ru_maxrss`)."""
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
     def share_cpus(self, node_procs: dict[int, int]) -> int:
         """Take this node's share of CPUs among `node_procs[node]` compute processes as the compute thread's
         intra-op threads, from its next call on (the driver lends the CPUs of the stages done with a step to those

@@ -12,6 +12,7 @@ import math
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -482,6 +483,29 @@ def test_sequence_parallel_actors_train_like_the_pipeline(tmp_path, tiny_model, 
     out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, *placement,
               "actor.tensor_parallel_size=2", "actor.sequence_parallel=true")
     assert_trains_like(pipeline_run, out, summed_otherwise=True)
+
+
+@pytest.mark.slow
+def test_two_ray_nodes_train_like_one(tmp_path, tiny_model, pipeline_run):
+    """The three-stage pipeline on two Ray nodes (`rlinf-pipe rehearse`: a local cluster of the config's nodes, in
+    a process of its own): the engine on node 0, the log-prob worker and the actor on node 1, so the rollouts'
+    channel and the weights cross nodes over TCP. It trains like the one-node pipeline: same rollouts, losses and
+    final weights; every process ran on the node the placement gave it (workers.json)."""
+    from rlinf_pipe.runner.workers_record import read_workers
+
+    overrides = [*common_overrides(tmp_path, tiny_model), *COMPARED, "cluster.num_nodes=2",
+                 "cluster.num_gpus_per_node=[1,2]", "cluster.component_placement={rollout: 0, inference: 1, actor: 2}"]
+    proc = subprocess.run([sys.executable, "-m", "rlinf_pipe.cli", "rehearse", "--config-name",
+                           "tiny-grpo-megatron-pipeline", "--model", tiny_model, "--output", str(tmp_path / "out"),
+                           *overrides], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "placement: every process started on the node and GPUs the placement gave it" in proc.stdout
+    assert "channel rollout (node 0) -> inference (node 1): crosses nodes (TCP)" in proc.stdout
+    assert "weights actor rank 0 (node 1) -> rollout over broadcast: to node 0 across nodes" in proc.stdout
+    (run_dir,) = (tmp_path / "out").glob("rehearse-*/*")
+    assert {(r.group, r.node_rank) for r in read_workers(run_dir)} == {
+        ("rollout", 0), ("reward", 0), ("inference", 1), ("actor", 1)}
+    assert_trains_like(pipeline_run, run_dir)
 
 
 @pytest.mark.slow
