@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PROGRAMS = ("rlinf-pipe", ".venv/bin/rlinf-pipe")
-SUBCOMMANDS = ("plan", "train", "eval", "convert", "timeline")
+SUBCOMMANDS = ("plan", "rehearse", "train", "eval", "convert", "timeline")
 PROMPT = "$ "
 ELISION = "..."
 """A line of exactly this in an output block stands for any number of lines of the real output (none included)."""

@@ -45,6 +45,7 @@ PLACEHOLDERS = {
     "--config-name <config>": "--config-name tiny-grpo-megatron-pipeline",
     "--config-name NAME": "--config-name tiny-grpo-megatron-pipeline",
     "train CONFIG ": f"train {SHIPPED} ",
+    "rehearse CONFIG [key=value ...]": f"rehearse {SHIPPED} runner.max_steps=3",
     "my.yaml key=value ...": SHIPPED,
     "my.yaml ...": SHIPPED,
     "my-placement.yaml": SHIPPED,
@@ -141,7 +142,8 @@ class _Loaded(Exception):
 
 def _check_cli(argv: list[str]) -> str | None:
     """`rlinf-pipe ARGV` up to its run: argument parsing; `plan`: the config loaded and checked as `plan --no-files`
-    checks it (placement, algorithm, the model's sizes and context: no file read); `train`: the command itself,
+    checks it (placement, algorithm, the model's sizes and context: no file read; `rehearse` the same, which is
+    what it checks before it trains); `train`: the command itself,
     stopped where it would start the run, after the same checks; `eval`: the command, stopped once its config is
     loaded, where the evaluation would start; `convert` and `timeline`: parsing only. The error, or None."""
     from rlinf_pipe.cli import build_parser, load_cli_config
@@ -155,7 +157,7 @@ def _check_cli(argv: list[str]) -> str | None:
     except SystemExit as exc:
         return f"argument parsing failed (exit {exc.code}): {err.getvalue().strip()}"
     try:
-        if args.command == "plan":
+        if args.command in ("plan", "rehearse"):  # (a rehearsal runs these checks first, then trains)
             preflight(load_cli_config(args), files=False)
         elif args.command in ("train", "eval"):
             args.run(args)
