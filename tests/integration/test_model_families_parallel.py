@@ -51,3 +51,23 @@ def test_tensor_parallel_training_equals_one_process(tmp_path, arch, sequence_pa
         assert "model.layers.1.self_attn.k_norm.weight" in streamed
     for name, tensor in streamed.items():
         torch.testing.assert_close(tensor, single["hf"][name], atol=2e-6, rtol=1e-5, msg=name)
+
+
+
+def test_context_parallel_training_equals_one_process(tmp_path):
+    """CP 2, and TP 2 x CP 2 with sequence parallelism: each rank runs its load-balanced share of every packed
+    sequence, attention gathers the keys and values over the CP group; the log-probs gathered back, the loss of the
+    whole micro-batch, the gradients (summed over the CP ranks) and the updated weights equal one process's."""
+    model = str(ensure_tiny_model(tmp_path / "models", arch="qwen3"))
+    (single,) = spawn(1, _one_step, str(tmp_path / "one"), model_path=model)
+    for parallel, sequence_parallel in (({"cp": 2}, False), ({"tp": 2, "cp": 2}, True)):
+        world = parallel.get("tp", 1) * parallel["cp"]
+        ranks = spawn(world, _one_step, str(tmp_path / f"world{world}"), parallel=parallel, model_path=model,
+                      sequence_parallel=sequence_parallel)
+        for rank in ranks:
+            torch.testing.assert_close(rank["logprobs"], single["logprobs"], atol=1e-5, rtol=1e-5)
+            assert rank["metrics"]["loss"] == pytest.approx(single["metrics"]["loss"], abs=1e-6)
+            assert rank["metrics"]["tokens"] == single["metrics"]["tokens"]
+            assert rank["metrics"]["grad_norm"] == pytest.approx(single["metrics"]["grad_norm"], rel=1e-4)
+        for name, tensor in ranks[0]["hf"].items():
+            torch.testing.assert_close(tensor, single["hf"][name], atol=2e-6, rtol=1e-5, msg=f"{parallel} {name}")
