@@ -485,6 +485,20 @@ def test_sequence_parallel_actors_train_like_the_pipeline(tmp_path, tiny_model, 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("mode", ["pipeline", "collocated"])
+def test_context_parallel_actors_train_like_the_pipeline(tmp_path, tiny_model, pipeline_run, mode):
+    """Context parallelism (actor CP 2: each rank holds a load-balanced half of every packed sequence, attention
+    gathers the keys and values of both) trains like the TP 1 pipeline: same rollouts, losses and final weights. The
+    placements are those of the sequence-parallel test above."""
+    placement = ("cluster.num_gpus_per_node=4", "cluster.component_placement={rollout: 0, inference: 1, actor: 2-3}") \
+        if mode == "pipeline" else ("cluster.num_gpus_per_node=2", 'cluster.component_placement={"actor,rollout": all}',
+                                     "rollout.tensor_parallel_size=2", "actor.offload_on_cpu=true")
+    out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, *placement,
+              "actor.context_parallel_size=2")
+    assert_trains_like(pipeline_run, out, summed_otherwise=True)
+
+
+@pytest.mark.slow
 def test_dynamic_sampling_trains_only_varied_groups(tmp_path, tiny_model):
     """algorithm.dynamic_sampling: groups whose rewards are all equal never reach the log-prob stage or the actor;
     extra rounds draw more prompts; every generated group counts in the reward metrics. The inference worker takes
