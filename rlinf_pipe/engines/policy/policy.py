@@ -157,6 +157,9 @@ class MegatronPolicy:
         self.is_last_stage = ps.is_pipeline_last_stage()
         self.tp_group = ps.get_tensor_model_parallel_group() if self.tp_size > 1 else None
         self.cp_size = ps.get_context_parallel_world_size()
+        self.cp_rank = ps.get_context_parallel_rank()
+        # (the distributed optimizer's shard of this rank: Megatron shards it over DP x CP)
+        self.shard_rank = ps.get_data_parallel_rank(with_context_parallel=True)
 
         torch.manual_seed(seed)
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
