@@ -211,6 +211,8 @@ class InferenceConfig:
     sequence_parallel: bool = opt(
         False, "Megatron sequence parallelism in each inference replica (needs tensor_parallel_size > 1): see "
         "actor.sequence_parallel.")
+    context_parallel_size: int = opt(
+        1, "Context-parallel size of each inference replica: see actor.context_parallel_size.", min=1)
     max_tokens_per_batch: int = opt(4096, "Token budget of one log-prob forward pass.", min=1)
 
 
@@ -228,6 +230,11 @@ class ActorConfig:
         False, "Megatron sequence parallelism (needs tensor_parallel_size > 1): the norms and residuals of every layer "
         "hold 1/TP of the sequence, which divides those activations by TP (docs/backends.md#long-responses); the "
         "same results within float rounding.")
+    context_parallel_size: int = opt(
+        1, "Context parallelism: each of this many ranks holds a load-balanced slice of every sequence (its tokens' "
+        "activations), attention gathers the keys and values over them; a replica's GPUs are TP x PP x CP "
+        "(docs/backends.md#long-responses). Needs actor.pack_sequences (prompts are then not shared). The same "
+        "results within float rounding.", min=1)
     micro_batch_size: int = opt(
         16, "Sequences per micro-batch (the cap when micro_batch_tokens is set too; a larger group is split by rows).",
         min=1)

@@ -76,6 +76,13 @@ def validate_config(cfg: Config, source_of: Callable[[str], str] = lambda _: "th
                 f"{source_of(f'{name}.sequence_parallel')}); set {name}.tensor_parallel_size to 2 or more, or "
                 f"{name}.sequence_parallel: false"
             )
+        if section.context_parallel_size > 1 and not cfg.actor.pack_sequences:
+            raise ConfigError(
+                f"{name}.context_parallel_size: {section.context_parallel_size} splits packed sequences over the "
+                f"context-parallel ranks, but actor.pack_sequences is false (from "
+                f"{source_of('actor.pack_sequences')}); set actor.pack_sequences: true, or "
+                f"{name}.context_parallel_size: 1"
+            )
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError(
             f"rollout.top_p: {cfg.rollout.top_p} must be in (0, 1] (the probability mass sampled from; 1 = off) "

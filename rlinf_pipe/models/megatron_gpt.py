@@ -37,10 +37,10 @@ def recompute_options(recompute: str) -> dict[str, Any]:
 
 def gpt_config_from_hf(
     hf_config: Any, *, tp: int = 1, pp: int = 1, params_dtype: torch.dtype = torch.float32, recompute: str = "none",
-    sequence_parallel: bool = False,
+    sequence_parallel: bool = False, cp: int = 1,
 ) -> Any:
-    """The megatron `TransformerConfig` equivalent to `hf_config` for a TP x PP split (`sequence_parallel`: needs
-    TP > 1)."""
+    """The megatron `TransformerConfig` equivalent to `hf_config` for a TP x PP x CP split (`sequence_parallel`:
+    needs TP > 1)."""
     import_megatron_core()
     from megatron.core.transformer import TransformerConfig
 
@@ -73,6 +73,7 @@ def gpt_config_from_hf(
         attention_softmax_in_fp32=True,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
+        context_parallel_size=cp,
         sequence_parallel=sequence_parallel,
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
@@ -82,9 +83,9 @@ def gpt_config_from_hf(
     )
 
 
-def init_model_parallel(tp: int, pp: int) -> None:
-    """Megatron's parallel state over this process's torch.distributed world (tensor-parallel fastest, then data-
-    parallel, then pipeline), once. Every Megatron process calls it first: without CUDA it also enables the
+def init_model_parallel(tp: int, pp: int, cp: int = 1) -> None:
+    """Megatron's parallel state over this process's torch.distributed world (tensor-parallel fastest, then
+    context-parallel, then data-parallel, then pipeline), once. Every Megatron process calls it first: without CUDA it also enables the
     megatron-core CPU patches (`megatron_cpu.enable_cpu_compat`; a no-op with CUDA)."""
     import_megatron_core()
     from megatron.core import parallel_state as ps
@@ -93,7 +94,8 @@ def init_model_parallel(tp: int, pp: int) -> None:
 
     enable_cpu_compat()
     if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                     context_parallel_size=cp)
 
 
 def build_gpt_model(
@@ -124,6 +126,7 @@ def build_gpt_model(
         params_dtype=params_dtype,
         recompute=recompute,
         sequence_parallel=sequence_parallel,
+        cp=ps.get_context_parallel_world_size(),
     )
     spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=arch.qk_norm)
     # the norms: torch's RMSNorm, marked for sequence parallelism (megatron_norm.py)

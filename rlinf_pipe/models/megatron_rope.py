@@ -13,9 +13,10 @@ each call):
 - `thd`: each token's position in its row (`packed_rows.positions_of`: those a packed stream carries, else from the
   boundaries), one gather of the table, then the `bshd` path.
 
-The values are Megatron's bit for bit (tests/unit/test_megatron_rope.py). What is not covered (multi-latent
-attention, context parallelism, a frequency table as long as the stream, which Megatron maps by offsets) goes to
-the originals.
+The values are Megatron's bit for bit (tests/unit/test_megatron_rope.py). Under context parallelism a rank's
+share of a stream carries its tokens' positions (`models/context_parallel.py`), and takes the same gather. What is
+not covered (multi-latent attention, context parallelism on a stream without positions, a frequency table as long
+as the stream, which Megatron maps by offsets) goes to the originals.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlinf_pipe.models.context_parallel import SHARE_ATTR
 from rlinf_pipe.models.packed_rows import positions_of
 
 BSHD_PARAMETERS = ("t", "freqs", "rotary_interleaved", "multi_latent_attention", "mscale")
@@ -86,7 +88,11 @@ def _apply_thd(t: Tensor, cu_seqlens: Tensor, freqs: Tensor, rotary_interleaved:
                multi_latent_attention: bool = False, mscale: float = 1.0, cp_group: Any = None) -> Tensor:
     """`rope_utils._apply_rotary_pos_emb_thd` (t `[T, heads, dim]`, freqs `[max_len, 1, 1, dim]`), vectorised."""
     total = t.shape[0]
-    if (cp_group is not None and cp_group.size() > 1) or freqs.size(0) == total or multi_latent_attention:
+    if cp_group is not None and cp_group.size() > 1:  # ours only on a rank's share that carries its positions
+        original = not getattr(cu_seqlens, SHARE_ATTR, False)  # (models/context_parallel.py)
+    else:
+        original = freqs.size(0) == total  # (Megatron maps a table as long as the stream by offsets)
+    if original or multi_latent_attention:
         return _originals["thd"](t, cu_seqlens, freqs, rotary_interleaved, multi_latent_attention, mscale, cp_group)
     table = _packed_table(cu_seqlens, freqs, total)
     return _apply_bshd(t.unsqueeze(1), table, rotary_interleaved=rotary_interleaved, mscale=mscale).squeeze(1)

@@ -23,6 +23,7 @@ scaling) goes to Megatron's own forward, which cannot take packed sequences: the
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
+from rlinf_pipe.models.context_parallel import CpLayout, gather_keys
 from rlinf_pipe.models.packed_rows import PackedRows
 
 
@@ -52,8 +54,47 @@ def packed_params(rows: PackedRows, cp_group: Any) -> RowPackedSeqParams:
     )
 
 
+@dataclass
+class CpPackedSeqParams(PackedSeqParams):
+    """Megatron's packed-sequence parameters of this rank's share of a stream under context parallelism (`cu_seqlens`
+    the rank's blocks, carrying each token's position in its block), with its `CpLayout` and the causal mask of its
+    queries over their blocks' keys (`CpLayout.attention_mask`, made once per micro-batch)."""
+
+    layout: CpLayout | None = None
+    mask: torch.Tensor | None = None
+
+
+def cp_packed_params(layout: CpLayout, cp_group: Any) -> CpPackedSeqParams:
+    """The `packed_seq_params` of a Megatron forward over this rank's share of a stream (`layout`)."""
+    return CpPackedSeqParams(
+        qkv_format="thd", cu_seqlens_q=layout.cu_seqlens, cu_seqlens_kv=layout.cu_seqlens,
+        max_seqlen_q=layout.max_length, max_seqlen_kv=layout.max_length, cp_group=cp_group, layout=layout,
+        mask=layout.attention_mask(),
+    )
+
+
+def cp_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: CpLayout, mask: torch.Tensor,
+                 scale: float | None, grouped: bool) -> torch.Tensor:
+    """This rank's queries `[local, heads, d]` over the whole group's keys and values `[M, groups, d]` (gathered,
+    rank after rank): each block's queries and keys laid out as padded rows, one SDPA call with the causal `mask`,
+    the results back in local order -> `[local, heads, d]`."""
+    q = query[layout.q_index].transpose(1, 2)  # [S, heads, Q, d]
+    k, v = (t[layout.kv_index].transpose(1, 2) for t in (key, value))  # [S, groups, W, d]
+    context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=scale, enable_gqa=grouped)
+    return context.transpose(1, 2).flatten(0, 1)[layout.out_index]
+
+
 class SdpaAttention(DotProductAttention):
-    """`DotProductAttention` on torch's SDPA kernel, for padded and packed batches (see the module docstring)."""
+    """`DotProductAttention` on torch's SDPA kernel, for padded and packed batches (see the module docstring), and
+    for packed streams split by context parallelism (`CpPackedSeqParams`: the keys and values gathered over the CP
+    group)."""
+
+    def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+        # Megatron's local attention refuses context parallelism, which this one does on packed streams
+        local = copy.copy(config)
+        local.context_parallel_size = 1
+        super().__init__(local, *args, **kwargs)
+        self.config = config
 
     def supports_packing(self) -> bool:
         """Whether packed sequences take the SDPA path (Megatron's own forward cannot take them)."""
@@ -70,6 +111,15 @@ class SdpaAttention(DotProductAttention):
         """`[s, b, heads, d]` query / key / value (key and value with their query groups), `attention_mask` True
         where a query must not see a key (None: causal) -> the context `[s, b, heads * d]`; packed, `[t, heads, d]`
         -> `[t, heads * d]`."""
+        if isinstance(packed_seq_params, CpPackedSeqParams):
+            if not self._sdpa_applies(attention_bias):
+                raise ValueError("context parallelism runs attention on SDPA only: without attention dropout, bias, "
+                                 "softmax offset or sliding window")
+            group = packed_seq_params.cp_group
+            key, value = gather_keys(key, group), gather_keys(value, group)
+            context = cp_attention(query, key, value, packed_seq_params.layout, packed_seq_params.mask,
+                                   self.softmax_scale, self._grouped())
+            return context.reshape(query.shape[0], self.hidden_size_per_partition)
         if packed_seq_params is not None:
             if not isinstance(packed_seq_params, RowPackedSeqParams) or not self._sdpa_applies(attention_bias):
                 raise ValueError("SdpaAttention takes packed sequences only as RowPackedSeqParams (packed_params), "

@@ -27,10 +27,11 @@ class WeightRoute:
 
 
 def gathering_ranks(actor: ComponentPlacement) -> list[int]:
-    """The actor ranks that hold a whole replica's weights once gathered: tensor rank 0 of pipeline stage 0
-    (Megatron's rank order: tensor-parallel fastest, then data-parallel, then pipeline)."""
-    tp = 1 if actor.gpus_per_process > 1 else actor.tp
-    return [p.rank for p in actor.processes if p.rank % tp == 0 and p.rank < tp * actor.dp]
+    """The actor ranks that hold a whole replica's weights once gathered: tensor rank 0 of pipeline stage 0, of
+    every context-parallel rank (each holds the whole weights) (Megatron's rank order: tensor-parallel fastest, then
+    context-parallel, then data-parallel, then pipeline)."""
+    tp, cp = (1, 1) if actor.gpus_per_process > 1 else (actor.tp, actor.cp)
+    return [p.rank for p in actor.processes if p.rank % tp == 0 and p.rank < tp * cp * actor.dp]
 
 
 def ipc_sender(actor: ComponentPlacement, gpus: Sequence[int]) -> int | None:

@@ -7,7 +7,7 @@ Pure functions, no Ray: `rlinf-pipe plan` and the runner use the same code. Ever
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Any, Literal, Sequence
 
 from rlinf_pipe.config.schema import COMPONENTS, Config
 from rlinf_pipe.errors import PlacementError
@@ -32,7 +32,8 @@ class ProcessPlacement:
 
 @dataclass(frozen=True)
 class ComponentPlacement:
-    """Where one component runs and how it is parallelised (tp x pp model-parallel, dp replicas)."""
+    """Where one component runs and how it is parallelised (tp x pp x cp ranks a replica, dp replicas; Megatron's
+    rank order: tensor-parallel fastest, then context-parallel, then data-parallel, then pipeline)."""
 
     name: str
     key: str
@@ -40,11 +41,12 @@ class ComponentPlacement:
     tp: int
     pp: int
     processes: tuple[ProcessPlacement, ...]
+    cp: int = 1
 
     @property
     def dp(self) -> int:
         """Data-parallel replicas (for a CPU-only component: its process count)."""
-        return len(self.gpus) // (self.tp * self.pp) if self.gpus else len(self.processes)
+        return len(self.gpus) // (self.tp * self.pp * self.cp) if self.gpus else len(self.processes)
 
     @property
     def gpus_per_process(self) -> int:
@@ -114,7 +116,8 @@ class Placement:
                 for name, comp in self.components.items()
             },
             "parallelism": {
-                name: {"tp": comp.tp, "pp": comp.pp, "dp": comp.dp} for name, comp in self.components.items()
+                name: {"tp": comp.tp, "pp": comp.pp, "cp": comp.cp, "dp": comp.dp}
+                for name, comp in self.components.items()
             },
             "warnings": list(self.warnings),
         }
@@ -156,21 +159,19 @@ def _split_key(key: str, value: object) -> list[str]:
     return names
 
 
-def _parallel_sizes(cfg: Config) -> dict[str, tuple[int, int, str]]:
-    """Per component: (tp, pp, the config keys that set them)."""
+def _parallel_sizes(cfg: Config) -> dict[str, tuple[int, int, int, str]]:
+    """Per component: (tp, pp, cp, the config keys that set them)."""
+    def megatron(name: str, section: Any) -> tuple[int, int, int, str]:
+        keys = f"{name}.tensor_parallel_size x {name}.pipeline_parallel_size"
+        if section.context_parallel_size > 1:
+            keys += f" x {name}.context_parallel_size"
+        return (section.tensor_parallel_size, section.pipeline_parallel_size, section.context_parallel_size, keys)
+
     return {
-        "rollout": (cfg.rollout.tensor_parallel_size, 1, "rollout.tensor_parallel_size"),
-        "inference": (
-            cfg.inference.tensor_parallel_size,
-            cfg.inference.pipeline_parallel_size,
-            "inference.tensor_parallel_size x inference.pipeline_parallel_size",
-        ),
-        "actor": (
-            cfg.actor.tensor_parallel_size,
-            cfg.actor.pipeline_parallel_size,
-            "actor.tensor_parallel_size x actor.pipeline_parallel_size",
-        ),
-        "reward": (1, 1, ""),
+        "rollout": (cfg.rollout.tensor_parallel_size, 1, 1, "rollout.tensor_parallel_size"),
+        "inference": megatron("inference", cfg.inference),
+        "actor": megatron("actor", cfg.actor),
+        "reward": (1, 1, 1, ""),
     }
 
 
@@ -218,16 +219,16 @@ def plan_placement(cfg: Config, gpus_per_node: Sequence[int] | None = None) -> P
     sizes = _parallel_sizes(cfg)
     components: dict[str, ComponentPlacement] = {}
     for name in keys:
-        tp, pp, size_keys = sizes[name]
+        tp, pp, cp, size_keys = sizes[name]
         gpus = ids[name]
-        if name != "reward" and len(gpus) % (tp * pp):
+        if name != "reward" and len(gpus) % (tp * pp * cp):
             raise PlacementError(
                 keys[name],
                 values[name],
-                f"{name} has {len(gpus)} GPU(s), not a multiple of {size_keys} = {tp * pp}",
-                f"give {name} a multiple of {tp * pp} GPUs, or change {size_keys}",
+                f"{name} has {len(gpus)} GPU(s), not a multiple of {size_keys} = {tp * pp * cp}",
+                f"give {name} a multiple of {tp * pp * cp} GPUs, or change {size_keys}",
             )
-        components[name] = ComponentPlacement(name, keys[name], gpus, tp, pp, ())
+        components[name] = ComponentPlacement(name, keys[name], gpus, tp, pp, (), cp)
 
     if components["rollout"].gpus == components["actor"].gpus:
         actor_tp, rollout_tp = components["actor"].tp, components["rollout"].tp
@@ -244,7 +245,7 @@ def plan_placement(cfg: Config, gpus_per_node: Sequence[int] | None = None) -> P
 
     for name, comp in components.items():
         processes = _lay_out_processes(name, comp, components, layout, values[name], warnings)
-        components[name] = ComponentPlacement(comp.name, comp.key, comp.gpus, comp.tp, comp.pp, processes)
+        components[name] = ComponentPlacement(comp.name, comp.key, comp.gpus, comp.tp, comp.pp, processes, comp.cp)
 
     samples = cfg.data.rollout_batch_size * cfg.algorithm.group_size
     actor_dp = components["actor"].dp

@@ -89,12 +89,15 @@ def _gpu_sets(placement: Placement) -> list[str]:
 
 
 def _table(placement: Placement) -> list[str]:
-    head = ("component", "yaml key", "global gpus", "procs", "gpus/proc", "TP", "PP", "DP")
+    """The components' table; a CP column where some component runs context parallelism."""
+    with_cp = any(comp.cp > 1 for comp in placement.components.values())
+    head = ("component", "yaml key", "global gpus", "procs", "gpus/proc", "TP", "PP", *(("CP",) if with_cp else ()),
+            "DP")
     rows = [head]
     for name, comp in placement.components.items():
         per_proc = len(comp.processes[0].global_gpus) if comp.processes else 0
         gpus = format_ids(comp.gpus) if comp.gpus else "cpu"
         rows.append((name, comp.key, gpus, str(len(comp.processes)), str(per_proc), str(comp.tp), str(comp.pp),
-                     str(comp.dp)))
+                     *((str(comp.cp),) if with_cp else ()), str(comp.dp)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]

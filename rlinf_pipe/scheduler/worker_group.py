@@ -303,29 +303,33 @@ class WorkerGroup(Generic[W]):
         return [list(batch[bounds[d] : bounds[d + 1]]) for d in range(dp)]
 
     # --- topology --------------------------------------------------------------------------------------------
-    # Ranks follow Megatron's default order: tensor-parallel fastest, then data-parallel, then pipeline. A process
-    # that owns all GPUs of its model-parallel group (a rollout engine with TP GPUs) is a replica on its own.
+    # Ranks follow Megatron's default order: tensor-parallel fastest, then context-parallel, then data-parallel, then
+    # pipeline. A process that owns all GPUs of its model-parallel group (a rollout engine with TP GPUs) is a replica
+    # on its own.
     @property
     def size(self) -> int:
         return len(self._members)
 
     @property
-    def _proc_tp_pp(self) -> tuple[int, int]:
+    def _proc_tp_pp(self) -> tuple[int, int, int]:
+        """(TP, PP, CP) in processes."""
         if self.placement.gpus_per_process > 1:
-            return 1, 1
-        return self.placement.tp, self.placement.pp
+            return 1, 1, 1
+        return self.placement.tp, self.placement.pp, self.placement.cp
 
     @property
     def dp_size(self) -> int:
         return self.placement.dp
 
     def dp_rank_of(self, rank: int) -> int:
-        return (rank // self._proc_tp_pp[0]) % self.dp_size
+        tp, _, cp = self._proc_tp_pp
+        return (rank // (tp * cp)) % self.dp_size
 
     def is_output_rank(self, rank: int) -> bool:
-        """The rank that returns a replica's result: tensor-parallel rank 0 of the last pipeline stage."""
-        tp, pp = self._proc_tp_pp
-        return rank % tp == 0 and rank // (tp * self.dp_size) == pp - 1
+        """The rank that returns a replica's result: tensor- and context-parallel rank 0 of the last pipeline
+        stage."""
+        tp, pp, cp = self._proc_tp_pp
+        return rank % (tp * cp) == 0 and rank // (tp * cp * self.dp_size) == pp - 1
 
     # --- health ---------------------------------------------------------------------------------------------
     def infos(self) -> list[WorkerInfo]:

@@ -81,7 +81,7 @@ class ActorWorker(Worker):
                  locks: Any = None, balancer: Any = None, pad_id: int | None = None):
         super().__init__()
         a = cfg.actor
-        init_model_parallel(a.tensor_parallel_size, a.pipeline_parallel_size)
+        init_model_parallel(a.tensor_parallel_size, a.pipeline_parallel_size, a.context_parallel_size)
         self.policy = MegatronPolicy(
             model_path, train=True, lr=a.lr, weight_decay=a.weight_decay, clip_grad=a.clip_grad,
             lr_warmup_steps=a.lr_warmup_steps, train_entropy=cfg.algorithm.entropy_coef != 0, recompute=a.recompute,

@@ -46,7 +46,8 @@ class InferenceWorker(Worker):
     def __init__(self, cfg: Config, model_path: str, scored: Channel, train: Sequence[Channel], actor_dp: int,
                  locks: Any = None, balancer: Any = None, pad_id: int | None = None):
         super().__init__()
-        init_model_parallel(cfg.inference.tensor_parallel_size, cfg.inference.pipeline_parallel_size)
+        init_model_parallel(cfg.inference.tensor_parallel_size, cfg.inference.pipeline_parallel_size,
+                            cfg.inference.context_parallel_size)
         self.locks = locks
         self.policy = MegatronPolicy(model_path, train=False, **policy_options(cfg, "inference"))
         ref = MegatronPolicy(model_path, train=False, **policy_options(cfg, "inference")) if needs_ref(cfg) else None

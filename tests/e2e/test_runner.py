@@ -471,17 +471,21 @@ def test_mini_batches_in_arrival_order_train_every_group_once(tmp_path, tiny_mod
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("split", ["tp2-sp", "cp2"])
 @pytest.mark.parametrize("mode", ["pipeline", "collocated"])
-def test_sequence_parallel_actors_train_like_the_pipeline(tmp_path, tiny_model, pipeline_run, mode):
-    """Megatron's sequence parallelism (actor TP 2: each rank's norms and residuals hold half of every packed
-    stream) trains like the TP 1 pipeline: same rollouts, losses and final weights. In the pipeline the actor takes
-    GPUs 2-3 of its own; collocated, it takes turns with one engine spanning both GPUs (so the rollouts are one
-    engine's, as in the pipeline) and computes the log-probs itself."""
+def test_sequence_and_context_parallel_actors_train_like_the_pipeline(tmp_path, tiny_model, pipeline_run, mode,
+                                                                       split):
+    """Long-response splits of the actor train like the TP 1 pipeline (same rollouts, losses and final weights):
+    sequence parallelism (TP 2: each rank's norms and residuals hold half of every packed stream) and context
+    parallelism (CP 2: each rank holds a load-balanced half of every packed sequence, attention gathers the keys and
+    values of both). In the pipeline the actor takes GPUs 2-3 of its own; collocated, it takes turns with one engine
+    spanning both GPUs (so the rollouts are one engine's, as in the pipeline) and computes the log-probs itself."""
     placement = ("cluster.num_gpus_per_node=4", "cluster.component_placement={rollout: 0, inference: 1, actor: 2-3}") \
         if mode == "pipeline" else ("cluster.num_gpus_per_node=2", 'cluster.component_placement={"actor,rollout": all}',
                                      "rollout.tensor_parallel_size=2", "actor.offload_on_cpu=true")
-    out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, *placement,
-              "actor.tensor_parallel_size=2", "actor.sequence_parallel=true")
+    sizes = ("actor.tensor_parallel_size=2", "actor.sequence_parallel=true") if split == "tp2-sp" else (
+        "actor.context_parallel_size=2",)
+    out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, *placement, *sizes)
     assert_trains_like(pipeline_run, out, summed_otherwise=True)
 
 

@@ -143,7 +143,7 @@ def _worker(rank: int, world: int, port: int, parallel: dict, fn: Callable, kwar
     from rlinf_pipe.models.megatron_gpt import init_model_parallel
 
     try:
-        init_model_parallel(parallel.get("tp", 1), parallel.get("pp", 1))
+        init_model_parallel(parallel.get("tp", 1), parallel.get("pp", 1), parallel.get("cp", 1))
         result = fn(rank=rank, **kwargs)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     except BaseException:

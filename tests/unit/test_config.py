@@ -244,3 +244,12 @@ def test_bad_answer_pattern(pattern, problem):
         load_config(overrides=[f"reward.answer_pattern='{pattern}'"])
 
 
+
+
+@pytest.mark.parametrize("section", ["actor", "inference"])
+def test_context_parallelism_needs_packed_sequences(section):
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[f"{section}.context_parallel_size=2", "actor.pack_sequences=false"])
+    assert f"{section}.context_parallel_size: 2 splits packed sequences" in str(info.value)
+    assert "set actor.pack_sequences: true" in str(info.value)
+    assert load_config(overrides=[f"{section}.context_parallel_size=2"]).actor.pack_sequences

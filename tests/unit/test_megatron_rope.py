@@ -77,3 +77,16 @@ def test_cases_it_does_not_cover_go_to_megatron(monkeypatch):
     rope_utils._apply_rotary_pos_emb_thd(t, rows.cu_seqlens, torch.rand(8, 1, 1, 4), cp_group=_Group(1))  # offsets
     rope_utils._apply_rotary_pos_emb_bshd(t, freqs[:4], multi_latent_attention=True)
     assert calls == ["thd", "thd", "bshd"]
+
+
+def test_a_context_parallel_share_takes_its_own_positions():
+    """Under CP a rank's share of a stream (`CpLayout`) carries its tokens' positions in their sequences: each gets
+    the table's row of its position, as Megatron's `bshd` function would."""
+    from rlinf_pipe.models.context_parallel import CpLayout
+
+    rows = PackedRows.of(torch.arange(7)[None, :] < torch.tensor([7, 3])[:, None])
+    layout = CpLayout.of(rows, cp=2, rank=1)
+    t, freqs = torch.randn(layout.local_length, 2, 8), torch.rand(layout.max_length, 1, 1, 8) * 6
+    out = rope_utils._apply_rotary_pos_emb_thd(t, layout.cu_seqlens, freqs, cp_group=_Group(2))
+    expected = megatron_rope._originals["bshd"](t[:, None], freqs[layout.positions])[:, 0]
+    torch.testing.assert_close(out, expected)

@@ -101,6 +101,24 @@ def test_four_node_pipeline_example():
     assert (rollout.dp, inference.dp) == (10, 4)
 
 
+def test_context_parallel_ranks_count_in_a_replica():
+    """A Megatron replica's GPUs are TP x PP x CP (rank order tp-cp-dp-pp): the gathering ranks are tensor rank 0
+    of every context-parallel rank of stage 0, the output ranks tensor and context rank 0 of the last stage."""
+    from rlinf_pipe.runner.weight_routes import gathering_ranks
+    from rlinf_pipe.scheduler.plan_report import _table
+
+    p = plan({"rollout": "0-7", "actor": "8-23"}, nodes=3, actor__tensor_parallel_size=2,
+             actor__context_parallel_size=2, inference__context_parallel_size=1)
+    actor = p.components["actor"]
+    assert (actor.tp, actor.pp, actor.cp, actor.dp) == (2, 1, 2, 4)
+    assert gathering_ranks(actor) == list(range(0, 16, 2))
+    table = _table(p)
+    assert table[0].split()[-2:] == ["CP", "DP"] and table[-1].split()[-4:] == ["2", "1", "2", "4"]
+    error = placement_error({"rollout": "0-7", "actor": "8-13"}, nodes=2, actor__tensor_parallel_size=2,
+                            actor__context_parallel_size=2)
+    assert "actor.context_parallel_size = 4" in str(error) and "multiple of 4 GPUs" in str(error)
+
+
 def test_collocated_all():
     p = plan({"actor,rollout": "all"})
     assert p.mode == "collocated"

@@ -89,6 +89,9 @@ class MegatronPolicy(Protocol):
     tp_rank: int
     pp_rank: int
     dp_rank: int
+    cp_size: int
+    cp_rank: int
+    shard_rank: int
     use_distributed_optimizer: bool
 
     @property
@@ -98,7 +101,7 @@ class MegatronPolicy(Protocol):
 
 
 def _optim_file(policy: MegatronPolicy) -> str:
-    dp = policy.dp_rank if policy.use_distributed_optimizer else 0
+    dp = policy.shard_rank if policy.use_distributed_optimizer else 0  # (its shard of DP x CP; DP's without CP)
     return f"optim_tp{policy.tp_rank:02d}_pp{policy.pp_rank:03d}_dp{dp:03d}.pt"
 
 
@@ -109,8 +112,8 @@ def _rng_file(rank: int) -> str:
 def _layout(policy: MegatronPolicy) -> dict[str, Any]:
     import torch.distributed as dist
 
-    return {"tp": policy.tp_size, "pp": policy.pp_size, "dp": policy.dp_size, "world_size": dist.get_world_size(),
-            "use_distributed_optimizer": policy.use_distributed_optimizer}
+    return {"tp": policy.tp_size, "pp": policy.pp_size, "dp": policy.dp_size, "cp": policy.cp_size,
+            "world_size": dist.get_world_size(), "use_distributed_optimizer": policy.use_distributed_optimizer}
 
 
 def save_checkpoint(policy: MegatronPolicy, folder: str | os.PathLike[str], record: dict[str, Any] | None = None) -> Path:
@@ -130,9 +133,10 @@ def save_checkpoint(policy: MegatronPolicy, folder: str | os.PathLike[str], reco
                 shutil.rmtree(tmp, ignore_errors=True)
                 (tmp / TRAINER_SUBDIR).mkdir(parents=True)
         with together(f"saving checkpoint {final}: writing its files"):
-            if policy.dp_rank == 0:
+            first = policy.dp_rank == 0 and policy.cp_rank == 0  # (the model's copies on other DP / CP ranks are equal)
+            if first:
                 save_model_shard(tmp, policy.tp_rank, policy.pp_rank, policy.module.state_dict())
-            if policy.use_distributed_optimizer or policy.dp_rank == 0:
+            if policy.use_distributed_optimizer or first:
                 torch.save(optimizer.state_dict(), tmp / TRAINER_SUBDIR / _optim_file(policy))
             torch.save(_rng_state(), tmp / TRAINER_SUBDIR / _rng_file(rank))
         with together(f"saving checkpoint {final}: putting it in place"):
@@ -229,7 +233,7 @@ def load_checkpoint(policy: MegatronPolicy, folder: str | os.PathLike[str]) -> N
     with together(f"loading checkpoint {path}"):
         state = read_trainer_state(path)
         layout = _layout(policy)
-        saved = {k: state[k] for k in layout}
+        saved = {k: state.get(k, 1 if k == "cp" else None) for k in layout}  # (saved before CP existed: CP 1)
         if saved != layout:
             raise ValueError(f"it was saved with {saved}, this job runs {layout}; resume with the same parallel "
                              "layout")

@@ -2,9 +2,11 @@
 and moving the training state off and back onto the device.
 
 `PolicyOptimizer` keeps the loss terms of the micro-batches since the last step. `step()` reduces the gradients
-over data-parallel ranks (`finalize_model_grads`: a plain SUM, because DDP runs with `calculate_per_token_loss`),
-sums the denominators of all micro-batches of all DP ranks, scales the gradients by 1/denominator, then clips and
-steps: the update is the gradient of `sum(numerators) / sum(denominators)` however the batch was split.
+over data-parallel ranks (`finalize_model_grads`: a plain SUM, because DDP runs with `calculate_per_token_loss`;
+over the DP x CP ranks under context parallelism, whose ranks hold the gradients of their own tokens), sums the
+denominators of all micro-batches of all DP ranks (the CP ranks of a replica hold the same loss terms), scales the
+gradients by 1/denominator, then clips and steps: the update is the gradient of `sum(numerators) /
+sum(denominators)` however the batch was split.
 """
 
 from __future__ import annotations
@@ -139,8 +141,10 @@ class PolicyOptimizer:
             )
         from megatron.core import parallel_state as ps
 
-        if dp_size > 1 or pp_size > 1 or ps.get_tensor_model_parallel_world_size() > 1:  # (alone: nothing to sum)
-            finalize_model_grads([self.model], num_tokens=None)  # DP sum; embedding / layer-norm grads across stages
+        if dp_size > 1 or pp_size > 1 or ps.get_tensor_model_parallel_world_size() > 1 or (
+                ps.get_context_parallel_world_size() > 1):  # (alone: nothing to sum)
+            # the sum over DP x CP ranks; embedding / layer-norm grads across stages and TP ranks
+            finalize_model_grads([self.model], num_tokens=None)
         summary = self._summary(dp_size, is_last_stage, pp_size)
         denominator = summary["denominator"]
         if not denominator > 0:

@@ -1,5 +1,5 @@
-"""A rank's place in its model replica: which rank reads the replica's inputs, which writes its outputs, and how
-the input rank shares what it read with the others."""
+"""A rank's place in its model replica (its TP x PP x CP ranks): which rank reads the replica's inputs, which writes
+its outputs, and how the input rank shares what it read with the others."""
 
 from __future__ import annotations
 
@@ -24,24 +24,33 @@ def dp_object_group() -> Any:
 
 
 def mp_object_group() -> Any:
-    """The model-parallel group for host-side collectives (the input a replica's ranks share, pickled objects): a
-    gloo twin of Megatron's with `OBJECT_GROUP_TIMEOUT` (`object_twin`). Waiting there costs no GPU: an NCCL
-    receive runs a kernel that spins on the GPU until its sender posts (beside engines generating on shared GPUs,
-    outside the device locks)."""
+    """The replica's group for host-side collectives (the input a replica's ranks share, pickled objects): a gloo
+    twin, with `OBJECT_GROUP_TIMEOUT` (`object_twin`), of Megatron's model-parallel group (TP x PP), or under context
+    parallelism of every rank of this rank's data-parallel replica (TP x PP x CP: Megatron has no such group).
+    Waiting there costs no GPU: an NCCL receive runs a kernel that spins on the GPU until its sender posts (beside
+    engines generating on shared GPUs, outside the device locks)."""
     from megatron.core import parallel_state as ps
 
-    return object_twin("mp", ps.get_model_parallel_group())
+    if ps.get_context_parallel_world_size() == 1:
+        return object_twin("mp", ps.get_model_parallel_group())
+    return object_twin("replica", None, ps.get_data_parallel_rank())
 
 
-def object_twin(kind: str, group: Any) -> Any:
-    """A gloo group of the ranks of this rank's `group` that waits up to `OBJECT_GROUP_TIMEOUT`, made once per
-    `kind` and group. Collective over the world at its first use: every rank makes every twin of that kind."""
+def object_twin(kind: str, group: Any, key: Any = None) -> Any:
+    """A gloo group of the ranks of this rank's `group` (None: of the ranks that pass the same `key`) that waits up
+    to `OBJECT_GROUP_TIMEOUT`, made once per `kind` and group. Collective over the world at its first use: every
+    rank makes every twin of that kind."""
     import torch.distributed as dist
 
     made = _object_twins.get(kind)
     if made is None or made[0] is not group:
         everyone: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, dist.get_process_group_ranks(group))
+        if group is None:
+            keys: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(keys, key)
+            everyone = [[r for r, k in enumerate(keys) if k == mine] for mine in keys]
+        else:
+            dist.all_gather_object(everyone, dist.get_process_group_ranks(group))
         mine = None
         for ranks in sorted({tuple(r) for r in everyone}):  # (the same groups in the same order on every rank)
             twin = dist.new_group(list(ranks), backend="gloo", timeout=OBJECT_GROUP_TIMEOUT)
@@ -53,8 +62,9 @@ def object_twin(kind: str, group: Any) -> Any:
 
 @dataclass(frozen=True)
 class ReplicaRanks:
-    """This rank in its data-parallel replica (TP x PP ranks). The input rank (tensor rank 0 of the first pipeline
-    stage) reads a stage's channel; the output rank (tensor rank 0 of the last stage) writes results."""
+    """This rank in its data-parallel replica (TP x PP x CP ranks). The input rank (tensor and context rank 0 of the
+    first pipeline stage) reads a stage's channel; the output rank (tensor and context rank 0 of the last stage)
+    writes results."""
 
     dp_rank: int
     dp_size: int
@@ -71,9 +81,10 @@ class ReplicaRanks:
         import torch.distributed as dist
         from megatron.core import parallel_state as ps
 
-        mp_size = ps.get_tensor_model_parallel_world_size() * ps.get_pipeline_model_parallel_world_size()
+        mp_size = (ps.get_tensor_model_parallel_world_size() * ps.get_pipeline_model_parallel_world_size()
+                   * ps.get_context_parallel_world_size())
         group = mp_object_group()
-        tp0 = ps.get_tensor_model_parallel_rank() == 0
+        tp0 = ps.get_tensor_model_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0
         return cls(
             dp_rank=ps.get_data_parallel_rank(), dp_size=ps.get_data_parallel_world_size(), mp_size=mp_size,
             is_input=tp0 and ps.is_pipeline_first_stage(), is_output=tp0 and ps.is_pipeline_last_stage(),

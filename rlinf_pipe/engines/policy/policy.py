@@ -1,4 +1,4 @@
-"""Megatron policy: log-probs and streamed training of one rank of a TP x PP x DP Megatron model.
+"""Megatron policy: log-probs and streamed training of one rank of a TP x PP x CP x DP Megatron model.
 
 `MegatronPolicy` is built on every rank once `torch.distributed` and Megatron's parallel state are initialised
 (`rlinf_pipe.models.megatron_gpt.init_model_parallel`). It knows nothing about the RL algorithm: training takes
@@ -6,13 +6,15 @@ a `loss_fn(logprobs, entropy, batch) -> LossTerms` per micro-batch. Its parts: t
 log-probs, HF weights in and out), `optimizer` (the optimizer step with exact normalisation, offload),
 `checkpoint` (saving and restoring everything).
 
-Collective contract: every rank of a model replica (all its TP and PP ranks) calls each method with the same
+Collective contract: every rank of a model replica (all its TP, PP and CP ranks) calls each method with the same
 arguments (the same micro-batch, in the same order); DP ranks are independent except in `optimizer_step`,
 `save_checkpoint` and `load_checkpoint`, which every rank of the job calls together.
 
 Exact loss normalisation: `train_micro_batch` backpropagates the loss NUMERATOR (a sum) and keeps the denominator;
 `optimizer_step` divides the summed gradients by the denominator summed over all micro-batches and DP ranks (see
-`rlinf_pipe.engines.policy.optimizer`).
+`rlinf_pipe.engines.policy.optimizer`). Under context parallelism every CP rank computes the same loss over the
+whole micro-batch (its log-probs gathered over the CP group), its gradient flowing back through this rank's tokens
+only; Megatron sums the gradients over the DP x CP ranks, and the denominator is summed over DP alone.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ class MegatronPolicy:
             same values within float rounding; no context parallelism).
         sequence_parallel: Megatron's sequence parallelism (TP > 1): the norms, dropouts and residuals of each layer
             hold a 1/TP slice of the sequence (every micro-batch's length is made a multiple of TP).
+        Context parallelism comes from the parallel state (`init_model_parallel(tp, pp, cp)`); it needs
+        `pack_sequences` and a model whose attention runs on SDPA (`models.context_parallel`).
         seed: torch / Megatron model-parallel RNG seed.
         load_weights: False keeps the random initialisation (the folder then needs only `config.json`; for
             memory and speed measurements at a real model's shape).
@@ -152,6 +156,10 @@ class MegatronPolicy:
         self.dp_rank = ps.get_data_parallel_rank()
         self.is_last_stage = ps.is_pipeline_last_stage()
         self.tp_group = ps.get_tensor_model_parallel_group() if self.tp_size > 1 else None
+        self.cp_size = ps.get_context_parallel_world_size()
+        self.cp_rank = ps.get_context_parallel_rank()
+        # (the distributed optimizer's shard of this rank: Megatron shards it over DP x CP)
+        self.shard_rank = ps.get_data_parallel_rank(with_context_parallel=True)
 
         torch.manual_seed(seed)
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
@@ -162,7 +170,13 @@ class MegatronPolicy:
         self.arch = load_hf_checkpoint(module, path) if load_weights else hf_arch(hf_config)
         self.vocab_size = self.arch.vocab_size
         self.pack_sequences = pack_sequences and model_supports_packing(module)
-        self.share_prompts = share_prompts and self.pack_sequences and ps.get_context_parallel_world_size() == 1
+        if self.cp_size > 1 and not self.pack_sequences:
+            reason = ("set pack_sequences on (actor.pack_sequences / inference.pack_sequences)" if not pack_sequences
+                      else "this model's attention cannot run on SDPA (attention dropout, bias, softmax offset or "
+                      "sliding window)")
+            raise ValueError(f"context parallelism (CP {self.cp_size}) splits packed sequences for attention on "
+                             f"SDPA: {reason}, or use CP 1")
+        self.share_prompts = share_prompts and self.pack_sequences and self.cp_size == 1
         self.config = module.config
         self.config.finalize_model_grads_func = None  # gradients are finalised once, in optimizer_step
         self.use_distributed_optimizer = (self.dp_size > 1) if use_distributed_optimizer is None else (
@@ -229,11 +243,20 @@ class MegatronPolicy:
                       ) -> tuple[Tensor, Tensor | None]:
         """Log-probs (and entropies) `[B, L]` of the micro-batch's tokens from the model's logits; 0 at each row's
         first position (nothing predicts it) and, packed, on padding."""
-        if with_entropy:
-            lp, ent = token_logprobs_and_entropy(logits, inputs.ids, temperature, self.vocab_size, self.tp_group)
-        else:
-            lp, ent = token_logprobs(logits, inputs.ids, temperature, self.vocab_size, self.tp_group), None
-        return inputs.per_token(lp), None if ent is None else inputs.per_token(ent)
+        def values(logits: Tensor, ids: Tensor) -> tuple[Tensor, Tensor | None]:
+            if with_entropy:
+                return token_logprobs_and_entropy(logits, ids, temperature, self.vocab_size, self.tp_group)
+            return token_logprobs(logits, ids, temperature, self.vocab_size, self.tp_group), None
+
+        lp, ent = values(logits, inputs.ids)
+        if inputs.cp is None:
+            return inputs.per_token(lp), None if ent is None else inputs.per_token(ent)
+        # CP: the tokens after this rank's runs, predicted at each run's end (a pair of positions per end)
+        ends = logits[0, inputs.cp.run_ends][:, None].expand(-1, 2, -1)
+        next_ids = torch.stack([torch.zeros_like(inputs.next_ids), inputs.next_ids], dim=1)
+        lp_ends, ent_ends = values(ends, next_ids)
+        return (inputs.per_token(lp, lp_ends[:, 1]),
+                None if ent is None else inputs.per_token(ent, ent_ends[:, 1]))
 
     def _run_schedule(
         self, micro_batches: list[ModelInputs], forward_only: bool, loss_func_factory: Callable[[int], Callable]
@@ -245,6 +268,7 @@ class MegatronPolicy:
             raise ValueError(f"micro-batches of one pipeline schedule call must share their shape, got "
                              f"{sorted(shapes)}")
         b, length = max(shapes)
+        length *= self.cp_size  # (Megatron's schedule divides the sequence by CP for the stages' activations)
         counter = iter(range(len(micro_batches)))
 
         def forward_step(data_iterator: Iterator[ModelInputs], model: Any) -> tuple[Tensor, Callable]:
@@ -274,7 +298,7 @@ class MegatronPolicy:
         input_ids = batch.input_ids
         if input_ids.dim() != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must be a non-empty [batch, seq] tensor, got {tuple(input_ids.shape)}")
-        packed, shared = packing(batch, self.pack_sequences, self.share_prompts)
+        packed, shared = packing(batch, self.pack_sequences, self.share_prompts, self.cp_size > 1)
         chunks, micro_batches = logprob_micro_batches(batch, self.logprob_max_tokens, packed, self.device, shared,
                                                       same_shape=self.pp_size > 1, multiple=self.sequence_multiple)
 
