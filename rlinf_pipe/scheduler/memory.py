@@ -89,6 +89,7 @@ class ComponentMemory:
     per_gpu_bytes: dict[str, int]
     capacity_bytes: int
     problem: str = ""  # why it cannot run whatever the total ("" when it can)
+    fix: str = ""  # a setting that makes it fit, where the estimate found one
 
     @property
     def total(self) -> int:
@@ -100,7 +101,8 @@ class ComponentMemory:
 
     def to_json(self) -> dict[str, Any]:
         return {"per_gpu_bytes": {**self.per_gpu_bytes, "total": self.total}, "capacity_bytes": self.capacity_bytes,
-                "fits": self.fits, **({"problem": self.problem} if self.problem else {})}
+                "fits": self.fits, **({"problem": self.problem} if self.problem else {}),
+                **({"fix": self.fix} if self.fix else {})}
 
 
 def _bytes(kinds: dict[str, float], processes: int) -> dict[str, int]:
@@ -127,18 +129,22 @@ def layer_activations(shape: HfArch, tp: int, sequence_parallel: bool = False) -
 
 
 def training_activations(shape: HfArch, tokens: int, seq_len: int, tp: int, pp: int,
-                         recompute: Recompute, sequence_parallel: bool = False) -> float:
-    """Bytes one micro-batch of `tokens` (rows of up to `seq_len`) keeps for backward on one rank (bf16)."""
+                         recompute: Recompute, sequence_parallel: bool = False, cp: int = 1) -> float:
+    """Bytes one micro-batch of `tokens` (rows of up to `seq_len`) keeps for backward on one rank (bf16). With
+    context parallelism each rank holds 1/CP of every sequence, its queries' scores still span the whole sequence,
+    and it keeps the other ranks' keys and values, gathered for its attention."""
     h, layers = shape.hidden_size, -(-shape.num_layers // pp)
+    local = tokens / cp
     layer = layer_activations(shape, tp, sequence_parallel)
-    attention_scores = 5 * shape.num_heads * seq_len / tp  # per token: scores + softmax
+    attention_scores = 5 * shape.num_heads * seq_len / tp  # per local token: scores + softmax over every key
+    gathered = tokens * (cp - 1) / cp * 2 * 2 * shape.num_kv_heads * shape.head_dim / tp  # (bf16 K and V)
     per_layer = {
-        "none": tokens * (layer + attention_scores),
-        "selective": tokens * layer,  # the scores are recomputed
-        "full": tokens * h * 2 / (tp if sequence_parallel else 1),  # the layer input only; the rest is recomputed
+        "none": local * (layer + attention_scores) + gathered,
+        "selective": local * layer + gathered,  # the scores are recomputed
+        "full": local * h * 2 / (tp if sequence_parallel else 1),  # the layer input only; the rest is recomputed
     }[recompute]
-    recomputing = tokens * layer if recompute == "full" else 0.0
-    logits = 2 * tokens * shape.vocab_size / tp * 2 + 3 * CHUNK_BYTES  # bf16 logits + their gradient
+    recomputing = local * layer + gathered if recompute == "full" else 0.0
+    logits = 2 * local * shape.vocab_size / tp * 2 + 3 * CHUNK_BYTES  # bf16 logits + their gradient
     return layers * per_layer + recomputing + logits
 
 
@@ -198,23 +204,43 @@ def estimate_memory(cfg: Config, placement: Placement, shape: HfArch, capacity_b
         later = slots if actor_gpus & set(comp.gpus) else 0  # (made after the engines sized their caches)
         if name == "actor" and sglang and placement.engines_share_actor and weight_transport in ("ipc", "broadcast"):
             later += params_per_rank(shape, cfg.rollout.tensor_parallel_size, 1) * engine_bytes
-        problem = ""
+        problem, fix = "", ""
         if name == "actor":
             kinds = _actor(cfg, comp, shape, seq_len, dtype_bytes, placement)
+            fix = _context_parallel_fix(cfg, comp, shape, seq_len, dtype_bytes, placement,
+                                        capacity_bytes - context - others - later, kinds)
         elif name == "inference":
             kinds = _inference(cfg, comp, shape, dtype_bytes)
         else:
             kinds, problem = _rollout(cfg, shape, seq_len, capacity_bytes - others - context, engine_bytes,
                                       time_shared, inference_shares)
         out[name] = ComponentMemory(name, _bytes({**kinds, "resident": others + later}, sharing[name]),
-                                    capacity_bytes, problem)
+                                    capacity_bytes, problem, fix)
     return out
 
 
+def _context_parallel_fix(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, dtype_bytes: int,
+                          placement: Placement, room: float, kinds: dict[str, float]) -> str:
+    """Where the actor's activations are what does not fit into `room`: the smallest larger context-parallel size
+    its GPUs divide into that fits (each rank then holds a slice of every sequence), or ""."""
+    if sum(kinds.values()) <= room or max(kinds, key=kinds.__getitem__) != "activations":
+        return ""
+    for cp in (2, 4, 8, 16, 32, 64):
+        if cp <= comp.cp or len(comp.gpus) % (comp.tp * comp.pp * cp):
+            continue
+        trial = _actor(cfg, comp, shape, seq_len, dtype_bytes, placement, cp)
+        if sum(trial.values()) <= room:
+            return (f"actor.context_parallel_size: {cp} fits {seq_len}-token samples (activations "
+                    f"{trial['activations'] / GIB:.1f} GiB per GPU)")
+    return ""
+
+
 def _actor(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, dtype_bytes: int,
-           placement: Placement) -> dict[str, float]:
+           placement: Placement, cp: int | None = None) -> dict[str, float]:
+    cp = comp.cp if cp is None else cp
+    dp = len(comp.gpus) // (comp.tp * comp.pp * cp) if comp.gpus else comp.dp
     params = params_per_rank(shape, comp.tp, comp.pp)
-    distributed_optimizer = comp.dp > 1
+    distributed_optimizer = dp > 1
     master = 4 if dtype_bytes < 4 else 0
     rows = max(cfg.actor.max_micro_batch_size or 0, cfg.actor.micro_batch_size)  # (it grows to max when behind)
     tokens = cfg.actor.micro_batch_tokens or rows * seq_len
@@ -222,9 +248,9 @@ def _actor(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, d
     return {
         "weights": params * dtype_bytes * (2 if with_ref else 1),
         "grads": params * 4,
-        "optimizer": params * (8 + master) / (comp.dp if distributed_optimizer else 1),
+        "optimizer": params * (8 + master) / (dp * cp if distributed_optimizer else 1),  # (sharded over DP x CP)
         "activations": training_activations(shape, tokens, min(seq_len, tokens), comp.tp, comp.pp,
-                                            cfg.actor.recompute, cfg.actor.sequence_parallel),
+                                            cfg.actor.recompute, cfg.actor.sequence_parallel, cp),
     }
 
 
@@ -280,8 +306,8 @@ def advice(memory: ComponentMemory) -> str:
     keys = {
         "activations": {
             "actor": "actor.micro_batch_tokens (or actor.micro_batch_size and max_micro_batch_size), actor.recompute: "
-                     "selective or full, "
-                     "actor.tensor_parallel_size",
+                     "selective or full, actor.tensor_parallel_size with actor.sequence_parallel, "
+                     "actor.context_parallel_size",
             "inference": "inference.max_tokens_per_batch or inference.tensor_parallel_size",
             "rollout": "rollout.max_running_requests",
         }.get(memory.component, ""),
@@ -292,7 +318,8 @@ def advice(memory: ComponentMemory) -> str:
         "resident": "inference.tensor_parallel_size (the log-prob workers' models stay on the engines' GPUs)",
     }[largest]
     return (f"{memory.component}: about {memory.total / GIB:.1f} GiB per GPU of {memory.capacity_bytes / GIB:.1f} GiB "
-            f"({largest} {parts[largest] / GIB:.1f} GiB); lower it with {keys}")
+            f"({largest} {parts[largest] / GIB:.1f} GiB); lower it with {keys}"
+            + (f"; {memory.fix}" if memory.fix else ""))
 
 
 @dataclass(frozen=True)

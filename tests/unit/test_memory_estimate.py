@@ -9,9 +9,10 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from rlinf_pipe.cli import main
 from rlinf_pipe.config import load_config
-from rlinf_pipe.models.known import known_config
 from rlinf_pipe.models.arch import model_arch
+from rlinf_pipe.models.known import known_config
 from rlinf_pipe.scheduler.memory import (
     GIB,
     PROCESS_OVERHEAD,
@@ -274,3 +275,23 @@ def test_what_stays_on_the_gpu_beside_a_collocated_actor_and_its_engines():
     assert all(ipc[name].fits for name in ipc)
     pipeline = _estimate("qwen2.5-1.5b-grpo-megatron-pipeline")
     assert all(memory.per_gpu_bytes["resident"] == 0 for memory in pipeline.values())
+
+
+def test_sequence_and_context_parallelism_divide_the_actors_activations_and_plan_names_the_cp_that_fits(capsys):
+    """SP divides what TP alone replicates (the norms' and projections' inputs); CP gives each rank a slice of every
+    sequence (keeping the others' keys and values). A 17k-token sample's activations do not fit one actor GPU of
+    the 1.5B model: the estimate names the CP size that does, and the long-response example, which takes it, fits."""
+    from rlinf_pipe.scheduler.memory import layer_activations, training_activations
+
+    shape, _ = model_arch(R1_DISTILL)
+    assert layer_activations(shape, 2, sequence_parallel=True) < layer_activations(shape, 2)
+    one = training_activations(shape, 17408, 17408, 1, 1, "selective")
+    halves = training_activations(shape, 17408, 17408, 1, 1, "selective", cp=2)
+    assert one / 2 < halves < one * 0.6  # (half the tokens, plus the gathered keys and values)
+    long = ["--no-files", str(CONFIGS / "qwen2.5-1.5b-grpo-megatron-long-1node.yaml")]
+    assert main(["plan", *long, "actor.context_parallel_size=1"]) == 0
+    warning = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("warning: actor:"))
+    assert "(activations" in warning and "actor.context_parallel_size: 2 fits 17408-token samples" in warning
+    assert main(["plan", *long]) == 0
+    out = capsys.readouterr().out
+    assert "DOES NOT FIT" not in out and "warning" not in out
