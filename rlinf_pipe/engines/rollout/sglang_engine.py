@@ -64,6 +64,7 @@ from rlinf_pipe.engines.rollout.sglang_launch import (
 )
 from rlinf_pipe.engines.rollout.sglang_host import EngineProcesses, contained, forget_atexit
 from rlinf_pipe.engines.rollout.sglang_leftovers import record_children, wait_for_leftovers
+from rlinf_pipe.engines.rollout.sglang_node import use_node_jit_cache
 from rlinf_pipe.engines.rollout.sglang_requests import Aborts, generate_one, to_sample
 from rlinf_pipe.utils.device_memory import hand_back_cached_memory
 from rlinf_pipe.utils.futures import mark_retrieved
@@ -98,6 +99,7 @@ class SGLangEngine:
                  sglang: Any = None):
         from transformers import AutoTokenizer
 
+        use_node_jit_cache()  # (read when flashinfer is imported: one cache folder for the node's engines)
         with contained():  # (sglang's import and build change this process: put back once it is built)
             api = sglang if sglang is not None else import_sglang()
             self._build(api, str(model_path), tp_size=tp_size, mem_fraction_static=mem_fraction_static,
