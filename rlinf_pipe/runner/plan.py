@@ -19,7 +19,14 @@ from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.scheduler.gpu_ids import format_ids
 from rlinf_pipe.scheduler.placement import Placement, plan_placement
 from rlinf_pipe.utils.text import closest
-from rlinf_pipe.runner.weight_routes import WeightRoute, gpu_shared_in_group, ipc_unreachable, weight_routes
+from rlinf_pipe.runner.weight_routes import (
+    Devices,
+    WeightRoute,
+    gpu_devices,
+    gpu_shared_in_group,
+    ipc_unreachable,
+    weight_routes,
+)
 from rlinf_pipe.weights.transport_names import TRANSPORTS, Transport
 
 
@@ -121,7 +128,8 @@ def idle_inference_warning(cfg: Config, placement: Placement) -> str:
             "true (the kl metric) or algorithm.n_minibatches > 1 (old log-probs recomputed)")
 
 
-def resolve_weight_transport(setting: str, placement: Placement, receivers: Sequence[str]) -> Transport:
+def resolve_weight_transport(setting: str, placement: Placement, receivers: Sequence[str],
+                             devices: Devices = {}) -> Transport:
     """`runner.weight_sync`: `auto` is `broadcast` (NCCL on GPUs, gloo on CPU) when no two members of its group
     (the actor's rank 0 and the receivers) share a GPU. Otherwise (collocated, or a hybrid placement) NCCL could
     not form the group: `ipc` when every receiver shares a GPU with an actor rank that holds a whole replica (CUDA
@@ -129,9 +137,9 @@ def resolve_weight_transport(setting: str, placement: Placement, receivers: Sequ
     if setting == "auto":
         comps = placement.components
         members = {name: comps[name] for name in receivers if name in comps}
-        if placement.mode != "collocated" and gpu_shared_in_group(comps["actor"], members) is None:
+        if placement.mode != "collocated" and gpu_shared_in_group(comps["actor"], members, devices) is None:
             return "broadcast"
-        return "ipc" if ipc_unreachable(placement, receivers) is None else "object_store"
+        return "ipc" if ipc_unreachable(placement, receivers, devices) is None else "object_store"
     if setting in TRANSPORTS:
         return setting  # type: ignore[return-value]
     raise ConfigError(f"runner.weight_sync: {setting!r} is not one of auto, {', '.join(TRANSPORTS)}")
@@ -166,10 +174,11 @@ def plan_run(cfg: Config, gpus_per_node: Sequence[int] | None = None) -> RunPlan
         )
     logprob_stage = computes_logprobs(cfg)
     receivers = weight_receivers(placement, logprob_stage)
-    transport = resolve_weight_transport(cfg.runner.weight_sync, placement, receivers)
+    devices = gpu_devices(placement.components.values())  # (placement GPUs on one device: the GPU suite's runs on one GPU)
+    transport = resolve_weight_transport(cfg.runner.weight_sync, placement, receivers, devices)
     return RunPlan(
         placement=placement, weight_transport=transport,
-        weight_routes=tuple(weight_routes(placement, transport, receivers)),
+        weight_routes=tuple(weight_routes(placement, transport, receivers, devices)),
         staleness=cfg.runner.max_staleness, dynamic_sampling=cfg.algorithm.dynamic_sampling,
         logprob_stage=logprob_stage, idle_inference=idle_inference_warning(cfg, placement),
         channel_shared_bytes=cfg.runner.channel_shared_mb * 1024 * 1024,
