@@ -3,6 +3,10 @@
 #   bash scripts/gpu_smoke.sh [-- PYTEST_ARGS]               # with network: installs what is missing, runs the suite
 #   bash scripts/gpu_smoke.sh --wheels DIR [-- PYTEST_ARGS]  # offline: installs every wheel in DIR (fetched before)
 #   bash scripts/gpu_smoke.sh --fetch DIR [PYTHON_VERSION]    # on a machine with network: fetch those wheels (3.12)
+#   bash scripts/gpu_smoke.sh [--wheels DIR] --pipeline [-- PYTEST_ARGS]
+#       only the pipeline on one GPU: the tiny disaggregated pipeline and the hybrid placement with their two
+#       placement GPUs on the one device (weights over CUDA IPC), then benchmarks/pipeline_vs_collocated.py on the
+#       machine's cores with its GPU hidden; about 5 minutes after the install, within a lent machine's 15
 # It never installs torch or its dependencies: the machine's CUDA build is used. Packages go, without their
 # dependencies, into a folder ($RLINF_PIPE_GPU_SITE, default /tmp/rlinf-pipe-gpu-site) put in front on PYTHONPATH,
 # so it works whether the machine's python is a system one or a virtual environment of its own (a venv made over
@@ -59,10 +63,15 @@ PY
     exit 0
 fi
 wheels=""
-if [ "${1:-}" = "--wheels" ]; then
-    wheels="${2:?usage: --wheels DIR}"; shift 2
-fi
-[ "${1:-}" = "--" ] && shift
+selection=(tests/gpu)
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --wheels) wheels="${2:?usage: --wheels DIR}"; shift 2 ;;
+        --pipeline) selection=(tests/gpu/test_pipeline_one_gpu.py tests/gpu/test_pipeline_benchmark_gpu.py); shift ;;
+        --) shift; break ;;
+        *) break ;;
+    esac
+done
 if [ -n "$wheels" ] && ! compgen -G "$wheels/*.whl" >/dev/null; then
     echo "error: no wheels in $wheels (see --fetch)" >&2; exit 1
 fi
@@ -127,4 +136,4 @@ print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {len(names)} GPU(s
 PY
 fi
 cd "$ROOT"
-exec "$PYTHON" -m pytest tests/gpu -m gpu -v -rs -s -p no:cacheprovider --timeout 900 "$@"
+exec "$PYTHON" -m pytest "${selection[@]}" -m gpu -v -rs -s -p no:cacheprovider --timeout 900 "$@"

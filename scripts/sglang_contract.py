@@ -8,8 +8,12 @@ Nothing is imported or run from the wheel: its sources are parsed with `ast`. Th
 methods with their parameters and whether they block on the Engine's own event loop (`run_until_complete`), the
 TokenizerManager methods with their parameters, the request classes and their fields, the server-argument fields
 the adapter passes, the memory tags, the flattened-bucket metadata fields, the error messages the stand-in
-reproduces, the globals SGLang's `SafeUnpickler` lets a weight payload name, and the model classes that can read a
-weight back by name (`get_weights_by_name`). `tests/unit/test_sglang_engine.py` compares the stand-in with the checked-in file.
+reproduces, the globals SGLang's `SafeUnpickler` lets a weight payload name, the model classes that can read a
+weight back by name (`get_weights_by_name`), the fields of the tokenizer manager's per-request state, and what
+building an Engine does to its host process (`host_process`: the event-loop policy its modules switch at import,
+the multiprocessing start method it forces, the environment variables it sets, its `atexit` shutdown, how long its
+shutdown waits for the processes it kills, whether a generate request holds the model-update lock across its
+`yield`). `tests/unit/test_sglang_engine.py` compares the stand-in with the checked-in file.
 """
 
 from __future__ import annotations
@@ -143,6 +147,7 @@ def extract(wheel: Path) -> dict[str, Any]:
         if missing:
             raise KeyError(f"methods not found: {missing}")
         generate_fields = dict(_class_fields(io_struct, "GenerateReqInput"))
+        tm_tree = parse("managers/tokenizer_manager.py")
         return {
             "sglang_version": SGLANG_VERSION,
             "engine_methods": {m: {"params": _params(engine[m]), "async": isinstance(engine[m], ast.AsyncFunctionDef),
@@ -160,12 +165,75 @@ def extract(wheel: Path) -> dict[str, Any]:
                                                                               "FlattenedTensorMetadata")],
             "messages": messages,
             "safe_unpickler_allowed": sorted(_safe_unpickler_allowed(parse("utils/common.py"))),
+            "req_state_fields": [f for f, _ in _class_fields(tm_tree, "ReqState")],
+            "host_process": host_process(parse("entrypoints/engine.py"), tm_tree, tm["generate_request"]),
             "models_with_get_weights_by_name": sorted(
                 cls.name for name in zf.namelist() if name.startswith(ROOT + "models/") and name.endswith(".py")
                 for cls in ast.parse(zf.read(name).decode()).body if isinstance(cls, ast.ClassDef)
                 and any(isinstance(f, ast.FunctionDef) and f.name == "get_weights_by_name" for f in cls.body)
             ),
         }
+
+
+def _module_level_policy_switch(tree: ast.Module) -> bool:
+    """Whether a module switches the global asyncio event-loop policy when imported."""
+    return any(isinstance(n, ast.Expr) and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Attribute)
+               and n.value.func.attr == "set_event_loop_policy" for n in tree.body)
+
+
+def _function(tree: ast.Module, name: str) -> ast.FunctionDef:
+    return next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def _environment_set(fn: ast.AST) -> dict[str, str | None]:
+    """`os.environ[KEY] = value` in `fn`: KEY -> the value when it is a literal string, else None."""
+    out: dict[str, str | None] = {}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Subscript):
+            target = node.targets[0]
+            if ast.unparse(target.value) == "os.environ" and isinstance(target.slice, ast.Constant):
+                value = node.value.value if isinstance(node.value, ast.Constant) else None
+                out[target.slice.value] = value
+    return dict(sorted(out.items()))
+
+
+def _keyword_of_call(fn: ast.AST, callee: str, keyword: str) -> Any:
+    """The literal value of `keyword` in the first call of `callee` inside `fn`."""
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith(callee):
+            for kw in node.keywords:
+                if kw.arg == keyword:
+                    return ast.literal_eval(kw.value)
+    raise KeyError(f"no {callee}({keyword}=...) call found")
+
+
+def _holds_lock_across_yield(fn: ast.AST, lock: str) -> bool:
+    """Whether an `async with <...lock...>` block of `fn` yields inside it (the lock is held while the caller has
+    the generator's value, until the generator is resumed or closed)."""
+    return any(isinstance(n, ast.AsyncWith) and any(lock in ast.unparse(i.context_expr) for i in n.items)
+               and any(isinstance(y, (ast.Yield, ast.YieldFrom)) for y in ast.walk(n)) for n in ast.walk(fn))
+
+
+def host_process(engine: ast.Module, tokenizer_manager: ast.Module, generate_request: ast.AST) -> dict[str, Any]:
+    """What building an Engine does to the process that builds it (see the module docstring)."""
+    engine_cls = next(n for n in engine.body if isinstance(n, ast.ClassDef) and n.name == "Engine")
+    init = next(n for n in engine_cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    shutdown = next(n for n in engine_cls.body if isinstance(n, ast.FunctionDef) and n.name == "shutdown")
+    configure = _function(engine, "_set_envs_and_config")
+    start_method = next(ast.literal_eval(n.args[0]) for n in ast.walk(configure) if isinstance(n, ast.Call)
+                        and ast.unparse(n.func).endswith("set_start_method"))
+    return {
+        "policy_switched_on_import": {"entrypoints/engine.py": _module_level_policy_switch(engine),
+                                      "managers/tokenizer_manager.py": _module_level_policy_switch(tokenizer_manager)},
+        "start_method_forced": start_method,
+        "environment_set": _environment_set(configure),
+        "atexit_shutdown": any(ast.unparse(n) == "atexit.register(self.shutdown)" for n in ast.walk(init)),
+        "shutdown_kills_descendants_of_own_pid": any(isinstance(n, ast.Call) and ast.unparse(n.func) ==
+                                                      "kill_process_tree" and ast.unparse(n.args[0]) == "os.getpid()"
+                                                      for n in ast.walk(shutdown)),
+        "shutdown_kill_wait_s": _keyword_of_call(shutdown, "kill_process_tree", "wait_timeout"),
+        "generate_holds_update_lock_across_yield": _holds_lock_across_yield(generate_request, "model_update_lock"),
+    }
 
 
 def _safe_unpickler_allowed(common: ast.Module) -> list[str]:

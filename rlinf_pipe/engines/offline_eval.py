@@ -68,7 +68,11 @@ def evaluate_model(cfg: Config, model: str, out_dir: Path, limit: int, k: int, h
         prompts = first_prompts(dataset, limit)
     engine = build_engine(cfg.rollout, str(folder), seed=cfg.runner.seed, collocated=False)
     requests = eval_requests(prompts, sampling_params(cfg.rollout, k), k, cfg.runner.seed)
-    outputs = asyncio.run(generate_texts(engine, requests))
+    try:
+        outputs = asyncio.run(generate_texts(engine, requests))
+    finally:  # before the reward pool starts: SGLang's shutdown kills every process this one started
+        if (shutdown := getattr(engine, "shutdown", None)) is not None:
+            shutdown()
     pool = reward_pool(cfg.reward)
     try:
         scores = pool.score_batch(score_pairs(prompts, outputs))

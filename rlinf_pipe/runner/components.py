@@ -31,6 +31,17 @@ from rlinf_pipe.workers.step_channels import StepChannels
 
 EXIT_GRACE_S = 5.0  # a worker's time to release what a kill leaves behind, before it is killed (`Worker.before_stop`)
 
+
+def exit_grace_s(cfg: Config, group: str) -> float:
+    """How long the workers of `group` may take to release what a kill leaves behind (`Worker.before_stop`): an
+    SGLang engine's shutdown waits for the processes it kills (`SHUTDOWN_WAIT_S`: their GPU contexts' teardown)
+    before it returns, so its rollout workers get that much more than the others. The wait ends when they are done."""
+    if group == "rollout" and cfg.rollout.backend == "sglang":
+        from rlinf_pipe.engines.rollout.sglang_host import SHUTDOWN_WAIT_S
+
+        return SHUTDOWN_WAIT_S + EXIT_GRACE_S
+    return EXIT_GRACE_S
+
 WORKER_ENV = {"PYTHONWARNINGS": "ignore::UserWarning,ignore::FutureWarning"}  # apex/TE fallbacks, deprecations
 NCCL_CUMEM = "NCCL_CUMEM_ENABLE"
 NCCL_NVLS = "NCCL_NVLS_ENABLE"
@@ -142,7 +153,7 @@ class Components:
 
         self.channels.abort()
         for group in self.groups():
-            group.shutdown(wait_s=30.0, grace_s=EXIT_GRACE_S)
+            group.shutdown(wait_s=30.0, grace_s=exit_grace_s(self.cluster.cfg, group.name))
         for helper in (self.locks, self.sampling_rounds, self.arrival_slots, self.balancer):
             if helper is not None:
                 ray.kill(helper, no_restart=True)

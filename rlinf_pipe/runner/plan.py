@@ -20,7 +20,14 @@ from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.scheduler.gpu_ids import format_ids
 from rlinf_pipe.scheduler.placement import Placement, plan_placement
 from rlinf_pipe.utils.text import closest
-from rlinf_pipe.runner.weight_routes import WeightRoute, gpu_shared_in_group, ipc_unreachable, weight_routes
+from rlinf_pipe.runner.weight_routes import (
+    Devices,
+    WeightRoute,
+    gpu_devices,
+    gpu_shared_in_group,
+    ipc_unreachable,
+    weight_routes,
+)
 from rlinf_pipe.weights.transport_names import TRANSPORTS, Transport
 
 
@@ -123,11 +130,13 @@ def idle_inference_warning(cfg: Config, placement: Placement) -> str:
             "true (the kl metric) or algorithm.n_minibatches > 1 (old log-probs recomputed)")
 
 
-def resolve_weight_transport(setting: str, placement: Placement, receivers: Sequence[str]) -> tuple[Transport, str]:
+def resolve_weight_transport(setting: str, placement: Placement, receivers: Sequence[str],
+                             devices: Devices = {}) -> tuple[Transport, str]:
     """`runner.weight_sync` and why: `auto` is `broadcast` (NCCL on GPUs, gloo on CPU) when no two members of its
-    group (the actor's rank 0 and the receivers) share a GPU. Otherwise (collocated, or a hybrid placement) NCCL could
-    not form the group: `ipc` when every receiver shares a GPU with an actor rank that holds a whole replica (CUDA
-    IPC on GPUs, shared memory on CPU; `weight_routes`), else `object_store`."""
+    group (the actor's rank 0 and the receivers) share a GPU (`devices`: placement GPUs that are one device). Otherwise
+    (collocated, or a hybrid placement) NCCL could not form the group: `ipc` when every receiver shares a GPU with an
+    actor rank that holds a whole replica (CUDA IPC on GPUs, shared memory on CPU; `weight_routes`), else
+    `object_store`."""
     if setting in TRANSPORTS:
         return setting, "set by runner.weight_sync"  # type: ignore[return-value]
     if setting != "auto":
@@ -135,10 +144,10 @@ def resolve_weight_transport(setting: str, placement: Placement, receivers: Sequ
     comps = placement.components
     members = {name: comps[name] for name in receivers if name in comps}
     shared = ("actor and rollout take turns on every GPU" if placement.mode == "collocated"
-              else gpu_shared_in_group(comps["actor"], members))
+              else gpu_shared_in_group(comps["actor"], members, devices))
     if shared is None:
         return "broadcast", "auto: no two members of the group (actor rank 0 and the receivers) share a GPU"
-    unreachable = ipc_unreachable(placement, receivers)
+    unreachable = ipc_unreachable(placement, receivers, devices)
     if unreachable is None:
         return "ipc", (f"auto: {shared}, and a broadcast group (NCCL) takes one rank per GPU; every receiver shares a "
                        "GPU with an actor rank holding a whole replica")
@@ -179,10 +188,11 @@ def plan_run(cfg: Config, gpus_per_node: Sequence[int] | None = None) -> RunPlan
         )
     logprob_stage = computes_logprobs(cfg)
     receivers = weight_receivers(placement, logprob_stage)
-    transport, why = resolve_weight_transport(cfg.runner.weight_sync, placement, receivers)
+    devices = gpu_devices(placement.components.values())  # (placement GPUs on one device: the GPU suite's runs on one GPU)
+    transport, why = resolve_weight_transport(cfg.runner.weight_sync, placement, receivers, devices)
     return RunPlan(
         placement=placement, weight_transport=transport, weight_transport_why=why,
-        weight_routes=tuple(weight_routes(placement, transport, receivers)),
+        weight_routes=tuple(weight_routes(placement, transport, receivers, devices)),
         staleness=cfg.runner.max_staleness, dynamic_sampling=cfg.algorithm.dynamic_sampling,
         logprob_stage=logprob_stage, idle_inference=idle_inference_warning(cfg, placement),
         channel_shared_bytes=cfg.runner.channel_shared_mb * 1024 * 1024,

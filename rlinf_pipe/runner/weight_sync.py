@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.runner.devices import ActorPhase
-from rlinf_pipe.runner.weight_routes import WeightRoute, gpu_shared_in_group
+from rlinf_pipe.runner.weight_routes import WeightRoute, gpu_devices, gpu_shared_in_group
 from rlinf_pipe.scheduler.worker_group import WorkerGroup, hand_out, handed_out_ports
 from rlinf_pipe.utils.futures import mark_retrieved
 from rlinf_pipe.utils.tracing import Tracer
@@ -60,8 +60,10 @@ class WeightSync:
             *(group.rank(0).native_weight_receiver(self.transport) for group in self.receivers.values())))
         layout = await self.actor.rank(0).weight_layout(not native)
         backend = await self.actor.rank(0).weight_backend()
+        receivers = {n: g.placement for n, g in self.receivers.items()}
+        devices = gpu_devices([self.actor.placement, *receivers.values()])
         if self.transport == "broadcast" and backend == "nccl" and (clash := gpu_shared_in_group(
-                self.actor.placement, {n: g.placement for n, g in self.receivers.items()})):
+                self.actor.placement, receivers, devices)):
             raise ConfigError(f"runner.weight_sync: broadcast puts the actor's rank 0 and every receiver in one NCCL "
                               f"group, which takes one rank per GPU, but {clash}: use auto")
         rendezvous: dict[int, Rendezvous | None] = {}

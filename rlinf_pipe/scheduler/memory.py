@@ -24,7 +24,10 @@ The model of the estimate (docs/memory.md walks through it):
   embedding or output layer when it is larger than `runner.weight_bucket_mb`), kept through every phase; and for
   an actor whose GPUs SGLang engines share, with a group transport, the engines' weights, which SGLang takes back
   onto the GPU to load a version while the actor still holds its state there (the version moves at the end of the
-  actor's phase).
+  actor's phase); for an SGLang engine of TP > 1 fed over `ipc` or the object store, the CUDA contexts its other
+  ranks open on its first GPU to map the buckets there (`PEER_CONTEXT_BYTES` each, after it sized its KV cache:
+  beyond the share, refused with the fix when the GPU cannot hold them; the worker checks the GPU's free memory
+  again before the transport opens).
 
 Components that share a GPU set take turns on it, so each is checked on its own (the other's state is offloaded, or
 released by the engine, meanwhile; each other process on the set still holds its CUDA context); an actor that
@@ -43,6 +46,7 @@ from rlinf_pipe.algorithms.logprob_needs import computes_logprobs, needs_ref
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.engines.policy.logprobs import CHUNK_BYTES
 from rlinf_pipe.engines.rollout.factory import TORCH_MAX_RUNNING, memory_fraction
+from rlinf_pipe.engines.rollout.sglang_launch import PEER_CONTEXT_BYTES
 from rlinf_pipe.models.arch import SGLANG_SPARE_TOKENS
 from rlinf_pipe.scheduler.placement import ComponentPlacement, Placement
 
@@ -202,6 +206,7 @@ def estimate_memory(cfg: Config, placement: Placement, shape: HfArch, capacity_b
         context = sharing[name] * PROCESS_OVERHEAD  # every process on the set holds its CUDA context
         others = resident.get(name, 0.0)
         later = slots if actor_gpus & set(comp.gpus) else 0  # (made after the engines sized their caches)
+        peers = 0
         if name == "actor" and sglang and placement.engines_share_actor and weight_transport in ("ipc", "broadcast"):
             later += params_per_rank(shape, cfg.rollout.tensor_parallel_size, 1) * engine_bytes
         problem, fix = "", ""
@@ -214,8 +219,15 @@ def estimate_memory(cfg: Config, placement: Placement, shape: HfArch, capacity_b
         else:
             kinds, problem = _rollout(cfg, shape, seq_len, capacity_bytes - others - context, engine_bytes,
                                       time_shared, inference_shares)
-        out[name] = ComponentMemory(name, _bytes({**kinds, "resident": others + later}, sharing[name]),
-                                    capacity_bytes, problem, fix)
+            peers = peer_contexts(cfg, weight_transport)
+            later += peers
+        memory = ComponentMemory(name, _bytes({**kinds, "resident": others + later}, sharing[name]), capacity_bytes,
+                                 problem, fix)
+        if name == "rollout" and peers and not problem and not memory.fits:
+            memory = ComponentMemory(memory.component, memory.per_gpu_bytes, capacity_bytes,
+                                     _peer_problem(cfg, weight_transport, peers, capacity_bytes - others - context,
+                                                   time_shared))
+        out[name] = memory
     return out
 
 
@@ -233,6 +245,27 @@ def _context_parallel_fix(cfg: Config, comp: ComponentPlacement, shape: HfArch, 
             return (f"actor.context_parallel_size: {cp} fits {seq_len}-token samples (activations "
                     f"{trial['activations'] / GIB:.1f} GiB per GPU)")
     return ""
+
+
+def peer_contexts(cfg: Config, weight_transport: str) -> int:
+    """Bytes of the CUDA contexts an SGLang engine's other TP ranks open on its first GPU, where every bucket lies
+    when weights come over `ipc` or the object store (0 otherwise)."""
+    tp = cfg.rollout.tensor_parallel_size
+    if cfg.rollout.backend != "sglang" or tp < 2 or weight_transport not in ("ipc", "object_store"):
+        return 0
+    return (tp - 1) * PEER_CONTEXT_BYTES
+
+
+def _peer_problem(cfg: Config, transport: str, peers: int, free_at_start: float, time_shared: bool) -> str:
+    """What to change when the engine's first GPU cannot hold its other ranks' contexts beside SGLang's share."""
+    tp = cfg.rollout.tensor_parallel_size
+    fraction = memory_fraction(cfg.rollout, time_shared)
+    fitting = max(0.0, (free_at_start - peers) / free_at_start)
+    return (f"SGLang engines of rollout.tensor_parallel_size {tp} over runner.weight_sync={transport}: the {tp - 1} "
+            f"other TP ranks map every bucket on the engine's first GPU and each opens a CUDA context there "
+            f"({peers / GIB:.1f} GiB in all), which SGLang's share (rollout.gpu_memory_fraction {fraction:g} of the "
+            f"free memory) leaves no room for; use runner.weight_sync=broadcast (each rank receives on its own GPU) "
+            f"or rollout.gpu_memory_fraction <= {int(fitting * 100) / 100:.2f}")
 
 
 def _actor(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, dtype_bytes: int,

@@ -18,9 +18,11 @@ import ray
 from support.faults import Fault, Saboteur
 from support.runs import assert_trains_like
 from support.sglang_standin.engine import SHUTDOWN_RECORD_ENV
+from support.sglang_standin.host import TEARDOWN_FILE_ENV
 
 from rlinf_pipe.config import load_config
 from rlinf_pipe.engines.rollout.sglang_launch import STANDIN_ENV
+from rlinf_pipe.runner.components import EXIT_GRACE_S
 from rlinf_pipe.runner import run as run_config
 from rlinf_pipe.utils.metrics import read_metrics
 from rlinf_pipe.utils.timeline import read_chrome_trace
@@ -35,12 +37,21 @@ def shutdowns(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("standin") / "shutdowns"
 
 
+@pytest.fixture(scope="module")
+def teardown(tmp_path_factory) -> Path:
+    """Holds how long a stand-in engine's shutdown takes to see its processes gone (on a GPU: their CUDA contexts'
+    teardown, which sglang waits up to 60 s for), while it exists."""
+    return tmp_path_factory.mktemp("standin") / "teardown_s"
+
+
 @pytest.fixture(scope="module", autouse=True)
-def ray_session(shutdowns):
+def ray_session(shutdowns, teardown):
     """One local Ray (3 virtual GPUs) whose workers build the stand-in when the adapter imports sglang."""
     assert not ray.is_initialized(), "another test left Ray running"
+    env = {STANDIN_ENV: "support.sglang_standin", SHUTDOWN_RECORD_ENV: str(shutdowns),
+           TEARDOWN_FILE_ENV: str(teardown)}
     ray.init(address="local", num_cpus=2, num_gpus=3, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {STANDIN_ENV: "support.sglang_standin", SHUTDOWN_RECORD_ENV: str(shutdowns)}})
+             runtime_env={"env_vars": env})
     yield
     ray.shutdown()
 
@@ -63,9 +74,19 @@ def run(config_name: str, out: Path, model: str, *overrides: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def pipeline_run(tmp_path_factory, tiny_model) -> Path:
-    return run("tiny-grpo-megatron-pipeline", tmp_path_factory.mktemp("sglang-pipe"), tiny_model,
-               "runner.verify_weights=true")
+def pipeline_run(tmp_path_factory, tiny_model, teardown) -> Path:
+    """(Its engine's shutdown takes longer than the exit grace of the other workers.)"""
+    teardown.write_text(str(EXIT_GRACE_S + 1))
+    try:
+        return run("tiny-grpo-megatron-pipeline", tmp_path_factory.mktemp("sglang-pipe"), tiny_model,
+                   "runner.verify_weights=true")
+    finally:
+        teardown.unlink()
+
+
+def shut_down(shutdowns: Path) -> list[dict]:
+    """The stand-in engines shut down so far: their scheduler's pid and what else their shutdown killed."""
+    return [json.loads(line) for line in shutdowns.read_text().splitlines()] if shutdowns.exists() else []
 
 
 def test_the_pipeline_generates_with_sglang_and_loads_each_version_through_its_ranks(pipeline_run, shutdowns):
@@ -77,9 +98,17 @@ def test_the_pipeline_generates_with_sglang_and_loads_each_version_through_its_r
     assert {"generate", "weight_sync"} <= {s.name for s in spans if s.track == "rollout/0"}
     generated = sorted((s for s in spans if s.name == "generate"), key=lambda s: s.start)
     assert [s.args["version"] for s in generated] == [0, 1]  # step k generates with version k
-    # at the end the engine was shut down before its worker was killed (its schedulers free their GPUs at once)
-    pids = [int(line) for line in shutdowns.read_text().split()]
-    assert len(pids) >= 1 and not any(Path(f"/proc/{pid}").exists() for pid in pids)
+    # at the end the engine was shut down before its worker was killed (its schedulers free their GPUs at once),
+    # though the shutdown took longer than the other workers' exit grace (sglang waits up to 60 s for its processes)
+    records = shut_down(shutdowns)
+    assert len(records) >= 1 and not any(Path(f"/proc/{r['scheduler']}").exists() for r in records)
+
+
+def test_nothing_else_of_ours_runs_beside_a_rollout_workers_engine(pipeline_run, shutdowns):
+    """sglang's shutdown kills every descendant of the rollout worker's process: the engine's processes must be all
+    there is (the reward pool runs in the reward workers)."""
+    records = shut_down(shutdowns)
+    assert records and all(r["killed_not_the_engines"] == [] for r in records)
 
 
 def test_collocated_sglang_sleeps_wakes_and_trains_like_the_pipeline(tmp_path, tiny_model, pipeline_run):

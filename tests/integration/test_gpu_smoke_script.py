@@ -37,3 +37,15 @@ def test_a_python_without_the_assumed_packages_is_refused_by_name(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
     proc = _smoke(tmp_path, python=str(bare / "bin" / "python"))
     assert proc.returncode == 1 and "cannot import torch" in proc.stderr
+
+
+def test_the_pipeline_selection_is_the_one_gpu_pipeline_runs_and_the_benchmark(tmp_path):
+    """`--pipeline`: what a lent one-GPU machine runs in its 15 minutes (the runs themselves pass in the dry run:
+    `RLINF_PIPE_GPU_DRY_RUN=1 bash scripts/gpu_smoke.sh --pipeline`, a few minutes on 2 cores)."""
+    proc = _smoke(tmp_path, "--pipeline", "--", "--collect-only", "-q")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    collected = sorted(line.strip()[len("<Function "):-1] for line in proc.stdout.splitlines()
+                       if line.strip().startswith("<Function "))
+    assert collected == ["test_pipeline_against_collocated_on_the_machines_cores",
+                         "test_the_hybrid_placement_on_one_gpu",
+                         "test_the_pipeline_on_one_gpu_streams_and_takes_its_weights_over_ipc"]

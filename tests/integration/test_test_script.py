@@ -44,3 +44,12 @@ def test_a_failing_test_in_either_pass_fails_the_script(tests_folder, failing):
 
 def test_a_selection_of_no_test_at_all_is_pytests_no_tests_status(tests_folder):
     assert run_script(str(tests_folder), "-k", "no_such_test").returncode == 5
+
+
+def test_the_pins_pass_alone_needs_its_environment(tmp_path):
+    """`--pins` runs only the pins pass, in .venv-pins (`bash scripts/setup.sh pins`): without it, it says so."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "test.sh").write_text((ROOT / "scripts" / "test.sh").read_text())
+    proc = subprocess.run(["bash", "scripts/test.sh", "--pins"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 1 and "no .venv-pins here; make it with: bash scripts/setup.sh pins" in proc.stderr

@@ -295,3 +295,20 @@ def test_sequence_and_context_parallelism_divide_the_actors_activations_and_plan
     assert main(["plan", *long]) == 0
     out = capsys.readouterr().out
     assert "DOES NOT FIT" not in out and "warning" not in out
+
+
+def test_the_contexts_of_sglang_ranks_mapping_buckets_on_the_first_gpu_are_counted_and_refused_with_the_fix():
+    """With TP > 1 over the object store (or ipc) every bucket lies on the engine's first GPU and each other rank
+    opens a CUDA context there after SGLang sized its KV cache; a broadcast reaches each rank on its own GPU."""
+    from rlinf_pipe.engines.rollout.sglang_launch import PEER_CONTEXT_BYTES
+
+    base = ("qwen2.5-1.5b-grpo-megatron-pipeline", "rollout.tensor_parallel_size=4")
+    stored = _estimate(*base, "runner.weight_sync=object_store")["rollout"]
+    broadcast = _estimate(*base)["rollout"]
+    assert stored.per_gpu_bytes["resident"] == 3 * PEER_CONTEXT_BYTES and broadcast.per_gpu_bytes["resident"] == 0
+    assert stored.per_gpu_bytes["kv_cache"] == broadcast.per_gpu_bytes["kv_cache"] and stored.fits
+    tight = _estimate(*base, "runner.weight_sync=object_store", "rollout.gpu_memory_fraction=0.98")["rollout"]
+    assert not tight.fits and "use runner.weight_sync=broadcast" in tight.problem
+    assert "rollout.gpu_memory_fraction <= 0.97" in tight.problem and "3 other TP ranks" in tight.problem
+    assert _estimate(*base, "runner.weight_sync=object_store", "rollout.gpu_memory_fraction=0.97")["rollout"].fits
+    assert _estimate(*base, "rollout.gpu_memory_fraction=0.98")["rollout"].fits  # (broadcast: nothing mapped there)

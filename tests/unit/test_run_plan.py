@@ -354,3 +354,22 @@ def test_the_tiny_model_of_a_run_on_a_dataset_file_is_warm_started_on_arithmetic
     assert run_model_path("tiny", cfg) == str(tmp_path / "warm")
     assert seen[0].dataset == "arithmetic" and seen[0].system_prompt == "Be brief."
     assert cfg.data.dataset.endswith("train.parquet")  # (the run's own config is left as it is)
+
+
+def test_placement_gpus_on_one_device_count_as_one_gpu(monkeypatch):
+    """The GPU suite runs the two-GPU placements on a machine with one GPU (`RLINF_PIPE_NODE_VISIBLE_DEVICES=0,0`):
+    NCCL cannot put the actor and the engine on one device, and a CUDA IPC handle opens there, so `auto` takes ipc
+    and ipc routes each receiver to the actor rank on its device."""
+    from rlinf_pipe.runner.weight_routes import NODE_DEVICES_ENV, gpu_devices
+
+    hybrid = load_config("examples/math/config", "tiny-grpo-megatron-hybrid")
+    assert plan().weight_transport == "broadcast" and plan_run(hybrid).weight_transport == "object_store"
+    monkeypatch.setenv(NODE_DEVICES_ENV, "0,0")
+    assert gpu_devices(plan().placement.components.values()) == {0: "0", 1: "0"}
+    assert plan().weight_transport == "ipc" and plan("runner.weight_sync=ipc").weight_routes[0].sender == 0
+    assert plan_run(hybrid).weight_transport == "ipc"
+    assert [r.receivers for r in plan_run(hybrid).weight_routes] == [(("rollout", 0), ("inference", 0))]
+    monkeypatch.setenv(NODE_DEVICES_ENV, "0,1")  # (devices of their own: as without it)
+    assert plan().weight_transport == "broadcast"
+    two_nodes = load_config(overrides=["cluster.num_nodes=2", "cluster.num_gpus_per_node=1"])
+    assert gpu_devices(plan_run(two_nodes, [1, 1]).placement.components.values()) == {}  # (one node's list only)

@@ -18,12 +18,13 @@ from support import sglang_standin
 from support.sglang_standin.engine import Engine
 from support.sglang_standin.tokenizer_manager import StandinTokenizerManager
 
-from rlinf_pipe.engines.rollout import sglang_engine, sglang_launch, sglang_weights
+from rlinf_pipe.engines.rollout import sglang_engine, sglang_host, sglang_launch, sglang_requests, sglang_weights
 from rlinf_pipe.models.tiny import ensure_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = sglang_standin.CONTRACT
-ADAPTER_SOURCES = [Path(m.__file__) for m in (sglang_engine, sglang_launch, sglang_weights)]
+ADAPTER_SOURCES = [Path(m.__file__) for m in (sglang_engine, sglang_host, sglang_launch, sglang_requests,
+                                               sglang_weights)]
 
 
 def params(fn: object) -> list[str]:
@@ -103,7 +104,7 @@ def _adapter_trees() -> list[ast.Module]:
 
 def test_the_adapter_calls_only_what_the_contract_lists() -> None:
     tm_methods = set(CONTRACT["tokenizer_manager_methods"])
-    classes = CONTRACT["request_classes"]
+    classes = {**CONTRACT["request_classes"], "GenerateReqInput": list(CONTRACT["generate_request_fields"].items())}
     used_tm, used_classes = set(), set()
     for tree in _adapter_trees():
         for node in ast.walk(tree):
@@ -114,8 +115,9 @@ def test_the_adapter_calls_only_what_the_contract_lists() -> None:
             if isinstance(func, ast.Attribute) and func.attr == "call" and node.args and isinstance(
                     node.args[0], ast.Constant):
                 used_tm.add(node.args[0].value)
-            # <...>.tm.<method>(...)
-            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Attribute) and func.value.attr == "tm":
+            # <...>.tm.<method>(...) / tm.<method>(...)
+            if isinstance(func, ast.Attribute) and (isinstance(func.value, ast.Attribute) and func.value.attr == "tm"
+                                                    or isinstance(func.value, ast.Name) and func.value.id == "tm"):
                 used_tm.add(func.attr)
             # <...>.requests.<Class>(field=...)
             if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Attribute) and \
@@ -127,7 +129,8 @@ def test_the_adapter_calls_only_what_the_contract_lists() -> None:
     assert used_classes <= set(classes), used_classes - set(classes)
     assert {"begin_weight_update", "end_weight_update", "update_weights_from_tensor", "update_weights_from_distributed",
             "init_weights_update_group", "release_memory_occupation", "resume_memory_occupation", "flush_cache",
-            "abort_request", "get_weights_by_name"} <= used_tm
+            "abort_request", "get_weights_by_name", "generate_request"} <= used_tm
+    assert sglang_requests.REQUEST_DISPATCHED in CONTRACT["req_state_fields"]  # (what the aborts wait for)
     args = sglang_launch.server_args("m", tp_size=2, mem_fraction_static=0.5, max_running_requests=8, seed=3,
                                      deterministic=True, dtype="auto", cpu_backup=False)
     assert set(args) <= set(CONTRACT["server_args"])

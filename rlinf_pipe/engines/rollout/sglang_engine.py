@@ -6,9 +6,12 @@ It runs inside an async Ray actor, which shapes everything:
 * the Engine's blocking methods drive the event loop it captured when built (`run_until_complete`), which cannot
   run inside the actor's running loop. So the Engine is built in a thread of its own (`EngineThread`: its captured
   loop is never used; the thread lives as long as the Engine, whose processes die with it) and this adapter calls
-  only coroutines, from the actor's loop: `engine.async_generate` and the tokenizer
-  manager's control coroutines with sglang's request classes (`io_struct`), plus the synchronous
-  `tokenizer_manager.abort_request` on the same loop;
+  only coroutines, from the actor's loop: the tokenizer manager's `generate_request` (its generator run to its end,
+  which releases sglang's model-update lock: `sglang_requests`) and its control coroutines with sglang's request
+  classes (`io_struct`), plus the synchronous `tokenizer_manager.abort_request` on the same loop, sent once the
+  scheduler holds the request (an abort before that is lost);
+* importing sglang and building its Engine change this process (the asyncio policy, the start method, NCCL's and
+  CUDA's variables, an exit hook that kills every descendant): `sglang_host` puts them back;
 * weight updates run inside a weight-update session (`begin_weight_update` ... `end_weight_update`), which sglang
   0.5.23 requires; the prefix cache is flushed once the version is in;
 * memory is released only once the scheduler is idle (sglang asserts it and its scheduler dies otherwise, which
@@ -49,13 +52,7 @@ from rlinf_pipe.engines.rollout.engine import (
     SampleOutput,
     sample_seed,
 )
-from rlinf_pipe.engines.rollout.sglang_errors import (
-    NAN_SAMPLED,
-    SESSION_OPEN,
-    SGLangError,
-    aborted_message,
-    finish_reason_of,
-)
+from rlinf_pipe.engines.rollout.sglang_errors import SESSION_OPEN, SGLangError, aborted_message
 from rlinf_pipe.engines.rollout.sglang_launch import (
     ALLOC_CONF,
     EngineThread,
@@ -65,7 +62,10 @@ from rlinf_pipe.engines.rollout.sglang_launch import (
     server_args,
     without_expandable_segments,
 )
+from rlinf_pipe.engines.rollout.sglang_host import EngineProcesses, contained, forget_atexit
 from rlinf_pipe.engines.rollout.sglang_leftovers import record_children, wait_for_leftovers
+from rlinf_pipe.engines.rollout.sglang_node import use_node_jit_cache
+from rlinf_pipe.engines.rollout.sglang_requests import Aborts, generate_one, to_sample
 from rlinf_pipe.utils.device_memory import hand_back_cached_memory
 from rlinf_pipe.utils.futures import mark_retrieved
 from rlinf_pipe.weights import LoadBucket, WeightLayout, WeightReceiver, WeightVersion
@@ -99,20 +99,12 @@ class SGLangEngine:
                  sglang: Any = None):
         from transformers import AutoTokenizer
 
-        api = sglang if sglang is not None else import_sglang()
-        self.requests = api.io_struct
-        self.server_args = server_args(str(model_path), tp_size=tp_size, mem_fraction_static=mem_fraction_static,
-                                       max_running_requests=max_running_requests, seed=seed,
-                                       deterministic=deterministic, dtype=dtype, cpu_backup=cpu_backup,
-                                       nccl_port=nccl_port_for(first_gpu))
-        if ALLOC_CONF in os.environ:  # (this process runs the engine only: its schedulers inherit the setting)
-            os.environ[ALLOC_CONF] = without_expandable_segments(os.environ[ALLOC_CONF])
-        if first_gpu is not None:  # a killed engine's processes there may still hold GPU memory
-            wait_for_leftovers(first_gpu)
-        no_core_dumps()  # (sglang ends this process with SIGQUIT when its scheduler fails)
-        self._engine_thread = EngineThread(api.Engine, self.server_args)
-        if first_gpu is not None:
-            record_children(first_gpu)
+        use_node_jit_cache()  # (read when flashinfer is imported: one cache folder for the node's engines)
+        with contained():  # (sglang's import and build change this process: put back once it is built)
+            api = sglang if sglang is not None else import_sglang()
+            self._build(api, str(model_path), tp_size=tp_size, mem_fraction_static=mem_fraction_static,
+                        max_running_requests=max_running_requests, seed=seed, deterministic=deterministic,
+                        dtype=dtype, cpu_backup=cpu_backup, first_gpu=first_gpu)
         self.engine = self._engine_thread.engine
         self.tm = self.engine.tokenizer_manager
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
@@ -123,11 +115,28 @@ class SGLangEngine:
         self._weights_lost = False  # released without a CPU backup and not loaded since
         self._abort_epoch = 0
         self._inflight: set[str] = set()
+        self._aborts = Aborts(self.tm, self._inflight)
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop generating (the tokenizer manager's)
         self._no_update = asyncio.Event()  # clear during a weight-update session: samples wait to be sent
         self._no_update.set()
         self._held_back = 0
         self._flush: asyncio.Future | None = None  # the last `flush_cache(timeout_s)` (shielded: it may outlive us)
+
+    def _build(self, api: Any, model_path: str, *, first_gpu: int | None, **args: Any) -> None:
+        """Build the Engine in its thread (`EngineThread`), noting the processes it starts."""
+        self.requests = api.io_struct
+        self.server_args = server_args(model_path, nccl_port=nccl_port_for(first_gpu), **args)
+        if ALLOC_CONF in os.environ:  # (this process runs the engine only: its schedulers inherit the setting)
+            os.environ[ALLOC_CONF] = without_expandable_segments(os.environ[ALLOC_CONF])
+        if first_gpu is not None:  # a killed engine's processes there may still hold GPU memory
+            wait_for_leftovers(first_gpu)
+        no_core_dumps()  # (sglang ends this process with SIGQUIT when its scheduler fails)
+        self._processes = EngineProcesses()
+        self._processes.before()
+        self._engine_thread = EngineThread(api.Engine, self.server_args)
+        self._processes.after()
+        if first_gpu is not None:
+            record_children(first_gpu)
 
     @property
     def version(self) -> int:
@@ -208,8 +217,9 @@ class SGLangEngine:
             self._inflight.add(rid)
             mine.add(rid)
             try:
-                out = await self.engine.async_generate(input_ids=list(requests[i].prompt_ids), sampling_params=params,
-                                                       return_logprob=True, stream=False, rid=rid)
+                out = await generate_one(self.tm, self.requests.GenerateReqInput(
+                    input_ids=list(requests[i].prompt_ids), sampling_params=params, return_logprob=True, stream=False,
+                    rid=rid))
             except Exception as exc:  # (sglang's own aborts: ValueError for 400, fastapi's HTTPException above)
                 if isinstance(exc, ValueError) or hasattr(exc, "status_code"):
                     raise SGLangError(aborted_message(exc)) from exc
@@ -232,32 +242,11 @@ class SGLangEngine:
             stopped = True
             pending = [t for t in tasks if not t.done()]
             for rid in list(mine):  # the consumer stopped early (or a sample failed): end this call's requests
-                self.tm.abort_request(rid=rid)
+                self._aborts.abort(rid)
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
 
-    @staticmethod
-    def to_sample(out: dict[str, Any], version: int) -> SampleOutput:
-        """One sglang result as a sample: its tokens, their log-probs (from `output_token_logprobs`), the reason."""
-        meta = out["meta_info"]
-        reason = finish_reason_of(meta)
-        if isinstance(meta.get("finish_reason"), dict) and meta["finish_reason"].get("matched") == NAN_SAMPLED:
-            # (sglang put an EOS id in place of the token in output_ids; its log-prob is the invalid id's)
-            raise SGLangError(f"sglang request {meta.get('id')!r} sampled a token outside the vocabulary after "
-                              f"{len(out.get('output_ids', [])) - 1} tokens: the logits held NaN or inf (the weights "
-                              "may have diverged: check the last steps' grad_norm and loss, or resume from an "
-                              "earlier checkpoint); the torch engine fails the same way")
-        output_ids = [int(t) for t in out.get("output_ids", [])]
-        triples = meta.get("output_token_logprobs")
-        if triples is None:
-            raise SGLangError(f"sglang returned no output_token_logprobs for request {meta.get('id')!r}")
-        logprobs = [float(lp) for lp, _, _ in triples]
-        lp_ids = [int(t) for _, t, _ in triples]
-        if lp_ids != output_ids and not (reason == "stop" and output_ids == lp_ids[:-1]):
-            # (a version that trims the stop token from output_ids still lists it with its log-prob: kept)
-            raise SGLangError(f"sglang request {meta.get('id')!r}: output_ids ({len(output_ids)}) and the token ids "
-                              f"of output_token_logprobs ({len(lp_ids)}) disagree")
-        return SampleOutput(response_ids=lp_ids, logprobs=logprobs, finish_reason=reason, version=version)
+    to_sample = staticmethod(to_sample)
 
     def abort(self) -> None:
         """End all requests of the `generate` calls now in flight with `abort` (tokens so far are kept). Safe from
@@ -282,7 +271,8 @@ class SGLangEngine:
 
     def _abort_inflight(self) -> None:
         for rid in list(self._inflight):
-            self.tm.abort_request(rid=rid)
+            self._aborts.abort(rid)
+
 
     # --- memory -----------------------------------------------------------------------------------------------
     async def until_idle(self) -> None:
@@ -319,11 +309,15 @@ class SGLangEngine:
         await self._resume([t for t in MEMORY_TAGS if t in self._released])
 
     def shutdown(self) -> None:
-        """Stop sglang's scheduler and detokenizer processes."""
+        """Stop sglang's scheduler and detokenizer processes (sglang kills every descendant of this process and
+        waits up to `SHUTDOWN_WAIT_S` for them: the processes that are not the engine's are named first), and drop
+        sglang's exit hook."""
+        self._processes.warn_about_others()
         try:
             self.engine.shutdown()
         finally:
             self._engine_thread.close()
+            forget_atexit(self.engine.shutdown)
 
     # --- weights ----------------------------------------------------------------------------------------------
     @asynccontextmanager

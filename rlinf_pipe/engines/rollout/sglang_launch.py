@@ -30,7 +30,8 @@ STANDIN_ENV = "RLINF_PIPE_SGLANG_MODULE"
 
 
 def import_sglang() -> Any:
-    """The `sglang` API this adapter uses (`Engine` and `io_struct`), or `SGLangNotInstalledError`."""
+    """The `sglang` API this adapter uses (`Engine` and `io_struct`), or `SGLangNotInstalledError`; the real one
+    only on a node whose NVIDIA driver runs the CUDA it was built for (`sglang_node.check_cuda_driver`)."""
     standin = os.environ.get(STANDIN_ENV)
     if standin:
         return importlib.import_module(standin)
@@ -42,6 +43,9 @@ def import_sglang() -> Any:
             f"rollout.backend 'sglang' needs the sglang package (=={SGLANG_VERSION}), which needs a CUDA GPU: "
             f"{INSTALL_HINT}. On a CPU-only machine use rollout.backend 'torch'."
         ) from e
+    from rlinf_pipe.engines.rollout.sglang_node import check_cuda_driver
+
+    check_cuda_driver(SGLANG_VERSION)
     return SimpleNamespace(Engine=sglang.Engine, io_struct=io_struct)
 
 
@@ -92,6 +96,14 @@ def server_args(model_path: str, *, tp_size: int, mem_fraction_static: float, ma
         args["nccl_port"] = nccl_port
     return args
 
+
+PEER_CONTEXT_BYTES = 1 << 29
+"""What a process's CUDA context takes on a GPU (about half a GiB). With TP > 1 and weights over `ipc` or the object
+store, every bucket lies on the engine's first GPU and each of sglang's other ranks maps it from there, opening a
+context on that GPU: `(tp - 1)` of these beside a KV cache sglang sized before they existed."""
+
+MIB = 1 << 20
+GIB = 1 << 30
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 

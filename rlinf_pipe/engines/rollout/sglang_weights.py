@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from rlinf_pipe.engines.rollout.sglang_launch import GIB, MIB, PEER_CONTEXT_BYTES
 from rlinf_pipe.weights import LoadBucket, LoadedWeights, WeightLayout, WeightReceiver, WeightSyncError, WeightVersion
 from rlinf_pipe.weights.ipc import Handle, IpcReceiver, cuda_handle
 from rlinf_pipe.weights.layout import BucketLayout
@@ -161,10 +162,49 @@ class SGLangIpcReceiver(IpcReceiver):
         return loaded
 
 
+MAPPED_ON_FIRST_GPU = ("ipc", "object_store")  # transports whose buckets the engine's ranks map on its first GPU
+
+
+def peer_context_error(tp_size: int, transport: str, bucket_bytes: int, free_bytes: int) -> str:
+    """Why the engine's first GPU cannot take the CUDA contexts of its other TP ranks and a bucket's copy (each rank
+    maps the buckets there with `ipc` and the object store), with the fix; "" when it can or they do not apply."""
+    if tp_size < 2 or transport not in MAPPED_ON_FIRST_GPU:
+        return ""
+    need = (tp_size - 1) * PEER_CONTEXT_BYTES + bucket_bytes
+    if free_bytes >= need:
+        return ""
+    return (f"SGLang engine of rollout.tensor_parallel_size {tp_size} over runner.weight_sync={transport}: its "
+            f"{tp_size - 1} other TP ranks map every bucket on its first GPU and each opens a CUDA context there "
+            f"({tp_size - 1} x {PEER_CONTEXT_BYTES / GIB:.1f} GiB) beside a {bucket_bytes / MIB:.0f} MiB bucket, "
+            f"{need / GIB:.2f} GiB, but only {free_bytes / GIB:.2f} GiB is free there beside its KV cache; use "
+            "runner.weight_sync=broadcast (each rank receives on its own GPU), or lower rollout.gpu_memory_fraction "
+            f"by at least {(need - free_bytes) / GIB:.2f} GiB of the GPU's memory (`rlinf-pipe plan` shows it)")
+
+
+def free_gpu_bytes() -> int | None:
+    """Free memory of this process's first GPU, the engine's (None without CUDA)."""
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.mem_get_info(0)[0])
+
+
+def check_peer_contexts(engine: Any, transport: str, layout: WeightLayout) -> None:
+    """Before the weight transport opens: refuse (`SGLangError`) when the engine's first GPU has no room for its other
+    ranks' CUDA contexts (`peer_context_error`)."""
+    from rlinf_pipe.engines.rollout.sglang_errors import SGLangError
+
+    free = free_gpu_bytes()
+    if free is not None and (problem := peer_context_error(engine.tp_size, transport, layout.max_bucket_bytes, free)):
+        raise SGLangError(problem)
+
+
 async def open_native_receiver(engine: Any, transport: str, layout: WeightLayout, rendezvous: Rendezvous | None,
                                rank: int) -> WeightReceiver | None:
-    """The engine's receiver for `transport` (joining its group at `rank`), or None for the object store."""
+    """The engine's receiver for `transport` (joining its group at `rank`), or None for the object store; first
+    `check_peer_contexts`."""
     import asyncio
+
+    check_peer_contexts(engine, transport, layout)
 
     if transport == "broadcast":
         if rendezvous is None:

@@ -15,36 +15,33 @@ SIGQUITs the engine's process; here every later call raises `SchedulerDied`). Th
 but listen on the engine's torch.distributed store port, as sglang's TP rank 0 does (`nccl_port`, else a random free
 one of 22000-29999 as sglang draws it): a port another process holds fails the start ("EADDRINUSE"). The scheduler
 itself is a task on the tokenizer manager's loop (`scheduler.py`).
+
+Like the real one it changes its host process (`host.py`): importing this module switches the asyncio policy,
+building an Engine forces the start method and sets environment variables, and `shutdown` SIGKILLs every
+descendant of the process that calls it (not only the engine's) and waits until they are gone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import json
 import logging
 import os
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
 from typing import Any
+
+import psutil
 
 from . import io_struct
 from .contract import CONTRACT
+from .host import configure_process, kill_descendants, switch_policy
 from .scheduler import StandinScheduler
 from .tokenizer_manager import StandinTokenizerManager
 
-
-@dataclass
-class GenerateReqInput:
-    """The `GenerateReqInput` fields an adapter sets (the real class has many more)."""
-
-    input_ids: Any = None
-    text: Any = None
-    sampling_params: Any = None
-    return_logprob: Any = None
-    stream: bool = False
-    rid: Any = None
+switch_policy("entrypoints/engine.py")
 
 
 def _ensure_event_loop() -> asyncio.AbstractEventLoop:
@@ -62,7 +59,7 @@ def _ensure_event_loop() -> asyncio.AbstractEventLoop:
 
 # The scheduler process: its death signal set (PR_SET_PDEATHSIG = 1, as sglang's `kill_itself_when_parent_died`),
 # it listens on its torch.distributed store's port (TP rank 0's TCPStore, at `nccl_port`), says so and waits until
-# its stdin closes (the engine's shutdown) or the signal comes. The store binds with SO_REUSEADDR, as torch's
+# it is killed (the engine's shutdown, or the signal) or its stdin closes. The store binds with SO_REUSEADDR, as torch's
 # (libuv's bind sets it): connections left in TIME_WAIT by a killed engine do not keep it off its port.
 _SCHEDULER_PROCESS = ("import ctypes, signal, socket, sys\n"
                       "ctypes.CDLL(None).prctl(1, signal.SIGKILL)\n"
@@ -107,7 +104,10 @@ def _start_scheduler_process(nccl_port: int) -> subprocess.Popen:
     return child
 
 
-SHUTDOWN_RECORD_ENV = "RLINF_PIPE_STANDIN_SHUTDOWNS"  # a file each shut-down engine adds its scheduler's pid to
+SHUTDOWN_RECORD_ENV = "RLINF_PIPE_STANDIN_SHUTDOWNS"
+"""A file each shut-down engine adds a JSON line to: its scheduler's pid and the processes its shutdown killed that
+it did not start (those started while it was built are its own, as sglang's resource tracker, which its `spawn`
+starts, is)."""
 
 
 class Engine:
@@ -120,6 +120,7 @@ class Engine:
         if "model_path" not in kwargs:
             raise TypeError("Missing required argument: 'model_path'")
         self.server_args = dict(kwargs)
+        earlier = {p.pid for p in psutil.Process().children(recursive=True)}
         # (sglang 0.5.23's Engine configures logging in the building process: utils/common.py `configure_logger`)
         logging.basicConfig(level=getattr(logging, kwargs.get("log_level", "info").upper()),
                             format="[%(asctime)s] %(message)s", datefmt="%Y-%m-%d %H:%M:%S", force=True)
@@ -128,6 +129,7 @@ class Engine:
             # (torch_memory_saver, in the scheduler process that inherits this environment)
             raise RuntimeError("TorchMemorySaver is disabled for the current process because expandable_segments "
                                "is not supported yet.")
+        configure_process()  # (sglang's `_set_envs_and_config`, before its schedulers start)
         self.scheduler = StandinScheduler(self.server_args)
         self.nccl_port = kwargs.get("nccl_port") or _draw_port()
         self.scheduler.process = _start_scheduler_process(self.nccl_port)
@@ -136,6 +138,7 @@ class Engine:
         self.is_shut_down = False
         self.loop = _ensure_event_loop()
         atexit.register(self.shutdown)  # (sglang 0.5.23's Engine.__init__ does the same)
+        self.started = {p.pid for p in psutil.Process().children(recursive=True)} - earlier  # (its processes)
 
     def _blocking(self, coroutine: Any) -> Any:
         return self.loop.run_until_complete(coroutine)
@@ -152,9 +155,10 @@ class Engine:
                              session_id=None, *, cache_salt=None):
         if stream:
             raise NotImplementedError("the stand-in does not stream")
-        obj = GenerateReqInput(input_ids=input_ids, text=prompt, sampling_params=sampling_params,
-                               return_logprob=return_logprob, stream=stream, rid=rid)
-        return await self.tokenizer_manager.generate_request(obj, None).__anext__()
+        obj = io_struct.GenerateReqInput(input_ids=input_ids, text=prompt, sampling_params=sampling_params,
+                                         return_logprob=return_logprob, stream=stream, rid=rid)
+        generator = self.tokenizer_manager.generate_request(obj, None)
+        return await generator.__anext__()  # (as sglang's: the generator is left to be finalised when collected)
 
     def generate(self, prompt=None, sampling_params=None, input_ids=None, image_data=None, audio_data=None,
                  video_data=None, mm_hashes=None, mm_content_hashes=None, return_logprob=False, logprob_start_len=None,
@@ -214,18 +218,18 @@ class Engine:
             io_struct.ResumeMemoryOccupationReqInput(tags=tags), None))
 
     def shutdown(self):
-        """sglang kills its scheduler processes; here the scheduler task is cancelled, and run to its end when its
-        loop is idle (a task left pending is reported as destroyed when the loop is collected)."""
+        """As sglang's: SIGKILL every descendant of this process (the engine's scheduler process, and whatever else
+        this process started) and wait until they are gone; then the scheduler task is cancelled, and run to its end
+        when its loop is idle (a task left pending is reported as destroyed when the loop is collected)."""
+        killed = kill_descendants()  # (on every call, as sglang's: its atexit hook kills again at exit)
         if self.is_shut_down:
             return
         self.is_shut_down = True
         process = self.scheduler.process
-        if process is not None and process.poll() is None:
-            process.stdin.close()
-            process.wait()
         if (record := os.environ.get(SHUTDOWN_RECORD_ENV)) and process is not None:
             with open(record, "a", encoding="utf-8") as out:  # (for the tests: which engines were shut down)
-                out.write(f"{process.pid}\n")
+                others = [pid for pid in killed if pid not in self.started]
+                out.write(json.dumps({"scheduler": process.pid, "killed_not_the_engines": others}) + "\n")
         task = self.scheduler.task
         if task is not None and not task.done():
             loop = task.get_loop()  # (the tokenizer manager's: running when shut down from a coroutine, or from

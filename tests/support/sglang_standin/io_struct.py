@@ -1,10 +1,13 @@
 """SGLang's request classes (`sglang.srt.managers.io_struct`), built from the contract: msgspec structs with
-keyword-only fields, each also carrying `rid`, as the real ones. The real module does not import from the wheel
+keyword-only fields, each also carrying `rid`, as the real ones; and `GenerateReqInput` (a dataclass in sglang)
+with the fields an adapter sets. The real module does not import from the wheel
 installed with `--no-deps` (its import chain, `sglang.srt.utils.common` first, needs orjson and the rest of
 sglang's runtime dependencies), so the tests cannot build requests from the real classes."""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 from typing import Any
 
 import msgspec
@@ -24,4 +27,20 @@ def _build(name: str, fields: list[list[Any]]) -> type:
 for _name, _fields in CONTRACT["request_classes"].items():
     globals()[_name] = _build(_name, _fields)
 
-__all__ = sorted(CONTRACT["request_classes"])
+
+def _literal_or_none(source: str | None) -> Any:
+    try:
+        return default(source)
+    except (ValueError, SyntaxError):  # (`field(default=None, kw_only=True)`)
+        node = ast.parse(source or "None", mode="eval").body
+        kw = {k.arg: k.value for k in getattr(node, "keywords", [])}
+        return ast.literal_eval(kw["default"]) if "default" in kw else None
+
+
+GenerateReqInput = dataclasses.make_dataclass(
+    "GenerateReqInput",
+    [(name, Any, dataclasses.field(default=_literal_or_none(source)))
+     for name, source in [*CONTRACT["generate_request_fields"].items(), ("text", "None")]],
+)
+
+__all__ = sorted([*CONTRACT["request_classes"], "GenerateReqInput"])

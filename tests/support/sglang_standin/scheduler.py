@@ -33,7 +33,6 @@ import pickle
 import random
 import threading
 from dataclasses import dataclass, field
-from datetime import timedelta
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +40,7 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from .contract import CONTRACT, message
+from .groups import _join_as_sglang, _receive_broadcast
 
 ALLOWED_GLOBALS = frozenset(tuple(name.rsplit(".", 1)) for name in CONTRACT["safe_unpickler_allowed"])
 MEMORY_TAGS = tuple(CONTRACT["memory_tags"])
@@ -393,36 +393,3 @@ class _Meta:
 
 def _reconstruct(flat: torch.Tensor, metadata: list[Any]) -> list[tuple[str, torch.Tensor]]:
     return [(m.name, flat[m.start_idx : m.end_idx].view(m.dtype).reshape(m.shape)) for m in metadata]
-
-
-def _receive_broadcast(group: Any, buffer: torch.Tensor, registered: bool) -> None:
-    """One TP rank's receive of a flattened bucket: `torch.distributed.broadcast(..., src=0, group=...)` as sglang
-    does, on the group it registered (the other ranks' groups are bare backends)."""
-    import torch.distributed as dist
-
-    if registered:
-        dist.broadcast(buffer, src=0, group=group, async_op=True).wait()
-    else:
-        group.broadcast(buffer, 0).wait()
-
-
-def _join_as_sglang(address: str, port: int, rank: int, world_size: int, group_name: str, backend: str,
-                    registered: bool) -> Any:
-    """sglang's `init_custom_process_group`: torch's TCP rendezvous, `PrefixStore(group_name, store)`, then
-    `_new_process_group_helper` (whose own prefixes `registered=False` spells out, for a second member in one
-    process)."""
-    import torch.distributed as dist
-    from torch.distributed.distributed_c10d import Backend, _new_process_group_helper, _world, rendezvous
-
-    timeout = timedelta(seconds=120)
-    store, rank, world_size = next(rendezvous(f"tcp://{address}:{port}", rank, world_size, timeout=timeout))
-    store.set_timeout(timeout)
-    store = dist.PrefixStore(group_name, store)
-    if not registered:
-        device = "cuda" if backend == "nccl" else "cpu"
-        return dist.ProcessGroupGloo(dist.PrefixStore(f"{device}/", dist.PrefixStore(f"{group_name}/", store)), rank,
-                                     world_size, timeout)
-    group, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), store, group_name=group_name,
-                                         backend_options=None, timeout=timeout)
-    _world.pg_group_ranks[group] = {i: i for i in range(world_size)}
-    return group

@@ -1,13 +1,17 @@
 """The stand-in's `TokenizerManager`: the coroutines an adapter awaits, with the names and parameters of sglang
 0.5.23's (compared with the contract by tests/unit/test_sglang_contract.py).
 
-Modelled because it bites: the manager binds to the first event loop that calls it (its locks and its receive
-loop live there; a call from another loop fails); a generate request holds the model-update lock as a reader for
-its whole life and weight-update calls take it as a writer, and a request's state exists before it takes the
-lock (so one held back behind a weight update is known but has not reached the scheduler); `abort_request` is
-synchronous, looks the rid up exactly (an unknown rid does nothing), sends one abort per request (a second does
-nothing) and the scheduler then aborts every request it holds whose rid starts with it (one it does not hold yet
-is never aborted); it sends on the manager's zmq socket, which only the thread of its loop may use (from another
+Modelled because it bites: importing the module switches the process's asyncio policy (`host.py`); the manager
+binds to the first event loop that calls it (its locks and its receive loop live there; a call from another loop
+fails); a generate request holds the model-update lock as a reader from before it is sent until its generator is
+resumed past its result or closed (a generator left suspended at its `yield`, as `Engine.async_generate` leaves
+it, holds it until the garbage collector finalises it: a reference kept to it blocks every weight update for good),
+and weight-update calls take it as a writer; a request's state (`ReqState`, with the real fields' names) exists
+before it takes the lock and before it reaches the scheduler, which takes a turn of the loop (tokenising,
+preparing the send; `dispatch_gate` lets a test hold requests there), so one held back behind a weight update, or
+not yet sent, is known but not dispatched; `abort_request` is synchronous, looks the rid up exactly (an unknown rid
+does nothing), sends one abort per request (a second does nothing) and the scheduler then aborts every request it
+holds whose rid starts with it (one it does not hold yet is never aborted: the abort is lost); it sends on the manager's zmq socket, which only the thread of its loop may use (from another
 thread: RuntimeError); a control call's answer goes to whichever call of its kind waits now (sglang's
 `FanOutCommunicator`): a deferred `flush_cache` whose caller was cancelled answers the next caller, or nobody;
 `skip_tokenizer_init` leaves `tokenizer` None and refuses text prompts; results carry no text.
@@ -19,15 +23,32 @@ import asyncio
 import threading
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from transformers import AutoTokenizer
 
 from . import io_struct
+from .contract import CONTRACT
+from .host import switch_policy
 from .scheduler import SchedulerDied, StandinScheduler
+
+switch_policy("managers/tokenizer_manager.py")
 
 SAMPLING_DEFAULTS = {"max_new_tokens": 128, "stop_token_ids": None, "temperature": 1.0, "top_p": 1.0, "top_k": -1,
                      "n": 1, "ignore_eos": False, "sampling_seed": None, "min_p": 0.0}
+
+
+@dataclass
+class ReqState:
+    """The fields of sglang's `ReqState` the stand-in models (their names are the real ones: checked below)."""
+
+    finished: bool = False
+    dispatched: bool = False  # the request reached the scheduler
+    abort_sent: bool = False
+
+
+assert {"finished", "dispatched", "abort_sent"} <= set(CONTRACT["req_state_fields"])
 
 
 class _ReadWriteLock:
@@ -82,6 +103,7 @@ class StandinTokenizerManager:
         self.is_pause = False
         self.flush_lock: asyncio.Lock | None = None  # one flush_cache call at a time (bound on first use)
         self.flush_waiter: asyncio.Future | None = None  # the flush_cache call an answer goes to
+        self.dispatch_gate: asyncio.Event | None = None  # a test's hold on requests before they are sent
         self.calls: list[tuple[str, Any]] = []  # every call, for the tests
 
     def auto_create_handle_loop(self) -> None:
@@ -127,16 +149,38 @@ class StandinTokenizerManager:
             raise ValueError(f"Duplicate request ID detected: {rid}")
         if self.is_pause:
             raise NotImplementedError("the stand-in does not hold requests back while generation is paused")
-        self.rid_to_state[rid] = {"finished": False, "abort_sent": False}
+        state = self.rid_to_state[rid] = ReqState()
         try:
             await self.model_update_lock.acquire_read()
-            try:
-                done = self.scheduler.submit(rid, list(obj.input_ids), params)
-                req = await done
-            finally:
-                await self.model_update_lock.release_read()
-        finally:
+        except BaseException:
             self.rid_to_state.pop(rid, None)
+            raise
+        try:  # (the reader lock is held until the generator goes past its `yield` or is closed)
+            try:
+                await self._prepare_dispatch()
+                done = self.scheduler.submit(rid, list(obj.input_ids), params)
+                state.dispatched = True
+                req = await done
+                state.finished = True
+            except BaseException:
+                if state.dispatched and not state.finished:  # (sglang aborts what it sent, for the cleanup)
+                    self.scheduler.abort(rid, False)
+                raise
+            finally:
+                self.rid_to_state.pop(rid, None)
+            yield self._result(obj, rid, req)
+        finally:
+            await self.model_update_lock.release_read()
+
+    async def _prepare_dispatch(self) -> None:
+        """sglang tokenises the request and prepares its send (awaits: the loop runs other work meanwhile) before it
+        reaches the scheduler; a closed `dispatch_gate` holds requests here."""
+        await asyncio.sleep(0)
+        if self.dispatch_gate is not None:
+            await self.dispatch_gate.wait()
+
+    @staticmethod
+    def _result(obj: Any, rid: str, req: Any) -> dict[str, Any]:
         meta: dict[str, Any] = {
             "id": rid, "finish_reason": req.finish, "prompt_tokens": len(req.prompt), "weight_version": "default",
             "completion_tokens": len(req.tokens), "cached_tokens": 0,
@@ -145,7 +189,7 @@ class StandinTokenizerManager:
             meta["input_token_logprobs"] = []
             meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(req.logprobs, req.tokens, strict=True)]
             meta["output_token_logprobs_length"] = len(req.tokens)
-        yield {"output_ids": list(req.tokens), "meta_info": meta}
+        return {"output_ids": list(req.tokens), "meta_info": meta}
 
     def abort_request(self, rid="", abort_all=False):
         self.calls.append(("abort_request", {"rid": rid, "abort_all": abort_all}))
@@ -158,9 +202,9 @@ class StandinTokenizerManager:
         if not abort_all:
             if state is None:
                 return  # an unknown rid: nothing is sent
-            if state["abort_sent"]:
+            if state.abort_sent:
                 return
-            state["abort_sent"] = True
+            state.abort_sent = True
         self.scheduler.abort(rid, abort_all)
 
     async def pause_generation(self, obj):
