@@ -13,6 +13,7 @@ import os
 import signal
 from pathlib import Path
 
+import psutil
 import pytest
 import ray
 from support.faults import Fault, Saboteur
@@ -84,6 +85,14 @@ def pipeline_run(tmp_path_factory, tiny_model, teardown) -> Path:
         teardown.unlink()
 
 
+def running(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie, killed and not yet reaped by its parent, has freed everything)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def shut_down(shutdowns: Path) -> list[dict]:
     """The stand-in engines shut down so far: their scheduler's pid and what else their shutdown killed."""
     return [json.loads(line) for line in shutdowns.read_text().splitlines()] if shutdowns.exists() else []
@@ -101,7 +110,7 @@ def test_the_pipeline_generates_with_sglang_and_loads_each_version_through_its_r
     # at the end the engine was shut down before its worker was killed (its schedulers free their GPUs at once),
     # though the shutdown took longer than the other workers' exit grace (sglang waits up to 60 s for its processes)
     records = shut_down(shutdowns)
-    assert len(records) >= 1 and not any(Path(f"/proc/{r['scheduler']}").exists() for r in records)
+    assert len(records) >= 1 and not any(running(r["scheduler"]) for r in records)
 
 
 def test_nothing_else_of_ours_runs_beside_a_rollout_workers_engine(pipeline_run, shutdowns):

@@ -93,6 +93,10 @@ def test_a_nodes_engines_share_one_local_jit_cache_unless_one_is_set(tmp_path, m
     assert sglang_node.jit_cache_of(env) == folder / ".cache" / "flashinfer"
     assert sglang_node.use_node_jit_cache(env, tmp_path / "other") == str(folder)  # (the second engine: the same)
     assert sglang_node.use_node_jit_cache({"FLASHINFER_WORKSPACE_BASE": "/scratch/me"}, folder) == "/scratch/me"
+    (tmp_path / "file").write_text("")
+    unwritable: dict[str, str] = {}  # (a folder that cannot be made: flashinfer keeps its default, said once)
+    assert sglang_node.use_node_jit_cache(unwritable, tmp_path / "file" / "jit") == str(Path.home())
+    assert unwritable == {}
     # an engine sets it before sglang (and flashinfer with it) is imported, so its schedulers inherit it
     monkeypatch.delenv("FLASHINFER_WORKSPACE_BASE", raising=False)
     monkeypatch.setattr(sglang_node, "JIT_CACHE_DIR", folder)

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import ctypes
 import importlib.metadata
+import logging
 import os
 import re
 import shutil
 import subprocess
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 SGLANG_CUDA_MAJOR = 13
 """The CUDA major version sglang 0.5.23's requirements pull (torch 2.14.1+cu130, cuda-python>=13, flashinfer cu13),
@@ -126,7 +129,12 @@ def use_node_jit_cache(env: MutableMapping[str, str] | None = None, folder: Path
     folder = JIT_CACHE_DIR if folder is None else folder
     if env.get(JIT_CACHE_ENV):
         return env[JIT_CACHE_ENV]
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # (flashinfer then uses the home folder, as without us)
+        log.warning("cannot make the node's flashinfer JIT cache %s (%s): each engine uses its home folder's; set "
+                    "%s to a writable local folder to share one", folder, exc.strerror or exc, JIT_CACHE_ENV)
+        return str(Path.home())
     env[JIT_CACHE_ENV] = str(folder)
     return str(folder)
 
