@@ -19,6 +19,7 @@ import ray
 import torch
 from support.channel_cluster import nodes_fixture, on_node
 from support.channel_items import Rich, assert_same, rich
+from support.faults import wait_for
 from support.light_items import Tagged
 
 from rlinf_pipe.errors import ChannelClosed, ChannelError, ChannelPeerError, ChannelTimeout
@@ -724,10 +725,8 @@ def test_a_consumer_hears_nothing_from_a_process_that_cannot_prove_the_key(nodes
     impostor.send_multipart([consumer_id, wire.STATE, wire.pack([-1, False, b"\0" * 32])])
     impostor.send_multipart([consumer_id, wire.ITEM, wire.pack([[1, 0, 1.0, header, 0]])])
     link = ch._consumer_end._links[record.id]
-    deadline = time.monotonic() + 60
-    while ch.qsize() == 0 and link.unproven < 2:  # (qsize receives what waits)
-        assert time.monotonic() < deadline, "the consumer never read the impostor's messages"
-    assert link.unproven == 2 and ch.qsize() == 0 and link.proof is not None
+    assert wait_for(lambda: ch.qsize() > 0 or link.unproven >= 2, 60), "the impostor's messages never arrived"
+    assert link.unproven == 2 and ch.qsize() == 0 and link.proof is not None  # (qsize receives what waits)
     impostor.close(linger=0)
     handler.close(linger=0)
     context.term()

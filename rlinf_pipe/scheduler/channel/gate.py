@@ -117,6 +117,9 @@ class _Gate:
             except zmq.ContextTerminated:
                 self.sock.close()
                 return
+            if len(request) < 6:  # (not libzmq's: a REP socket must still answer, or it stops taking requests)
+                self.sock.send_multipart([b"1.0", b"", b"500", b"malformed ZAP request", b"", b""])
+                continue
             version, request_id, domain, address, _identity, mechanism, *credentials = request
             with self.lock:
                 door = self.doors.get(domain)
