@@ -1,6 +1,6 @@
 """Channel throughput between two processes on one node, against raw pyzmq and a Ray actor queue.
 
-    python benchmarks/channel_bench.py [--repeats 5] [--aget] [--json]
+    python benchmarks/channel_bench.py [--repeats 5] [--aget] [--curve] [--json]
 
 For each payload size, a producer process sends N items and a consumer process receives them and reads one byte
 of every 4 KiB page (memory not yet mapped costs what it costs); throughput is counted on the consumer from the
@@ -9,7 +9,9 @@ first item to the last (setup excluded). The channel runs twice: as configured b
 `channel_socket`, key `ratio_vs_zmq_socket`). Baselines, measured in the same run:
 (a) raw pyzmq PUSH/PULL sending the same bytes (zero-copy for large payloads, default high-water marks,
 which measured fastest), (b) `ray.util.queue.Queue`
-(an actor-backed queue) for the small items. Each measurement is repeated; medians and ratios are reported.
+(an actor-backed queue) for the small items. With --curve the channel also runs encrypted (`encrypt=True`, CURVE:
+`channel_curve`, and `channel_curve_socket` with every byte over the socket), against the same channel in the clear
+(keys `curve_vs_plain`, `curve_socket_vs_socket`). Each measurement is repeated; medians and ratios are reported.
 With --json the last printed line is one JSON object.
 """
 
@@ -114,9 +116,11 @@ def measure(transport: str, size: int, count: int, run: int) -> tuple[float, flo
     (every thread) used per item from the start of their timed part until the consumer's last receive."""
     consumer, producer = Endpoint.remote(), Endpoint.remote()
     if transport.startswith("channel"):
-        shared = {"shared_bytes": 0} if transport == "channel_socket" else {}
+        spec = {"shared_bytes": 0} if transport.endswith("_socket") else {}
+        if "_curve" in transport:
+            spec["encrypt"] = True
         target = Channel.create(f"bench-{transport}-{size}-{run}", Payload, maxsize=2 * PREFETCH, prefetch=PREFETCH,
-                                **shared)
+                                **spec)
     elif transport == "ray_queue":
         from ray.util.queue import Queue
 
@@ -155,12 +159,15 @@ def main() -> None:
     parser.add_argument("--no-load", action="store_true", help="skip the runs with one core kept busy")
     parser.add_argument("--aget", action="store_true", help="also time a consumer taking with `aget` in an event "
                         "loop, as the pipeline's workers do (key `ratio_vs_zmq_aget`)")
+    parser.add_argument("--curve", action="store_true", help="also time the channel encrypted (encrypt=True, CURVE), "
+                        "keys `curve_vs_plain` and `curve_socket_vs_socket`")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")])
     ray.init(address="local", num_cpus=2, include_dashboard=False)
 
     results: dict[str, dict[str, float]] = {}
+    spread: dict[str, dict[str, list[int]]] = {}  # items/s: the lowest and highest run of each median
     cpu_us: dict[str, dict[str, float]] = {}  # quiet runs: CPU microseconds per item, both processes together
     for name in args.sizes:
         size, count = SIZES[name]
@@ -180,6 +187,10 @@ def main() -> None:
                 timed("channel_socket", "channel_socket", 4 * args.repeats + run)
             if args.aget:
                 timed("channel_aget", "channel_aget", 2 * args.repeats + run)
+            if args.curve:
+                timed("channel_curve", "channel_curve", 6 * args.repeats + run)
+                if name != "100B":
+                    timed("channel_curve_socket", "channel_curve_socket", 7 * args.repeats + run)
             if name == "100B":
                 timed("ray_queue", "ray_queue", run, max(10, count // 10))
             elif not args.no_load:
@@ -190,6 +201,7 @@ def main() -> None:
                     if args.aget:
                         timed("channel_aget_loaded", "channel_aget", 3 * args.repeats + run)
         results[name] = {k: statistics.median(v) for k, v in runs.items() if v}
+        spread[name] = {k: [round(min(v)), round(max(v))] for k, v in runs.items() if v}
         cpu_us[name] = {k: round(statistics.median(v), 1) for k, v in cpu.items() if not k.endswith("loaded")}
         line = ", ".join(f"{k} {v:,.0f} items/s ({v * size / 2**20:,.1f} MB/s)" for k, v in results[name].items())
         print(f"{name:>6}: {line}", flush=True)
@@ -212,12 +224,17 @@ def main() -> None:
                                   for n in ("64KiB", "4MiB") if "channel_aget" in results.get(n, {})},
             "ratio_vs_zmq_aget_loaded": {n: loaded_ratio(n, "channel_aget_loaded") for n in ("64KiB", "4MiB")}}
            if args.aget else {}),
+        **({"curve_vs_plain": {n: ratio(n, "channel", "channel_curve") for n in results},
+            "curve_socket_vs_socket": {n: ratio(n, "channel_socket", "channel_curve_socket")
+                                       for n in ("64KiB", "4MiB")}}
+           if args.curve else {}),
         "items_per_s": {n: round(r["channel"]) for n, r in results.items()},
         "items_per_s_loaded": {n: round(r["channel_loaded"]) for n, r in results.items() if "channel_loaded" in r},
         "mb_per_s": {n: round(r["channel"] * SIZES[n][0] / 2**20, 1) for n, r in results.items()},
         "baselines_items_per_s": {n: {k: round(v) for k, v in r.items() if not k.startswith("channel")}
                                   for n, r in results.items()},
         "cpu_us_per_item": cpu_us,
+        "spread_items_per_s": spread,
         "repeats": args.repeats,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
     }

@@ -29,8 +29,14 @@ if [ -z "$address" ] && [ -s "$head_ip_file" ]; then
 fi
 address="${address:-auto}"
 
-# Connect with the same authentication settings start_ray.sh gave the nodes.
-export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
+# Connect with the same authentication settings start_ray.sh gave the nodes: unless RAY_AUTH_MODE says otherwise,
+# token mode with the token file the head wrote next to the head-ip file, if there is one (a head started with
+# RAY_AUTH_MODE=disabled removes it), as the job does with cluster.ray_address: auto.
+if [ -z "${RAY_AUTH_MODE:-}" ]; then
+  RAY_AUTH_MODE=disabled
+  [ -s "$token_file" ] && RAY_AUTH_MODE=token
+fi
+export RAY_AUTH_MODE
 if [ "$RAY_AUTH_MODE" = token ] && [ -z "${RAY_AUTH_TOKEN:-}" ] && [ -z "${RAY_AUTH_TOKEN_PATH:-}" ] &&
   [ -s "$token_file" ]; then
   export RAY_AUTH_TOKEN_PATH="$token_file"

@@ -3,7 +3,9 @@
 #   RANK=0 bash ray_utils/start_ray.sh    on the head node: starts Ray, writes IP:PORT to the head-ip file
 #   RANK=n bash ray_utils/start_ray.sh    on every other node: waits for that file, then joins the head
 # Every node gets the Ray label rlinf_pipe/node-rank=<RANK>; rlinf_pipe orders nodes (and so global GPU ids) by it.
-# Environment variables and their defaults are listed in docs/multi-node.md.
+# Ray requires a token on every connection (RAY_AUTH_MODE=token, the default): the head writes a fresh one next to
+# the head-ip file (mode 600), where the other nodes read it. The dashboard listens on localhost only.
+# Environment variables and their defaults are listed in docs/multi-node.md; what a run exposes, in docs/security.md.
 set -euo pipefail
 
 script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -30,10 +32,14 @@ head_ip_file="${RAY_HEAD_IP_FILE:-$script_dir/ray_head_ip.txt}"
 token_file="${RAY_AUTH_TOKEN_FILE:-$(dirname "$head_ip_file")/ray_auth_token}"
 [[ "$token_file" == /* ]] || token_file="$PWD/$token_file"
 
-export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
+export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
 case "$RAY_AUTH_MODE" in
-  disabled | token) ;;
-  *) die "RAY_AUTH_MODE must be 'disabled' or 'token', got '${RAY_AUTH_MODE}'." ;;
+  token) ;;
+  disabled)
+    echo "start_ray.sh: warning: RAY_AUTH_MODE=disabled: anyone who can reach this cluster's Ray ports (the" \
+      "head's, every raylet's and worker's) can run any code on it as $(id -un 2>/dev/null || id -u) (docs/security.md)" >&2
+    ;;
+  *) die "RAY_AUTH_MODE must be 'token' (the default) or 'disabled', got '${RAY_AUTH_MODE}'." ;;
 esac
 
 if [ -z "${RAY_BIN:-}" ]; then
@@ -80,8 +86,9 @@ write_atomic() {
 }
 
 start_failed() {
-  die "'ray start' failed (see its output above). If Ray already runs on this node, stop it with" \
-    "'${RAY_BIN} stop' first; check that RAY_AUTH_MODE is the same on every node."
+  die "'ray start' failed (see its output above). If a cluster started by this script already runs on this node," \
+    "stop exactly it with 'RANK=${RANK} bash ray_utils/stop_ray.sh' ('ray stop' would stop every Ray on the machine," \
+    "other users' too); check that RAY_AUTH_MODE is the same on every node."
 }
 
 # ---- head node ----------------------------------------------------------------------------------
@@ -99,7 +106,9 @@ if [ "$RANK" -eq 0 ]; then
   fi
   # (env -u RANK: Ray's processes, and so every worker, would inherit this node's rank under torch's name for a
   # process's rank in its distributed world)
-  env -u RANK "$RAY_BIN" "${args[@]}" --head --port="$port" --node-ip-address="$ip" ${extra_args[@]+"${extra_args[@]}"} || start_failed
+  # (the dashboard, which takes jobs, on localhost unless asked: RAY_DASHBOARD_HOST, or RAY_EXTRA_ARGS, which come last)
+  env -u RANK "$RAY_BIN" "${args[@]}" --head --port="$port" --node-ip-address="$ip" \
+    --dashboard-host="${RAY_DASHBOARD_HOST:-127.0.0.1}" ${extra_args[@]+"${extra_args[@]}"} || start_failed
   write_atomic "$node_id_file" 644 "$RLINF_PIPE_RAY_NODE"
   write_atomic "$head_ip_file" 644 "${ip}:${port}"
   echo "Ray head started at ${ip}:${port} (node rank 0, auth ${RAY_AUTH_MODE}); address written to ${head_ip_file}"
@@ -126,8 +135,9 @@ address="$(tr -d '[:space:]' <"$head_ip_file")"
 # The head writes its token file before the address file, so it must be there now.
 if [ "$RAY_AUTH_MODE" = token ] && [ -z "${RAY_AUTH_TOKEN:-}" ]; then
   [ -s "$token_file" ] ||
-    die "RAY_AUTH_MODE=token but the token file ${token_file} is missing. Start the head with RAY_AUTH_MODE=token" \
-      "(it writes that file), set RAY_AUTH_TOKEN_FILE to its path, or set RAY_AUTH_TOKEN to the head's token."
+    die "RAY_AUTH_MODE=token (the default) but the token file ${token_file} is missing. Start every node with the" \
+      "same RAY_AUTH_MODE (a head started with 'token' writes that file), set RAY_AUTH_TOKEN_FILE to its path, or" \
+      "set RAY_AUTH_TOKEN to the head's token."
   export RAY_AUTH_TOKEN_PATH="$token_file"
 fi
 

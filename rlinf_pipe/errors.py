@@ -66,6 +66,15 @@ class RunStopped(RlinfPipeError):
         return 128 + self.signum
 
 
+class CheckpointError(RlinfPipeError):
+    """A checkpoint folder is missing, incomplete, or not in the expected format."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint file holds pickled objects other than the few types rlinf_pipe's states use: loading it could run
+    code, so it is refused. The message names the file and what it holds."""
+
+
 class ChannelError(RlinfPipeError):
     """Base of channel errors; every message names the channel."""
 

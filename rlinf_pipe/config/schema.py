@@ -105,6 +105,10 @@ class RunnerConfig:
         64, "Shared memory (MiB) that each worker putting into a step channel lends the consumers on its node for "
         "tensors of 64 KiB or more (touched only as far as used; 0: every byte over sockets). Raise it when the run "
         "logs that a channel's shared memory is full. See docs/channels.md#the-model (shared memory).", min=0)
+    channel_encryption: bool = opt(
+        False, "Encrypt what the step channels send over their sockets (CurveZMQ), for a network the cluster does not "
+        "trust; it costs CPU per byte (docs/benchmarks.md#channel-security). Off, peers still prove the run's channel "
+        "key before anything is sent. See docs/security.md.")
     weight_sync: Literal["auto", "broadcast", "ipc", "object_store"] = opt(
         "auto",
         "How weights reach the engines and log-prob workers: `broadcast` (a process group from the actor's rank 0 "

@@ -28,7 +28,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from rlinf_pipe.errors import RlinfPipeError
+from rlinf_pipe.errors import CheckpointError  # (its home is rlinf_pipe.errors; still imported from here)
 from rlinf_pipe.models.hf_config import WEIGHTS_FILE, WEIGHTS_INDEX, read_json, weight_files
 from rlinf_pipe.utils.folders import COMPLETE, is_complete
 
@@ -42,10 +42,6 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msg
 _WEIGHT_INDEX_SUFFIX = ".index.json"
 
 PathLike = str | os.PathLike[str]
-
-
-class CheckpointError(RlinfPipeError):
-    """A checkpoint folder is missing, incomplete, or not in the expected format."""
 
 
 @dataclass(frozen=True)

@@ -179,7 +179,7 @@ def create_channels(plan: RunPlan, reward_processes: int) -> StepChannels:
     flight (`runner.max_staleness` + 1: the driver hands out a step's prompts only when it may begin). Without a
     log-prob stage there is no scored channel: the reward workers feed the train channels."""
     run_id = uuid.uuid4().hex[:8]
-    options: dict[str, Any] = {"shared_bytes": plan.channel_shared_bytes}
+    options: dict[str, Any] = {"shared_bytes": plan.channel_shared_bytes, "encrypt": plan.channel_encrypt}
     if plan.buffers_steps:
         options["maxsize"] = None
     comps = plan.placement.components

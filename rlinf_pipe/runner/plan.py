@@ -41,6 +41,7 @@ class RunPlan:
     staleness: int
     dynamic_sampling: bool
     channel_shared_bytes: int  # each producer's shared memory in the step channels (`runner.channel_shared_mb`)
+    channel_encrypt: bool = False  # the step channels encrypt their socket traffic (`runner.channel_encryption`)
     logprob_stage: bool = True  # the algorithm needs a log-prob pass (old or reference log-probs)
     idle_inference: str = ""  # why placed inference workers are not started (empty: they are, or none are placed)
     weight_transport_why: str = ""  # why `runner.weight_sync` came to `weight_transport` (`plan` prints it)
@@ -196,6 +197,7 @@ def plan_run(cfg: Config, gpus_per_node: Sequence[int] | None = None) -> RunPlan
         staleness=cfg.runner.max_staleness, dynamic_sampling=cfg.algorithm.dynamic_sampling,
         logprob_stage=logprob_stage, idle_inference=idle_inference_warning(cfg, placement),
         channel_shared_bytes=cfg.runner.channel_shared_mb * 1024 * 1024,
+        channel_encrypt=cfg.runner.channel_encryption,
         arrival_slots=cfg.algorithm.minibatch_order == "arrival" and not cfg.algorithm.dynamic_sampling,
         token_balance=cfg.algorithm.replica_routing == "tokens" and placement.components["actor"].dp > 1,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import sys
 import tempfile
 import threading
@@ -18,6 +19,7 @@ import ray
 import torch
 from support.channel_cluster import nodes_fixture, on_node
 from support.channel_items import Rich, assert_same, rich
+from support.faults import wait_for
 from support.light_items import Tagged
 
 from rlinf_pipe.errors import ChannelClosed, ChannelError, ChannelPeerError, ChannelTimeout
@@ -84,6 +86,16 @@ class Producer:
     def given_up(self) -> list[str]:
         """Why this producer gave up each consumer it gave up."""
         return [link.dead for link in self.channel._producer._consumers.values() if link.dead]
+
+    def refused(self) -> list[str]:
+        """The peers its socket refused (each once)."""
+        return list(self.channel._producer._door.refused)
+
+    def tcp_bound(self) -> str:
+        """The tcp address its socket listens on (bound last)."""
+        import zmq
+
+        return self.channel._producer._router.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
 @ray.remote(num_cpus=0)
@@ -615,3 +627,118 @@ def test_a_consumer_holding_only_a_later_steps_items_still_receives_the_current_
     ray.kill(doomed)  # step 0's items go back to the producer's queue
     got = [ch.get(timeout=30) for _ in range(6)]
     assert got == [Tagged(0, 0), Tagged(0, 1), StepEnd(0), Tagged(0, 10), Tagged(0, 11), StepEnd(1)]
+
+
+def _stranger(context: Any, endpoint: str, password: bytes | None) -> tuple[Any, Any]:
+    """A DEALER of another process (its own ZeroMQ context) that connects to a producer, as a consumer would, with
+    `password` (None: no credentials at all) and grants it credit; and its monitor."""
+    import zmq
+
+    sock = context.socket(zmq.DEALER)
+    sock.linger = 0
+    if password is not None:
+        sock.plain_username, sock.plain_password = b"rlinf-pipe", password
+    monitor = sock.get_monitor_socket()
+    sock.connect(endpoint)
+    try:
+        sock.send_multipart([wire.HELLO, wire.pack([1000, None, b"nonce"])], zmq.NOBLOCK)
+    except zmq.Again:  # (refused already: its pipe is gone)
+        pass
+    return sock, monitor
+
+
+def _refused(monitor: Any) -> bool:
+    """Whether the stranger's handshake failed (wait for the outcome up to 60 s)."""
+    import zmq
+    from zmq.utils.monitor import recv_monitor_message
+
+    failed = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    while monitor.poll(60_000):
+        event = recv_monitor_message(monitor)["event"]
+        if event & (failed | zmq.EVENT_HANDSHAKE_SUCCEEDED):
+            return bool(event & failed)
+    return False
+
+
+def test_strangers_at_a_producers_tcp_port_and_local_socket_get_nothing_and_cost_no_item(nodes):
+    """Processes that do not hold the run's channel key (no credentials, or another run's) connect to the
+    producer's tcp port (bound to the node's cluster address, not every interface) and to its abstract unix
+    socket, and grant credit: they are refused at the handshake, the refused addresses are noted once, and the
+    real consumer receives every item (the producer's close, which waits until every item is taken, returns)."""
+    import zmq
+
+    from rlinf_pipe.scheduler.channel import gate
+    from rlinf_pipe.scheduler.channel.registry import registry
+
+    ch = channel(maxsize=None, prefetch=4)
+    producer = on_node(Producer, nodes[1]).remote(ch)
+    ray.get(producer.open.remote())
+    (record,) = ray.get(registry().list_producers.remote(ch.name))
+    assert ray.get(producer.tcp_bound.remote()) == record.tcp  # (was tcp://0.0.0.0:<port>: every interface)
+    assert record.tcp.startswith(f"tcp://{ray.util.get_node_ip_address()}:")
+    context = zmq.Context()
+    another_runs = gate.password(gate.ChannelKey.new(), record.id)
+    strangers = [_stranger(context, endpoint, password) for endpoint in (record.tcp, record.ipc)
+                 for password in (None, another_runs)]
+    assert all(_refused(monitor) for _, monitor in strangers)
+    me = f"a local process (pid {os.getpid()}, uid {os.getuid()})"
+    assert sorted(ray.get(producer.refused.remote())) == sorted([ray.util.get_node_ip_address(), me])
+
+    done = producer.put_tagged.remote(30)  # (closes: returns once a consumer took every item)
+    consumer = on_node(Consumer, nodes[0]).remote(ch)
+    assert ray.get(consumer.take.remote(31), timeout=120) == [Tagged(0, i) for i in range(30)] + [StepEnd(0)]
+    assert ray.get(done, timeout=60) == 30
+    for sock, monitor in strangers:
+        assert not sock.poll(0)  # sent nothing
+        sock.disable_monitor()
+        monitor.close(linger=0)
+        sock.close(linger=0)
+    context.term()
+
+
+def test_a_consumer_hears_nothing_from_a_process_that_cannot_prove_the_key(nodes):
+    """A process listening at a registered producer's address (as one that took a dead producer's port or name
+    would) accepts the consumer's connection and sends it a state and an item: the consumer ignores both."""
+    import msgspec
+    import zmq
+
+    from rlinf_pipe.scheduler.channel.registry import ProducerRecord, registry
+
+    ch = channel(maxsize=8, **FAST_FAILURE)
+    context = zmq.Context()  # the impostor's, with a handler that lets any PLAIN client in
+    handler = context.socket(zmq.REP)
+    handler.bind("inproc://zeromq.zap.01")
+    impostor = context.socket(zmq.ROUTER)
+    impostor.plain_server = True
+    local = f"ipc://@rlp-test-impostor-{ch.name}"
+    impostor.bind(local)
+    record = ProducerRecord(id="producer@impostor", node_id=nodes[0], ipc=local, tcp="tcp://127.0.0.1:1")
+    ray.get(registry().add_producer.remote(ch.name, record))
+    ch.qsize()  # this process's consuming end connects to it
+    assert handler.poll(60_000)
+    request = handler.recv_multipart()
+    handler.send_multipart([request[0], request[1], b"200", b"OK", b"", b""])
+    assert impostor.poll(60_000)
+    consumer_id, kind, _hello = impostor.recv_multipart()
+    assert kind == wire.HELLO
+    header = msgspec.msgpack.encode(Tagged(9, 9))
+    impostor.send_multipart([consumer_id, wire.STATE, wire.pack([-1, False, b"\0" * 32])])
+    impostor.send_multipart([consumer_id, wire.ITEM, wire.pack([[1, 0, 1.0, header, 0]])])
+    link = ch._consumer_end._links[record.id]
+    assert wait_for(lambda: ch.qsize() > 0 or link.unproven >= 2, 60), "the impostor's messages never arrived"
+    assert link.unproven == 2 and ch.qsize() == 0 and link.proof is not None  # (qsize receives what waits)
+    impostor.close(linger=0)
+    handler.close(linger=0)
+    context.term()
+
+
+def test_an_encrypted_channel_delivers_across_nodes_and_on_one(nodes):
+    """`encrypt=True` (CURVE): items from a producer on the other node (tcp) and on this one (ipc) arrive."""
+    ch = channel(maxsize=8, num_producers=2, encrypt=True)
+    producers = [on_node(Producer, nodes[i]).remote(ch, i) for i in range(2)]
+    done = [p.put_tagged.remote(10) for p in producers]
+    got = [ch.get(timeout=60) for _ in range(21)]
+    assert got[-1] == StepEnd(0)
+    assert sorted(got[:-1], key=lambda t: (t.producer, t.seq)) == [Tagged(p, i) for p in range(2) for i in range(10)]
+    assert sorted(e.split(":")[0] for e in ch._consumer_end.endpoints()) == ["ipc", "tcp"]
+    assert ray.get(done, timeout=60) == [10, 10]

@@ -1,9 +1,10 @@
 """ray_utils/start_ray.sh and check_ray.sh against real Ray processes (no mocks).
 
 A two-node cluster with virtual GPUs runs on this machine (head: 2 GPUs, RANK=0; worker: 3 GPUs, RANK=1), once
-with RAY_AUTH_MODE=disabled and once with token. Every script runs in its own session with a variable of its own
-in its environment, which every process it starts inherits, so teardown stops exactly the processes of this cluster
-(never with a machine-wide `ray stop`, and never by a session id, whose pid may have been reused by then).
+with RAY_AUTH_MODE=disabled and once with no auth setting at all (the default: token). Every script runs in its
+own session with a variable of its own in its environment, which every process it starts inherits, so teardown
+stops exactly the processes of this cluster (never with a machine-wide `ray stop`, and never by a session id,
+whose pid may have been reused by then).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ STOP = REPO / "ray_utils" / "stop_ray.sh"
 def _script_env(tmp: Path, **extra: str) -> dict[str, str]:
     """The caller's environment without any RAY_* setting, pointed at files under `tmp`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(RAY_HEAD_IP_FILE=str(tmp / "ray_head_ip.txt"), RAY_AUTH_MODE="disabled")
+    env.update(RAY_HEAD_IP_FILE=str(tmp / "ray_head_ip.txt"))
     env.update(extra)
     return env
 
@@ -48,13 +49,15 @@ def _wait(proc: subprocess.Popen, log: Path, what: str, timeout: float = 120) ->
 
 @pytest.fixture(scope="module", params=["disabled", "token"])
 def cluster(request, tmp_path_factory):
-    auth_mode = request.param
+    auth_mode = request.param  # ("token": started with no RAY_AUTH_MODE at all, the scripts' default)
     tmp = tmp_path_factory.mktemp(f"ray_utils_{auth_mode}")
     # Ray's unix socket paths (temp dir + session name + socket name) must stay under 108 bytes: keep it short.
     ray_tmp = Path(tempfile.mkdtemp(prefix="rlp-ray-"))
     sessions = Sessions(tmp, marker=str(ray_tmp))
     port = free_port("")
-    common = dict(RAY_PORT=str(port), RAY_NUM_CPUS="1", RAY_AUTH_MODE=auth_mode, RAY_JOIN_TIMEOUT="90")
+    common = dict(RAY_PORT=str(port), RAY_NUM_CPUS="1", RAY_JOIN_TIMEOUT="90")
+    if auth_mode == "disabled":
+        common["RAY_AUTH_MODE"] = "disabled"
     head_env = _script_env(tmp, RANK="0", RAY_NUM_GPUS="2", RAY_TEMP_DIR=str(ray_tmp / "h"),
                            RAY_EXTRA_ARGS="--include-dashboard=false", **common)
     worker_env = _script_env(tmp, RANK="1", RAY_NUM_GPUS="3", RAY_TEMP_DIR=str(ray_tmp / "w"), **common)
@@ -73,7 +76,8 @@ def cluster(request, tmp_path_factory):
             token_file = tmp / "ray_auth_token"
             assert token_file.stat().st_mode & 0o077 == 0, "the token file must be readable by its owner only"
             driver_env["RAY_AUTH_TOKEN_PATH"] = str(token_file)
-        yield {"sessions": sessions, "tmp": tmp, "address": address, "driver_env": driver_env}
+        yield {"sessions": sessions, "tmp": tmp, "address": address, "driver_env": driver_env, "auth": auth_mode,
+               "outputs": [head_out, worker_out]}
     finally:
         sessions.stop_all()
         shutil.rmtree(ray_tmp, ignore_errors=True)
@@ -81,7 +85,7 @@ def cluster(request, tmp_path_factory):
 
 @pytest.mark.slow
 def test_check_ray_sees_both_nodes(cluster):
-    env = _script_env(cluster["tmp"], RAY_AUTH_MODE=cluster["driver_env"]["RAY_AUTH_MODE"], RAY_CHECK_TIMEOUT="60")
+    env = _script_env(cluster["tmp"], RAY_CHECK_TIMEOUT="60")  # (the auth mode and token found as start_ray.sh left them)
     rc, out = cluster["sessions"].run(["bash", str(CHECK), "5"], env)
     assert rc == 0, out
     assert f"OK: 5 GPUs on 2 node(s) at {cluster['address']}" in out
@@ -139,6 +143,35 @@ def test_a_job_given_only_the_token_mode_joins_with_the_token_start_ray_wrote(cl
     rc, out = cluster["sessions"].run([sys.executable, "-c", DRIVER], env, timeout=60)
     assert rc == 0, out
     assert f"JOINED {cluster['address']} 2" in out
+
+
+@pytest.mark.slow
+def test_start_ray_says_which_auth_it_started_and_warns_only_without_one(cluster):
+    warnings = [line for out in cluster["outputs"] for line in out.splitlines() if "warning: RAY_AUTH_MODE" in line]
+    assert all(f"auth {cluster['auth']})" in out for out in cluster["outputs"])
+    if cluster["auth"] == "token":
+        assert warnings == []
+    else:
+        assert len(warnings) == 2 and "anyone who can reach this cluster's Ray ports" in warnings[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cluster", ["token"], indirect=True)
+def test_a_cluster_started_with_no_auth_setting_refuses_a_client_without_its_token(cluster):
+    """ShadowRay (CVE-2023-48022) needs a head that answers anyone: the GCS of a cluster that start_ray.sh started
+    with no settings refuses a call without the token or with another one, and answers one with the token."""
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    token = (cluster["tmp"] / "ray_auth_token").read_text().strip()
+    with grpc.insecure_channel(cluster["address"]) as channel:
+        gcs = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        for metadata in ((), (("authorization", "Bearer " + "0" * len(token)),)):
+            with pytest.raises(grpc.RpcError) as refused:
+                gcs.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), metadata=metadata, timeout=30)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        gcs.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), metadata=(("authorization", f"Bearer {token}"),),
+                         timeout=30)
 
 
 def _command_lines(pids: list[int]) -> dict[int, str]:
@@ -223,3 +256,4 @@ def test_check_ray_usage(args):
     res = subprocess.run(["bash", str(CHECK), *args], capture_output=True, text=True, timeout=30)
     assert res.returncode == 2, res.stdout + res.stderr
     assert "usage: bash ray_utils/check_ray.sh N" in res.stderr
+

@@ -160,25 +160,27 @@ def test_channel_passed_in_every_call_keeps_one_producer(local_ray):
         assert [g["step"] for g in got] == [step, step] and item == StepEnd(step)
 
 
-def test_the_step_channels_get_the_configured_shared_memory(local_ray):
+def test_the_step_channels_get_the_configured_shared_memory_and_encryption(local_ray):
     """`runner.channel_shared_mb` reaches every step channel's spec (0: sockets only), beside the unbounded
-    buffering of a collocated run."""
+    buffering of a collocated run, and so does `runner.channel_encryption`; every spec carries the run's key."""
     from rlinf_pipe.config import load_config
     from rlinf_pipe.runner.components import create_channels
     from rlinf_pipe.runner.plan import plan_run
 
     default = create_channels(plan_run(load_config()), 1)
     try:
-        assert {ch.spec.shared_bytes for ch in default.train} == {64 * 1024 * 1024}
+        assert {(ch.spec.shared_bytes, ch.spec.encrypt) for ch in default.train} == {(64 * 1024 * 1024, False)}
+        key = default.train[0].spec.key
     finally:
         default.abort()
     plan = plan_run(load_config(overrides=[
         "runner.channel_shared_mb=0", 'cluster.component_placement={"actor,rollout": all}',
-        "algorithm.compute_ref_logprobs=true",
+        "algorithm.compute_ref_logprobs=true", "runner.channel_encryption=true",
     ]))
     channels = create_channels(plan, 1)
     try:
         specs = [channels.rollouts.spec, channels.scored.spec, *(ch.spec for ch in channels.train)]
-        assert {(spec.shared_bytes, spec.maxsize) for spec in specs} == {(0, None)}
+        assert {(spec.shared_bytes, spec.maxsize, spec.encrypt, spec.key) for spec in specs} == {(0, None, True, key)}
+        assert key is not None
     finally:
         channels.abort()

@@ -4,6 +4,7 @@
     <folder>/trainer/state.json                                          step, schedule and parallel layout
     <folder>/trainer/optim_tpXX_ppYYY_dpZZZ.pt                           optimizer state (per DP rank if sharded)
     <folder>/trainer/rng_rankNNNNN.pt                                    RNG states of each rank
+                                                                         (both loaded weights-only: `state_files`)
     <folder>/COMPLETE                                                    written last
 
 Written to a temporary sibling and renamed into place by rank 0 after a barrier, so a folder is whole or absent.
@@ -32,6 +33,7 @@ import torch
 
 from rlinf_pipe.engines.policy.optimizer import PolicyOptimizer
 from rlinf_pipe.models.megatron_checkpoint import CheckpointError
+from rlinf_pipe.models.state_files import load_state
 from rlinf_pipe.utils.folders import COMPLETE, is_complete, mark_complete
 
 TRAINER_SUBDIR = "trainer"
@@ -224,7 +226,8 @@ def restore_state(policy: MegatronPolicy, state: TrainerState) -> None:
 
 def load_checkpoint(policy: MegatronPolicy, folder: str | os.PathLike[str]) -> None:
     """Restore a folder written by `save_checkpoint` with the same TP / PP / DP layout: weights, optimizer state,
-    step and this rank's RNG states. Collective over all ranks."""
+    step and this rank's RNG states. Collective over all ranks. Pickled files holding anything but the types of
+    those states are refused (`state_files.load_state`)."""
     import torch.distributed as dist
 
     from rlinf_pipe.models.megatron_checkpoint import load_model_shard
@@ -239,10 +242,9 @@ def load_checkpoint(policy: MegatronPolicy, folder: str | os.PathLike[str]) -> N
                              "layout")
         restore_state(policy, TrainerState(
             model=load_model_shard(path, policy.tp_rank, policy.pp_rank),
-            optimizer=torch.load(path / TRAINER_SUBDIR / _optim_file(policy), map_location="cpu",
-                                 weights_only=False),
+            optimizer=load_state(path / TRAINER_SUBDIR / _optim_file(policy), map_location="cpu"),
             steps=int(state["step"]),
-            rng=torch.load(path / TRAINER_SUBDIR / _rng_file(dist.get_rank()), weights_only=False),
+            rng=load_state(path / TRAINER_SUBDIR / _rng_file(dist.get_rank())),
         ))
 
 

@@ -7,7 +7,8 @@ stands between the socket and the app. Each take returns one credit to that item
 sent less) and is acknowledged so the producer can forget the item. A housekeeping thread discovers producers
 through the registry, sends heartbeats, watches the producers' (receiving what waits, so a busy app does not make
 a producer look silent) and reports takes the app left unreported. Large buffers from a producer on this node
-arrive in its shared memory (`arena.py`); their regions are reported released with the takes.
+arrive in its shared memory (`arena.py`); their regions are reported released with the takes. A producer is heard
+only once it proved the run's channel key, and the consumer proves it to the producer (`gate.py`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import ray
@@ -29,6 +29,7 @@ from rlinf_pipe.scheduler.channel.buffer import Entry, StepBuffer
 from rlinf_pipe.scheduler.channel.ready import Doorbell, SocketWaiter
 from rlinf_pipe.scheduler.channel.registry import ChannelSpec, ProducerRecord, registry, track_end
 from rlinf_pipe.scheduler.death import GONE
+from rlinf_pipe.scheduler.channel.upstream import ProducerLink
 from rlinf_pipe.scheduler.channel.wire import endpoint_id
 
 REFRESH_S = 1.0  # how often the registry is asked for new producers
@@ -40,15 +41,6 @@ STREAMING_WAKE_S = 0.02  # ... this often (a take rings it only when it would re
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _ProducerLink:
-    record: ProducerRecord
-    sock: zmq.Socket
-    fd: int  # the socket's zmq.FD, which waits poll
-    endpoint: str
-    last_seen: float
-
-
 class ConsumerEnd:
     """Connects to every producer of the channel; the app receives their items when it takes. Every use of the
     sockets holds the waiter's lock and ends by receiving until none is left (see `ready.py`)."""
@@ -58,7 +50,7 @@ class ConsumerEnd:
         self.id = endpoint_id("consumer")
         self._waiter = SocketWaiter(threading.RLock(), self._socket_fds)
         self.buffer = StepBuffer(spec.name, expected_producers=spec.num_producers)
-        self._links: dict[str, _ProducerLink] = {}
+        self._links: dict[str, ProducerLink] = {}
         self._fds: tuple[int, ...] = ()
         self._arenas: dict[str, ArenaView] = {}  # producer -> its arena, where mapped
         self._extra_credit: dict[str, int] = {}  # producer -> the step for which it was granted one more credit
@@ -123,7 +115,7 @@ class ConsumerEnd:
             if link is None or self.buffer.producer(producer).gone:
                 continue
             self._extra_credit[producer] = self.buffer.step
-            wire.send(link.sock, [wire.CREDIT, wire.pack([[], [], [], 1])])
+            link.send([wire.CREDIT, wire.pack([[], [], [], 1])])
             self.receive()  # (after a send: see `ready.py`)
 
     def _hand_over(self, entry: Entry) -> None:
@@ -193,18 +185,12 @@ class ConsumerEnd:
             self._waiter.notify()  # (waits poll the new sockets too)
 
     def _connect(self, record: ProducerRecord) -> None:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
-        sock.setsockopt(zmq.ROUTING_ID, self.id.encode())
-        sock.setsockopt(zmq.LINGER, 0)
         local = record.node_id == self._node_id
-        endpoint = record.ipc if local else record.tcp
         arena = ArenaView.open(record.arena) if local and record.arena is not None else None
         reader = this_process() if arena is not None else None  # (the producer frees its regions once it is gone)
         if reader is None:
             arena = None  # (unmapped with its last reference)
-        sock.connect(endpoint)
-        wire.send(sock, [wire.HELLO, wire.pack([self.spec.prefetch, reader])])
-        self._links[record.id] = _ProducerLink(record, sock, sock.getsockopt(zmq.FD), endpoint, time.monotonic())
+        self._links[record.id] = ProducerLink.connect(self.spec, self.id, record, local, reader)
         if arena is not None:
             self._arenas[record.id] = arena
         self._fds = tuple(link.fd for link in self._links.values())
@@ -277,10 +263,7 @@ class ConsumerEnd:
         for producer, link in self._links.items():
             if self.buffer.producer(producer).gone:
                 continue
-            try:
-                link.sock.send(wire.HEARTBEAT, zmq.NOBLOCK)
-            except zmq.Again:  # its pipe is full: it has not read for a long while, and expiry will say so
-                pass
+            link.send([wire.HEARTBEAT])
 
     def receive(self) -> None:
         """Move every message waiting on the producer sockets into the buffer (call with the waiter lock held);
@@ -308,7 +291,7 @@ class ConsumerEnd:
                 continue  # (it needs them no more, and may not read)
             if seqs or released:
                 try:
-                    wire.send(link.sock, [wire.CREDIT, wire.pack([seqs, seqs, released, 0])])
+                    link.send([wire.CREDIT, wire.pack([seqs, seqs, released, 0])])
                 except BaseException:
                     if released:  # (still this consumer's to report: the producer must not lose the regions)
                         arena.released.extendleft(reversed(released))
@@ -318,7 +301,10 @@ class ConsumerEnd:
         self._report_due = None
 
     def _on_message(self, producer: str, frames: list[Any]) -> None:
-        self._links[producer].last_seen = time.monotonic()
+        link = self._links[producer]
+        if link.proof is not None and not link.proves_key(self.spec.name, frames):
+            return
+        link.last_seen = time.monotonic()
         kind = frames[0].bytes
         state = self.buffer.producer(producer)
         if kind == wire.ITEM:
@@ -342,7 +328,7 @@ class ConsumerEnd:
         elif kind == wire.STEP_END:
             state.ended_through = max(state.ended_through, wire.unpack(frames[1].buffer))
         elif kind == wire.STATE:
-            ended, closed = wire.unpack(frames[1].buffer)
+            ended, closed, _proof = wire.unpack(frames[1].buffer)
             state.ended_through = max(state.ended_through, ended)
             state.closed = state.closed or closed
         elif kind == wire.CLOSED:

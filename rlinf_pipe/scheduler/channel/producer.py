@@ -5,17 +5,16 @@ producer and one more per item it takes). Sent items are kept until the consumer
 consumer that dies loses nothing: every item it had not handed to its app goes to the other consumers. `put`
 blocks while this producer's untaken weight is at `maxsize` (backpressure across processes and nodes). A step's
 end is announced once every item of it has been taken out of some consumer's buffer. Large buffers bound for a
-consumer on this node go through this producer's shared memory (`arena.py`) instead of the socket.
+consumer on this node go through this producer's shared memory (`arena.py`) instead of the socket. Only peers that
+prove the run's channel key get in (`gate.py`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import select
 import threading
 import time
-import uuid
 from collections import deque
 from typing import Any, Sequence
 
@@ -24,7 +23,7 @@ import ray
 import zmq
 
 from rlinf_pipe.errors import ChannelClosed, ChannelPeerError
-from rlinf_pipe.scheduler.channel import wire
+from rlinf_pipe.scheduler.channel import gate, wire
 from rlinf_pipe.scheduler.channel.arena import SharedArena, process_start
 from rlinf_pipe.scheduler.channel.buffer import PENDING, Waiter
 from rlinf_pipe.scheduler.channel.codec import Codec
@@ -32,7 +31,7 @@ from rlinf_pipe.scheduler.channel.dispatch import next_message
 from rlinf_pipe.scheduler.channel.links import ConsumerLink, OutItem
 from rlinf_pipe.scheduler.channel.ready import Doorbell
 from rlinf_pipe.scheduler.channel.registry import ChannelSpec, ProducerRecord, registry, track_end
-from rlinf_pipe.scheduler.channel.wire import endpoint_id, ipc_path
+from rlinf_pipe.scheduler.channel.wire import endpoint_id
 
 log = logging.getLogger(__name__)
 COPY_THRESHOLD = 512 * 1024  # bytes: smaller frames are copied when sent (see `ProducerEnd.__init__`)
@@ -43,8 +42,9 @@ DIRECT_BYTES = 32 * 1024
 
 
 class ProducerEnd:
-    """Owns a ROUTER socket (ipc + tcp) that consumers connect to. A `put` of a large item that finds credit sends
-    it at once; an I/O thread sends the rest, announces step ends, and watches the consumers."""
+    """Owns a ROUTER socket (ipc + tcp on the node's cluster address) that consumers connect to, once they prove
+    the run's key. A `put` of a large item that finds credit sends it at once; an I/O thread sends the rest,
+    announces step ends, and watches the consumers."""
 
     def __init__(self, spec: ChannelSpec, codec: Codec):
         self.spec, self.codec = spec, codec
@@ -75,16 +75,15 @@ class ProducerEnd:
         # round trip through pyzmq's garbage-collector thread per frame (it learns when libzmq is done with the
         # buffer): a copy of a few hundred KiB is cheaper than that hand-off on a busy host.
         self._router.copy_threshold = COPY_THRESHOLD
-        self._ipc_path = ipc_path(uuid.uuid4().hex[:12])
-        self._router.bind(f"ipc://{self._ipc_path}")
-        port = self._router.bind_to_random_port("tcp://*")
+        self._door = gate.guard(self._router, spec.name, spec.key, spec.encrypt, self.id)  # (before it binds)
+        ipc, tcp = wire.bind(self._router, ray.util.get_node_ip_address(), spec.name)
         self._router_fd = self._router.getsockopt(zmq.FD)
         self._bell = Doorbell()  # wakes the I/O thread
         self.record = ProducerRecord(
             id=self.id,
             node_id=ray.get_runtime_context().get_node_id(),
-            ipc=f"ipc://{self._ipc_path}",
-            tcp=f"tcp://{ray.util.get_node_ip_address()}:{port}",
+            ipc=ipc,
+            tcp=tcp,
             arena=self._arena.record if self._arena is not None else None,
         )
         # A one-time registration, often from an async worker's event loop: waited on through the reference's
@@ -262,12 +261,13 @@ class ProducerEnd:
         if kind == wire.HELLO:
             if link is None or link.dead:
                 link = self._consumers[cid] = ConsumerLink(time.monotonic())
-            credit, reader = wire.unpack(frames[2].buffer)
+            credit, reader, nonce = wire.unpack(frames[2].buffer)
             link.arena = self._arena if reader else None
             # (a reader this process cannot see in /proc, e.g. another pid namespace, is never taken for gone)
             link.reader = tuple(reader) if reader and process_start(reader[0]) == reader[1] else None
             self._credits.extend([cid] * credit)
-            self._send(cid, wire.STATE, wire.pack([self._ended_through, self._closed]))
+            proof = gate.proof(self.spec.key, self.id, cid, nonce)  # (its first message: `wire.py`)
+            self._send(cid, wire.STATE, wire.pack([self._ended_through, self._closed, proof]))
             return
         if link is None or link.dead:
             return  # a consumer we gave up on; it will see itself dropped by our silence
@@ -364,17 +364,14 @@ class ProducerEnd:
     def _shutdown_sockets(self) -> None:
         with self._waiter.lock:  # (a put may be sending)
             self._router.close(linger=0)
+            gate.retire(self._door)
             if self._arena is not None:
                 self._arena.close()
             if not (self._closed or self._stopping or self._error):  # the loop ended because Ray did
                 self._error = ChannelClosed(f"channel {self.spec.name!r}: Ray shut down under this process")
             self._waiter.notify()
             failure = self._failure()
-        if not self._ipc_path.startswith("@"):
-            try:
-                os.unlink(self._ipc_path)
-            except OSError:
-                pass
+        wire.unbind(self.record.ipc)
         if ray.is_initialized():  # (consumers that connect later must not take a failure for a clean end)
             registry().close_producer.remote(self.spec.name, self.id, self._ended_through, failure)
 

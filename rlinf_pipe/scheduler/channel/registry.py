@@ -1,5 +1,6 @@
 """Endpoint discovery: one small Ray named actor per Ray namespace. It holds channel specs and producer addresses;
-payloads never pass through it."""
+payloads never pass through it. The process that creates it (in a run, the driver) gives it the run's channel key
+(`gate.py`), which it puts in every spec it hands out."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import ray
 
 from rlinf_pipe.errors import ChannelError
 from rlinf_pipe.scheduler.channel.arena import ArenaRecord
+from rlinf_pipe.scheduler.channel.gate import ChannelKey
 from rlinf_pipe.scheduler.ray_guard import disable_auto_init, stop_before_shutdown
 
 REGISTRY_NAME = "rlinf_pipe:channel_registry"
@@ -23,6 +25,8 @@ class ChannelSpec(msgspec.Struct, frozen=True):
     `prefetch` is how many items each consumer accepts ahead from each producer.
     `shared_bytes` is the shared memory each producer lends consumers on its node for buffers of at least 64 KiB
     (`arena.py`; 0: every byte goes over the sockets). Only what is in flight at once is ever touched.
+    `encrypt` encrypts what goes over the sockets (CURVE; `gate.py`), for networks the cluster does not trust.
+    `key` is the run's channel key, which the registry fills in: every peer proves it (`gate.py`).
     """
 
     name: str
@@ -32,6 +36,8 @@ class ChannelSpec(msgspec.Struct, frozen=True):
     heartbeat_s: float = 1.0
     peer_timeout_s: float = 30.0
     shared_bytes: int = 64 * 1024 * 1024
+    encrypt: bool = False
+    key: ChannelKey | None = None
 
 
 class ProducerRecord(msgspec.Struct, frozen=True):
@@ -49,13 +55,14 @@ class ProducerRecord(msgspec.Struct, frozen=True):
 
 @ray.remote(num_cpus=0)
 class ChannelRegistry:
-    def __init__(self) -> None:
+    def __init__(self, key: ChannelKey) -> None:
+        self.key = key
         self.specs: dict[str, ChannelSpec] = {}
         self.producers: dict[str, dict[str, ProducerRecord]] = {}
 
     def declare(self, spec: ChannelSpec) -> ChannelSpec:
-        """Create the channel, or return the existing spec (the caller checks it matches)."""
-        return self.specs.setdefault(spec.name, spec)
+        """Create the channel with the run's key, or return the existing spec (the caller checks it matches)."""
+        return self.specs.setdefault(spec.name, msgspec.structs.replace(spec, key=self.key))
 
     def spec(self, name: str) -> ChannelSpec | None:
         return self.specs.get(name)
@@ -97,13 +104,16 @@ stop_before_shutdown(stop_live_ends)  # nor may one land while it shuts down: th
 
 def registry() -> "ray.actor.ActorHandle":
     """The registry of this Ray job (created on first use; the first process to use channels owns it, so in a
-    run that is the driver). The handle is kept: Ray removes a named actor once no handle to it is left."""
+    run that is the driver, and makes the run's channel key). The handle is kept: Ray removes a named actor once no
+    handle to it is left."""
     global _handle
     if not ray.is_initialized():
         raise ChannelError("socket channels need Ray: call ray.init() (or start a Cluster) first")
     context = ray.get_runtime_context()
     job = f"{context.get_job_id()}@{context.get_node_id()}"  # a new cluster reuses job ids, not node ids
     if _handle is None or _handle[0] != job:
-        actor = ChannelRegistry.options(name=REGISTRY_NAME, get_if_exists=True, lifetime=None).remote()
+        # (the key is used only if this call creates the registry; Ray carries it, on its authenticated connections)
+        options = {"name": REGISTRY_NAME, "get_if_exists": True, "lifetime": None}
+        actor = ChannelRegistry.options(**options).remote(ChannelKey.new())
         _handle = (job, actor)
     return _handle[1]

@@ -9,8 +9,10 @@ producer -> consumer: ITEM [metas, then the items' frames] (metas: one (seq, ste
                       STATE [ended, closed],
                       CLOSED [ended], HEARTBEAT
 consumer -> producer: HELLO [credit, reader: the pid and start (`arena.process_start`) of a process that mapped
-                      the arena, or None], CREDIT [taken seqs, delivered seqs, released arena
+                      the arena, or None, nonce], CREDIT [taken seqs, delivered seqs, released arena
                       offsets, extra credit], BYE, HEARTBEAT
+A producer's first message to a consumer is STATE, in reply to its HELLO: [ended, closed, proof], the proof of the
+run's channel key for the hello's nonce (`gate.proof`); the consumer reads nothing else from it before.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from typing import Any, Sequence
 
 import msgspec
 import zmq
+
+from rlinf_pipe.errors import ChannelError
 
 ITEM, STEP_END, STATE, CLOSED, HELLO, CREDIT, BYE, HEARTBEAT = (bytes([i]) for i in range(1, 9))
 
@@ -78,6 +82,32 @@ def waiting(sock: zmq.Socket) -> Iterator[list[zmq.Frame]]:
 def endpoint_id(role: str) -> str:
     """A readable, unique name for this process's end of a channel (it appears in peer errors)."""
     return f"{role}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def bind(sock: zmq.Socket, ip: str, channel: str) -> tuple[str, str]:
+    """Bind a producer's socket to a new local address (`ipc_path`) and to a random tcp port of `ip`, the node's
+    cluster address (never every interface); returns both addresses."""
+    local = f"ipc://{ipc_path(uuid.uuid4().hex[:12])}"
+    sock.bind(local)
+    host = ip
+    if ":" in ip:  # IPv6
+        sock.ipv6, host = True, f"[{ip}]"
+    try:
+        port = sock.bind_to_random_port(f"tcp://{host}")
+    except zmq.ZMQError as exc:
+        raise ChannelError(f"channel {channel!r}: cannot listen on this node's cluster address {ip} ({exc}); start "
+                           "Ray with RAY_NODE_IP set to an address of this machine that the other nodes reach") from exc
+    return local, f"tcp://{host}:{port}"
+
+
+def unbind(local: str) -> None:
+    """Remove the socket file of a local address of `bind`'s, if it has one (none in the abstract namespace)."""
+    path = local.removeprefix("ipc://")
+    if not path.startswith("@"):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def ipc_path(name: str) -> str:
