@@ -85,11 +85,11 @@ def check_resume(cfg: Config) -> Path | None:
     step N with `runner.max_steps` <= N would train nothing and save a checkpoint whose step contradicts its
     state; and checked to hold no pickled object but the types of the actor's states (`UnsafeCheckpointError`
     names the file before Ray starts; the actor's ranks load them weights-only anyway)."""
-    from rlinf_pipe.models.state_files import check_state_files  # (torch: only when resuming)
-
     ckpt = find_resume_checkpoint(cfg)
     if ckpt is None:
         return None
+    from rlinf_pipe.models.state_files import check_state_files  # (torch: only when resuming)
+
     ckpt = absolute(ckpt)  # (the actor's ranks read it: they start in other folders)
     check_state_files((ckpt / ACTOR_SUBDIR).rglob("*.pt"))
     next_step = int(read_runner_state(ckpt)["next_step"])
