@@ -2,7 +2,7 @@
 booked. A local Ray cluster gets the config's nodes (each a Ray node with its own virtual GPUs and the node-rank
 label `ray_utils/start_ray.sh` gives it), the run keeps the config's placement, parallel sizes, channels, weight
 transport (its CPU counterpart), staleness and algorithm, and only what this machine cannot run is scaled down
-(`scale_down`: the model, the engine, batch, lengths, reward processes). `rehearsal_report` says whether every
+(`scale_down`: the model, the engine, batch, lengths, reward processes). `rehearse.render` says whether every
 process started where the placement said, each component's memory and launch time, each stage's busy time, and
 which channels and weight routes cross nodes."""
 
@@ -17,6 +17,7 @@ from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ClusterError
 from rlinf_pipe.runner.workers_record import WorkerRecord
 from rlinf_pipe.scheduler.cluster import NODE_RANK_LABEL
+from rlinf_pipe.scheduler.gpu_ids import format_ids
 from rlinf_pipe.scheduler.placement import Placement
 
 CAPS = {"algorithm.group_size": 4, "rollout.max_new_tokens": 32, "data.max_prompt_length": 96,
@@ -110,19 +111,15 @@ def crossings(placement: Placement, transport: str, stages: Sequence[str]) -> li
     lines = []
     for src, dst in zip(stages, stages[1:], strict=False):
         within = len(nodes[src]) == 1 and nodes[src] == nodes[dst]
-        lines.append(f"channel {src} (node {_ids(nodes[src])}) -> {dst} (node {_ids(nodes[dst])}): "
+        lines.append(f"channel {src} (node {format_ids(nodes[src])}) -> {dst} (node {format_ids(nodes[dst])}): "
                      + ("within one node (shared memory and local sockets)" if within else "crosses nodes (TCP)"))
     sender = placement.components["actor"].processes[0].node_rank
     for name in ("rollout", "inference"):
         if name in stages:
             remote = [n for n in nodes[name] if n != sender]
             lines.append(f"weights actor rank 0 (node {sender}) -> {name} over {transport}: "
-                         + (f"to node {_ids(remote)} across nodes" if remote else "within its node"))
+                         + (f"to node {format_ids(remote)} across nodes" if remote else "within its node"))
     return lines
-
-
-def _ids(ids: Sequence[int]) -> str:
-    return ",".join(map(str, ids))
 
 
 def check_placed(placement: Placement, records: Sequence[WorkerRecord], node_ids: dict[int, str],

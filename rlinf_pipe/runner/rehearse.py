@@ -12,6 +12,7 @@ from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ClusterError
 from rlinf_pipe.runner.rehearsal import Change, check_placed, crossings, local_nodes, scale_down, tiny_knobs_for
 from rlinf_pipe.runner.workers_record import WorkerRecord, read_workers
+from rlinf_pipe.scheduler.placement import Placement
 
 GIB = 1 << 30
 DATASETS = ("arithmetic", "gsm8k")
@@ -45,7 +46,7 @@ def rehearse(cfg: Config, load: Callable[[Sequence[str]], Config], steps: int = 
     records = read_workers(run_dir)
     started = sorted({r.group for r in records})
     problems = tuple(check_placed(placement, records, node_ids, started))
-    report = render(cfg, run_dir, changes, problems, records, checked.plan.weight_transport,
+    report = render(cfg, run_dir, changes, problems, records, placement, checked.plan.weight_transport,
                     [s for s in ("rollout", "reward", "inference", "actor") if s in started])
     return Rehearsal(run_dir, tuple(changes), problems, report)
 
@@ -60,10 +61,8 @@ def _tiny_model(cfg: Config) -> str:
 
 
 def render(cfg: Config, run_dir: Path, changes: Sequence[Change], problems: Sequence[str],
-           records: Sequence[WorkerRecord], transport: str, stages: Sequence[str]) -> str:
+           records: Sequence[WorkerRecord], placement: Placement, transport: str, stages: Sequence[str]) -> str:
     """The rehearsal's report (see the module docstring)."""
-    from rlinf_pipe.runner.plan import plan_run
-
     summary = json.loads((run_dir / "summary.json").read_text())
     nodes = sorted({r.node_id for r in records})
     lines = [f"rehearsal of {cfg.runner.experiment_name}: {len(records)} processes on {len(nodes)} Ray node(s), "
@@ -87,9 +86,7 @@ def render(cfg: Config, run_dir: Path, changes: Sequence[Change], problems: Sequ
     busy = {k: v for k, v in (timeline.get("stage_busy") or {}).items() if v}
     lines += ["", f"stages (busy fraction of {timeline.get('total_step_time_s', 0):.1f} s of steps): "
               + ", ".join(f"{k} {v:.2f}" for k, v in sorted(busy.items(), key=lambda kv: -kv[1]))]
-    scaled_plan = plan_run(cfg)
-    lines += ["", "streams between nodes:", *(f"  {line}" for line in crossings(scaled_plan.placement, transport,
-                                                                              stages))]
+    lines += ["", "streams between nodes:", *(f"  {line}" for line in crossings(placement, transport, stages))]
     if problems:
         raise ClusterError("\n".join(lines))
     return "\n".join(lines)
