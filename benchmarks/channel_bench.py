@@ -39,7 +39,7 @@ import zmq
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_items import Payload  # noqa: E402  (importable by Ray workers through PYTHONPATH)
 
-from rlinf_pipe.scheduler.channel import Channel  # noqa: E402
+from rlinf_pipe.channels import Channel  # noqa: E402
 
 PREFETCH = 32
 SIZES = {"100B": (100, 20000), "64KiB": (64 * 1024, 4000), "4MiB": (4 * 1024 * 1024, 400)}

@@ -26,7 +26,7 @@ from ray.cluster_utils import Cluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlinf_pipe.errors import ChannelClosed
-from rlinf_pipe.scheduler.channel import Channel, StepEnd
+from rlinf_pipe.channels import Channel, StepEnd
 
 
 Item = tuple[int, int]  # (producer, seq): a small item (plain types, so the workers need no class of this script)

@@ -85,8 +85,8 @@ def load_cli_config(args: argparse.Namespace) -> Any:
 def _plan(args: argparse.Namespace) -> int:
     from rlinf_pipe.errors import ConfigError
     from rlinf_pipe.runner.preflight import preflight
-    from rlinf_pipe.scheduler.memory import memory_report
-    from rlinf_pipe.scheduler.plan_report import render_plan
+    from rlinf_pipe.planning.memory import memory_report
+    from rlinf_pipe.planning.plan_report import render_plan
 
     cfg = load_cli_config(args)
     checked = preflight(cfg, files=False)

@@ -58,7 +58,7 @@ def _no_ray_across_modules(request: pytest.FixtureRequest):
     """Every module starts and ends with this process disconnected from Ray. A connection left over (a module
     without its own shutdown) is shut down here and reported at the end of the run: left in place it would fail
     the next module's Ray fixture. (The suite's earlier silent exits, status 1 with no summary, came from a channel
-    thread calling into Ray while a module's `ray.shutdown()` tore it down; `rlinf_pipe.scheduler.ray_guard` now
+    thread calling into Ray while a module's `ray.shutdown()` tore it down; `rlinf_pipe.utils.ray_guard` now
     stops those threads first.)"""
     _disconnect_leftover_ray(f"{request.module.__name__} (found before it)")
     yield

@@ -25,7 +25,7 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 from stream_items import Block  # noqa: E402
 
-from rlinf_pipe.scheduler.channel import Channel  # noqa: E402
+from rlinf_pipe.channels import Channel  # noqa: E402
 
 
 def block(index: int, numel: int) -> torch.Tensor:

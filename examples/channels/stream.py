@@ -20,11 +20,11 @@ from stream_items import Sample  # noqa: E402
 
 from rlinf_pipe.cli import exit_on_user_error  # noqa: E402
 from rlinf_pipe.config import load_config  # noqa: E402
-from rlinf_pipe.scheduler.channel import Channel, StepEnd  # noqa: E402
-from rlinf_pipe.scheduler.cluster import Cluster  # noqa: E402
-from rlinf_pipe.scheduler.placement import plan_placement  # noqa: E402
-from rlinf_pipe.scheduler.worker import Worker  # noqa: E402
-from rlinf_pipe.scheduler.worker_group import WorkerGroup  # noqa: E402
+from rlinf_pipe.channels import Channel, StepEnd  # noqa: E402
+from rlinf_pipe.runtime.cluster import Cluster  # noqa: E402
+from rlinf_pipe.planning.placement import plan_placement  # noqa: E402
+from rlinf_pipe.runtime.worker import Worker  # noqa: E402
+from rlinf_pipe.runtime.worker_group import WorkerGroup  # noqa: E402
 
 STEPS, PER_STEP = 2, 6
 

@@ -10,10 +10,10 @@ import sys
 
 from rlinf_pipe.cli import exit_on_user_error
 from rlinf_pipe.config import load_config
-from rlinf_pipe.scheduler.cluster import Cluster
-from rlinf_pipe.scheduler.placement import plan_placement
-from rlinf_pipe.scheduler.worker import Worker
-from rlinf_pipe.scheduler.worker_group import WorkerGroup
+from rlinf_pipe.runtime.cluster import Cluster
+from rlinf_pipe.planning.placement import plan_placement
+from rlinf_pipe.runtime.worker import Worker
+from rlinf_pipe.runtime.worker_group import WorkerGroup
 
 
 class SumWorker(Worker):

@@ -1,5 +1,5 @@
 """The validation pass over a typed `Config`: bounds, cross-field rules, derived values. What depends on the
-placement (which the scheduler plans) is checked by `rlinf_pipe.runner.plan.plan_run`."""
+placement (which the scheduler plans) is checked by `rlinf_pipe.planning.run_plan.plan_run`."""
 
 from __future__ import annotations
 

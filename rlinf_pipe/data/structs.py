@@ -5,7 +5,7 @@
 
 `TrainBatch`, the one of torch tensors, is in `train_batch` (so that what reads prompts needs no torch). All are
 msgspec Structs, so channels encode them with typed decoding; numpy arrays and torch CPU tensors inside them
-travel as out-of-band frames (see `rlinf_pipe.scheduler.channel.codec`). Every item carries the weight `version`
+travel as out-of-band frames (see `rlinf_pipe.channels.codec`). Every item carries the weight `version`
 behind it, so a consumer can check staleness. Structs holding arrays compare by identity (`eq=False`):
 compare their fields instead.
 """

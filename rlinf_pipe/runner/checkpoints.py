@@ -12,7 +12,7 @@ from typing import Any
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.runner.run_dir import checkpoint_dir, complete_checkpoints, find_resume_checkpoint
-from rlinf_pipe.scheduler.worker_group import WorkerGroup
+from rlinf_pipe.runtime.worker_group import WorkerGroup
 from rlinf_pipe.utils.folders import COMPLETE, absolute, mark_complete
 
 ACTOR_SUBDIR = "actor"

@@ -15,7 +15,7 @@ import asyncio
 
 import msgspec
 
-from rlinf_pipe.scheduler.worker_group import WorkerGroup
+from rlinf_pipe.runtime.worker_group import WorkerGroup
 from rlinf_pipe.utils.tracing import Span, now
 
 SAMPLES = 5  # round trips per node and measure

@@ -18,13 +18,13 @@ from rlinf_pipe.engines.rollout.factory import sampling_params
 from rlinf_pipe.runner.checkpoints import ACTOR_SUBDIR
 from rlinf_pipe.runner.cpu_shares import cpu_stages, node_procs
 from rlinf_pipe.runner.driver_inputs import DriverInputs, driver_inputs
-from rlinf_pipe.runner.plan import RunPlan, plan_run
-from rlinf_pipe.scheduler.channel import Channel
-from rlinf_pipe.scheduler.cluster import Cluster
-from rlinf_pipe.scheduler.node_paths import NodePath, check_node_paths
-from rlinf_pipe.scheduler.placement import ComponentPlacement, Placement, ProcessPlacement
-from rlinf_pipe.scheduler.worker import node_procs_env
-from rlinf_pipe.scheduler.worker_group import WorkerGroup
+from rlinf_pipe.planning.run_plan import RunPlan, plan_run
+from rlinf_pipe.channels import Channel
+from rlinf_pipe.runtime.cluster import Cluster
+from rlinf_pipe.runtime.node_paths import NodePath, check_node_paths
+from rlinf_pipe.planning.placement import ComponentPlacement, Placement, ProcessPlacement
+from rlinf_pipe.runtime.worker import node_procs_env
+from rlinf_pipe.runtime.worker_group import WorkerGroup
 from rlinf_pipe.utils.folders import COMPLETE
 from rlinf_pipe.utils.net import RESOLVER_ENV, quick_resolver_env
 from rlinf_pipe.workers.step_channels import StepChannels
@@ -278,7 +278,7 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
     to its owner. `on_connect` runs once Ray is connected. Given the `run_dir`, every node first checks it sees the
     model folders, the run folder and the checkpoint it resumes from (`resume_from`) as the driver does
     (`check_nodes_see_paths`)."""
-    from rlinf_pipe.scheduler.locks import DeviceLocks
+    from rlinf_pipe.runtime.locks import DeviceLocks
     from rlinf_pipe.workers.actor import ActorWorker
     from rlinf_pipe.workers.arrival_slots import ArrivalSlots
     from rlinf_pipe.workers.dynamic_sampling import SamplingRounds

@@ -14,8 +14,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from rlinf_pipe.config.schema import Config
-from rlinf_pipe.scheduler.placement import ComponentPlacement
-from rlinf_pipe.scheduler.worker_group import WorkerGroup
+from rlinf_pipe.planning.placement import ComponentPlacement
+from rlinf_pipe.runtime.worker_group import WorkerGroup
 from rlinf_pipe.algorithms.logprob_needs import computes_logprobs
 
 

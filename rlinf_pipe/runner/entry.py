@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.runner.stop import StopSignals
-from rlinf_pipe.scheduler.cluster import Cluster
+from rlinf_pipe.runtime.cluster import Cluster
 from rlinf_pipe.utils.tracing import LAUNCH_SPAN, Tracer, now
 
 T = TypeVar("T")

@@ -20,7 +20,7 @@ from rlinf_pipe.algorithms.scoring import RewardTally
 from rlinf_pipe.data.sampler import PromptSampler
 from rlinf_pipe.data.structs import PromptItem
 from rlinf_pipe.runner.stage_calls import StageCalls
-from rlinf_pipe.scheduler.worker_group import WorkerGroup
+from rlinf_pipe.runtime.worker_group import WorkerGroup
 from rlinf_pipe.utils.futures import mark_retrieved
 
 

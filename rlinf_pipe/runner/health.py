@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from rlinf_pipe.errors import WorkerError, WorkerLost
-from rlinf_pipe.scheduler.worker_group import WorkerGroup
+from rlinf_pipe.runtime.worker_group import WorkerGroup
 
 T = TypeVar("T")
 UNWIND_S = 5.0  # how long a cancelled guarded call may take to unwind

@@ -13,7 +13,7 @@ from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.models.arch import SGLANG_SPARE_TOKENS, HfArch, UnsupportedModelError, megatron_size_problems, \
     model_arch, model_config, sglang_tp_problem
-from rlinf_pipe.runner.plan import RunPlan
+from rlinf_pipe.planning.run_plan import RunPlan
 
 
 @dataclass(frozen=True)

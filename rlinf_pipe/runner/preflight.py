@@ -14,12 +14,12 @@ from pathlib import Path
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.data.factory import ARITHMETIC, check_data_files
-from rlinf_pipe.engines.reward.registry import check_reward
+from rlinf_pipe.engines.reward.registry import check_reward, check_reward_type
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.models.resolve import check_model_name
 from rlinf_pipe.runner import checkpoints
 from rlinf_pipe.runner.model_fit import check_context, check_models
-from rlinf_pipe.runner.plan import RunPlan, plan_run
+from rlinf_pipe.planning.run_plan import RunPlan, plan_run
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,8 @@ def preflight(cfg: Config, files: bool = True) -> Preflight:
     """Run every check (those reading the user's files only with `files`); raise a `PlacementError`,
     `ConfigError`, `DataError` or `CheckpointError` naming what cannot run and how to fix it."""
     plan = plan_run(cfg)
+    if cfg.reward.function is None:
+        check_reward_type(cfg.reward.reward_type)
     results: dict[str, object] = {"placement and algorithm": None}
     skipped = []
     for name, reads_files, check in CHECKS:

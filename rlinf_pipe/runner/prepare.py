@@ -11,7 +11,7 @@ from rlinf_pipe.config.schema import Config
 from rlinf_pipe.runner.driver_inputs import DriverInputs, driver_inputs
 from rlinf_pipe.runner.preflight import Preflight, preflight
 from rlinf_pipe.runner.run_dir import open_run_dir, write_config
-from rlinf_pipe.scheduler.memory import memory_report
+from rlinf_pipe.planning.memory import memory_report
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ClusterError
 from rlinf_pipe.runner.workers_record import WorkerRecord
-from rlinf_pipe.scheduler.cluster import NODE_RANK_LABEL
-from rlinf_pipe.scheduler.gpu_ids import format_ids
-from rlinf_pipe.scheduler.placement import Placement
+from rlinf_pipe.runtime.cluster import NODE_RANK_LABEL
+from rlinf_pipe.planning.gpu_ids import format_ids
+from rlinf_pipe.planning.placement import Placement
 
 CAPS = {"algorithm.group_size": 4, "rollout.max_new_tokens": 32, "data.max_prompt_length": 96,
         "reward.num_workers": 2}

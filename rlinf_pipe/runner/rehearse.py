@@ -12,7 +12,7 @@ from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ClusterError
 from rlinf_pipe.runner.rehearsal import Change, check_placed, crossings, local_nodes, scale_down, tiny_knobs_for
 from rlinf_pipe.runner.workers_record import WorkerRecord, read_workers
-from rlinf_pipe.scheduler.placement import Placement
+from rlinf_pipe.planning.placement import Placement
 
 GIB = 1 << 30
 DATASETS = ("arithmetic", "gsm8k")

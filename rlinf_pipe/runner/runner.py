@@ -35,8 +35,8 @@ from rlinf_pipe.runner.stop import StepAbandoned, StopSignals
 from rlinf_pipe.runner.validation import Validation
 from rlinf_pipe.runner.weight_sync import WeightSync
 from rlinf_pipe.runner.workers_record import record_workers
-from rlinf_pipe.scheduler import traffic
-from rlinf_pipe.scheduler.cluster import Cluster
+from rlinf_pipe.channels import traffic
+from rlinf_pipe.runtime.cluster import Cluster
 from rlinf_pipe.utils.metrics import MetricsWriter, WandbRun, json_safe
 from rlinf_pipe.utils.profiling import PROFILE_DIR, write_profile
 from rlinf_pipe.utils.timeline import STEP_SPAN

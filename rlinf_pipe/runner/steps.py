@@ -22,7 +22,7 @@ from rlinf_pipe.runner.devices import ActorPhase
 from rlinf_pipe.runner.generation import GenerationCalls, GenerationResult, RolloutSchedule
 from rlinf_pipe.runner.stage_calls import StageCalls
 from rlinf_pipe.runner.weight_sync import WeightSync
-from rlinf_pipe.scheduler.worker_group import WorkerGroup
+from rlinf_pipe.runtime.worker_group import WorkerGroup
 from rlinf_pipe.workers.actor import TrainResult
 
 

@@ -19,7 +19,7 @@ from rlinf_pipe.engines.evaluation import eval_metrics, eval_problems, eval_requ
 from rlinf_pipe.engines.rollout.engine import SamplingParams
 from rlinf_pipe.runner.generation import RolloutSchedule
 from rlinf_pipe.runner.weight_sync import WeightSync
-from rlinf_pipe.scheduler.worker_group import WorkerGroup
+from rlinf_pipe.runtime.worker_group import WorkerGroup
 from rlinf_pipe.utils.tracing import Tracer
 
 PROBLEMS_FILE = "validation.jsonl"

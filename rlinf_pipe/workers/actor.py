@@ -28,8 +28,8 @@ from rlinf_pipe.data.train_batch import TrainBatch
 from rlinf_pipe.engines.policy import MegatronPolicy, ReplicaRanks
 from rlinf_pipe.engines.policy.checkpoint import TrainerState
 from rlinf_pipe.models.megatron_gpt import init_model_parallel
-from rlinf_pipe.scheduler.channel import Channel
-from rlinf_pipe.scheduler.worker import Worker
+from rlinf_pipe.channels import Channel
+from rlinf_pipe.runtime.worker import Worker
 from rlinf_pipe.utils.device_memory import hand_back_cached_memory
 from rlinf_pipe.weights import WeightLayout, WeightSender, WeightVersion, plan_weight_layout, publish_whole
 from rlinf_pipe.weights.process_group import Rendezvous

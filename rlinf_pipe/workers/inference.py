@@ -14,9 +14,9 @@ from rlinf_pipe.algorithms.logprob_needs import needs_ref, recomputes_old
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.engines.policy import MegatronPolicy, ReplicaRanks
 from rlinf_pipe.models.megatron_gpt import init_model_parallel
-from rlinf_pipe.scheduler.channel import Channel
-from rlinf_pipe.scheduler.locks import device_lock
-from rlinf_pipe.scheduler.worker import Worker
+from rlinf_pipe.channels import Channel
+from rlinf_pipe.runtime.locks import device_lock
+from rlinf_pipe.runtime.worker import Worker
 from rlinf_pipe.utils.device_memory import hand_back_cached_memory
 from rlinf_pipe.weights import LoadedWeights, WeightLayout, WeightVersion
 from rlinf_pipe.weights.process_group import Rendezvous

@@ -23,7 +23,7 @@ from rlinf_pipe.data.routing import TrainRouting
 from rlinf_pipe.data.structs import ScoredGroup
 from rlinf_pipe.data.train_batch import TrainBatch
 from rlinf_pipe.engines.policy import MegatronPolicy, ReplicaRanks
-from rlinf_pipe.scheduler.channel import Channel, StepEnd
+from rlinf_pipe.channels import Channel, StepEnd
 from rlinf_pipe.utils.compute_thread import compute_thread
 from rlinf_pipe.utils.tracing import Tracer
 from rlinf_pipe.weights import LoadBucket

@@ -24,8 +24,8 @@ from rlinf_pipe.data.structs import RolloutGroup, ScoredGroup
 from rlinf_pipe.engines.reward.context import RewardContext, reward_context
 from rlinf_pipe.engines.reward.pool import remove_process_temp_folder
 from rlinf_pipe.engines.reward.registry import reward_pool
-from rlinf_pipe.scheduler.channel import Channel, StepEnd
-from rlinf_pipe.scheduler.worker import CONTROL_GROUP, Worker
+from rlinf_pipe.channels import Channel, StepEnd
+from rlinf_pipe.runtime.worker import CONTROL_GROUP, Worker
 from rlinf_pipe.workers.logprob_stage import train_routing
 from rlinf_pipe.workers.replica_balance import TrainRoute
 from rlinf_pipe.workers.step_channels import StepChannels

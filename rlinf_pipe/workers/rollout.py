@@ -21,9 +21,9 @@ from rlinf_pipe.engines.evaluation import EvalOutput, generate_texts
 from rlinf_pipe.engines.rollout.engine import GenerateRequest, SamplingParams, request_seed, to_rollout_samples
 from rlinf_pipe.engines.rollout.factory import build_engine
 from rlinf_pipe.models.weight_map import read_hf_arch
-from rlinf_pipe.scheduler.channel import Channel
-from rlinf_pipe.scheduler.locks import device_lock
-from rlinf_pipe.scheduler.worker import CONTROL_GROUP, Worker
+from rlinf_pipe.channels import Channel
+from rlinf_pipe.runtime.locks import device_lock
+from rlinf_pipe.runtime.worker import CONTROL_GROUP, Worker
 from rlinf_pipe.weights import LoadedWeights, WeightLayout, WeightVersion
 from rlinf_pipe.weights.process_group import Rendezvous
 from rlinf_pipe.weights.transport_names import Transport

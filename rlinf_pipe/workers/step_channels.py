@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlinf_pipe.scheduler.channel import Channel
+from rlinf_pipe.channels import Channel
 
 
 @dataclass

@@ -19,8 +19,8 @@ from rlinf_pipe.data.packing import MicroBatcher, concat_train_batches
 from rlinf_pipe.data.routing import TrainRouting
 from rlinf_pipe.data.train_batch import TrainBatch
 from rlinf_pipe.errors import RlinfPipeError
-from rlinf_pipe.scheduler.channel import Channel, StepEnd
-from rlinf_pipe.scheduler.traffic import payload_bytes
+from rlinf_pipe.channels import Channel, StepEnd
+from rlinf_pipe.channels.traffic import payload_bytes
 
 
 @dataclass(frozen=True)

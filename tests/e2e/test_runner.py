@@ -28,7 +28,7 @@ from rlinf_pipe.config import load_config
 from rlinf_pipe.errors import RunStopped
 from rlinf_pipe.models.megatron_checkpoint import load_model_shard
 from rlinf_pipe.runner import run as run_config
-from rlinf_pipe.runner.plan import plan_run
+from rlinf_pipe.planning.run_plan import plan_run
 from rlinf_pipe.runner.stop import StopSignals
 from rlinf_pipe.runner.run_dir import complete_checkpoints
 from rlinf_pipe.utils.metrics import read_metrics

@@ -18,8 +18,8 @@ from support.gpu import backend, measures_memory
 from rlinf_pipe.config import load_config
 from rlinf_pipe.models.known import known_config
 from rlinf_pipe.models.arch import model_arch
-from rlinf_pipe.scheduler.memory import GIB, estimate_memory
-from rlinf_pipe.scheduler.placement import plan_placement
+from rlinf_pipe.planning.memory import GIB, estimate_memory
+from rlinf_pipe.planning.placement import plan_placement
 
 pytest.importorskip("megatron.core")
 pytestmark = pytest.mark.gpu

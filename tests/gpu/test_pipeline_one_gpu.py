@@ -20,7 +20,7 @@ SHOWN = ("step", "timing/step", "timing/rollout", "timing/train", "timing/weight
 @pytest.fixture(scope="module", autouse=True)
 def one_device_two_gpus():
     """A local Ray with two GPUs that are both device 0 (the workers inherit the variable and see device 0)."""
-    from rlinf_pipe.runner.weight_routes import NODE_DEVICES_ENV
+    from rlinf_pipe.planning.weight_routes import NODE_DEVICES_ENV
 
     assert not ray.is_initialized(), "another test left Ray running"
     with pytest.MonkeyPatch.context() as patch:
@@ -35,7 +35,7 @@ def one_device_two_gpus():
 def _run(tmp_path, config_name: str, *overrides: str) -> list[dict]:
     from rlinf_pipe.config import load_config
     from rlinf_pipe.runner import run
-    from rlinf_pipe.runner.plan import plan_run
+    from rlinf_pipe.planning.run_plan import plan_run
     from rlinf_pipe.utils.metrics import read_metrics
 
     cfg = load_config("examples/math/config", config_name, [

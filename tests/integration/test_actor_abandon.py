@@ -24,10 +24,10 @@ from rlinf_pipe.data.routing import TrainRouting
 from rlinf_pipe.data.train_batch import TrainBatch
 from rlinf_pipe.errors import WorkerError
 from rlinf_pipe.models.tiny import ensure_tiny_model
-from rlinf_pipe.scheduler.channel import Channel
-from rlinf_pipe.scheduler.cluster import Cluster
-from rlinf_pipe.scheduler.placement import plan_placement
-from rlinf_pipe.scheduler.worker_group import WorkerGroup
+from rlinf_pipe.channels import Channel
+from rlinf_pipe.runtime.cluster import Cluster
+from rlinf_pipe.planning.placement import plan_placement
+from rlinf_pipe.runtime.worker_group import WorkerGroup
 from rlinf_pipe.workers.actor import ActorWorker
 from rlinf_pipe.workers.step_channels import StepChannels
 

@@ -23,9 +23,9 @@ from support.faults import wait_for
 from support.light_items import Tagged
 
 from rlinf_pipe.errors import ChannelClosed, ChannelError, ChannelPeerError, ChannelTimeout
-from rlinf_pipe.scheduler.channel import Channel, StepEnd, wire
-from rlinf_pipe.scheduler.channel.links import ConsumerLink, OutItem
-from rlinf_pipe.scheduler.channel.producer import DIRECT_BYTES
+from rlinf_pipe.channels import Channel, StepEnd, wire
+from rlinf_pipe.channels.links import ConsumerLink, OutItem
+from rlinf_pipe.channels.producer import DIRECT_BYTES
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 FAST_FAILURE = {"heartbeat_s": 0.2, "peer_timeout_s": 3.0}  # (a live peer is never 3 s silent, on any load)
@@ -79,7 +79,7 @@ class Producer:
         return len(self.channel._producer._consumers)
 
     def abort_handles(self) -> int:
-        from rlinf_pipe.scheduler.channel.channel import abort_process_handles
+        from rlinf_pipe.channels.channel import abort_process_handles
 
         return abort_process_handles()
 
@@ -129,7 +129,7 @@ class Consumer:
         return "an item"
 
     def abort_handles(self) -> int:
-        from rlinf_pipe.scheduler.channel.channel import abort_process_handles
+        from rlinf_pipe.channels.channel import abort_process_handles
 
         return abort_process_handles()
 
@@ -139,7 +139,7 @@ class Consumer:
     def open_refreshing_rarely(self) -> None:
         """Open this process's end with producers looked up once a minute once found, so that its housekeeping
         thread sleeps for half a heartbeat unless something wakes it."""
-        from rlinf_pipe.scheduler.channel import consumer
+        from rlinf_pipe.channels import consumer
 
         consumer.REFRESH_S = 60.0
         self.channel.qsize()
@@ -495,7 +495,7 @@ def test_aborting_a_process_handles_ends_its_waiting_get_and_put_at_once(nodes):
 
 def test_a_producer_aborted_with_items_untaken_is_a_failure_to_consumers_that_connect_later(nodes):
     """Not a clean end of the stream: a consumer arriving after it must not end its step with items missing."""
-    from rlinf_pipe.scheduler.channel.registry import registry
+    from rlinf_pipe.channels.registry import registry
 
     ch = channel(maxsize=8, **FAST_FAILURE)
     producer = on_node(Producer, nodes[1]).remote(ch)
@@ -530,7 +530,7 @@ def test_a_producer_that_closed_as_a_consumer_connected_is_seen_closed_through_t
     """A producer closes once other consumers took every item it put. A consumer that found it in the registry just
     before may connect as its socket closes: the hello is never read and nothing more comes (a CI run waited for it
     until the peer timeout, then failed the step). The registry's record of the clean close must end it instead."""
-    from rlinf_pipe.scheduler.channel.registry import ProducerRecord, registry
+    from rlinf_pipe.channels.registry import ProducerRecord, registry
 
     ch = channel(maxsize=8, heartbeat_s=0.2, peer_timeout_s=30.0)
     gone = ProducerRecord(  # a socket nobody reads (a closed producer's)
@@ -667,8 +667,8 @@ def test_strangers_at_a_producers_tcp_port_and_local_socket_get_nothing_and_cost
     real consumer receives every item (the producer's close, which waits until every item is taken, returns)."""
     import zmq
 
-    from rlinf_pipe.scheduler.channel import gate
-    from rlinf_pipe.scheduler.channel.registry import registry
+    from rlinf_pipe.channels import gate
+    from rlinf_pipe.channels.registry import registry
 
     ch = channel(maxsize=None, prefetch=4)
     producer = on_node(Producer, nodes[1]).remote(ch)
@@ -702,7 +702,7 @@ def test_a_consumer_hears_nothing_from_a_process_that_cannot_prove_the_key(nodes
     import msgspec
     import zmq
 
-    from rlinf_pipe.scheduler.channel.registry import ProducerRecord, registry
+    from rlinf_pipe.channels.registry import ProducerRecord, registry
 
     ch = channel(maxsize=8, **FAST_FAILURE)
     context = zmq.Context()  # the impostor's, with a handler that lets any PLAIN client in

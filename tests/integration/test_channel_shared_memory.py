@@ -1,4 +1,4 @@
-"""Large item buffers through a producer's shared memory (`scheduler/channel/arena.py`), between real processes
+"""Large item buffers through a producer's shared memory (`channels/arena.py`), between real processes
 on a two-node Ray cluster (one machine): exact bytes, regions released when the app lets go, a full arena falling
 back to the socket, consumers that leave or die, and no sharing across nodes."""
 
@@ -12,8 +12,8 @@ import torch
 from support.channel_cluster import nodes_fixture, on_node
 from support.channel_items import BIG, Big, assert_exact, big
 
-from rlinf_pipe.scheduler.channel import Channel, StepEnd
-from rlinf_pipe.scheduler.channel.arena import ALIGN
+from rlinf_pipe.channels import Channel, StepEnd
+from rlinf_pipe.channels.arena import ALIGN
 
 PER_ITEM = sum(-(-nbytes // ALIGN) * ALIGN for nbytes in (BIG, 100_000))  # arena bytes of a Big item
 

@@ -9,10 +9,10 @@ import ray
 
 from rlinf_pipe.config import load_config
 from rlinf_pipe.errors import ClusterError, ConfigError
-from rlinf_pipe.scheduler.cluster import Cluster
-from rlinf_pipe.scheduler.placement import plan_placement
-from rlinf_pipe.scheduler.worker import Worker
-from rlinf_pipe.scheduler.worker_group import WorkerGroup
+from rlinf_pipe.runtime.cluster import Cluster
+from rlinf_pipe.planning.placement import plan_placement
+from rlinf_pipe.runtime.worker import Worker
+from rlinf_pipe.runtime.worker_group import WorkerGroup
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

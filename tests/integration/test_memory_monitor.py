@@ -27,10 +27,10 @@ import ray
 
 from rlinf_pipe.config import Config
 from rlinf_pipe.errors import WorkerLost
-from rlinf_pipe.scheduler.cluster import Cluster
-from rlinf_pipe.scheduler.placement import plan_placement
-from rlinf_pipe.scheduler.worker import Worker
-from rlinf_pipe.scheduler.worker_group import WorkerGroup
+from rlinf_pipe.runtime.cluster import Cluster
+from rlinf_pipe.planning.placement import plan_placement
+from rlinf_pipe.runtime.worker import Worker
+from rlinf_pipe.runtime.worker_group import WorkerGroup
 
 
 class Hungry(Worker):

@@ -127,7 +127,7 @@ def test_nodes_carry_rank_labels(cluster):
 
 DRIVER = """
 import ray
-from rlinf_pipe.scheduler.cluster import resolve_address
+from rlinf_pipe.runtime.cluster import resolve_address
 where = resolve_address("auto")
 ray.init(address=where.address, log_to_driver=False, logging_level="ERROR")
 print("JOINED", where.address, sum(n["Alive"] for n in ray.nodes()))

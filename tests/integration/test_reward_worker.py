@@ -10,8 +10,8 @@ import ray
 
 from rlinf_pipe.config import load_config
 from rlinf_pipe.data.structs import PromptItem, RolloutGroup, RolloutSample, ScoredGroup
-from rlinf_pipe.scheduler.channel import Channel, StepEnd
-from rlinf_pipe.scheduler.worker import CONTROL_GROUP
+from rlinf_pipe.channels import Channel, StepEnd
+from rlinf_pipe.runtime.worker import CONTROL_GROUP
 from rlinf_pipe.workers.dynamic_sampling import SamplingRounds
 from rlinf_pipe.workers.reward import RewardWorker
 

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 import ray
 
-from rlinf_pipe.scheduler.channel import Channel, StepEnd
-from rlinf_pipe.scheduler.locks import DeviceLocks, LockRequestDropped, device_lock
+from rlinf_pipe.channels import Channel, StepEnd
+from rlinf_pipe.runtime.locks import DeviceLocks, LockRequestDropped, device_lock
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +165,7 @@ def test_the_step_channels_get_the_configured_shared_memory_and_encryption(local
     buffering of a collocated run, and so does `runner.channel_encryption`; every spec carries the run's key."""
     from rlinf_pipe.config import load_config
     from rlinf_pipe.runner.components import create_channels
-    from rlinf_pipe.runner.plan import plan_run
+    from rlinf_pipe.planning.run_plan import plan_run
 
     default = create_channels(plan_run(load_config()), 1)
     try:

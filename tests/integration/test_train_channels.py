@@ -18,8 +18,8 @@ from rlinf_pipe.config import load_config
 from rlinf_pipe.data.packing import MicroBatcher
 from rlinf_pipe.data.routing import TrainRouting
 from rlinf_pipe.runner.components import create_channels
-from rlinf_pipe.runner.plan import plan_run
-from rlinf_pipe.scheduler.channel import Channel
+from rlinf_pipe.planning.run_plan import plan_run
+from rlinf_pipe.channels import Channel
 from rlinf_pipe.workers.train_feed import OptimizerStep, train_ops
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -15,12 +15,12 @@ from ray.cluster_utils import Cluster as RayTestCluster
 
 from rlinf_pipe.config import Config
 from rlinf_pipe.errors import ClusterError, ConfigError, UserCodeError, WorkerError
-from rlinf_pipe.scheduler import worker_group
-from rlinf_pipe.scheduler.cluster import NODE_RANK_LABEL, Cluster
-from rlinf_pipe.scheduler.node_paths import NodePath, check_node_paths
-from rlinf_pipe.scheduler.placement import plan_placement
-from rlinf_pipe.scheduler.worker import Worker
-from rlinf_pipe.scheduler.worker_group import WorkerGroup
+from rlinf_pipe.runtime import worker_group
+from rlinf_pipe.runtime.cluster import NODE_RANK_LABEL, Cluster
+from rlinf_pipe.runtime.node_paths import NodePath, check_node_paths
+from rlinf_pipe.planning.placement import plan_placement
+from rlinf_pipe.runtime.worker import Worker
+from rlinf_pipe.runtime.worker_group import WorkerGroup
 from rlinf_pipe.utils.net import GLOO_IFNAME_ENV, NCCL_IFNAME_ENV, socket_interface_env
 
 # Worker classes below are shipped to Ray workers by value (the tests folder is not importable there).

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from rlinf_pipe.errors import ClusterError
-from rlinf_pipe.scheduler.cluster import Cluster, resolve_address
+from rlinf_pipe.runtime.cluster import Cluster, resolve_address
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ def test_token_mode_without_a_token_takes_the_one_start_ray_wrote(clean_env):
 def test_the_head_address_file_is_the_checkouts_wherever_the_job_starts(clean_env, monkeypatch):
     from pathlib import Path
 
-    from rlinf_pipe.scheduler.cluster import head_ip_file
+    from rlinf_pipe.runtime.cluster import head_ip_file
 
     monkeypatch.delenv("RAY_HEAD_IP_FILE")
     monkeypatch.chdir(clean_env)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlinf_pipe.scheduler.channel.arena import (
+from rlinf_pipe.channels.arena import (
     ALIGN,
     Allocator,
     ArenaRecord,
@@ -89,7 +89,7 @@ def test_the_arena_is_full_rather_than_overwritten_and_says_so_once(caplog):
     arena = SharedArena.create(256 * 1024, "channel 'groups'")
     first = write(arena, np.ones(200_000, dtype=np.uint8))
     assert first is not None and write(arena, np.ones(100_000, dtype=np.uint8)) is None
-    with caplog.at_level("WARNING", logger="rlinf_pipe.scheduler.channel.arena"):
+    with caplog.at_level("WARNING", logger="rlinf_pipe.channels.arena"):
         for _ in range(2):
             places, frames, regions, missed = arena.place([np.ones(100_000, np.uint8), np.ones(10, np.uint8)])
             assert places == [None, None] and len(frames) == 2 and regions == []
@@ -161,7 +161,7 @@ def test_a_forked_child_does_not_inherit_a_consumers_mapping():
 
 
 def test_a_consumer_link_places_large_buffers_and_frees_only_the_regions_it_holds():
-    from rlinf_pipe.scheduler.channel.links import ConsumerLink, OutItem
+    from rlinf_pipe.channels.links import ConsumerLink, OutItem
 
     arena = SharedArena.create(1 << 20)
     large, small = np.ones(100_000, dtype=np.uint8), np.ones(10, dtype=np.uint8)
@@ -207,7 +207,7 @@ def test_a_process_is_named_by_its_pid_and_start_until_it_exits():
 
 
 def test_a_given_up_consumers_regions_are_freed_only_once_its_process_is_gone():
-    from rlinf_pipe.scheduler.channel.links import ConsumerLink, OutItem
+    from rlinf_pipe.channels.links import ConsumerLink, OutItem
 
     arena = SharedArena.create(1 << 20)
     reader = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from support.channel_items import Inner, Rich, assert_same, rich
 
-from rlinf_pipe.scheduler.channel.codec import Codec
+from rlinf_pipe.channels.codec import Codec
 
 
 def roundtrip(item, item_type):

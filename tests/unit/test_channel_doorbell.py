@@ -1,4 +1,4 @@
-"""`Doorbell` (rlinf_pipe/scheduler/channel/ready.py): the pipe that wakes a channel end's thread."""
+"""`Doorbell` (rlinf_pipe/channels/ready.py): the pipe that wakes a channel end's thread."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from rlinf_pipe.scheduler.channel.ready import Doorbell
+from rlinf_pipe.channels.ready import Doorbell
 
 
 def test_a_ring_ends_a_wait_at_once_and_clearing_rearms_it():

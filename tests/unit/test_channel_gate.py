@@ -14,8 +14,8 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from rlinf_pipe.errors import ChannelError
-from rlinf_pipe.scheduler.channel import gate
-from rlinf_pipe.scheduler.channel.registry import ChannelSpec
+from rlinf_pipe.channels import gate
+from rlinf_pipe.channels.registry import ChannelSpec
 
 FAILED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 PRODUCER = "producer@test:1:abcdef"

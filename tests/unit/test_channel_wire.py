@@ -1,4 +1,4 @@
-"""`wire.send` / `wire.recv` (rlinf_pipe/scheduler/channel/wire.py): multipart messages through pyzmq's Cython layer,
+"""`wire.send` / `wire.recv` (rlinf_pipe/channels/wire.py): multipart messages through pyzmq's Cython layer,
 and through its Python layer where the backend is not Cython."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import zmq
 
-from rlinf_pipe.scheduler.channel import wire
+from rlinf_pipe.channels import wire
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ import torch
 
 from rlinf_pipe.config import load_config
 from rlinf_pipe.runner.cpu_shares import CpuLending, cpu_stages, node_procs
-from rlinf_pipe.scheduler.placement import ComponentPlacement, ProcessPlacement
-from rlinf_pipe.scheduler.worker import cpu_share, node_procs_env, read_node_procs
+from rlinf_pipe.planning.placement import ComponentPlacement, ProcessPlacement
+from rlinf_pipe.runtime.worker import cpu_share, node_procs_env, read_node_procs
 from rlinf_pipe.utils.compute_thread import ComputeThread
 
 WHO = contextvars.ContextVar("who", default="nobody")

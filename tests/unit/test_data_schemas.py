@@ -24,7 +24,7 @@ from rlinf_pipe.data import (
     load_prompt_dataset,
 )
 from rlinf_pipe.data.factory import dataset_line
-from rlinf_pipe.scheduler.channel.codec import Codec
+from rlinf_pipe.channels.codec import Codec
 
 
 def verl_record(index: int, question: str, truth: object, system: bool = False) -> dict:

@@ -19,7 +19,7 @@ from rlinf_pipe.data import (
     row_chunks,
     split_train_batch,
 )
-from rlinf_pipe.scheduler.channel.codec import Codec
+from rlinf_pipe.channels.codec import Codec
 
 PAD = 0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ray.exceptions import NodeDiedError, OutOfMemoryError, RayTaskError
 
-from rlinf_pipe.scheduler.death import CALL_FAILED, GONE, MEMORY_MONITOR_FIX, death_cause
+from rlinf_pipe.utils.worker_death import CALL_FAILED, GONE, MEMORY_MONITOR_FIX, death_cause
 
 # The shape of Ray 2.60's message when its memory monitor killed a worker (tests/integration/test_memory_monitor.py
 # makes a real one)

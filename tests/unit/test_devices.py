@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rlinf_pipe.errors import ClusterError
-from rlinf_pipe.scheduler.worker import NODE_VISIBLE_ENV, claim_devices, visible_devices
+from rlinf_pipe.runtime.worker import NODE_VISIBLE_ENV, claim_devices, visible_devices
 
 
 def test_local_gpus_index_the_devices_the_node_sees():

@@ -17,7 +17,7 @@ from rlinf_pipe.models import ensure_tiny_model
 from rlinf_pipe.models.hf_config import STATED, ModelFolderError, light_hf_config, load_hf_config, rope_of
 from rlinf_pipe.models.known import known_config
 from rlinf_pipe.models.arch import UnsupportedModelError, hf_arch
-from rlinf_pipe.scheduler.memory import dtype_bytes_of
+from rlinf_pipe.planning.memory import dtype_bytes_of
 
 
 def readings(config) -> tuple:

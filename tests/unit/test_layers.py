@@ -27,10 +27,15 @@ def test_a_backwards_import_breaks_the_contract(tmp_path):
     shutil.copytree(ROOT / "rlinf_pipe", copy, ignore=shutil.ignore_patterns("__pycache__"))
     assert lint_imports(tmp_path).returncode == 0
     worker = copy / "workers" / "reward.py"
-    worker.write_text(worker.read_text() + "\nfrom rlinf_pipe.runner.plan import plan_run  # noqa\n")
+    worker.write_text(worker.read_text() + "\nfrom rlinf_pipe.runner.entry import run  # noqa\n")
+    estimate = copy / "planning" / "memory.py"
+    estimate.write_text(estimate.read_text() + "\nimport ray  # noqa\nfrom rlinf_pipe.engines.rollout import factory  # noqa\n")
     broken = lint_imports(tmp_path)
     assert broken.returncode != 0
     assert "rlinf_pipe.workers is not allowed to import rlinf_pipe.runner" in broken.stdout
+    assert "Planning runs without Ray and without any engine BROKEN" in broken.stdout
+    assert "rlinf_pipe.planning.memory -> ray" in broken.stdout
+    assert "rlinf_pipe.planning is not allowed to import rlinf_pipe.engines" in broken.stdout
 
 
 WORKERS = ["rlinf_pipe.workers.reward", "rlinf_pipe.workers.rollout", "rlinf_pipe.workers.inference",

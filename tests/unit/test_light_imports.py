@@ -10,7 +10,7 @@ import pytest
 
 CASES = {
     # the channel registry, a Ray helper actor: sockets and msgpack only
-    "rlinf_pipe.scheduler.channel": ("torch", "transformers"),
+    "rlinf_pipe.channels": ("torch", "transformers"),
     # resolving the tiny model's cached folder (its builders import what they need when called)
     "rlinf_pipe.models.resolve": ("torch", "transformers"),
     # the checks a run passes before Ray starts, model names included (its config errors show in about a second)

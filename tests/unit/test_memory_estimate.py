@@ -13,7 +13,7 @@ from rlinf_pipe.cli import main
 from rlinf_pipe.config import load_config
 from rlinf_pipe.models.arch import model_arch
 from rlinf_pipe.models.known import known_config
-from rlinf_pipe.scheduler.memory import (
+from rlinf_pipe.planning.memory import (
     GIB,
     PROCESS_OVERHEAD,
     estimate_memory,
@@ -24,8 +24,8 @@ from rlinf_pipe.scheduler.memory import (
     num_params,
     params_per_rank,
 )
-from rlinf_pipe.scheduler.placement import plan_placement
-from rlinf_pipe.scheduler.plan_report import render_plan
+from rlinf_pipe.planning.placement import plan_placement
+from rlinf_pipe.planning.plan_report import render_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "examples" / "math" / "config"
@@ -35,7 +35,7 @@ CAPACITY = 80 * 10**9
 
 def _estimate(config_name: str, *overrides: str, transport: bool = True) -> dict:
     """The estimate of an example config, with the weight transport its run would use (`transport`)."""
-    from rlinf_pipe.runner.plan import plan_run
+    from rlinf_pipe.planning.run_plan import plan_run
 
     cfg = load_config(CONFIGS, config_name, overrides)
     shape, _ = model_arch(cfg.actor.model_path)
@@ -248,7 +248,7 @@ def test_a_checkpoints_dtype_is_read_from_its_config():
     from transformers import PretrainedConfig
 
     from rlinf_pipe.models.arch import model_config
-    from rlinf_pipe.scheduler.memory import dtype_bytes_of
+    from rlinf_pipe.planning.memory import dtype_bytes_of
 
     assert dtype_bytes_of(model_config(R1_DISTILL)[0]) == 2  # torch_dtype: bfloat16
     assert dtype_bytes_of(model_config("tiny")[0]) == 4  # the tiny model is saved in float32
@@ -259,7 +259,7 @@ def test_what_stays_on_the_gpu_beside_a_collocated_actor_and_its_engines():
     """The `ipc` transport's two bucket slots (the largest bucket: the 1.5B model's embedding, 151,936 x 1,536 bf16)
     stay on the actor's GPUs through every phase, and SGLang takes its weights back onto them to load a version
     while the actor still holds its state; neither is there with the pipeline's broadcast to GPUs of their own."""
-    from rlinf_pipe.scheduler.memory import ipc_slot_bytes
+    from rlinf_pipe.planning.memory import ipc_slot_bytes
 
     cfg = load_config(CONFIGS, "qwen2.5-1.5b-grpo-megatron")
     shape, _ = model_arch(cfg.actor.model_path)
@@ -281,7 +281,7 @@ def test_sequence_and_context_parallelism_divide_the_actors_activations_and_plan
     """SP divides what TP alone replicates (the norms' and projections' inputs); CP gives each rank a slice of every
     sequence (keeping the others' keys and values). A 17k-token sample's activations do not fit one actor GPU of
     the 1.5B model: the estimate names the CP size that does, and the long-response example, which takes it, fits."""
-    from rlinf_pipe.scheduler.memory import layer_activations, training_activations
+    from rlinf_pipe.planning.memory import layer_activations, training_activations
 
     shape, _ = model_arch(R1_DISTILL)
     assert layer_activations(shape, 2, sequence_parallel=True) < layer_activations(shape, 2)
@@ -300,7 +300,7 @@ def test_sequence_and_context_parallelism_divide_the_actors_activations_and_plan
 def test_the_contexts_of_sglang_ranks_mapping_buckets_on_the_first_gpu_are_counted_and_refused_with_the_fix():
     """With TP > 1 over the object store (or ipc) every bucket lies on the engine's first GPU and each other rank
     opens a CUDA context there after SGLang sized its KV cache; a broadcast reaches each rank on its own GPU."""
-    from rlinf_pipe.engines.rollout.sglang_launch import PEER_CONTEXT_BYTES
+    from rlinf_pipe.planning.engine_sizes import PEER_CONTEXT_BYTES
 
     base = ("qwen2.5-1.5b-grpo-megatron-pipeline", "rollout.tensor_parallel_size=4")
     stored = _estimate(*base, "runner.weight_sync=object_store")["rollout"]

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from rlinf_pipe.scheduler import worker
+from rlinf_pipe.runtime import worker
 from rlinf_pipe.utils.shm import SHM_FIX, reserved_block, shm_space, small_shm_warning
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlinf_pipe.errors import ClusterError
-from rlinf_pipe.scheduler.cluster import HEAD_RESOURCE, NODE_RANK_LABEL, order_nodes
+from rlinf_pipe.runtime.cluster import HEAD_RESOURCE, NODE_RANK_LABEL, order_nodes
 
 
 def node(node_id: str, ip: str, gpus: int, rank: str | None = None, head: bool = False, alive: bool = True):

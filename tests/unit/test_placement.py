@@ -6,8 +6,8 @@ import pytest
 
 from rlinf_pipe.config import Config
 from rlinf_pipe.errors import PlacementError
-from rlinf_pipe.scheduler.gpu_ids import NodeLayout, format_ids, parse_gpu_ids
-from rlinf_pipe.scheduler.placement import plan_placement
+from rlinf_pipe.planning.gpu_ids import NodeLayout, format_ids, parse_gpu_ids
+from rlinf_pipe.planning.placement import plan_placement
 
 
 def plan(placement: dict, nodes: int = 4, gpus: int | list[int] = 8, **overrides):
@@ -104,8 +104,8 @@ def test_four_node_pipeline_example():
 def test_context_parallel_ranks_count_in_a_replica():
     """A Megatron replica's GPUs are TP x PP x CP (rank order tp-cp-dp-pp): the gathering ranks are tensor rank 0
     of every context-parallel rank of stage 0, the output ranks tensor and context rank 0 of the last stage."""
-    from rlinf_pipe.runner.weight_routes import gathering_ranks
-    from rlinf_pipe.scheduler.plan_report import _table
+    from rlinf_pipe.planning.weight_routes import gathering_ranks
+    from rlinf_pipe.planning.plan_report import _table
 
     p = plan({"rollout": "0-7", "actor": "8-23"}, nodes=3, actor__tensor_parallel_size=2,
              actor__context_parallel_size=2, inference__context_parallel_size=1)

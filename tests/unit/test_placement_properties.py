@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from rlinf_pipe.config import Config
 from rlinf_pipe.errors import PlacementError
-from rlinf_pipe.scheduler.gpu_ids import NodeLayout, format_ids
-from rlinf_pipe.scheduler.placement import plan_placement
+from rlinf_pipe.planning.gpu_ids import NodeLayout, format_ids
+from rlinf_pipe.planning.placement import plan_placement
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -8,7 +8,7 @@ import sys
 
 CODE = """
 import os, ray
-import rlinf_pipe.scheduler.channel  # turns auto-init off
+import rlinf_pipe.channels  # turns auto-init off
 ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
 stale = ray.remote(lambda: 1)
 assert ray.get(stale.remote()) == 1
@@ -30,8 +30,8 @@ def test_a_call_after_shutdown_fails_instead_of_starting_ray():
 
 STOP_FIRST = """
 import threading, ray
-from rlinf_pipe.scheduler.channel import Channel
-from rlinf_pipe.scheduler.channel.consumer import ConsumerEnd
+from rlinf_pipe.channels import Channel
+from rlinf_pipe.channels.consumer import ConsumerEnd
 from rlinf_pipe.errors import ChannelTimeout
 seen = []
 stop = ConsumerEnd.stop

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections import deque
 from types import SimpleNamespace
 
-from rlinf_pipe.runner.weight_routes import WeightRoute
+from rlinf_pipe.planning.weight_routes import WeightRoute
 from rlinf_pipe.runner.weight_sync import WeightSync
-from rlinf_pipe.scheduler import worker_group
+from rlinf_pipe.runtime import worker_group
 from rlinf_pipe.utils.tracing import Tracer
 
 

@@ -18,7 +18,6 @@ from rlinf_pipe.config.schema import RewardConfig
 from rlinf_pipe.data.structs import PromptItem, RolloutGroup, RolloutSample
 from rlinf_pipe.engines.reward import RewardContext, RewardFunctionError, check_reward_function, reward_pool
 from rlinf_pipe.errors import ConfigError
-from rlinf_pipe.runner.plan import plan_run
 from rlinf_pipe.runner.preflight import preflight
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -174,9 +173,9 @@ def test_check_reward_function_takes_the_default_name_and_the_example_file():
 
 
 def test_the_reward_type_is_a_registry_name():
-    plan_run(load_config(overrides=["reward.reward_type=math"]))
+    preflight(load_config(overrides=["reward.reward_type=math"]), files=False)
     with pytest.raises(ConfigError, match=r"reward.reward_type: no built-in reward named 'maths'; did you mean `math`"):
-        plan_run(load_config(overrides=["reward.reward_type=maths"]))
+        preflight(load_config(overrides=["reward.reward_type=maths"]), files=False)
 
 
 def test_relative_paths_become_absolute_when_the_config_loads(tmp_path, monkeypatch):

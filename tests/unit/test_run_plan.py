@@ -7,8 +7,8 @@ import pytest
 
 from rlinf_pipe.config import load_config
 from rlinf_pipe.errors import ConfigError, PlacementError
-from rlinf_pipe.runner.plan import plan_run, resolve_weight_transport
-from rlinf_pipe.runner.weight_routes import gathering_ranks
+from rlinf_pipe.planning.run_plan import plan_run, resolve_weight_transport
+from rlinf_pipe.planning.weight_routes import gathering_ranks
 
 COLLOCATED = ["cluster.num_gpus_per_node=1", 'cluster.component_placement={"actor,rollout": all}']
 REF = "algorithm.compute_ref_logprobs=true"  # gives a log-prob stage something to compute
@@ -273,7 +273,7 @@ def test_actor_nodes_check_a_checkpoint_resumed_from_outside_the_run_folder(tmp_
 
 
 def test_a_missing_file_is_named_with_who_needs_it(tmp_path):
-    from rlinf_pipe.scheduler.node_paths import NodePath, missing_here
+    from rlinf_pipe.runtime.node_paths import NodePath, missing_here
 
     there = tmp_path / "COMPLETE"
     there.write_text("{}")
@@ -360,7 +360,7 @@ def test_placement_gpus_on_one_device_count_as_one_gpu(monkeypatch):
     """The GPU suite runs the two-GPU placements on a machine with one GPU (`RLINF_PIPE_NODE_VISIBLE_DEVICES=0,0`):
     NCCL cannot put the actor and the engine on one device, and a CUDA IPC handle opens there, so `auto` takes ipc
     and ipc routes each receiver to the actor rank on its device."""
-    from rlinf_pipe.runner.weight_routes import NODE_DEVICES_ENV, gpu_devices
+    from rlinf_pipe.planning.weight_routes import NODE_DEVICES_ENV, gpu_devices
 
     hybrid = load_config("examples/math/config", "tiny-grpo-megatron-hybrid")
     assert plan().weight_transport == "broadcast" and plan_run(hybrid).weight_transport == "object_store"

@@ -12,8 +12,8 @@ from rlinf_pipe.data.packing import MicroBatcher, concat_train_batches, pack_tra
 from rlinf_pipe.data.routing import TrainRouting
 from rlinf_pipe.data.structs import PromptItem, RolloutGroup, RolloutSample, ScoredGroup
 from rlinf_pipe.data.train_batch import TrainBatch
-from rlinf_pipe.scheduler.channel import StepEnd
-from rlinf_pipe.scheduler.traffic import payload_bytes
+from rlinf_pipe.channels import StepEnd
+from rlinf_pipe.channels.traffic import payload_bytes
 from rlinf_pipe.utils.timeline import (
     STEP_SPAN,
     analyse,

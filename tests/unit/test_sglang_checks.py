@@ -15,7 +15,8 @@ from support import sglang_standin
 
 from rlinf_pipe.engines.rollout import sglang_node, sglang_weights
 from rlinf_pipe.engines.rollout.sglang_engine import SGLangEngine, SGLangError
-from rlinf_pipe.engines.rollout.sglang_launch import GIB, PEER_CONTEXT_BYTES
+from rlinf_pipe.engines.rollout.sglang_launch import GIB
+from rlinf_pipe.planning.engine_sizes import PEER_CONTEXT_BYTES
 from rlinf_pipe.models.tiny import ensure_tiny_model
 from rlinf_pipe.models.weight_map import read_hf_arch
 from rlinf_pipe.weights import plan_weight_layout

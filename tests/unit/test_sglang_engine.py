@@ -169,7 +169,7 @@ async def test_building_an_engine_keeps_this_processs_logging(model_path: Path) 
         engine = make_engine(model_path)
         assert standin(engine).server_args["log_level"] == "error"
         assert handler in root.handlers and root.level == logging.INFO
-        logging.getLogger("rlinf_pipe.scheduler.channel").warning("still heard")
+        logging.getLogger("rlinf_pipe.channels").warning("still heard")
         assert "still heard" in written.getvalue()  # (basicConfig(force=True) closes the handlers it removes)
         engine.shutdown()
     finally:

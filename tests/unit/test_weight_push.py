@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlinf_pipe.runner.weight_routes import WeightRoute
+from rlinf_pipe.planning.weight_routes import WeightRoute
 from rlinf_pipe.runner.weight_sync import WeightSync
 from rlinf_pipe.utils.tracing import Tracer
 from rlinf_pipe.weights import LoadedWeights, WeightVersion

@@ -26,9 +26,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlinf_pipe.planning.engine_sizes import CHUNK_BYTES
+
 __all__ = ["CHUNK_BYTES", "token_entropy", "token_logprobs", "token_logprobs_and_entropy"]
 
-CHUNK_BYTES = 1 << 28  # float32 working memory of one chunk of positions (256 MiB)
 
 
 def _group_info(tp_group: Any) -> tuple[int, int]:

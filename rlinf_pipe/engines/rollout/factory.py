@@ -4,18 +4,9 @@ from __future__ import annotations
 
 from rlinf_pipe.config.schema import RolloutConfig
 from rlinf_pipe.engines.rollout.engine import RolloutEngine, SamplingParams
+from rlinf_pipe.planning.engine_sizes import TORCH_MAX_RUNNING, memory_fraction
 
 BACKENDS = ("torch", "sglang")
-TORCH_MAX_RUNNING = 64
-SGLANG_MEMORY_FRACTION = 0.85  # of a GPU of its own
-SGLANG_COLLOCATED_MEMORY_FRACTION = 0.5  # the actor comes back onto the same GPU
-
-
-def memory_fraction(rollout: RolloutConfig, collocated: bool) -> float:
-    """`rollout.gpu_memory_fraction`, or its default for the mode."""
-    if rollout.gpu_memory_fraction is not None:
-        return rollout.gpu_memory_fraction
-    return SGLANG_COLLOCATED_MEMORY_FRACTION if collocated else SGLANG_MEMORY_FRACTION
 
 
 def sampling_params(rollout: RolloutConfig, n: int) -> SamplingParams:

@@ -97,11 +97,6 @@ def server_args(model_path: str, *, tp_size: int, mem_fraction_static: float, ma
     return args
 
 
-PEER_CONTEXT_BYTES = 1 << 29
-"""What a process's CUDA context takes on a GPU (about half a GiB). With TP > 1 and weights over `ipc` or the object
-store, every bucket lies on the engine's first GPU and each of sglang's other ranks maps it from there, opening a
-context on that GPU: `(tp - 1)` of these beside a KV cache sglang sized before they existed."""
-
 MIB = 1 << 20
 GIB = 1 << 30
 

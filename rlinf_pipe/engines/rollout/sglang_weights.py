@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from rlinf_pipe.engines.rollout.sglang_launch import GIB, MIB, PEER_CONTEXT_BYTES
+from rlinf_pipe.engines.rollout.sglang_launch import GIB, MIB
+from rlinf_pipe.planning.engine_sizes import PEER_CONTEXT_BYTES
 from rlinf_pipe.weights import LoadBucket, LoadedWeights, WeightLayout, WeightReceiver, WeightSyncError, WeightVersion
 from rlinf_pipe.weights.ipc import Handle, IpcReceiver, cuda_handle
 from rlinf_pipe.weights.layout import BucketLayout

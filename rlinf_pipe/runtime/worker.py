@@ -20,7 +20,7 @@ import ray
 
 from rlinf_pipe.errors import ClusterError
 from rlinf_pipe.utils.compute_thread import ComputeThread, compute_thread
-from rlinf_pipe.scheduler.last_output import announce_output
+from rlinf_pipe.runtime.last_output import announce_output
 from rlinf_pipe.utils.net import rendezvous_port, socket_interface_env
 from rlinf_pipe.utils.profiling import ProfileResult, StepProfiler
 from rlinf_pipe.utils.shm import small_shm_warning
@@ -268,7 +268,7 @@ class Worker:
         ended, see `WorkerGroup.settle`): every channel handle this process holds is aborted, so a call waiting on
         one raises `ChannelClosed`, then `on_abandon` stops the worker's own waits. The worker takes new channels
         with `use_channels`."""
-        from rlinf_pipe.scheduler.channel.channel import abort_process_handles
+        from rlinf_pipe.channels.channel import abort_process_handles
 
         abort_process_handles()
         self.on_abandon()

@@ -23,15 +23,15 @@ import ray
 import zmq
 
 from rlinf_pipe.errors import ChannelClosed, ChannelPeerError
-from rlinf_pipe.scheduler.channel import gate, wire
-from rlinf_pipe.scheduler.channel.arena import SharedArena, process_start
-from rlinf_pipe.scheduler.channel.buffer import PENDING, Waiter
-from rlinf_pipe.scheduler.channel.codec import Codec
-from rlinf_pipe.scheduler.channel.dispatch import next_message
-from rlinf_pipe.scheduler.channel.links import ConsumerLink, OutItem
-from rlinf_pipe.scheduler.channel.ready import Doorbell
-from rlinf_pipe.scheduler.channel.registry import ChannelSpec, ProducerRecord, registry, track_end
-from rlinf_pipe.scheduler.channel.wire import endpoint_id
+from rlinf_pipe.channels import gate, wire
+from rlinf_pipe.channels.arena import SharedArena, process_start
+from rlinf_pipe.channels.buffer import PENDING, Waiter
+from rlinf_pipe.channels.codec import Codec
+from rlinf_pipe.channels.dispatch import next_message
+from rlinf_pipe.channels.links import ConsumerLink, OutItem
+from rlinf_pipe.channels.ready import Doorbell
+from rlinf_pipe.channels.registry import ChannelSpec, ProducerRecord, registry, track_end
+from rlinf_pipe.channels.wire import endpoint_id
 
 log = logging.getLogger(__name__)
 COPY_THRESHOLD = 512 * 1024  # bytes: smaller frames are copied when sent (see `ProducerEnd.__init__`)

@@ -23,14 +23,14 @@ import ray
 import zmq
 
 from rlinf_pipe.errors import ChannelClosed, ChannelPeerError
-from rlinf_pipe.scheduler.channel import wire
-from rlinf_pipe.scheduler.channel.arena import ArenaView, this_process
-from rlinf_pipe.scheduler.channel.buffer import Entry, StepBuffer
-from rlinf_pipe.scheduler.channel.ready import Doorbell, SocketWaiter
-from rlinf_pipe.scheduler.channel.registry import ChannelSpec, ProducerRecord, registry, track_end
-from rlinf_pipe.scheduler.death import GONE
-from rlinf_pipe.scheduler.channel.upstream import ProducerLink
-from rlinf_pipe.scheduler.channel.wire import endpoint_id
+from rlinf_pipe.channels import wire
+from rlinf_pipe.channels.arena import ArenaView, this_process
+from rlinf_pipe.channels.buffer import Entry, StepBuffer
+from rlinf_pipe.channels.ready import Doorbell, SocketWaiter
+from rlinf_pipe.channels.registry import ChannelSpec, ProducerRecord, registry, track_end
+from rlinf_pipe.utils.worker_death import GONE
+from rlinf_pipe.channels.upstream import ProducerLink
+from rlinf_pipe.channels.wire import endpoint_id
 
 REFRESH_S = 1.0  # how often the registry is asked for new producers
 EAGER_REFRESH_S = 0.02  # ... while producers are still missing

@@ -19,7 +19,7 @@ import time
 from typing import Callable, Sequence, TypeVar
 
 from rlinf_pipe.errors import ChannelTimeout
-from rlinf_pipe.scheduler.channel.buffer import PENDING, RECHECK_S, Waiter
+from rlinf_pipe.channels.buffer import PENDING, RECHECK_S, Waiter
 
 T = TypeVar("T")
 

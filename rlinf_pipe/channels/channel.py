@@ -19,11 +19,11 @@ import msgspec
 import ray
 
 from rlinf_pipe.errors import ChannelClosed, ChannelError
-from rlinf_pipe.scheduler.channel.buffer import StepBuffer, StepEnd, Waiter
-from rlinf_pipe.scheduler.channel.codec import Codec
-from rlinf_pipe.scheduler.channel.consumer import ConsumerEnd
-from rlinf_pipe.scheduler.channel.producer import ProducerEnd
-from rlinf_pipe.scheduler.channel.registry import ChannelSpec, registry
+from rlinf_pipe.channels.buffer import StepBuffer, StepEnd, Waiter
+from rlinf_pipe.channels.codec import Codec
+from rlinf_pipe.channels.consumer import ConsumerEnd
+from rlinf_pipe.channels.producer import ProducerEnd
+from rlinf_pipe.channels.registry import ChannelSpec, registry
 
 T = TypeVar("T")
 

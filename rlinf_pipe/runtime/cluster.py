@@ -18,7 +18,7 @@ from typing import Any
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ClusterError
-from rlinf_pipe.scheduler.gpu_ids import NodeLayout
+from rlinf_pipe.planning.gpu_ids import NodeLayout
 
 NODE_RANK_LABEL = "rlinf_pipe/node-rank"
 HEAD_RESOURCE = "node:__internal_head__"
@@ -174,7 +174,7 @@ class Cluster:
     def _connect_or_start(self) -> bool:
         import ray
 
-        from rlinf_pipe.scheduler.ray_guard import disable_auto_init
+        from rlinf_pipe.utils.ray_guard import disable_auto_init
 
         disable_auto_init()  # connected explicitly here; a stray call after shutdown must not start a new Ray
         where = resolve_address(self.cfg.cluster.ray_address)

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rlinf_pipe.errors import ConfigError
-from rlinf_pipe.scheduler.placement import ComponentPlacement, Placement
+from rlinf_pipe.planning.placement import ComponentPlacement, Placement
 from rlinf_pipe.weights.transport_names import Transport
 
 
@@ -40,7 +40,7 @@ def gathering_ranks(actor: ComponentPlacement) -> list[int]:
 
 
 NODE_DEVICES_ENV = "RLINF_PIPE_NODE_VISIBLE_DEVICES"
-"""The devices the node's placement GPUs index (`scheduler.worker.NODE_VISIBLE_ENV`, which the workers read too)."""
+"""The devices the node's placement GPUs index (`runtime.worker.NODE_VISIBLE_ENV`, which the workers read too)."""
 Devices = Mapping[int, str]
 
 

@@ -3,9 +3,9 @@ warnings."""
 
 from __future__ import annotations
 
-from rlinf_pipe.scheduler.memory import GIB, KINDS, MemoryReport
-from rlinf_pipe.scheduler.gpu_ids import format_ids
-from rlinf_pipe.scheduler.placement import Placement
+from rlinf_pipe.planning.memory import GIB, KINDS, MemoryReport
+from rlinf_pipe.planning.gpu_ids import format_ids
+from rlinf_pipe.planning.placement import Placement
 
 ABBREVIATIONS = {"rollout": "R", "inference": "I", "actor": "A", "reward": "W"}
 MODE_REASONS = {

@@ -11,7 +11,7 @@ from typing import Any, Literal, Sequence
 
 from rlinf_pipe.config.schema import COMPONENTS, Config
 from rlinf_pipe.errors import PlacementError
-from rlinf_pipe.scheduler.gpu_ids import NodeLayout, format_ids, parse_gpu_ids
+from rlinf_pipe.planning.gpu_ids import NodeLayout, format_ids, parse_gpu_ids
 from rlinf_pipe.utils.text import closest
 
 CPU_ONLY = "cpu"  # `reward: cpu` runs the reward pool without GPUs

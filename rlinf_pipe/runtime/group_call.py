@@ -14,10 +14,10 @@ import ray
 from ray.exceptions import RayActorError
 
 from rlinf_pipe.errors import ConfigError, UserCodeError, WorkerError
-from rlinf_pipe.scheduler import traffic
-from rlinf_pipe.scheduler.death import ANSI_ESCAPES, CALL_FAILED, GONE, death_cause
-from rlinf_pipe.scheduler.gpu_ids import format_ids
-from rlinf_pipe.scheduler.placement import ProcessPlacement
+from rlinf_pipe.channels import traffic
+from rlinf_pipe.utils.worker_death import ANSI_ESCAPES, CALL_FAILED, GONE, death_cause
+from rlinf_pipe.planning.gpu_ids import format_ids
+from rlinf_pipe.planning.placement import ProcessPlacement
 
 _INLINE = (int, float, bool, str, bytes, type(None))
 

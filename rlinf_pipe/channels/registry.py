@@ -11,9 +11,9 @@ import msgspec
 import ray
 
 from rlinf_pipe.errors import ChannelError
-from rlinf_pipe.scheduler.channel.arena import ArenaRecord
-from rlinf_pipe.scheduler.channel.gate import ChannelKey
-from rlinf_pipe.scheduler.ray_guard import disable_auto_init, stop_before_shutdown
+from rlinf_pipe.channels.arena import ArenaRecord
+from rlinf_pipe.channels.gate import ChannelKey
+from rlinf_pipe.utils.ray_guard import disable_auto_init, stop_before_shutdown
 
 REGISTRY_NAME = "rlinf_pipe:channel_registry"
 
@@ -93,7 +93,7 @@ def track_end(end: Any) -> None:
 
 def stop_live_ends() -> None:
     """Stop the I/O threads of every channel end of this process: they call into Ray, which must not happen while
-    it shuts down (`rlinf_pipe.scheduler.ray_guard`)."""
+    it shuts down (`rlinf_pipe.utils.ray_guard`)."""
     for end in list(_LIVE_ENDS):
         end.stop()
 

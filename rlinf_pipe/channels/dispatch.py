@@ -8,8 +8,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from rlinf_pipe.scheduler.channel.arena import SHARED_MIN_BYTES
-from rlinf_pipe.scheduler.channel.links import ConsumerLink, OutItem
+from rlinf_pipe.channels.arena import SHARED_MIN_BYTES
+from rlinf_pipe.channels.links import ConsumerLink, OutItem
 
 BATCH_BYTES = 1024 * 1024  # items waiting for one consumer go in one message up to about this size
 

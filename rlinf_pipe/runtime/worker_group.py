@@ -30,12 +30,12 @@ from ray.exceptions import GetTimeoutError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from rlinf_pipe.errors import ClusterError, WorkerError, WorkerLost
-from rlinf_pipe.scheduler.cluster import Cluster
-from rlinf_pipe.scheduler.death import CALL_FAILED, death_cause
-from rlinf_pipe.scheduler.group_call import GroupCall, Member, Verb
-from rlinf_pipe.scheduler.last_output import announced_output, forget_output, output_tail
-from rlinf_pipe.scheduler.placement import ComponentPlacement, ProcessPlacement
-from rlinf_pipe.scheduler.worker import (
+from rlinf_pipe.runtime.cluster import Cluster
+from rlinf_pipe.utils.worker_death import CALL_FAILED, death_cause
+from rlinf_pipe.runtime.group_call import GroupCall, Member, Verb
+from rlinf_pipe.runtime.last_output import announced_output, forget_output, output_tail
+from rlinf_pipe.planning.placement import ComponentPlacement, ProcessPlacement
+from rlinf_pipe.runtime.worker import (
     CONTROL_GROUP,
     Worker,
     WorkerInfo,
@@ -142,7 +142,7 @@ class WorkerGroup(Generic[W]):
         constructor. Returns at once: the constructors run until `ready()` (so several groups can
         start together)."""
         if not issubclass(worker_cls, Worker):
-            raise TypeError(f"{worker_cls.__name__} must subclass rlinf_pipe.scheduler.worker.Worker")
+            raise TypeError(f"{worker_cls.__name__} must subclass rlinf_pipe.runtime.worker.Worker")
         remote_cls = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(worker_cls)
         group = cls(name, placement, [], _Recipe(remote_cls, cluster, distributed, dict(env or {}), runtime_env))
         group._members = group._start_members(list(placement.processes), args, kwargs)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from rlinf_pipe.scheduler.channel.arena import SHARED_MIN_BYTES, SharedArena, process_start
+from rlinf_pipe.channels.arena import SHARED_MIN_BYTES, SharedArena, process_start
 
 
 @dataclass

@@ -12,8 +12,8 @@ from typing import Any
 
 import zmq
 
-from rlinf_pipe.scheduler.channel import gate, wire
-from rlinf_pipe.scheduler.channel.registry import ChannelSpec, ProducerRecord
+from rlinf_pipe.channels import gate, wire
+from rlinf_pipe.channels.registry import ChannelSpec, ProducerRecord
 
 log = logging.getLogger(__name__)
 

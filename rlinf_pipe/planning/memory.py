@@ -44,11 +44,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from rlinf_pipe.algorithms.logprob_needs import computes_logprobs, needs_ref
 from rlinf_pipe.config.schema import Config
-from rlinf_pipe.engines.policy.logprobs import CHUNK_BYTES
-from rlinf_pipe.engines.rollout.factory import TORCH_MAX_RUNNING, memory_fraction
-from rlinf_pipe.engines.rollout.sglang_launch import PEER_CONTEXT_BYTES
+from rlinf_pipe.planning.engine_sizes import CHUNK_BYTES, PEER_CONTEXT_BYTES, TORCH_MAX_RUNNING, memory_fraction
 from rlinf_pipe.models.arch import SGLANG_SPARE_TOKENS
-from rlinf_pipe.scheduler.placement import ComponentPlacement, Placement
+from rlinf_pipe.planning.placement import ComponentPlacement, Placement
 
 if TYPE_CHECKING:
     from rlinf_pipe.models.arch import HfArch

@@ -15,12 +15,11 @@ from dataclasses import dataclass
 from rlinf_pipe.algorithms.advantages import advantage_scope, registered_advantages
 from rlinf_pipe.algorithms.logprob_needs import computes_logprobs, why_no_logprobs
 from rlinf_pipe.config.schema import Config
-from rlinf_pipe.engines.reward.registry import check_reward_type
 from rlinf_pipe.errors import ConfigError
-from rlinf_pipe.scheduler.gpu_ids import format_ids
-from rlinf_pipe.scheduler.placement import Placement, plan_placement
+from rlinf_pipe.planning.gpu_ids import format_ids
+from rlinf_pipe.planning.placement import Placement, plan_placement
 from rlinf_pipe.utils.text import closest
-from rlinf_pipe.runner.weight_routes import (
+from rlinf_pipe.planning.weight_routes import (
     Devices,
     WeightRoute,
     gpu_devices,
@@ -175,11 +174,9 @@ def check_algorithm(cfg: Config) -> None:
 
 def plan_run(cfg: Config, gpus_per_node: Sequence[int] | None = None) -> RunPlan:
     """Check the algorithm, plan the placement (on `gpus_per_node`, default the config's) and check the settings
-    that depend on the mode; every refusal is a `ConfigError` or `PlacementError` naming the key and the fix. A
-    built-in reward's name is checked too (a `reward.function` file by `preflight`, which reads files)."""
+    that depend on the mode; every refusal is a `ConfigError` or `PlacementError` naming the key and the fix. (The
+    reward is checked by `runner.preflight`: a built-in one is an engine's name.)"""
     check_algorithm(cfg)
-    if cfg.reward.function is None:
-        check_reward_type(cfg.reward.reward_type)
     placement = plan_placement(cfg, gpus_per_node)
     if cfg.runner.max_staleness and placement.engines_share_actor:
         raise ConfigError(

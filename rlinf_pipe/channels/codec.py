@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import msgspec
 import numpy as np
 
-from rlinf_pipe.scheduler import traffic
+from rlinf_pipe.channels import traffic
 
 EXT_TENSOR = 1
 EXT_NDARRAY = 2

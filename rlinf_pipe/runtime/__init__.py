@@ -1,0 +1,1 @@
+"""The Ray runtime: the cluster, `Worker` and `WorkerGroup` with their verbs, the device locks of shared GPUs."""

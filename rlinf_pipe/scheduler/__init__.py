@@ -1,1 +1,0 @@
-"""Placement, cluster, workers and worker groups."""
