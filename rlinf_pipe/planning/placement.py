@@ -123,6 +123,13 @@ class Placement:
         }
 
 
+def reward_placement(placement: Placement) -> ComponentPlacement:
+    """The reward component's placement; without a `reward:` key, one CPU process on the head node."""
+    if "reward" in placement.components:
+        return placement.components["reward"]
+    return ComponentPlacement("reward", "reward", (), 1, 1, (ProcessPlacement(0, 0, (), ()),))
+
+
 @dataclass(frozen=True)
 class GpuSet:
     """GPU components that hold the same GPUs. One component has them to itself and streams to the others; several

@@ -95,6 +95,18 @@ class RunPlan:
         return self.engines_share_actor or self.inference_shares_rollout
 
     @property
+    def turns(self) -> dict[str, tuple[str, ...]]:
+        """For each component that takes turns on its GPUs, the components it takes them with (none listed: its
+        GPUs are its own)."""
+        pairs = [("rollout", "actor")] if self.engines_share_actor else []
+        pairs += [("rollout", "inference")] if self.inference_shares_rollout else []
+        turns: dict[str, tuple[str, ...]] = {}
+        for a, b in pairs:
+            turns[a] = (*turns.get(a, ()), b)
+            turns[b] = (*turns.get(b, ()), a)
+        return turns
+
+    @property
     def actor_dp(self) -> int:
         return self.placement.components["actor"].dp
 
@@ -186,7 +198,7 @@ def plan_run(cfg: Config, gpus_per_node: Sequence[int] | None = None) -> RunPlan
         )
     logprob_stage = computes_logprobs(cfg)
     receivers = weight_receivers(placement, logprob_stage)
-    devices = gpu_devices(placement.components.values())  # (placement GPUs on one device: the GPU suite's runs on one GPU)
+    devices = gpu_devices(placement.components.values())  # (placement GPUs on one device: the GPU suite's one-GPU runs)
     transport, why = resolve_weight_transport(cfg.runner.weight_sync, placement, receivers, devices)
     return RunPlan(
         placement=placement, weight_transport=transport, weight_transport_why=why,

@@ -12,22 +12,21 @@ from typing import Any
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.data.sampler import PromptSampler
-from rlinf_pipe.data.structs import PromptItem, RolloutGroup, ScoredGroup
-from rlinf_pipe.data.train_batch import TrainBatch
+from rlinf_pipe.data.structs import PromptItem
 from rlinf_pipe.engines.rollout.factory import sampling_params
 from rlinf_pipe.runner.checkpoints import ACTOR_SUBDIR
 from rlinf_pipe.runner.cpu_shares import cpu_stages, node_procs
 from rlinf_pipe.runner.driver_inputs import DriverInputs, driver_inputs
 from rlinf_pipe.planning.run_plan import RunPlan, plan_run
-from rlinf_pipe.channels import Channel
 from rlinf_pipe.runtime.cluster import Cluster
 from rlinf_pipe.runtime.node_paths import NodePath, check_node_paths
-from rlinf_pipe.planning.placement import ComponentPlacement, Placement, ProcessPlacement
+from rlinf_pipe.planning.placement import reward_placement
+from rlinf_pipe.planning.stage_graph import StageGraph, stage_graph
 from rlinf_pipe.runtime.worker import node_procs_env
 from rlinf_pipe.runtime.worker_group import WorkerGroup
 from rlinf_pipe.utils.folders import COMPLETE
 from rlinf_pipe.utils.net import RESOLVER_ENV, quick_resolver_env
-from rlinf_pipe.workers.step_channels import StepChannels
+from rlinf_pipe.runner.step_channels import StepChannels, create_channels
 
 EXIT_GRACE_S = 5.0  # a worker's time to release what a kill leaves behind, before it is killed (`Worker.before_stop`)
 
@@ -93,6 +92,7 @@ class Components:
     run (`RunPlan.inference_workers`)."""
 
     plan: RunPlan
+    graph: StageGraph
     cluster: Cluster
     sampler: PromptSampler
     val_prompts: list[PromptItem]
@@ -137,11 +137,11 @@ class Components:
         """New step channels for the driver and every worker alive (after a lost worker: the broken step's items
         stay behind in the old ones, which are aborted here)."""
         self.channels.abort()
-        self.channels = create_channels(self.plan, self.reward.size)
+        self.channels = create_channels(self.plan, self.graph)
 
     def relaunch(self, name: str, ranks: list[int]) -> None:
-        """Start `ranks` of group `name` again on their GPUs, with the job's current channels (blocking)."""
-        args, kwargs = self.recipes.arguments(name, self.channels)
+        """Start `ranks` of group `name` again on their GPUs (blocking)."""
+        args, kwargs = self.recipes.arguments(name)
         self.group(name).relaunch(ranks, *args, **kwargs)
         if name == "rollout" and self.plan.device_locks:  # as at launch: the engines sleep until they generate
             self.rollout.some(ranks).release_devices().wait()
@@ -163,39 +163,6 @@ class Components:
         self.cluster.shutdown()
 
 
-def reward_placement(placement: Placement) -> ComponentPlacement:
-    """The reward component's placement; without a `reward:` key, one CPU process on the head node."""
-    if "reward" in placement.components:
-        return placement.components["reward"]
-    return ComponentPlacement("reward", "reward", (), 1, 1, (ProcessPlacement(0, 0, (), ()),))
-
-
-def create_channels(plan: RunPlan, reward_processes: int) -> StepChannels:
-    """The step's channels. Where a consumer starts only once its producer's phase ended (`RunPlan.buffers_steps`:
-    GPUs taken in turns, the actor's log-probs before its training, rollout run ahead) they buffer a step unbounded.
-    The train channels are always unbounded: a replica that has its mini-batch reads nothing while it waits in the
-    step's vote for the others, and a producer blocked on its channel would hold back, behind it, the groups the
-    others wait for (every producer feeds every replica). What they hold is bounded by the batches of the steps in
-    flight (`runner.max_staleness` + 1: the driver hands out a step's prompts only when it may begin). Without a
-    log-prob stage there is no scored channel: the reward workers feed the train channels."""
-    run_id = uuid.uuid4().hex[:8]
-    options: dict[str, Any] = {"shared_bytes": plan.channel_shared_bytes, "encrypt": plan.channel_encrypt}
-    if plan.buffers_steps:
-        options["maxsize"] = None
-    comps = plan.placement.components
-    stage = plan.logprob_component
-    feeders = comps[stage].dp if stage else reward_processes
-    return StepChannels(
-        rollouts=Channel.create(f"{run_id}-rollouts", RolloutGroup, num_producers=len(comps["rollout"].processes),
-                                **options),
-        scored=Channel.create(f"{run_id}-scored", ScoredGroup, num_producers=reward_processes, **options)
-        if stage else None,
-        train=[Channel.create(f"{run_id}-train-{replica}", TrainBatch, num_producers=feeders,
-                              **{**options, "maxsize": None})
-               for replica in range(plan.actor_dp)],
-    )
-
-
 @dataclass
 class GroupRecipes:
     """What each group's workers are constructed with, given the job's channels (at launch, and again for the ranks
@@ -210,22 +177,21 @@ class GroupRecipes:
     pad_token_id: int = 0
     balancer: Any = None  # what routes groups to actor replicas by tokens (None: by slot)
 
-    def arguments(self, name: str, channels: StepChannels) -> tuple[tuple, dict[str, Any]]:
+    def arguments(self, name: str) -> tuple[tuple, dict[str, Any]]:
         """The constructor arguments of group `name`'s workers."""
         cfg, plan, locks = self.cfg, self.plan, self.locks
         if name == "reward":
-            direct = channels.train if plan.logprob_component is None else None  # no log-prob stage: to the actor
-            return (cfg, channels.rollouts, channels.scored, self.rounds, direct, self.pad_token_id, self.balancer), {}
+            return (cfg, plan.actor_dp, self.rounds, self.pad_token_id, self.balancer), {}
         if name == "actor":
-            return (cfg, self.model_path, channels.train, channels.scored if plan.actor_logprobs else None,
-                    locks if plan.engines_share_actor else None, self.balancer, self.pad_token_id), {}
+            return (cfg, self.model_path, plan.actor_logprobs, locks if plan.engines_share_actor else None,
+                    self.balancer, self.pad_token_id), {}
         if name == "inference":
-            return (cfg, self.model_path, channels.scored, channels.train, plan.actor_dp,
-                    locks if plan.inference_shares_rollout else None, self.balancer, self.pad_token_id), {}
+            return (cfg, self.model_path, plan.actor_dp, locks if plan.inference_shares_rollout else None,
+                    self.balancer, self.pad_token_id), {}
         if name == "rollout":  # (a small first batch only where the actor trains while the engines generate)
             first = None if plan.engines_share_actor else cfg.rollout.first_batch_size or cfg.actor.micro_batch_size
             return (cfg.rollout, self.rollout_path, sampling_params(cfg.rollout, cfg.algorithm.group_size),
-                    cfg.runner.seed, channels.rollouts, locks, first), {}
+                    cfg.runner.seed, locks, first), {}
         raise ValueError(f"no worker group {name!r}")
 
 
@@ -309,8 +275,8 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
         cpus = node_procs_env(node_procs(comps[name] for name in cpu_stages(cfg) if name in comps))
         nccl = nccl_env(cfg, plan.weight_transport)
         resolver = resolver_env([node.ip for node in cluster.nodes])
-        reward_place = reward_placement(plan.placement)
-        channels = create_channels(plan, len(reward_place.processes))
+        graph = stage_graph(plan)
+        channels = create_channels(plan, graph)
         locks = DeviceLocks.remote() if plan.device_locks else None
         rounds = SamplingRounds.remote() if plan.dynamic_sampling else None
         arrival = ArrivalSlots.remote() if plan.arrival_slots else None
@@ -319,18 +285,18 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
                                inputs.pad_token_id, balancer)
         # The groups build their models at once; on shared GPUs, the engines start once the actor (or the inference
         # workers) sharing them have built their state (and the actor offloaded it).
-        reward = start(RewardWorker, "reward", reward_place, cluster, *recipes.arguments("reward", channels)[0],
-                       distributed=False)
-        actor = start(ActorWorker, "actor", comps["actor"], cluster, *recipes.arguments("actor", channels)[0],
+        reward = start(RewardWorker, "reward", reward_placement(plan.placement), cluster,
+                       *recipes.arguments("reward")[0], distributed=False)
+        actor = start(ActorWorker, "actor", comps["actor"], cluster, *recipes.arguments("actor")[0],
                       env={**WORKER_ENV, **megatron_env(cfg.actor.tensor_parallel_size)})
         if plan.engines_share_actor:
             actor.ready()
         inference = None if not plan.inference_workers else start(
-            InferenceWorker, "inference", comps["inference"], cluster, *recipes.arguments("inference", channels)[0],
+            InferenceWorker, "inference", comps["inference"], cluster, *recipes.arguments("inference")[0],
             env={**WORKER_ENV, **megatron_env(cfg.inference.tensor_parallel_size)})
         if plan.inference_shares_rollout:
             inference.ready()
-        rollout = start(RolloutWorker, "rollout", comps["rollout"], cluster, *recipes.arguments("rollout", channels)[0],
+        rollout = start(RolloutWorker, "rollout", comps["rollout"], cluster, *recipes.arguments("rollout")[0],
                         distributed=False)
         for group in started:
             group.ready()
@@ -342,7 +308,7 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
         if owns_cluster:
             cluster.shutdown()
         raise
-    return Components(plan=plan, cluster=cluster, sampler=inputs.sampler, val_prompts=inputs.val_prompts,
+    return Components(plan=plan, graph=graph, cluster=cluster, sampler=inputs.sampler, val_prompts=inputs.val_prompts,
                       rollout=rollout,
                       reward=reward, actor=actor, inference=inference, channels=channels, locks=locks,
                       sampling_rounds=rounds, recipes=recipes, arrival_slots=arrival, balancer=balancer)

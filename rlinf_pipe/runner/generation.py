@@ -20,6 +20,7 @@ from rlinf_pipe.algorithms.scoring import RewardTally
 from rlinf_pipe.data.sampler import PromptSampler
 from rlinf_pipe.data.structs import PromptItem
 from rlinf_pipe.runner.stage_calls import StageCalls
+from rlinf_pipe.runner.step_channels import StepChannels
 from rlinf_pipe.runtime.worker_group import WorkerGroup
 from rlinf_pipe.utils.futures import mark_retrieved
 
@@ -76,14 +77,16 @@ class PlainGeneration:
 
     runs_ahead = True
 
-    def __init__(self, rollout: WorkerGroup, reward: WorkerGroup, arrival_slots: Any = None, balancer: Any = None):
-        self.rollout, self.reward, self.arrival_slots, self.balancer = rollout, reward, arrival_slots, balancer
+    def __init__(self, rollout: WorkerGroup, reward: WorkerGroup, channels: Callable[[], StepChannels],
+                 arrival_slots: Any = None, balancer: Any = None):
+        self.rollout, self.reward, self.channels = rollout, reward, channels
+        self.arrival_slots, self.balancer = arrival_slots, balancer
 
-    async def _score(self, step: int) -> list[RewardTally]:
+    async def _score(self, step: int, ch: StepChannels) -> list[RewardTally]:
         if self.arrival_slots is not None:  # (the step's groups take slots from 0 in the order they are scored)
             await self.arrival_slots.reset.remote()
         await begin_routing(self.balancer, step)
-        return await self.reward.all.score_step(step)
+        return await self.reward.all.score_step(step, src=ch.rollouts, dst=ch.reward_output)
 
     def start(self, step: int, prompts: list[PromptItem], calls: StageCalls, after: GenerationCalls | None = None,
               ahead: bool = False, weights: int | None = None) -> GenerationCalls:
@@ -91,9 +94,10 @@ class PlainGeneration:
         With `weights` the engines first wait until they hold that version (its sync may still be loading)."""
         launch = calls.watch if ahead else calls.start
         suffix = "_ahead" if ahead else ""
-        rollout = launch("rollout" + suffix, _after(after and after.rollout,
-                                                    lambda: self.rollout.sharded.generate_step(prompts, step, weights)))
-        scoring = launch("reward" + suffix, _after(after and after.result, lambda: self._score(step)))
+        ch = self.channels()
+        rollout = launch("rollout" + suffix, _after(after and after.rollout, lambda: self.rollout.sharded.generate_step(
+            prompts, step, dst=ch.rollouts, weights=weights)))
+        scoring = launch("reward" + suffix, _after(after and after.result, lambda: self._score(step, ch)))
 
         async def result() -> GenerationResult:
             return GenerationResult(await scoring)
@@ -110,22 +114,25 @@ class DynamicSampling:
 
     runs_ahead = False
 
-    def __init__(self, rollout: WorkerGroup, reward: WorkerGroup, rounds: Any, sampler: PromptSampler,
-                 max_extra_rounds: int, balancer: Any = None):
-        self.rollout, self.reward, self.rounds, self.balancer = rollout, reward, rounds, balancer
+    def __init__(self, rollout: WorkerGroup, reward: WorkerGroup, channels: Callable[[], StepChannels], rounds: Any,
+                 sampler: PromptSampler, max_extra_rounds: int, balancer: Any = None):
+        self.rollout, self.reward, self.channels = rollout, reward, channels
+        self.rounds, self.balancer = rounds, balancer
         self.sampler, self.max_extra_rounds = sampler, max_extra_rounds
 
     async def _run(self, step: int, prompts: list[PromptItem], weights: int | None) -> GenerationResult:
         await self.rounds.reset.remote(len(prompts), self.max_extra_rounds)
         await begin_routing(self.balancer, step)
         result = GenerationResult()
+        ch = self.channels()
         while not await self.rounds.done.remote():
             wanted = await self.rounds.start_round.remote()
             round_prompts = prompts if not result.tallies else draw_prompts(self.sampler, wanted)
-            _, tallies = await asyncio.gather(self.rollout.sharded.generate_step(round_prompts, step, weights),
-                                              self.reward.all.score_step(step, end_step=False))
+            _, tallies = await asyncio.gather(
+                self.rollout.sharded.generate_step(round_prompts, step, dst=ch.rollouts, weights=weights),
+                self.reward.all.score_step(step, src=ch.rollouts, dst=ch.reward_output, end_step=False))
             result.tallies += tallies
-        await self.reward.all.end_step()
+        await self.reward.all.end_step(ch.reward_output)
         result.sampling = await self.rounds.metrics.remote()
         return result
 

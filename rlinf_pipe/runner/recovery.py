@@ -6,9 +6,9 @@
 
 Every other worker stays. It abandons the broken step (`Worker.abandon_step`: its channel ends are aborted and its
 weight transfers cancelled, so its calls end), the driver waits until its calls have ended (`WorkerGroup.settle`),
-and it takes the job's new channels (`use_channels`). What the runner then does with the actor's state (back to
-the start of the broken step, or to the checkpoint) is `Runner.recover`'s part. Workers that do not settle in
-time, or a relaunch that fails, raise `RecoveryFailed`: the runner then relaunches the whole job instead.
+and creates new channels, which the calls of the retried step pass (no worker holds a channel between calls). What
+the runner then does with the actor's state (back to the start of the broken step, or to the checkpoint) is
+`Runner.recover`'s part. Workers that do not settle in time, or a relaunch that fails, raise `RecoveryFailed`: the runner then relaunches the whole job instead.
 """
 
 from __future__ import annotations
@@ -71,8 +71,7 @@ async def replace_unit(components: Components, unit: LostUnit, settle_s: float) 
             await components.actor.all.settle_devices()
         if components.locks is not None:
             await components.locks.reset.remote()
-        components.renew_channels()
-        await asyncio.gather(*(group.some(ranks).use_channels(components.channels) for group, ranks in survivors))
+        components.renew_channels()  # (the calls of the retried step pass them)
         await asyncio.to_thread(components.relaunch, unit.group, list(unit.ranks))
     except (ClusterError, WorkerError) as exc:
         raise RecoveryFailed(f"relaunching {unit.describe()} failed: {exc}") from None

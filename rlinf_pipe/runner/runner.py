@@ -71,9 +71,10 @@ class Runner:
         plan, c, cfg, r = components.plan, components, self.cfg, self.cfg.runner
         self.c = components
         generation = (
-            DynamicSampling(c.rollout, c.reward, c.sampling_rounds, c.sampler, cfg.algorithm.max_extra_rounds,
-                            c.balancer)
-            if plan.dynamic_sampling else PlainGeneration(c.rollout, c.reward, c.arrival_slots, c.balancer)
+            DynamicSampling(c.rollout, c.reward, lambda: c.channels, c.sampling_rounds, c.sampler,
+                            cfg.algorithm.max_extra_rounds, c.balancer)
+            if plan.dynamic_sampling else PlainGeneration(c.rollout, c.reward, lambda: c.channels, c.arrival_slots,
+                                                          c.balancer)
         )
         self.schedule = RolloutSchedule(generation, c.sampler, plan.staleness, r.max_steps)
         phase = actor_phases(c.actor, plan.engines_share_actor)
@@ -82,8 +83,9 @@ class Runner:
         self.validation = Validation(c.val_prompts, r.val_interval, r.val_before_train, r.max_steps, r.val_k,
                                      sampling_params(cfg.rollout, r.val_k), r.seed, self.run_dir)
         lending = None if plan.staleness or plan.engines_share_actor else CpuLending(c.stages(cpu_stages(cfg)))
-        self.steps = Step(self.weights, self.schedule, c.logprob_group, c.actor, phase, plan.engines_share_actor,
-                          r.max_steps, lending, generate_beside_sync=not plan.inference_shares_rollout,
+        self.steps = Step(self.weights, self.schedule, lambda: c.channels, c.logprob_group, c.actor, phase,
+                          plan.engines_share_actor, r.max_steps, lending,
+                          generate_beside_sync=not plan.inference_shares_rollout,
                           starts_itself=lambda step: step in r.profile_steps or self.validation.due(step))
 
     @classmethod

@@ -21,6 +21,7 @@ from rlinf_pipe.runner.cpu_shares import CpuLending
 from rlinf_pipe.runner.devices import ActorPhase
 from rlinf_pipe.runner.generation import GenerationCalls, GenerationResult, RolloutSchedule
 from rlinf_pipe.runner.stage_calls import StageCalls
+from rlinf_pipe.runner.step_channels import StepChannels
 from rlinf_pipe.runner.weight_sync import WeightSync
 from rlinf_pipe.runtime.worker_group import WorkerGroup
 from rlinf_pipe.workers.actor import TrainResult
@@ -69,6 +70,7 @@ class Step:
 
     weights: WeightSync
     schedule: RolloutSchedule
+    channels: Callable[[], StepChannels]  # the job's current step channels (new ones after a lost worker)
     logprob: WorkerGroup | None
     actor: WorkerGroup
     actor_phase: ActorPhase
@@ -95,9 +97,10 @@ class Step:
             self.cpus.start_step()  # (before the step's calls go out)
         sync, generation = await sync_and_generate(self.weights, self.schedule, step, calls,
                                                    self.generate_beside_sync)
+        ch = self.channels()
         by_actor = self.logprob is self.actor
-        logprob = None if by_actor or self.logprob is None else calls.start("logprob",
-                                                                             self.logprob.all.logprob_step(step))
+        logprob = None if by_actor or self.logprob is None else calls.start(
+            "logprob", self.logprob.all.logprob_step(step, src=ch.scored, dst=ch.train))
         if self.cpus is not None:
             for name, call in (("rollout", generation.rollout), ("inference", logprob)):
                 if call is not None:
@@ -106,8 +109,9 @@ class Step:
             await calls.until(generation.rollout)  # the engines give the devices back
         async with self.actor_phase(step):
             if by_actor:  # before any update; meanwhile the engines on other GPUs go on generating
-                await calls.until(calls.start("logprob", self.actor.all.logprob_step(step)))
-            train = calls.start("train", self.actor.replicas.train_step(step))
+                await calls.until(calls.start("logprob", self.actor.all.logprob_step(step, src=ch.scored,
+                                                                                      dst=ch.train)))
+            train = calls.start("train", self.actor.replicas.train_step(step, src=ch.train))
             if self.pushes_weights and step + 1 < self.max_steps:  # (the next step's sync collects it)
                 idle = {"rollout": [generation.rollout, *self.schedule.rollouts_before(step + 1)],
                         "inference": [logprob] if logprob is not None else []}

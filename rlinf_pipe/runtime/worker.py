@@ -266,8 +266,8 @@ class Worker:
     def abandon_step(self) -> None:
         """Make the step calls running here end now (a peer was lost; the driver retries the step once every call
         ended, see `WorkerGroup.settle`): every channel handle this process holds is aborted, so a call waiting on
-        one raises `ChannelClosed`, then `on_abandon` stops the worker's own waits. The worker takes new channels
-        with `use_channels`."""
+        one raises `ChannelClosed`, then `on_abandon` stops the worker's own waits. The retried step's calls pass
+        new channels."""
         from rlinf_pipe.channels.channel import abort_process_handles
 
         abort_process_handles()

@@ -3,8 +3,8 @@
 Each step every replica reads the training batches routed to it from its own train channel and trains them in
 micro-batches, stepping the optimizer after each mini-batch (`train_feed`); the driver only says which step it is.
 The loss is `rlinf_pipe.algorithms.policy_loss` configured from `algorithm.*` (the policy knows nothing about it).
-`publish_weights` sends a version through the weight transport. Given the `scored` channel (no inference workers,
-or inference placed on the actor's GPUs) the actor also computes the log-probs (`logprob_step`, before it trains).
+`publish_weights` sends a version through the weight transport. Built with `computes_logprobs` (no inference
+workers) the actor also computes the log-probs (`logprob_step`, before it trains).
 Given the device `locks` (rollout on the actor's GPUs) it holds its devices' lock for each phase: `begin_phase`
 (lock + onload) ... `end_phase` (offload + unlock), its state offloaded in between.
 """
@@ -38,7 +38,6 @@ from rlinf_pipe.weights.transports import open_sender
 from rlinf_pipe.workers.logprob_stage import LogprobStage, pad_token_id, policy_options, train_routing
 from rlinf_pipe.workers.replica_balance import TrainRoute
 from rlinf_pipe.workers.replica_input import ReplicaInputFailed, read_shared
-from rlinf_pipe.workers.step_channels import StepChannels
 from rlinf_pipe.workers.train_feed import OptimizerStep, TrainMicroBatch, TrainOp, train_ops
 from rlinf_pipe.workers.version_wait import VersionWait
 
@@ -73,12 +72,11 @@ class TrainResult:
 
 
 class ActorWorker(Worker):
-    """Trains the policy (see the module docstring). `train`: one train channel per actor replica; `scored`: the
-    channel to compute log-probs from (None: inference workers do); `locks`: the device locks of GPUs shared with
-    the engines (None: the actor's own)."""
+    """Trains the policy (see the module docstring). `computes_logprobs`: it also computes the log-probs (no
+    inference workers); `locks`: the device locks of GPUs shared with the engines (None: the actor's own)."""
 
-    def __init__(self, cfg: Config, model_path: str, train: Sequence[Channel], scored: Channel | None = None,
-                 locks: Any = None, balancer: Any = None, pad_id: int | None = None):
+    def __init__(self, cfg: Config, model_path: str, computes_logprobs: bool = False, locks: Any = None,
+                 balancer: Any = None, pad_id: int | None = None):
         super().__init__()
         a = cfg.actor
         init_model_parallel(a.tensor_parallel_size, a.pipeline_parallel_size, a.context_parallel_size)
@@ -89,7 +87,6 @@ class ActorWorker(Worker):
         )
         self.ranks = ReplicaRanks.current()
         self.loss_fn = make_loss_fn(cfg)
-        self.train_channels = list(train)
         self.routing = train_routing(cfg, self.ranks.dp_size)
         self.balancer = balancer  # (`ReplicaBalancer`: groups reach this replica by tokens, not by slot)
         self.micro_batch_size, self.micro_batch_tokens = a.micro_batch_size, a.micro_batch_tokens
@@ -102,9 +99,9 @@ class ActorWorker(Worker):
         self.version = 0  # the weight version the policy holds: step s trains version s + 1
         self.trained = VersionWait(self.owner, "train")  # a send of the next version waits here for its training
         self.ref = MegatronPolicy(model_path, train=False, **policy_options(cfg, "actor")) if (
-            scored is not None and needs_ref(cfg)) else None
-        self.stage = None if scored is None else LogprobStage(
-            self.policy, self.ref, scored, train, TrainRoute(self.routing, balancer), self.pad_token_id,
+            computes_logprobs and needs_ref(cfg)) else None
+        self.stage = None if not computes_logprobs else LogprobStage(
+            self.policy, self.ref, TrainRoute(self.routing, balancer), self.pad_token_id,
             recompute_old=recomputes_old(cfg), tracer=self.tracer)
         self.locks = locks
         self.phase_held = False  # between begin_phase and end_phase: the devices' lock held, the state onloaded
@@ -130,21 +127,22 @@ class ActorWorker(Worker):
         with self.tracer.span("optimizer_step", step=step, minibatch=minibatch):
             return self.policy.optimizer_step(allow_empty=True)
 
-    async def train_step(self, step: int) -> TrainResult:
-        """Train the step's batches routed to this replica (collective over every rank of the actor).
+    async def train_step(self, step: int, src: Sequence[Channel]) -> TrainResult:
+        """Train the step's batches routed to this replica, read from its train channel in `src` (one per replica;
+        collective over every rank of the actor).
 
         Before each optimizer step the replicas vote (`ReplicaRanks.agree`): a replica that fails (its channel
         aborted when the step is abandoned, or an error) votes no at its next vote, so no other replica is left
         waiting in the optimizer's collectives, and every replica ends the step. A send of version `step + 1`
         asked for meanwhile (`publish_weights(..., trained=True)`) goes out once it ended."""
         with self.trained.making(step + 1):
-            result = await self._train_step(step)
+            result = await self._train_step(step, src)
             self._holds(step + 1)
         if self.locks is not None:  # (the engines on these GPUs take the version next, sglang into memory it
             await self.compute.run(hand_back_cached_memory)  # allocates itself: what training cached goes back)
         return result
 
-    async def _train_step(self, step: int) -> TrainResult:
+    async def _train_step(self, step: int, src: Sequence[Channel]) -> TrainResult:
         if self.keep_rollback:
             with self.tracer.span("rollback_point", step=step):
                 self.rollback_point = (step, await self.compute.run(self.policy.capture_state))
@@ -152,8 +150,7 @@ class ActorWorker(Worker):
         if self.ranks.is_input:
             batcher = MicroBatcher(self.micro_batch_size, self.micro_batch_tokens, self.policy.pack_sequences,
                                    self.max_micro_batch_size)
-            channel = self.train_channels[self.ranks.dp_rank]
-            ops = train_ops(channel, self.routing, self.ranks.dp_rank, batcher, self.pad_token_id,
+            ops = train_ops(src[self.ranks.dp_rank], self.routing, self.ranks.dp_rank, batcher, self.pad_token_id,
                             by_slot=self.balancer is None)
         result = TrainResult()
         votes, voted_no = 0, False
@@ -221,24 +218,17 @@ class ActorWorker(Worker):
         finally:
             await self.end_phase(step)
 
-    def use_channels(self, channels: StepChannels) -> None:
-        """Train from `channels.train` (and compute log-probs from `channels.scored`) from now on (new channels
-        after a lost worker)."""
-        self.train_channels = list(channels.train)
-        if self.stage is not None:
-            self.stage.use_channels(channels.scored, channels.train)
-
     def on_abandon(self) -> None:
         self.trained.cancel()
         if self.sender is not None:
             self.sender.cancel()
 
-    async def logprob_step(self, step: int) -> int:
-        """The step's old (and reference) log-probs, computed with the weights before the step's updates (the
-        actor given the `scored` channel)."""
+    async def logprob_step(self, step: int, src: Channel, dst: Sequence[Channel]) -> int:
+        """The step's old (and reference) log-probs from the scored channel `src` into the train channels `dst`,
+        computed with the weights before the step's updates (an actor built with `computes_logprobs`)."""
         if self.stage is None:
             raise RuntimeError("this actor computes no log-probs: the inference workers do")
-        return await self.stage.run(step)
+        return await self.stage.run(step, src, dst)
 
     # --- device phases (GPUs shared with the engines) ----------------------------------------------------------
     def _move(self, direction: str) -> int:

@@ -23,7 +23,6 @@ from rlinf_pipe.weights.process_group import Rendezvous
 from rlinf_pipe.weights.transport_names import Transport
 from rlinf_pipe.workers.logprob_stage import LogprobStage, pad_token_id, policy_options, train_routing
 from rlinf_pipe.workers.replica_balance import TrainRoute
-from rlinf_pipe.workers.step_channels import StepChannels
 from rlinf_pipe.workers.weight_inbox import WeightInbox
 
 
@@ -43,8 +42,8 @@ class InferenceWorker(Worker):
     on the rollout's GPUs), it holds its devices' lock for each group's log-probs, between the engines'
     generations."""
 
-    def __init__(self, cfg: Config, model_path: str, scored: Channel, train: Sequence[Channel], actor_dp: int,
-                 locks: Any = None, balancer: Any = None, pad_id: int | None = None):
+    def __init__(self, cfg: Config, model_path: str, actor_dp: int, locks: Any = None, balancer: Any = None,
+                 pad_id: int | None = None):
         super().__init__()
         init_model_parallel(cfg.inference.tensor_parallel_size, cfg.inference.pipeline_parallel_size,
                             cfg.inference.context_parallel_size)
@@ -52,7 +51,7 @@ class InferenceWorker(Worker):
         self.policy = MegatronPolicy(model_path, train=False, **policy_options(cfg, "inference"))
         ref = MegatronPolicy(model_path, train=False, **policy_options(cfg, "inference")) if needs_ref(cfg) else None
         self.stage = LogprobStage(
-            self.policy, ref, scored, train, TrainRoute(train_routing(cfg, actor_dp), balancer),
+            self.policy, ref, TrainRoute(train_routing(cfg, actor_dp), balancer),
             pad_token_id(model_path, pad_id),
             recompute_old=recomputes_old(cfg), tracer=self.tracer, on_devices=self._on_devices,
         )
@@ -68,10 +67,6 @@ class InferenceWorker(Worker):
         gang = f"{self.info.group}/replica{self.stage.ranks.dp_rank}@{turn}"
         return device_lock(self.locks, self.replica_gpus, self.owner, gang, before_release=hand_back_cached_memory)
 
-    def use_channels(self, channels: StepChannels) -> None:
-        """Stream from `channels.scored` into `channels.train` from now on (new channels after a lost worker)."""
-        self.stage.use_channels(channels.scored, channels.train)
-
     def on_abandon(self) -> None:
         self.inbox.cancel()
 
@@ -79,9 +74,9 @@ class InferenceWorker(Worker):
         """The actor went back to a checkpoint: accept an older weight version next."""
         self.inbox.rewind()
 
-    async def logprob_step(self, step: int) -> int:
-        """The step's log-probs (see `LogprobStage.run`)."""
-        return await self.stage.run(step)
+    async def logprob_step(self, step: int, src: Channel, dst: Sequence[Channel]) -> int:
+        """The step's log-probs, from the scored channel `src` into the train channels `dst` (`LogprobStage.run`)."""
+        return await self.stage.run(step, src, dst)
 
     def weight_group_ranks(self, transport: Transport) -> int:
         """One rank in a weight process group: this process."""

@@ -73,20 +73,16 @@ class LogprobStage:
     (`runner.max_staleness` 1: the samples are a version behind the actor)."""
 
     def __init__(
-        self, policy: MegatronPolicy, ref: MegatronPolicy | None, scored: Channel, train: Sequence[Channel],
-        route: TrainRoute, pad_token_id: int, recompute_old: bool, tracer: Tracer,
+        self, policy: MegatronPolicy, ref: MegatronPolicy | None, route: TrainRoute, pad_token_id: int,
+        recompute_old: bool, tracer: Tracer,
         on_devices: Callable[[str], AbstractAsyncContextManager[None]] = lambda turn: contextlib.nullcontext(),
     ):
-        self.policy, self.ref, self.scored, self.train = policy, ref, scored, list(train)
+        self.policy, self.ref = policy, ref
         self.on_devices = on_devices  # held around each group's log-probs (the device lock of a shared set), given
         # the group's turn: "<step>.<index>", the same on every rank of the replica (they read the same groups)
         self.route, self.pad_token_id, self.recompute_old, self.tracer = route, pad_token_id, recompute_old, tracer
         self.ranks = ReplicaRanks.current()
         self.version = 0  # the weight version `policy` holds
-
-    def use_channels(self, scored: Channel, train: Sequence[Channel]) -> None:
-        """Read `scored` and write `train` from now on (new channels after a lost worker)."""
-        self.scored, self.train = scored, list(train)
 
     @asynccontextmanager
     async def weight_update(self, version: int) -> AsyncIterator[LoadBucket]:
@@ -114,12 +110,13 @@ class LogprobStage:
             version=version,
         )
 
-    async def run(self, step: int) -> int:
-        """Take the step's scored groups until its end and put their `TrainBatch`es into the train channels (the
-        output rank ends the step on every one of them); returns the batches this rank put."""
+    async def run(self, step: int, src: Channel, dst: Sequence[Channel]) -> int:
+        """Take the step's scored groups from `src` until its end and put their `TrainBatch`es into the actor
+        replicas' train channels `dst` (the output rank ends the step on every one of them); returns the batches
+        this rank put."""
         count = 0
         for index in itertools.count():
-            item = await read_shared(self.ranks, self.scored.aget)
+            item = await read_shared(self.ranks, src.aget)
             if isinstance(item, StepEnd):
                 break
             async with self.on_devices(f"{step}.{index}"):
@@ -127,12 +124,12 @@ class LogprobStage:
             if batch is not None:
                 try:
                     replica = await self.route.replica(step, batch)
-                    await self.train[replica].aput(batch, weight=batch.num_sequences)
+                    await dst[replica].aput(batch, weight=batch.num_sequences)
                 except Exception as exc:  # (the replica's other ranks already wait in the next read)
-                    await leave_shared(self.ranks, self.scored.aget, f"its output rank failed to put: {exc}")
+                    await leave_shared(self.ranks, src.aget, f"its output rank failed to put: {exc}")
                     raise
                 count += 1
         if self.ranks.is_output:
-            for channel in self.train:
+            for channel in dst:
                 channel.end_step()
         return count

@@ -1,8 +1,8 @@
 """`RewardWorker`: the Ray worker of the `reward:` placement component, a `RewardPool` between two channels.
 
-Each step it scores the `RolloutGroup`s of the rollout channel and puts `ScoredGroup`s (rewards + advantages)
-into the scored channel. A run without a log-prob stage (nothing to compute: `RunPlan.logprob_component` None)
-gives it the actor replicas' train channels instead: each scored group goes, packed as a `TrainBatch`, to the
+Each step it scores the `RolloutGroup`s of the rollout channel its call names and puts `ScoredGroup`s (rewards +
+advantages) into the scored channel. A run without a log-prob stage (nothing to compute: `RunPlan.logprob_component`
+None) names the actor replicas' train channels instead: each scored group goes, packed as a `TrainBatch`, to the
 replica that trains its slot (`rlinf_pipe.data.routing`), one stage and one hop fewer. With dynamic sampling it
 offers each group to the job's `SamplingRounds` and passes on only the groups kept there.
 """
@@ -28,7 +28,9 @@ from rlinf_pipe.channels import Channel, StepEnd
 from rlinf_pipe.runtime.worker import CONTROL_GROUP, Worker
 from rlinf_pipe.workers.logprob_stage import train_routing
 from rlinf_pipe.workers.replica_balance import TrainRoute
-from rlinf_pipe.workers.step_channels import StepChannels
+
+
+Output = Channel | Sequence[Channel]  # the scored channel, or the actor replicas' train channels
 
 
 def advantage_options(cfg: Config) -> dict[str, Any]:
@@ -37,20 +39,17 @@ def advantage_options(cfg: Config) -> dict[str, Any]:
 
 class RewardWorker(Worker):
     """Scores rollouts in a process pool with per-item timeouts (`reward.*`) and computes their advantages. Its
-    output is the `scored` channel, or given `train` (no log-prob stage) the actor replicas' train channels, with
-    `pad_token_id` to pack the batches. `sampling_rounds` gives each scored group its slot where the prompt's own
+    output is the scored channel, or (no log-prob stage) the `actor_dp` replicas' train channels, packed with
+    `pad_token_id`. `sampling_rounds` gives each scored group its slot where the prompt's own
     does not stand: dynamic sampling's `SamplingRounds`, or `ArrivalSlots` (`algorithm.minibatch_order: arrival`);
     `balancer` the replica of each group written to the train channels by tokens (`ReplicaBalancer`)."""
 
-    def __init__(self, cfg: Config, rollouts: Channel, scored: Channel | None, sampling_rounds: Any = None,
-                 train: Sequence[Channel] | None = None, pad_token_id: int = 0, balancer: Any = None):
+    def __init__(self, cfg: Config, actor_dp: int, sampling_rounds: Any = None, pad_token_id: int = 0,
+                 balancer: Any = None):
         super().__init__()
-        if (scored is None) == (train is None):
-            raise ValueError("a reward worker writes either the scored channel or the train channels")
         self.pool = reward_pool(cfg.reward)
-        self.rollouts, self.scored, self.sampling_rounds = rollouts, scored, sampling_rounds
-        self.train = None if train is None else list(train)
-        self.route = None if train is None else TrainRoute(train_routing(cfg, len(self.train)), balancer)
+        self.sampling_rounds = sampling_rounds
+        self.route = TrainRoute(train_routing(cfg, actor_dp), balancer)
         self.pad_token_id = pad_token_id
         self.estimator, self.adv_options = cfg.algorithm.adv_estimator, advantage_options(cfg)
 
@@ -60,25 +59,14 @@ class RewardWorker(Worker):
         self.pool.close()
         remove_process_temp_folder()
 
-    def use_channels(self, channels: StepChannels) -> None:
-        """Score from `channels.rollouts` into `channels.scored` (or `channels.train`) from now on (new channels
-        after a lost worker)."""
-        self.rollouts, self.scored = channels.rollouts, channels.scored
-        if self.train is not None:
-            self.train = list(channels.train)
-
-    async def _put(self, step: int, scored: ScoredGroup) -> None:
+    async def _put(self, step: int, scored: ScoredGroup, dst: Output) -> None:
         """Pass a scored group of step `step` on: into the scored channel, or packed into its replica's train
-        channel."""
-        if self.train is None:
-            await self.scored.aput(scored, weight=scored.num_sequences)
+        channel (`dst` a list of them)."""
+        if isinstance(dst, Channel):
+            await dst.aput(scored, weight=scored.num_sequences)
             return
         batch = pack_train_batch([scored], self.pad_token_id)
-        await self.train[await self.route.replica(step, batch)].aput(batch, weight=batch.num_sequences)
-
-    def _end_output_step(self) -> None:
-        for channel in self.train if self.train is not None else [self.scored]:
-            channel.end_step()
+        await dst[await self.route.replica(step, batch)].aput(batch, weight=batch.num_sequences)
 
     async def _slot(self, group: RolloutGroup, rewards: list[float]) -> int | None:
         """Where the group trains: its prompt's slot, or the slot `sampling_rounds` gives it (dynamic sampling: None
@@ -87,14 +75,15 @@ class RewardWorker(Worker):
             return group.prompt.slot
         return await self.sampling_rounds.offer.remote(rewards)
 
-    async def score_step(self, step: int, end_step: bool = True) -> RewardTally:
-        """Score the rollout channel's groups up to its step end into the scored channel: each as it is scored
-        (group-scoped estimators) or all once the step is complete (batch-scoped ones). `end_step` False leaves
-        the scored step open (a dynamic-sampling round that may be followed by another)."""
+    async def score_step(self, step: int, src: Channel, dst: Output, end_step: bool = True) -> RewardTally:
+        """Score `src`'s groups (the rollouts) up to its step end into `dst`: the scored channel, or the actor
+        replicas' train channels (no log-prob stage); each as it is scored (group-scoped estimators) or all once
+        the step is complete (batch-scoped ones). `end_step` False leaves the output's step open (a
+        dynamic-sampling round that may be followed by another)."""
         streaming = advantage_scope(self.estimator) == "group"
         tally = RewardTally()
         held: list[tuple[RolloutGroup, list[float], int]] = []
-        while not isinstance(group := await self.rollouts.aget(), StepEnd):
+        while not isinstance(group := await src.aget(), StepEnd):
             with self.tracer.span("reward", step=step, version=group.version, samples=group.num_sequences) as args:
                 context = reward_context(group.prompt)
                 results = await asyncio.to_thread(self.pool.score_batch, [(s.text, context) for s in group.samples])
@@ -107,7 +96,7 @@ class RewardWorker(Worker):
                     continue
                 if streaming:
                     (scored,) = score_groups([group], [rewards], self.estimator, **self.adv_options)
-                    await self._put(step, msgspec.structs.replace(scored, slot=slot))
+                    await self._put(step, msgspec.structs.replace(scored, slot=slot), dst)
                 else:
                     held.append((group, rewards, slot))
         if held:
@@ -115,14 +104,15 @@ class RewardWorker(Worker):
                 scored_groups = score_groups([g for g, _, _ in held], [r for _, r, _ in held], self.estimator,
                                              **self.adv_options)
                 for scored, (_, _, slot) in zip(scored_groups, held, strict=True):
-                    await self._put(step, msgspec.structs.replace(scored, slot=slot))
+                    await self._put(step, msgspec.structs.replace(scored, slot=slot), dst)
         if end_step:
-            self._end_output_step()
+            self.end_step(dst)
         return tally
 
-    def end_step(self) -> None:
+    def end_step(self, dst: Output) -> None:
         """End the output's step (after the last dynamic-sampling round)."""
-        self._end_output_step()
+        for channel in [dst] if isinstance(dst, Channel) else dst:
+            channel.end_step()
 
     def metrics(self) -> dict[str, float]:
         """Counters since start: items, correct, parse_failures, timeouts, errors, restarts, accuracy."""

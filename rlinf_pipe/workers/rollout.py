@@ -27,7 +27,6 @@ from rlinf_pipe.runtime.worker import CONTROL_GROUP, Worker
 from rlinf_pipe.weights import LoadedWeights, WeightLayout, WeightVersion
 from rlinf_pipe.weights.process_group import Rendezvous
 from rlinf_pipe.weights.transport_names import Transport
-from rlinf_pipe.workers.step_channels import StepChannels
 from rlinf_pipe.workers.weight_inbox import WeightInbox
 
 
@@ -35,17 +34,13 @@ class RolloutWorker(Worker):
     """Generates prompt groups into the rollout channel; loads the weight versions the actor publishes."""
 
     def __init__(self, rollout: RolloutConfig, model_path: str, sampling: SamplingParams, run_seed: int,
-                 rollouts: Channel, locks: Any = None, first_batch_size: int | None = None):
+                 locks: Any = None, first_batch_size: int | None = None):
         super().__init__()
         self.engine = build_engine(rollout, model_path, seed=run_seed + self.rank, collocated=locks is not None,
                                    first_batch_size=first_batch_size,
                                    first_gpu=self.info.local_gpus[0] if self.info.local_gpus else None)
-        self.sampling, self.run_seed, self.rollouts, self.locks = sampling, run_seed, rollouts, locks
+        self.sampling, self.run_seed, self.locks = sampling, run_seed, locks
         self.inbox = WeightInbox(self.owner, read_hf_arch(model_path), self.tracer)
-
-    def use_channels(self, channels: StepChannels) -> None:
-        """Put the step's groups into `channels.rollouts` from now on (new channels after a lost worker)."""
-        self.rollouts = channels.rollouts
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     def before_stop(self) -> None:
@@ -73,9 +68,10 @@ class RolloutWorker(Worker):
         return GenerateRequest(request_id=str(index), prompt_ids=list(prompt.prompt_ids),
                                sampling=msgspec.structs.replace(self.sampling, seed=seed))
 
-    async def generate_step(self, prompts: Sequence[PromptItem], step: int,
+    async def generate_step(self, prompts: Sequence[PromptItem], step: int, dst: Channel,
                             weights: int | None = None) -> dict[str, float]:
-        """Generate `prompts`' groups into the rollout channel as each finishes, then end the step; returns counts.
+        """Generate `prompts`' groups into the rollout channel `dst` as each finishes, then end the step; returns
+        counts.
         With `weights`, first wait until the engine holds that weight version (its sync may still be loading)."""
         if weights is not None:
             await self.inbox.wait_for(weights, lambda: self.engine.version)
@@ -87,11 +83,11 @@ class RolloutWorker(Worker):
                 async for result in self.engine.generate(requests):
                     group = RolloutGroup.of(prompts[int(result.request_id)],
                                             to_rollout_samples(result, self.engine.tokenizer))
-                    await self.rollouts.aput(group, weight=group.num_sequences)
+                    await dst.aput(group, weight=group.num_sequences)
                     tokens += group.num_tokens
                     groups += 1
                 args.update(tokens=tokens)
-        self.rollouts.end_step()
+        dst.end_step()
         return {"groups": groups, "tokens": tokens}
 
     async def evaluate(self, requests: Sequence[GenerateRequest], step: int) -> list[EvalOutput]:

@@ -29,7 +29,7 @@ from rlinf_pipe.runtime.cluster import Cluster
 from rlinf_pipe.planning.placement import plan_placement
 from rlinf_pipe.runtime.worker_group import WorkerGroup
 from rlinf_pipe.workers.actor import ActorWorker
-from rlinf_pipe.workers.step_channels import StepChannels
+from rlinf_pipe.runner.step_channels import StepChannels
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.slow
@@ -96,13 +96,13 @@ def test_an_abandoned_step_ends_on_every_rank_and_rolls_back_exactly(local_ray, 
     cluster = Cluster(cfg)
     first = channels(f"abandon-tp{tp}-a", replicas)
     actor = WorkerGroup.launch(ActorWorker, "actor", plan_placement(cfg).components["actor"], cluster, cfg,
-                               model_path, first.train)
+                               model_path)
     try:
         put_groups(first, routing, list(range(GROUPS)), vocab, end=True)  # step 0, whole
-        assert [len(r.optimizer_steps) for r in actor.replicas.train_step(0).wait(120)] == [MINIBATCHES] * replicas
+        assert [len(r.optimizer_steps) for r in actor.replicas.train_step(0, first.train).wait(120)] == [MINIBATCHES] * replicas
         before = actor.all.run(state_of).wait()  # the state step 1 starts from
 
-        call = actor.all.train_step(1)
+        call = actor.all.train_step(1, first.train)
         if tp == 1:  # mini-batch 0 whole, then replica 0's group of mini-batch 1 (slot 2), not replica 1's (slot 3)
             put_groups(first, routing, [0, 1, 2], vocab, end=False)
             wait_until(lambda: actor.rank(0).run(spans_named, "train").wait() == MINIBATCHES + 2)
@@ -130,9 +130,8 @@ def test_an_abandoned_step_ends_on_every_rank_and_rolls_back_exactly(local_ray, 
                         assert torch.equal(torch.as_tensor(v), torch.as_tensor(b["optimizer"]["state"][key][n])), n
 
         second = channels(f"abandon-tp{tp}-b", replicas)  # the retry, on new channels
-        actor.all.use_channels(second).wait()
         put_groups(second, routing, list(range(GROUPS)), vocab, end=True)
-        actor.all.train_step(1).wait(120)
+        actor.all.train_step(1, second.train).wait(120)
         assert {s for _, _, s in actor.all.run(state_of).wait()} == {2 * MINIBATCHES}
         second.abort()
     finally:

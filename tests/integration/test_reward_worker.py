@@ -34,7 +34,7 @@ def launch(name: str, rounds=None, cfg=CFG):
     rollouts = Channel.create(f"{name}-rollouts", RolloutGroup, maxsize=None, num_producers=1)
     scored = Channel.create(f"{name}-scored", ScoredGroup, maxsize=None, num_producers=1)
     remote_cls = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(RewardWorker)
-    worker = remote_cls.options(num_cpus=0).remote(cfg, rollouts, scored, rounds)
+    worker = remote_cls.options(num_cpus=0).remote(cfg, 1, rounds)
     ray.get(worker.ping.remote())
     return worker, rollouts, scored
 
@@ -63,7 +63,7 @@ def test_reward_worker_scores_a_step_and_survives_a_hang(local_ray) -> None:
     for g in groups:
         rollouts.put(g, weight=g.num_sequences)
     rollouts.end_step()
-    call = worker.score_step.remote(0)
+    call = worker.score_step.remote(0, rollouts, scored)
     ping = worker.ping.remote()  # control calls answer while it scores (the step takes TIMEOUT_S at least)
     assert ray.wait([ping, call], num_returns=1, timeout=60)[0] == [ping] and ray.get(ping) > 0
     tally = ray.get(call, timeout=60)
@@ -89,8 +89,8 @@ def test_dynamic_sampling_keeps_varied_groups_in_slots_up_to_the_target(local_ra
     for g in (group(0, "5", uniform), group(1, "5", varied), group(2, "5", varied), group(3, "5", varied)):
         rollouts.put(g, weight=g.num_sequences)
     rollouts.end_step()
-    tally = ray.get(worker.score_step.remote(0, end_step=False), timeout=60)
-    ray.get(worker.end_step.remote())
+    tally = ray.get(worker.score_step.remote(0, rollouts, scored, end_step=False), timeout=60)
+    ray.get(worker.end_step.remote(scored))
     kept = take_step(scored)
     assert [(s.group.prompt.id, s.slot) for s in kept] == [("p1", 0), ("p2", 1)]  # p3 is surplus, p0 uniform
     assert tally.groups == 4 and tally.uniform_groups == 1  # every generated group counts in the rewards
@@ -119,7 +119,7 @@ def test_a_reward_function_scores_the_step_with_its_extras_and_errors(local_ray,
     for g in (group(0, "7", ["7", "7.0", "8"], **fields), group(1, "7", ["raise", "7"], **fields)):
         rollouts.put(g, weight=g.num_sequences)
     rollouts.end_step()
-    tally = ray.get(worker.score_step.remote(0), timeout=60)
+    tally = ray.get(worker.score_step.remote(0, rollouts, scored), timeout=60)
     out = {s.slot: s.rewards.tolist() for s in take_step(scored)}
     assert out == {0: [1.0, 1.0, 0.0], 1: [0.0, 1.0]}
     metrics = tally.metrics()
@@ -127,9 +127,9 @@ def test_a_reward_function_scores_the_step_with_its_extras_and_errors(local_ray,
     assert "reward/from" not in metrics  # (text is not a metric)
 
     strict = load_config(overrides=[f"reward.function={path}", "reward.fail_on_error=true"])
-    worker, rollouts, _ = launch("function-strict", cfg=strict)
+    worker, rollouts, scored = launch("function-strict", cfg=strict)
     rollouts.put(group(0, "7", ["raise"], **fields), weight=1)
     rollouts.end_step()
     with pytest.raises(ray.exceptions.RayTaskError) as info:
-        ray.get(worker.score_step.remote(0), timeout=60)
+        ray.get(worker.score_step.remote(0, rollouts, scored), timeout=60)
     assert "RewardFunctionError" in str(info.value) and "RuntimeError: no score for this one" in str(info.value)

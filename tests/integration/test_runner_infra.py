@@ -164,10 +164,10 @@ def test_the_step_channels_get_the_configured_shared_memory_and_encryption(local
     """`runner.channel_shared_mb` reaches every step channel's spec (0: sockets only), beside the unbounded
     buffering of a collocated run, and so does `runner.channel_encryption`; every spec carries the run's key."""
     from rlinf_pipe.config import load_config
-    from rlinf_pipe.runner.components import create_channels
+    from rlinf_pipe.runner.step_channels import create_channels
     from rlinf_pipe.planning.run_plan import plan_run
 
-    default = create_channels(plan_run(load_config()), 1)
+    default = create_channels(plan_run(load_config()))
     try:
         assert {(ch.spec.shared_bytes, ch.spec.encrypt) for ch in default.train} == {(64 * 1024 * 1024, False)}
         key = default.train[0].spec.key
@@ -177,7 +177,7 @@ def test_the_step_channels_get_the_configured_shared_memory_and_encryption(local
         "runner.channel_shared_mb=0", 'cluster.component_placement={"actor,rollout": all}',
         "algorithm.compute_ref_logprobs=true", "runner.channel_encryption=true",
     ]))
-    channels = create_channels(plan, 1)
+    channels = create_channels(plan)
     try:
         specs = [channels.rollouts.spec, channels.scored.spec, *(ch.spec for ch in channels.train)]
         assert {(spec.shared_bytes, spec.maxsize, spec.encrypt, spec.key) for spec in specs} == {(0, None, True, key)}

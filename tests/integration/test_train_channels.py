@@ -17,7 +17,7 @@ from support.channel_cluster import nodes_fixture, on_node
 from rlinf_pipe.config import load_config
 from rlinf_pipe.data.packing import MicroBatcher
 from rlinf_pipe.data.routing import TrainRouting
-from rlinf_pipe.runner.components import create_channels
+from rlinf_pipe.runner.step_channels import create_channels
 from rlinf_pipe.planning.run_plan import plan_run
 from rlinf_pipe.channels import Channel
 from rlinf_pipe.workers.train_feed import OptimizerStep, train_ops
@@ -56,7 +56,7 @@ async def test_a_replica_waiting_in_the_vote_does_not_hold_up_the_groups_the_oth
                                  "algorithm.n_minibatches=2"])
     plan = plan_run(cfg, [4])
     assert not plan.buffers_steps and plan.actor_dp == 2
-    train = create_channels(plan, reward_processes=1).train
+    train = create_channels(plan).train
     _created.extend(train)
     routing = TrainRouting(groups=24, n_minibatches=2, dp=2)
     slots = {(r, m): [s for s in range(24) if (routing.replica_of(s), routing.minibatch_of(s)) == (r, m)]

@@ -64,10 +64,11 @@ async def test_an_abandoned_step_still_reports_a_failure_nobody_retrieved_elsewh
 
 async def test_a_generation_whose_scoring_fails_leaves_its_result_unseen_without_a_report():
     reports = unseen_failures()
-    rollout = SimpleNamespace(sharded=SimpleNamespace(generate_step=lambda prompts, step, weights: asyncio.sleep(0)))
-    reward = SimpleNamespace(all=SimpleNamespace(score_step=lambda step: fail("reward worker lost")))
+    rollout = SimpleNamespace(sharded=SimpleNamespace(generate_step=lambda prompts, step, dst, weights: asyncio.sleep(0)))
+    reward = SimpleNamespace(all=SimpleNamespace(score_step=lambda step, src, dst: fail("reward worker lost")))
     calls = StageCalls()
-    started = PlainGeneration(rollout, reward).start(0, [], calls)
+    channels = SimpleNamespace(rollouts="rollouts", reward_output="scored")
+    started = PlainGeneration(rollout, reward, lambda: channels).start(0, [], calls)
     assert await failure(calls.until_all()) == "reward worker lost"
     await asyncio.wait({started.result})
     del calls, started
