@@ -89,15 +89,9 @@ class RunPlan:
         return self.engines_share_actor or self.actor_logprobs or self.inference_shares_rollout or self.staleness > 0
 
     @property
-    def device_locks(self) -> bool:
-        """Some GPU set is taken in turns: the job needs the device locks, and its engines sleep between
-        generations."""
-        return self.engines_share_actor or self.inference_shares_rollout
-
-    @property
     def turns(self) -> dict[str, tuple[str, ...]]:
         """For each component that takes turns on its GPUs, the components it takes them with (none listed: its
-        GPUs are its own)."""
+        GPUs are its own). Empty: no GPU set is taken in turns (the job needs no device locks)."""
         pairs = [("rollout", "actor")] if self.engines_share_actor else []
         pairs += [("rollout", "inference")] if self.inference_shares_rollout else []
         turns: dict[str, tuple[str, ...]] = {}

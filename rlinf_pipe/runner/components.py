@@ -1,5 +1,5 @@
 """A running job's parts, launched from its `RunPlan`: the worker groups, the channels between them, the prompt
-sampler, the device locks. `Components.shutdown()` stops the workers and releases the cluster."""
+sampler, each GPU set's share (taken in turns, or alone). `Components.shutdown()` stops the workers and releases the cluster."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from rlinf_pipe.runner.cpu_shares import cpu_stages, node_procs
 from rlinf_pipe.runner.driver_inputs import DriverInputs, driver_inputs
 from rlinf_pipe.planning.run_plan import RunPlan, plan_run
 from rlinf_pipe.runtime.cluster import Cluster
+from rlinf_pipe.runtime.locks import DeviceLocks, DeviceShare, device_shares
 from rlinf_pipe.runtime.node_paths import NodePath, check_node_paths
 from rlinf_pipe.planning.placement import reward_placement
 from rlinf_pipe.planning.stage_graph import StageGraph, stage_graph
@@ -101,7 +102,7 @@ class Components:
     actor: WorkerGroup
     inference: WorkerGroup | None
     channels: StepChannels
-    locks: Any
+    locks: Any  # the job's `DeviceLocks` (None: no GPU set is taken in turns)
     sampling_rounds: Any
     recipes: GroupRecipes
     arrival_slots: Any = None  # `workers.arrival_slots.ArrivalSlots` with `algorithm.minibatch_order: arrival`
@@ -143,8 +144,8 @@ class Components:
         """Start `ranks` of group `name` again on their GPUs (blocking)."""
         args, kwargs = self.recipes.arguments(name)
         self.group(name).relaunch(ranks, *args, **kwargs)
-        if name == "rollout" and self.plan.device_locks:  # as at launch: the engines sleep until they generate
-            self.rollout.some(ranks).release_devices().wait()
+        if name == "rollout" and self.recipes.share("rollout").in_turns:  # as at launch: the engines sleep until
+            self.rollout.some(ranks).release_devices().wait()  # they generate
 
     def stop_workers(self) -> None:
         """Stop every worker and helper actor of the job and this process's channel ends; the cluster (its
@@ -172,26 +173,30 @@ class GroupRecipes:
     plan: RunPlan
     model_path: str
     rollout_path: str
-    locks: Any
+    shares: dict[str, DeviceShare]  # the components that take turns on their GPUs (`device_shares`)
     rounds: Any  # what gives the reward workers' groups their slots (None: the prompts' own)
     pad_token_id: int = 0
     balancer: Any = None  # what routes groups to actor replicas by tokens (None: by slot)
 
+    def share(self, name: str) -> DeviceShare:
+        """Component `name`'s share of its GPUs (alone: every hold a no-op)."""
+        return self.shares.get(name, DeviceShare())
+
     def arguments(self, name: str) -> tuple[tuple, dict[str, Any]]:
         """The constructor arguments of group `name`'s workers."""
-        cfg, plan, locks = self.cfg, self.plan, self.locks
+        cfg, plan = self.cfg, self.plan
         if name == "reward":
             return (cfg, plan.actor_dp, self.rounds, self.pad_token_id, self.balancer), {}
         if name == "actor":
-            return (cfg, self.model_path, plan.actor_logprobs, locks if plan.engines_share_actor else None,
-                    self.balancer, self.pad_token_id), {}
+            return (cfg, self.model_path, plan.actor_logprobs, self.share("actor"), self.balancer,
+                    self.pad_token_id), {}
         if name == "inference":
-            return (cfg, self.model_path, plan.actor_dp, locks if plan.inference_shares_rollout else None,
-                    self.balancer, self.pad_token_id), {}
+            return (cfg, self.model_path, plan.actor_dp, self.share("inference"), self.balancer,
+                    self.pad_token_id), {}
         if name == "rollout":  # (a small first batch only where the actor trains while the engines generate)
             first = None if plan.engines_share_actor else cfg.rollout.first_batch_size or cfg.actor.micro_batch_size
             return (cfg.rollout, self.rollout_path, sampling_params(cfg.rollout, cfg.algorithm.group_size),
-                    cfg.runner.seed, locks, first), {}
+                    cfg.runner.seed, self.share("rollout"), first), {}
         raise ValueError(f"no worker group {name!r}")
 
 
@@ -244,7 +249,6 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
     to its owner. `on_connect` runs once Ray is connected. Given the `run_dir`, every node first checks it sees the
     model folders, the run folder and the checkpoint it resumes from (`resume_from`) as the driver does
     (`check_nodes_see_paths`)."""
-    from rlinf_pipe.runtime.locks import DeviceLocks
     from rlinf_pipe.workers.actor import ActorWorker
     from rlinf_pipe.workers.arrival_slots import ArrivalSlots
     from rlinf_pipe.workers.dynamic_sampling import SamplingRounds
@@ -277,30 +281,31 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
         resolver = resolver_env([node.ip for node in cluster.nodes])
         graph = stage_graph(plan)
         channels = create_channels(plan, graph)
-        locks = DeviceLocks.remote() if plan.device_locks else None
+        locks = DeviceLocks.remote() if plan.turns else None
         rounds = SamplingRounds.remote() if plan.dynamic_sampling else None
         arrival = ArrivalSlots.remote() if plan.arrival_slots else None
         balancer = ReplicaBalancer.remote(train_routing(cfg, plan.actor_dp)) if plan.token_balance else None
-        recipes = GroupRecipes(cfg, plan, inputs.model_path, inputs.rollout_path, locks, rounds or arrival,
+        recipes = GroupRecipes(cfg, plan, inputs.model_path, inputs.rollout_path, device_shares(plan.turns, locks),
+                               rounds or arrival,
                                inputs.pad_token_id, balancer)
-        # The groups build their models at once; on shared GPUs, the engines start once the actor (or the inference
-        # workers) sharing them have built their state (and the actor offloaded it).
+        # The groups build their models at once; on GPUs taken in turns, the engines start once the actor (or the
+        # inference workers) taking turns with them have built their state (and the actor offloaded it).
         reward = start(RewardWorker, "reward", reward_placement(plan.placement), cluster,
                        *recipes.arguments("reward")[0], distributed=False)
         actor = start(ActorWorker, "actor", comps["actor"], cluster, *recipes.arguments("actor")[0],
                       env={**WORKER_ENV, **megatron_env(cfg.actor.tensor_parallel_size)})
-        if plan.engines_share_actor:
+        if recipes.share("actor").in_turns:
             actor.ready()
         inference = None if not plan.inference_workers else start(
             InferenceWorker, "inference", comps["inference"], cluster, *recipes.arguments("inference")[0],
             env={**WORKER_ENV, **megatron_env(cfg.inference.tensor_parallel_size)})
-        if plan.inference_shares_rollout:
+        if recipes.share("inference").in_turns:
             inference.ready()
         rollout = start(RolloutWorker, "rollout", comps["rollout"], cluster, *recipes.arguments("rollout")[0],
                         distributed=False)
         for group in started:
             group.ready()
-        if plan.device_locks:  # the engines hold the GPUs only while they generate
+        if recipes.share("rollout").in_turns:  # the engines hold the GPUs only while they generate
             rollout.all.release_devices().wait()
     except BaseException:
         for group in started:

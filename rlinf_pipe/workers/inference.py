@@ -15,7 +15,7 @@ from rlinf_pipe.config.schema import Config
 from rlinf_pipe.engines.policy import MegatronPolicy, ReplicaRanks
 from rlinf_pipe.models.megatron_gpt import init_model_parallel
 from rlinf_pipe.channels import Channel
-from rlinf_pipe.runtime.locks import device_lock
+from rlinf_pipe.runtime.locks import DeviceShare
 from rlinf_pipe.runtime.worker import Worker
 from rlinf_pipe.utils.device_memory import hand_back_cached_memory
 from rlinf_pipe.weights import LoadedWeights, WeightLayout, WeightVersion
@@ -38,16 +38,16 @@ def replica_gpus(mine: Sequence[int], ranks: ReplicaRanks) -> list[int]:
 
 
 class InferenceWorker(Worker):
-    """Old / reference log-probs of scored groups, streamed channel to channel. Given the device `locks` (inference
-    on the rollout's GPUs), it holds its devices' lock for each group's log-probs, between the engines'
-    generations."""
+    """Old / reference log-probs of scored groups, streamed channel to channel. Its GPUs' `share`: taken in turns
+    with the engines (inference on the rollout's GPUs), it holds them for each group's log-probs, between the
+    engines' generations."""
 
-    def __init__(self, cfg: Config, model_path: str, actor_dp: int, locks: Any = None, balancer: Any = None,
-                 pad_id: int | None = None):
+    def __init__(self, cfg: Config, model_path: str, actor_dp: int, share: DeviceShare = DeviceShare(),
+                 balancer: Any = None, pad_id: int | None = None):
         super().__init__()
         init_model_parallel(cfg.inference.tensor_parallel_size, cfg.inference.pipeline_parallel_size,
                             cfg.inference.context_parallel_size)
-        self.locks = locks
+        self.share = share
         self.policy = MegatronPolicy(model_path, train=False, **policy_options(cfg, "inference"))
         ref = MegatronPolicy(model_path, train=False, **policy_options(cfg, "inference")) if needs_ref(cfg) else None
         self.stage = LogprobStage(
@@ -65,7 +65,10 @@ class InferenceWorker(Worker):
         ranks as one gang: they meet in collectives while holding them. The first rank's grant takes every GPU of
         the replica at once, so no engine can take a sibling's in between."""
         gang = f"{self.info.group}/replica{self.stage.ranks.dp_rank}@{turn}"
-        return device_lock(self.locks, self.replica_gpus, self.owner, gang, before_release=hand_back_cached_memory)
+        async def hand_back() -> None:
+            hand_back_cached_memory()
+
+        return self.share.hold(self.replica_gpus, self.owner, gang, before_give_back=hand_back)
 
     def on_abandon(self) -> None:
         self.inbox.cancel()

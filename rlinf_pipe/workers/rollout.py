@@ -3,14 +3,13 @@
 Each step it turns its share of the prompts into requests (one per prompt, `group_size` samples, seeded from the
 run seed and the prompt's identity, so a prompt's samples do not depend on which worker or batch drew it) and puts
 each `RolloutGroup` into the channel as soon as its samples finish, then ends the step. In collocated mode the
-whole wake -> generate -> sleep phase holds the device lock of its GPUs.
+whole wake -> generate -> sleep phase holds its GPUs' share (`DeviceShare`).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 
 import msgspec
 import ray
@@ -22,7 +21,7 @@ from rlinf_pipe.engines.rollout.engine import GenerateRequest, SamplingParams, r
 from rlinf_pipe.engines.rollout.factory import build_engine
 from rlinf_pipe.models.weight_map import read_hf_arch
 from rlinf_pipe.channels import Channel
-from rlinf_pipe.runtime.locks import device_lock
+from rlinf_pipe.runtime.locks import DeviceShare
 from rlinf_pipe.runtime.worker import CONTROL_GROUP, Worker
 from rlinf_pipe.weights import LoadedWeights, WeightLayout, WeightVersion
 from rlinf_pipe.weights.process_group import Rendezvous
@@ -34,12 +33,12 @@ class RolloutWorker(Worker):
     """Generates prompt groups into the rollout channel; loads the weight versions the actor publishes."""
 
     def __init__(self, rollout: RolloutConfig, model_path: str, sampling: SamplingParams, run_seed: int,
-                 locks: Any = None, first_batch_size: int | None = None):
+                 share: DeviceShare = DeviceShare(), first_batch_size: int | None = None):
         super().__init__()
-        self.engine = build_engine(rollout, model_path, seed=run_seed + self.rank, collocated=locks is not None,
+        self.engine = build_engine(rollout, model_path, seed=run_seed + self.rank, collocated=share.in_turns,
                                    first_batch_size=first_batch_size,
                                    first_gpu=self.info.local_gpus[0] if self.info.local_gpus else None)
-        self.sampling, self.run_seed, self.locks = sampling, run_seed, locks
+        self.sampling, self.run_seed, self.share = sampling, run_seed, share
         self.inbox = WeightInbox(self.owner, read_hf_arch(model_path), self.tracer)
 
     @ray.method(concurrency_group=CONTROL_GROUP)
@@ -97,19 +96,18 @@ class RolloutWorker(Worker):
             with self.tracer.span("evaluate", step=step, version=self.engine.version, requests=len(requests)):
                 return await generate_texts(self.engine, requests)
 
-    @contextlib.asynccontextmanager
-    async def _on_devices(self, step: int) -> AsyncIterator[None]:
-        """Hold the GPUs for a generation: collocated, the device lock and the engine awake inside it."""
-        async with device_lock(self.locks, self.info.global_gpus, self.owner):
-            if self.locks is not None:
-                with self.tracer.span("wake", step=step):
-                    await self.engine.wake()
-            try:
-                yield
-            finally:  # (an abandoned step too: the lock goes, so the memory must)
-                if self.locks is not None:
-                    with self.tracer.span("sleep", step=step):
-                        await self.engine.sleep()
+    def _on_devices(self, step: int) -> AbstractAsyncContextManager[None]:
+        """Hold the GPUs for a generation: taken in turns, the engine awake inside the hold."""
+
+        async def wake() -> None:
+            with self.tracer.span("wake", step=step):
+                await self.engine.wake()
+
+        async def sleep() -> None:  # (an abandoned step too: the devices go, so the memory must)
+            with self.tracer.span("sleep", step=step):
+                await self.engine.sleep()
+
+        return self.share.hold(self.info.global_gpus, self.owner, after_take=wake, before_give_back=sleep)
 
     def weight_group_ranks(self, transport: Transport) -> int:
         """Ranks this worker's engine takes in `transport`'s process group (SGLang over broadcast: its TP size)."""
