@@ -17,29 +17,28 @@ import ray
 from rlinf_pipe.config.schema import RolloutConfig
 from rlinf_pipe.data.structs import PromptItem, RolloutGroup
 from rlinf_pipe.engines.evaluation import EvalOutput, generate_texts
-from rlinf_pipe.engines.rollout.engine import GenerateRequest, SamplingParams, request_seed, to_rollout_samples
+from rlinf_pipe.engines.rollout.engine import GenerateRequest, RolloutEngine, SamplingParams, request_seed, to_rollout_samples
 from rlinf_pipe.engines.rollout.factory import build_engine
-from rlinf_pipe.models.weight_map import read_hf_arch
 from rlinf_pipe.channels import Channel
 from rlinf_pipe.runtime.locks import DeviceShare
-from rlinf_pipe.runtime.worker import CONTROL_GROUP, Worker
-from rlinf_pipe.weights import LoadedWeights, WeightLayout, WeightVersion
-from rlinf_pipe.weights.process_group import Rendezvous
+from rlinf_pipe.runtime.worker import CONTROL_GROUP
+from rlinf_pipe.weights import WeightVersion
 from rlinf_pipe.weights.transport_names import Transport
-from rlinf_pipe.workers.weight_inbox import WeightInbox
+from rlinf_pipe.workers.weight_inbox import NativeReceiver
+from rlinf_pipe.workers.weight_receiver import WeightReceiverWorker
 
 
-class RolloutWorker(Worker):
-    """Generates prompt groups into the rollout channel; loads the weight versions the actor publishes."""
+class RolloutWorker(WeightReceiverWorker):
+    """Generates prompt groups into the rollout channel; loads the weight versions the actor publishes into its
+    engine (`WeightReceiverWorker`)."""
 
     def __init__(self, rollout: RolloutConfig, model_path: str, sampling: SamplingParams, run_seed: int,
                  share: DeviceShare = DeviceShare(), first_batch_size: int | None = None):
-        super().__init__()
+        super().__init__(model_path)
         self.engine = build_engine(rollout, model_path, seed=run_seed + self.rank, collocated=share.in_turns,
                                    first_batch_size=first_batch_size,
                                    first_gpu=self.info.local_gpus[0] if self.info.local_gpus else None)
         self.sampling, self.run_seed, self.share = sampling, run_seed, share
-        self.inbox = WeightInbox(self.owner, read_hf_arch(model_path), self.tracer)
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     def before_stop(self) -> None:
@@ -52,11 +51,7 @@ class RolloutWorker(Worker):
 
     def on_abandon(self) -> None:
         self.engine.abort()
-        self.inbox.cancel()
-
-    def rewind_weights(self) -> None:
-        """The actor went back to a checkpoint: accept an older weight version next."""
-        self.inbox.rewind()
+        super().on_abandon()
 
     async def release_devices(self) -> None:
         """Collocated: put the engine to sleep until its first generation (the actor shares its GPUs)."""
@@ -73,7 +68,7 @@ class RolloutWorker(Worker):
         counts.
         With `weights`, first wait until the engine holds that weight version (its sync may still be loading)."""
         if weights is not None:
-            await self.inbox.wait_for(weights, lambda: self.engine.version)
+            await self.wait_for_weights(weights)
         version = self.engine.version
         requests = [self._request(i, p) for i, p in enumerate(prompts)]
         tokens = groups = 0
@@ -109,6 +104,12 @@ class RolloutWorker(Worker):
 
         return self.share.hold(self.info.global_gpus, self.owner, after_take=wake, before_give_back=sleep)
 
+    def weight_target(self) -> RolloutEngine:
+        return self.engine
+
+    def native_receiver(self) -> NativeReceiver:
+        return self.engine.open_weight_receiver
+
     def weight_group_ranks(self, transport: Transport) -> int:
         """Ranks this worker's engine takes in `transport`'s process group (SGLang over broadcast: its TP size)."""
         return self.engine.weight_group_ranks(transport)
@@ -117,15 +118,6 @@ class RolloutWorker(Worker):
         """Whether the engine receives `transport` with a receiver of its own (SGLang: broadcast and ipc)."""
         return transport in self.engine.native_transports
 
-    async def open_weights(self, transport: Transport, layout: WeightLayout, rendezvous: Rendezvous | None,
-                           rank: int) -> None:
-        """Join the weight transport at `rank` (checks the actor's layout against this engine's model)."""
-        await self.inbox.open(transport, layout, rendezvous, rank, self.engine.open_weight_receiver)
-
     async def verify_weights(self, published: WeightVersion) -> str:
         """Verify the loaded version where the receiver could not (see `RolloutEngine.verify_weights`)."""
         return await self.engine.verify_weights(published)
-
-    async def receive_weights(self, published: WeightVersion, verify: bool = False) -> LoadedWeights:
-        """Load `published` into the engine, bucket by bucket."""
-        return await self.inbox.receive(published, self.engine.version, self.engine.weight_update, verify)
