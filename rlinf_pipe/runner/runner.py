@@ -79,13 +79,13 @@ class Runner:
         self.schedule = RolloutSchedule(generation, c.sampler, plan.staleness, r.max_steps)
         phase = actor_phases(c.actor, plan.engines_share_actor)
         self.weights = WeightSync(plan.weight_transport, plan.weight_routes, c.actor, c.weight_receivers,
-                                  r.verify_weights, self.tracer, phase, plan.engines_share_actor)
+                                  r.verify_weights, self.tracer, phase, plan.engines_share_actor,
+                                  plan.inference_shares_rollout)
         self.validation = Validation(c.val_prompts, r.val_interval, r.val_before_train, r.max_steps, r.val_k,
                                      sampling_params(cfg.rollout, r.val_k), r.seed, self.run_dir)
         lending = None if plan.staleness or plan.engines_share_actor else CpuLending(c.stages(cpu_stages(cfg)))
         self.steps = Step(self.weights, self.schedule, lambda: c.channels, c.logprob_group, c.actor, phase,
                           plan.engines_share_actor, r.max_steps, lending,
-                          generate_beside_sync=not plan.inference_shares_rollout,
                           starts_itself=lambda step: step in r.profile_steps or self.validation.due(step))
 
     @classmethod

@@ -38,16 +38,16 @@ class StepOutcome:
     started_ahead: bool = False
 
 
-async def sync_and_generate(weights: WeightSync, schedule: RolloutSchedule, step: int, calls: StageCalls,
-                            beside: bool = True) -> tuple[dict[str, float], GenerationCalls]:
+async def sync_and_generate(weights: WeightSync, schedule: RolloutSchedule, step: int,
+                            calls: StageCalls) -> tuple[dict[str, float], GenerationCalls]:
     """Sync version `step` into the engines and start the step's generation at once: the driver draws the step's
     prompts in a thread while the weights sync (tokenising them takes milliseconds) and asks for the generation as
     soon as they are drawn; each engine starts it once it holds version `step` (`weights=step`), a Ray round trip
     sooner than if the driver waited for the sync's answer first. A failed sync fails the engines' wait too. The
     first sync of a run (or after a relaunch) completes first: it may move the version the engines already hold,
-    which a generation beside it would not wait for (`WeightSync.versions_known`); so does every sync without
-    `beside` (other receivers load on the engines' GPUs, which they must not share while the engines generate)."""
-    beside = beside and weights.versions_known()
+    which a generation beside it would not wait for; so does every sync where other receivers load on the engines'
+    GPUs, which they must not share while the engines generate (`WeightSync.generation_beside`)."""
+    beside = weights.generation_beside()
     syncing = asyncio.ensure_future(weights.sync(version=step))
     try:
         prompts = await asyncio.to_thread(schedule.draw)
@@ -77,26 +77,18 @@ class Step:
     engines_share_actor: bool
     max_steps: int
     cpus: CpuLending | None = None
-    generate_beside_sync: bool = True  # false: inference takes turns with the engines (it loads on their GPUs)
     # Steps whose generation starts at the step's own start, never during the step before: a profiled step (its
     # profiler starts with the step) and one validated first (validation waits until the engines are idle, and a
     # generation started early may never be: its output fills the bounded channels, and nothing trains it before
     # the step starts).
     starts_itself: Callable[[int], bool] = lambda step: False  # noqa: E731
 
-    @property
-    def pushes_weights(self) -> bool:
-        """Whether the step pushes the version it trains into the receivers as soon as it is trained
-        (`WeightSync.push`): not where the receivers load on the engines' GPUs, which they take turns with."""
-        return self.weights.pushes and self.generate_beside_sync
-
     async def run(self, step: int) -> StepOutcome:
         calls = StageCalls()
         await self.schedule.finish_ahead(calls, step)  # max_staleness 1: the engines finish the rollouts ahead
         if self.cpus is not None:
             self.cpus.start_step()  # (before the step's calls go out)
-        sync, generation = await sync_and_generate(self.weights, self.schedule, step, calls,
-                                                   self.generate_beside_sync)
+        sync, generation = await sync_and_generate(self.weights, self.schedule, step, calls)
         ch = self.channels()
         by_actor = self.logprob is self.actor
         logprob = None if by_actor or self.logprob is None else calls.start(
@@ -112,10 +104,11 @@ class Step:
                 await calls.until(calls.start("logprob", self.actor.all.logprob_step(step, src=ch.scored,
                                                                                       dst=ch.train)))
             train = calls.start("train", self.actor.replicas.train_step(step, src=ch.train))
-            if self.pushes_weights and step + 1 < self.max_steps:  # (the next step's sync collects it)
-                idle = {"rollout": [generation.rollout, *self.schedule.rollouts_before(step + 1)],
-                        "inference": [logprob] if logprob is not None else []}
-                calls.watch("weight_push", self.weights.push(step + 1, idle))
+            idle = {"rollout": [generation.rollout, *self.schedule.rollouts_before(step + 1)],
+                    "inference": [logprob] if logprob is not None else []}
+            pushed = self.weights.after_training(step + 1, idle) if step + 1 < self.max_steps else None
+            if pushed is not None:  # (the next step's sync collects it)
+                calls.watch("weight_push", pushed)
                 if self.schedule.starts_next_early and not self.starts_itself(step + 1):  # on the pushed version
                     self.schedule.start_next(step + 1, calls, generation)
             await calls.until_all()

@@ -40,10 +40,12 @@ class WeightSync:
 
     def __init__(self, transport: Transport, routes: Sequence[WeightRoute], actor: WorkerGroup,
                  receivers: dict[str, WorkerGroup], verify: bool, tracer: Tracer, actor_phase: ActorPhase,
-                 engines_share_actor: bool):
+                 engines_share_actor: bool, receivers_share_engines: bool = False):
         self.transport, self.routes, self.actor, self.receivers = transport, list(routes), actor, receivers
         self.verify, self.tracer, self.actor_phase = verify, tracer, actor_phase
         self.at_phase_end = engines_share_actor  # group transports move a version when the actor phase ends
+        # Inference on the engines' GPUs loads there: a sync never runs beside the engines' generation, nor a push.
+        self.beside_generation = not receivers_share_engines
         self.concurrent = needs_rendezvous(transport)
         self.published: WeightVersion | None = None  # object store: the last version published
         self.synced: dict[int, float] = {}  # group transports at phase end: versions moved ahead of their step
@@ -106,7 +108,20 @@ class WeightSync:
         """Whether versions are pushed at the end of the step that trains them (`push`): group transports with the
         receivers on GPUs of their own, all of them ours (SGLang's ranks would wait for a pushed version inside
         their collective, which times out)."""
-        return self.concurrent and not self.at_phase_end and not self.native
+        return self.concurrent and not self.at_phase_end and not self.native and self.beside_generation
+
+    def after_training(self, version: int, idle: Mapping[str, Sequence[asyncio.Future]]) -> asyncio.Future | None:
+        """The hook the step calls as it starts training `version`: where versions are pushed, `version` moves into
+        the receivers as soon as that training ends (`push`; returns the transfer, which the next `sync`
+        collects). Elsewhere nothing happens here: `publish` moves or publishes it at the end of the actor's phase,
+        or the next `sync` moves it."""
+        return self.push(version, idle) if self.pushes else None
+
+    def generation_beside(self) -> bool:
+        """The hook the step asks before its generation: whether the engines may be asked to generate while their
+        sync still loads (they wait for the version): not for a run's first sync (`versions_known`), nor where
+        other receivers load on the engines' GPUs."""
+        return self.beside_generation and self.versions_known()
 
     def push(self, version: int, after: Mapping[str, Sequence[asyncio.Future]]) -> asyncio.Future:
         """While the step that trains `version` runs: ask the actor to send it once that step ends, and each
