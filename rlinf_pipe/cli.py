@@ -98,7 +98,7 @@ def _plan(args: argparse.Namespace) -> int:
             raise ConfigError(f"{exc} (`rlinf-pipe plan --no-files` skips the checks of files, to plan from a machine "
                               "without them)") from None
     plan = checked.plan
-    memory = memory_report(cfg, plan.placement, plan.weight_transport)
+    memory = memory_report(cfg, plan)
     weights = {"transport": plan.weight_transport, "why": plan.weight_transport_why,
                "receivers": list(plan.weight_receivers)}
     checks = {"passed": list(checked.passed), "skipped": list(checked.skipped)}
