@@ -14,7 +14,9 @@ The model of the estimate (docs/memory.md walks through it):
   local layer spec materialises), reduced by `actor.recompute`; the micro-batch's bf16 logits and their gradient,
   and the log-prob code's float32 chunks (`engines.policy.logprobs.CHUNK_BYTES` each); 2.5 GiB per process on the
   GPU for what it holds outside the allocator's blocks (CUDA context, NCCL and library workspaces). Checked against
-  a measured step on an H200 (docs/memory.md);
+  a measured step on an H200 (docs/memory.md). The log-prob workers: one layer's forward working set at
+  `inference.max_tokens_per_batch`, the logits and the chunks (`model_sizes.forward_activations`); with context
+  parallelism, as the actor's, 1/CP of the tokens a rank plus the keys and values gathered from the other CP ranks;
 * **kv_cache**: SGLang's static share (`rollout.gpu_memory_fraction` of the memory free when it starts: the
   capacity less what the set's other processes hold, as sglang 0.5.23 measures it) less its weights; the torch
   engine's cache for `max_running_requests` sequences at full length;
@@ -216,7 +218,7 @@ def _inference(cfg: Config, comp: ComponentPlacement, shape: HfArch, dtype_bytes
     copies = 2 if needs_ref(cfg) else 1
     return {
         "weights": params * dtype_bytes * copies,
-        "activations": forward_activations(shape, cfg.inference.max_tokens_per_batch, comp.tp),
+        "activations": forward_activations(shape, cfg.inference.max_tokens_per_batch, comp.tp, comp.cp),
     }
 
 
@@ -265,7 +267,8 @@ def advice(memory: ComponentMemory) -> str:
             "actor": "actor.micro_batch_tokens (or actor.micro_batch_size and max_micro_batch_size), actor.recompute: "
                      "selective or full, actor.tensor_parallel_size with actor.sequence_parallel, "
                      "actor.context_parallel_size",
-            "inference": "inference.max_tokens_per_batch or inference.tensor_parallel_size",
+            "inference": "inference.max_tokens_per_batch, inference.tensor_parallel_size or "
+                         "inference.context_parallel_size",
             "rollout": "rollout.max_running_requests",
         }.get(memory.component, ""),
         "weights": f"{memory.component}.tensor_parallel_size or pipeline_parallel_size",

@@ -76,11 +76,15 @@ def training_activations(shape: HfArch, tokens: int, seq_len: int, tp: int, pp: 
     return layers * per_layer + recomputing + logits
 
 
-def forward_activations(shape: HfArch, tokens: int, tp: int) -> float:
-    """Bytes of a forward-only pass over `tokens`: one layer's working set, the logits and the log-prob chunks
-    (sequence parallelism keeps the same peak: each projection gathers the whole sequence)."""
-    layer = tokens * shape.hidden_size * 16 / tp + tokens * shape.intermediate_size * 2 * 3 / tp
-    return layer + tokens * shape.vocab_size / tp * 2 + 2 * CHUNK_BYTES
+def forward_activations(shape: HfArch, tokens: int, tp: int, cp: int = 1) -> float:
+    """Bytes of a forward-only pass over `tokens` (the micro-batch's whole budget) on one rank: one layer's working
+    set, the logits and the log-prob chunks. With context parallelism the rank runs 1/CP of every sequence and holds
+    the whole sequences' keys and values of the layer it runs (gathered from the other CP ranks). Sequence
+    parallelism keeps the same peak: each projection gathers the whole sequence again."""
+    local = tokens / cp
+    layer = local * shape.hidden_size * 16 / tp + local * shape.intermediate_size * 2 * 3 / tp
+    gathered = tokens * (cp - 1) / cp * 2 * 2 * shape.num_kv_heads * shape.head_dim / tp  # (bf16 K and V)
+    return layer + gathered + local * shape.vocab_size / tp * 2 + 2 * CHUNK_BYTES
 
 
 def kv_cache_bytes(shape: HfArch, sequences: int, seq_len: int, tp: int, dtype_bytes: int = 2) -> float:

@@ -301,3 +301,32 @@ def test_the_contexts_of_sglang_ranks_mapping_buckets_on_the_first_gpu_are_count
     assert "rollout.gpu_memory_fraction <= 0.97" in tight.problem and "3 other TP ranks" in tight.problem
     assert _estimate(*base, "runner.weight_sync=object_store", "rollout.gpu_memory_fraction=0.97")["rollout"].fits
     assert _estimate(*base, "rollout.gpu_memory_fraction=0.98")["rollout"].fits  # (broadcast: nothing mapped there)
+
+
+def test_context_parallel_log_prob_workers_hold_a_slice_of_every_sequence_and_sequence_parallel_ones_the_same():
+    """inference.context_parallel_size as the actor's: each rank of a log-prob replica runs 1/CP of the pass's
+    tokens and keeps the gathered keys and values of its layer; its weights are whole on every CP rank. Forward
+    only, sequence parallelism keeps the peak (each projection gathers the whole sequence again). Both placed and
+    estimated: TP 2 x CP 2 (with SP) on 4 log-prob GPUs is one replica."""
+    from rlinf_pipe.planning.model_sizes import forward_activations
+
+    shape, _ = model_arch(R1_DISTILL)
+    one, halves = forward_activations(shape, 17408, 1), forward_activations(shape, 17408, 1, cp=2)
+    assert one / 2 < halves < one * 0.6  # (half the tokens, plus the gathered keys and values)
+    long = ("qwen2.5-1.5b-grpo-megatron-long-1node", "algorithm.compute_ref_logprobs=true")
+    base = _estimate(*long)["inference"].per_gpu_bytes
+    cp2 = _estimate(*long, "inference.context_parallel_size=2")
+    assert cp2["inference"].per_gpu_bytes["weights"] == base["weights"]
+    assert cp2["inference"].per_gpu_bytes["activations"] - PROCESS_OVERHEAD == pytest.approx(
+        forward_activations(shape, 17408, 1, cp=2), rel=1e-9)
+    assert cp2["inference"].per_gpu_bytes["activations"] < base["activations"]
+    wide = ("cluster.num_gpus_per_node=10", "cluster.component_placement={rollout: 0-3, inference: 4-7, actor: 8-9}",
+            "inference.tensor_parallel_size=2", "inference.context_parallel_size=2")
+    tp2cp2 = _estimate(*long, *wide)["inference"].per_gpu_bytes
+    assert tp2cp2 == _estimate(*long, *wide, "inference.sequence_parallel=true")["inference"].per_gpu_bytes
+    assert tp2cp2["activations"] - PROCESS_OVERHEAD == pytest.approx(forward_activations(shape, 17408, 2, cp=2),
+                                                                     rel=1e-9)
+    from rlinf_pipe.planning.run_plan import plan_run
+
+    placed = plan_run(load_config(CONFIGS, long[0], [*long[1:], *wide])).placement.components["inference"]
+    assert (placed.tp, placed.cp, placed.dp) == (2, 2, 1)
