@@ -119,6 +119,19 @@ def test_context_parallel_ranks_count_in_a_replica():
     assert "actor.context_parallel_size = 4" in str(error) and "multiple of 4 GPUs" in str(error)
 
 
+def test_pipeline_and_context_parallel_ranks_of_both_megatron_components():
+    """PP 2 x CP 2 for the actor, TP 2 x CP 2 for the log-prob workers: a replica of four GPUs each; the actor's
+    weights are gathered on each CP rank of stage 0 (ranks 0 and 1 of each replica: tp-cp-dp-pp order)."""
+    from rlinf_pipe.planning.weight_routes import gathering_ranks
+
+    p = plan({"rollout": "0-7", "inference": "8-15", "actor": "16-23"}, nodes=3, actor__pipeline_parallel_size=2,
+             actor__context_parallel_size=2, inference__tensor_parallel_size=2, inference__context_parallel_size=2)
+    actor, inference = p.components["actor"], p.components["inference"]
+    assert (actor.tp, actor.pp, actor.cp, actor.dp) == (1, 2, 2, 2)
+    assert (inference.tp, inference.pp, inference.cp, inference.dp) == (2, 1, 2, 2)
+    assert gathering_ranks(actor) == [0, 1, 2, 3]  # (stage 0: the first tp x cp x dp ranks)
+
+
 def test_collocated_all():
     p = plan({"actor,rollout": "all"})
     assert p.mode == "collocated"
