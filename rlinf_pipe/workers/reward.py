@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
-import ray
 
 from rlinf_pipe.algorithms.advantages import advantage_scope
 from rlinf_pipe.algorithms.scoring import RewardTally, score_groups
@@ -25,7 +24,7 @@ from rlinf_pipe.engines.reward.context import RewardContext, reward_context
 from rlinf_pipe.engines.reward.pool import remove_process_temp_folder
 from rlinf_pipe.engines.reward.registry import reward_pool
 from rlinf_pipe.channels import Channel, StepEnd
-from rlinf_pipe.runtime.worker import CONTROL_GROUP, Worker
+from rlinf_pipe.runtime.worker import Worker, control_call
 from rlinf_pipe.workers.logprob_stage import train_routing
 from rlinf_pipe.workers.replica_balance import TrainRoute
 
@@ -53,7 +52,7 @@ class RewardWorker(Worker):
         self.pad_token_id = pad_token_id
         self.estimator, self.adv_options = cfg.algorithm.adv_estimator, advantage_options(cfg)
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
+    @control_call
     def before_stop(self) -> None:
         """Stop the pool's processes and remove the forkserver's socket folder, which a kill would leave in /tmp."""
         self.pool.close()
