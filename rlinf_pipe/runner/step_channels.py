@@ -37,6 +37,13 @@ class StepChannels:
         """Where the reward workers write: the scored channel, or the train channels (no log-prob stage)."""
         return self.scored if self.scored is not None else self.train
 
+    @property
+    def logprob_input(self) -> Channel:
+        """What the log-prob stage reads: the scored channel (a job without a log-prob stage has none)."""
+        if self.scored is None:
+            raise ValueError("this job has no log-prob stage, so no scored channel")
+        return self.scored
+
     def abort(self) -> None:
         """Stop this process's ends of the channels (before Ray goes, or when they are replaced)."""
         for channel in (self.rollouts, self.scored, *self.train):

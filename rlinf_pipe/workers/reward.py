@@ -117,7 +117,7 @@ class RewardWorker(Worker):
         """Counters since start: items, correct, parse_failures, timeouts, errors, restarts, accuracy."""
         return self.pool.metrics()
 
-    async def judge(self, pairs: list[tuple[str, str | RewardContext]]) -> list[bool]:
+    async def judge(self, pairs: Sequence[tuple[str, str | RewardContext]]) -> list[bool]:
         """Whether each (response, reference answer or `RewardContext`) is correct: evaluation's scoring, outside the
         channels."""
         results = await asyncio.to_thread(self.pool.score_batch, pairs)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections import deque
 from types import SimpleNamespace
 
+from support.local_group import LocalGroup
+
 from rlinf_pipe.planning.weight_routes import WeightRoute
 from rlinf_pipe.runner.weight_sync import WeightSync
 from rlinf_pipe.runtime import worker_group
@@ -31,7 +33,7 @@ async def test_weight_routes_on_one_node_never_share_a_rendezvous_port(monkeypat
     async def free_port(avoid):
         return draw(avoid)
 
-    actor = SimpleNamespace(rank=lambda rank: SimpleNamespace(free_port=free_port))
+    actor = LocalGroup([SimpleNamespace(free_port=free_port)] * 3)
     sync = WeightSync("broadcast", [WeightRoute(0, ())], actor, {}, verify=False, tracer=Tracer("driver"),
                       actor_phase=None, engines_share_actor=False)
     points = [await sync._distinct_port(rank) for rank in range(3)]
