@@ -300,8 +300,9 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
         resolver = resolver_env([node.ip for node in cluster.nodes])
         graph = stage_graph(plan)
         channels = create_channels(plan, graph)
-        locks = DeviceLocks.remote() if plan.turns else None
-        rounds = SamplingRounds.remote() if plan.dynamic_sampling else None
+        # (`@ray.remote` makes these classes actor classes, which mypy does not see: it keeps a class's type)
+        locks = DeviceLocks.remote() if plan.turns else None  # type: ignore[attr-defined]
+        rounds = SamplingRounds.remote() if plan.dynamic_sampling else None  # type: ignore[attr-defined]
         arrival = ArrivalSlots.remote() if plan.arrival_slots else None
         balancer = ReplicaBalancer.remote(train_routing(cfg, plan.actor_dp)) if plan.token_balance else None
         recipes = GroupRecipes(cfg, plan, inputs.model_path, inputs.rollout_path, device_shares(plan.turns, locks),

@@ -97,9 +97,9 @@ class PlainGeneration:
         launch = calls.watch if ahead else calls.start
         suffix = "_ahead" if ahead else ""
         ch = self.channels()
-        rollout = launch("rollout" + suffix, _after(after and after.rollout, lambda: self.rollout.sharded.call(
+        rollout = launch("rollout" + suffix, _after(after.rollout if after else None, lambda: self.rollout.sharded.call(
             RolloutWorker.generate_step, prompts, step, dst=ch.rollouts, weights=weights)))
-        scoring = launch("reward" + suffix, _after(after and after.result, lambda: self._score(step, ch)))
+        scoring = launch("reward" + suffix, _after(after.result if after else None, lambda: self._score(step, ch)))
 
         async def result() -> GenerationResult:
             return GenerationResult(await scoring)
@@ -215,6 +215,8 @@ class RolloutSchedule:
         if self.ahead:
             current = self.ahead.popleft()
             self.states_before_ahead.popleft()
+        elif prompts is None:
+            raise ValueError(f"step {step}: no prompts to start its generation on, and none started ahead")
         else:
             current = self.generation.start(step, prompts, calls, weights=weights)
         while len(self.ahead) < self.staleness and step + len(self.ahead) + 1 < self.max_steps:

@@ -55,9 +55,9 @@ class StageCalls:
                 self.cancel()
                 raise
             for task in done:
-                if not task.cancelled() and task.exception() is not None:
+                if not task.cancelled() and (failure := task.exception()) is not None:
                     self.cancel()
-                    raise task.exception()
+                    raise failure
             pending -= done
 
     def cancel(self) -> None:

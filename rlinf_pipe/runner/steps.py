@@ -95,10 +95,13 @@ class Step:
         logprob = None if by_actor or self.logprob is None else calls.start(
             "logprob", self.logprob.all.call(LogprobComputing.logprob_step, step, src=ch.logprob_input,
                                              dst=ch.train))
-        if self.cpus is not None:
+        if (cpus := self.cpus) is not None:
+            def lend(stage: str) -> Callable[[asyncio.Future], None]:
+                return lambda _: cpus.done(stage)
+
             for name, call in (("rollout", generation.rollout), ("inference", logprob)):
                 if call is not None:
-                    call.add_done_callback(lambda _, name=name: self.cpus.done(name))
+                    call.add_done_callback(lend(name))
         if self.engines_share_actor:
             await calls.until(generation.rollout)  # the engines give the devices back
         async with self.actor_phase(step):

@@ -76,7 +76,9 @@ def _rendezvous_point(node: Any) -> tuple[str, int]:
         return hand_out(free_port_here(avoid))
     probe = ray.remote(num_cpus=0)(free_port_here).options(
         scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False))
-    return hand_out(tuple(ray.get(probe.remote(avoid))))
+    # (Ray's stubs type a remote function by its parameter count, not counting one with a default: `avoid`)
+    addr, port = ray.get(probe.remote(avoid))  # type: ignore[call-arg]
+    return hand_out((addr, port))
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,8 @@ class _Recipe:
     env: dict[str, str]
     runtime_env: dict[str, Any] | None
 
+
+_PING_FAILED: tuple[type[Exception], ...] = (*CALL_FAILED, GetTimeoutError)  # a ping that fails or times out
 
 TRACKED_CALLS = 256  # in-flight calls a group remembers before it forgets the finished ones
 
@@ -147,7 +151,8 @@ class WorkerGroup(Generic[W_co]):
         start together)."""
         if not issubclass(worker_cls, Worker):
             raise TypeError(f"{worker_cls.__name__} must subclass rlinf_pipe.runtime.worker.Worker")
-        remote_cls = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(worker_cls)
+        # (Ray's stubs leave out `concurrency_groups`, an actor class's option)
+        remote_cls = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(worker_cls)  # type: ignore[call-overload]
         group: WorkerGroup[V] = WorkerGroup(name, placement, [],
                                             _Recipe(remote_cls, cluster, distributed, dict(env or {}), runtime_env))
         group._members = group._start_members(list(placement.processes), args, kwargs)
@@ -155,9 +160,16 @@ class WorkerGroup(Generic[W_co]):
         group._building = group._every().call(Worker.worker_info)
         return group
 
+    @property
+    def recipe(self) -> _Recipe:
+        """How the group's actors were started (a group made of given members, in tests, has none)."""
+        if self._recipe is None:
+            raise ClusterError(f"{self.name}: a group not started by WorkerGroup.start cannot start actors")
+        return self._recipe
+
     def _start_members(self, procs: list[ProcessPlacement], args: tuple, kwargs: dict[str, Any]) -> list[Member]:
         """Start an actor for each of `procs` (with the group's recipe and these constructor arguments)."""
-        recipe, name = self._recipe, self.name
+        recipe, name = self.recipe, self.name
         cluster = recipe.cluster
         reservations = cluster.reserve_nodes(sorted({p.node_rank for p in procs if p.global_gpus}))
         world = len(self.placement.processes)
@@ -197,7 +209,7 @@ class WorkerGroup(Generic[W_co]):
         ranks = sorted(set(ranks))
         for rank in ranks:
             self._check_rank(rank)
-        if self._recipe.distributed and len(ranks) != self.size:
+        if self.recipe.distributed and len(ranks) != self.size:
             raise ValueError(f"{self.name}: a group with a torch.distributed world is relaunched whole, not ranks "
                              f"{ranks} of 0-{self.size - 1}")
         self.kill(ranks)
@@ -352,7 +364,7 @@ class WorkerGroup(Generic[W_co]):
         for ref in refs:
             try:
                 status.append(ref in ready and ray.get(ref, timeout=0) > 0)
-            except (*CALL_FAILED, GetTimeoutError):
+            except _PING_FAILED:
                 status.append(False)
         return status
 
