@@ -12,7 +12,7 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -25,6 +25,9 @@ from rlinf_pipe.runtime.worker_group import WorkerGroup
 from rlinf_pipe.utils.futures import mark_retrieved
 from rlinf_pipe.workers.reward import RewardWorker
 from rlinf_pipe.workers.rollout import RolloutWorker
+
+
+T = TypeVar("T")
 
 
 def draw_prompts(sampler: PromptSampler, count: int | None = None) -> list[PromptItem]:
@@ -53,7 +56,7 @@ class GenerationCalls:
     ahead: bool = False
 
 
-async def _after(previous: asyncio.Future | None, call: Callable[[], Awaitable[Any]]) -> Any:
+async def _after(previous: asyncio.Future | None, call: Callable[[], Awaitable[T]]) -> T:
     """`call()`, made once `previous` (a call of the step before) is done: a group call goes out when it is made."""
     if previous is not None:
         await asyncio.shield(previous)

@@ -106,8 +106,9 @@ class Step:
             await calls.until(generation.rollout)  # the engines give the devices back
         async with self.actor_phase(step):
             if by_actor:  # before any update; meanwhile the engines on other GPUs go on generating
-                await calls.until(calls.start("logprob", self.actor.all.call(ActorWorker.logprob_step, step,
-                                                                              src=ch.logprob_input, dst=ch.train)))
+                logprobs = calls.start("logprob", self.actor.all.call(ActorWorker.logprob_step, step,
+                                                                      src=ch.logprob_input, dst=ch.train))
+                await calls.until(logprobs)
             train = calls.start("train", self.actor.replicas.call(ActorWorker.train_step, step, src=ch.train))
             idle = {"rollout": [generation.rollout, *self.schedule.rollouts_before(step + 1)],
                     "inference": [logprob] if logprob is not None else []}

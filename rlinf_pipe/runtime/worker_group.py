@@ -113,7 +113,7 @@ class WorkerGroup(Generic[W_co]):
                  recipe: _Recipe | None = None):
         self.name, self.placement, self._members, self._recipe = name, placement, members, recipe
         self._calls: list[tuple[Member, Any]] = []  # calls made through the verbs, not known to be finished
-        self._building: GroupCall | None = None  # `start`'s readiness call, until `ready` has waited for it
+        self._building: GroupCall[list[WorkerInfo]] | None = None  # `start`'s readiness call, until `ready` has waited for it
 
     @classmethod
     def launch(
