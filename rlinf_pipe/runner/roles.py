@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from rlinf_pipe.channels import Channel
+    from rlinf_pipe.data.structs import ScoredGroup
+    from rlinf_pipe.data.train_batch import TrainBatch
 
 
 class LogprobComputing(Protocol):
     """A worker that computes a step's old / reference log-probs: the inference workers (`InferenceWorker`) or the
     actor (`ActorWorker`)."""
 
-    async def logprob_step(self, step: int, src: Channel, dst: Sequence[Channel]) -> int: ...
+    async def logprob_step(self, step: int, src: Channel[ScoredGroup], dst: Sequence[Channel[TrainBatch]]) -> int: ...

@@ -28,17 +28,17 @@ ITEM_TYPES: dict[str, type] = {"RolloutGroup": RolloutGroup, "ScoredGroup": Scor
 class StepChannels:
     """The step's streams (see the module docstring)."""
 
-    rollouts: Channel
-    scored: Channel | None
-    train: list[Channel]
+    rollouts: Channel[RolloutGroup]
+    scored: Channel[ScoredGroup] | None
+    train: list[Channel[TrainBatch]]
 
     @property
-    def reward_output(self) -> Channel | list[Channel]:
+    def reward_output(self) -> Channel[ScoredGroup] | list[Channel[TrainBatch]]:
         """Where the reward workers write: the scored channel, or the train channels (no log-prob stage)."""
         return self.scored if self.scored is not None else self.train
 
     @property
-    def logprob_input(self) -> Channel:
+    def logprob_input(self) -> Channel[ScoredGroup]:
         """What the log-prob stage reads: the scored channel (a job without a log-prob stage has none)."""
         if self.scored is None:
             raise ValueError("this job has no log-prob stage, so no scored channel")

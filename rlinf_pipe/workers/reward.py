@@ -20,6 +20,7 @@ from rlinf_pipe.algorithms.scoring import RewardTally, score_groups
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.data.packing import pack_train_batch
 from rlinf_pipe.data.structs import RolloutGroup, ScoredGroup
+from rlinf_pipe.data.train_batch import TrainBatch
 from rlinf_pipe.engines.reward.context import RewardContext, reward_context
 from rlinf_pipe.engines.reward.pool import remove_process_temp_folder
 from rlinf_pipe.engines.reward.registry import reward_pool
@@ -29,7 +30,8 @@ from rlinf_pipe.workers.logprob_stage import train_routing
 from rlinf_pipe.workers.replica_balance import TrainRoute
 
 
-Output = Channel | Sequence[Channel]  # the scored channel, or the actor replicas' train channels
+# the scored channel, or the actor replicas' train channels
+Output = Channel[ScoredGroup] | Sequence[Channel[TrainBatch]]
 
 
 def advantage_options(cfg: Config) -> dict[str, Any]:
@@ -74,7 +76,8 @@ class RewardWorker(Worker):
             return group.prompt.slot
         return await self.sampling_rounds.offer.remote(rewards)
 
-    async def score_step(self, step: int, src: Channel, dst: Output, end_step: bool = True) -> RewardTally:
+    async def score_step(self, step: int, src: Channel[RolloutGroup], dst: Output,
+                         end_step: bool = True) -> RewardTally:
         """Score `src`'s groups (the rollouts) up to its step end into `dst`: the scored channel, or the actor
         replicas' train channels (no log-prob stage); each as it is scored (group-scoped estimators) or all once
         the step is complete (batch-scoped ones). `end_step` False leaves the output's step open (a

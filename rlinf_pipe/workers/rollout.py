@@ -61,7 +61,7 @@ class RolloutWorker(WeightReceiverWorker):
         return GenerateRequest(request_id=str(index), prompt_ids=list(prompt.prompt_ids),
                                sampling=msgspec.structs.replace(self.sampling, seed=seed))
 
-    async def generate_step(self, prompts: Sequence[PromptItem], step: int, dst: Channel,
+    async def generate_step(self, prompts: Sequence[PromptItem], step: int, dst: Channel[RolloutGroup],
                             weights: int | None = None) -> dict[str, float]:
         """Generate `prompts`' groups into the rollout channel `dst` as each finishes, then end the step; returns
         counts.
