@@ -24,7 +24,8 @@ from collections.abc import Mapping, Sequence
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.runner.devices import ActorPhase
 from rlinf_pipe.planning.weight_routes import WeightRoute, gpu_devices, gpu_shared_in_group
-from rlinf_pipe.runtime.worker_group import WorkerGroup, hand_out, handed_out_ports
+from rlinf_pipe.runtime.rendezvous import hand_out, handed_out_ports
+from rlinf_pipe.runtime.worker_group import WorkerGroup
 from rlinf_pipe.utils.futures import mark_retrieved
 from rlinf_pipe.utils.tracing import Tracer
 from rlinf_pipe.weights import LoadedWeights, WeightSyncError, WeightVersion

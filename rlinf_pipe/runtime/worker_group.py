@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -36,49 +35,19 @@ from rlinf_pipe.runtime.cluster import Cluster
 from rlinf_pipe.utils.worker_death import CALL_FAILED, death_cause
 from rlinf_pipe.runtime.group_call import GroupCall, Member
 from rlinf_pipe.runtime.verbs import ListVerb, OneVerb, ShardedVerb
+from rlinf_pipe.runtime.rendezvous import rendezvous_point
 from rlinf_pipe.runtime.last_output import announced_output, forget_output, output_tail
 from rlinf_pipe.planning.placement import ComponentPlacement, ProcessPlacement
 from rlinf_pipe.runtime.worker import (
     CONTROL_GROUP,
     Worker,
     WorkerInfo,
-    free_port_here,
     placement_env,
     rendezvous_env,
 )
 
 W_co = TypeVar("W_co", covariant=True)  # the group's worker class (or a protocol its workers follow)
 V = TypeVar("V", bound=Worker)
-
-
-_HANDED_OUT: deque[int] = deque(maxlen=64)  # the ports of the rendezvous points this driver handed out last
-
-
-def handed_out_ports() -> list[int]:
-    """The ports of the rendezvous points this driver handed out lately, which a new draw avoids: every rendezvous it
-    arranges draws its port before any of them is bound (groups started together, the weight routes of one open),
-    so a port free at each draw could be drawn twice (the second store then fails to bind)."""
-    return list(_HANDED_OUT)
-
-
-def hand_out(point: tuple[str, int]) -> tuple[str, int]:
-    """Record `point` (address, port), drawn avoiding `handed_out_ports()`, as handed out; returns it."""
-    _HANDED_OUT.append(point[1])
-    return point
-
-
-def _rendezvous_point(node: Any) -> tuple[str, int]:
-    """An address and a free port on `node` for a group's torch.distributed rendezvous, not one handed out lately:
-    found here when the driver runs on that node, else by a probe task there (a worker process of its own:
-    seconds)."""
-    avoid = handed_out_ports()
-    if node.node_id == ray.get_runtime_context().get_node_id():
-        return hand_out(free_port_here(avoid))
-    probe = ray.remote(num_cpus=0)(free_port_here).options(
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False))
-    # (Ray's stubs type a remote function by its parameter count, not counting one with a default: `avoid`)
-    addr, port = ray.get(probe.remote(avoid))  # type: ignore[call-arg]
-    return hand_out((addr, port))
 
 
 @dataclass(frozen=True)
@@ -175,7 +144,7 @@ class WorkerGroup(Generic[W_co]):
         world = len(self.placement.processes)
         shared_env = dict(recipe.env)
         if recipe.distributed and world > 0:
-            shared_env.update(rendezvous_env(*_rendezvous_point(cluster.nodes[procs[0].node_rank])))
+            shared_env.update(rendezvous_env(*rendezvous_point(cluster.nodes[procs[0].node_rank])))
         started: list[Member] = []
         for proc in procs:
             strategy = (
