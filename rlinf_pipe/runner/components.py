@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.data.sampler import PromptSampler
@@ -23,11 +23,21 @@ from rlinf_pipe.runtime.locks import DeviceLocks, DeviceShare, device_shares
 from rlinf_pipe.runtime.node_paths import NodePath, check_node_paths
 from rlinf_pipe.planning.placement import reward_placement
 from rlinf_pipe.planning.stage_graph import StageGraph, stage_graph
-from rlinf_pipe.runtime.worker import node_procs_env
+from rlinf_pipe.runtime.worker import Worker, node_procs_env
 from rlinf_pipe.runtime.worker_group import WorkerGroup
 from rlinf_pipe.utils.folders import COMPLETE
 from rlinf_pipe.utils.net import RESOLVER_ENV, quick_resolver_env
+from rlinf_pipe.runner.roles import LogprobComputing
 from rlinf_pipe.runner.step_channels import StepChannels, create_channels
+
+if TYPE_CHECKING:  # (the workers' modules import torch and the engines: the driver imports them when it launches)
+    from rlinf_pipe.workers.actor import ActorWorker
+    from rlinf_pipe.workers.inference import InferenceWorker
+    from rlinf_pipe.workers.reward import RewardWorker
+    from rlinf_pipe.workers.rollout import RolloutWorker
+    from rlinf_pipe.workers.weight_receiver import WeightReceiverWorker
+
+V = TypeVar("V", bound=Worker)
 
 EXIT_GRACE_S = 5.0  # a worker's time to release what a kill leaves behind, before it is killed (`Worker.before_stop`)
 
@@ -97,10 +107,10 @@ class Components:
     cluster: Cluster
     sampler: PromptSampler
     val_prompts: list[PromptItem]
-    rollout: WorkerGroup
-    reward: WorkerGroup
-    actor: WorkerGroup
-    inference: WorkerGroup | None
+    rollout: WorkerGroup[RolloutWorker]
+    reward: WorkerGroup[RewardWorker]
+    actor: WorkerGroup[ActorWorker]
+    inference: WorkerGroup[InferenceWorker] | None
     channels: StepChannels
     locks: Any  # the job's `DeviceLocks` (None: no GPU set is taken in turns)
     sampling_rounds: Any
@@ -108,27 +118,33 @@ class Components:
     arrival_slots: Any = None  # `workers.arrival_slots.ArrivalSlots` with `algorithm.minibatch_order: arrival`
     balancer: Any = None  # `workers.replica_balance.ReplicaBalancer` with `algorithm.replica_routing: tokens`
 
-    def stages(self, names: tuple[str, ...]) -> dict[str, WorkerGroup]:
+    def stages(self, names: tuple[str, ...]) -> dict[str, WorkerGroup[Worker]]:
         """The groups of the stages `names` that run in groups of their own (no inference group when the actor
         computes the log-probs)."""
-        groups = {"rollout": self.rollout, "inference": self.inference, "actor": self.actor}
-        return {name: groups[name] for name in names if groups[name] is not None}
+        groups: dict[str, WorkerGroup[Worker] | None] = {"rollout": self.rollout, "inference": self.inference,
+                                                        "actor": self.actor}
+        return {name: group for name in names if (group := groups[name]) is not None}
 
     @property
-    def logprob_group(self) -> WorkerGroup | None:
+    def logprob_group(self) -> WorkerGroup[LogprobComputing] | None:
         """Who computes old / reference log-probs: the inference workers, the actor, or nobody (no log-prob stage:
         `RunPlan.logprob_component`)."""
-        return {"inference": self.inference, "actor": self.actor}.get(self.plan.logprob_component or "")
+        groups: dict[str, WorkerGroup[LogprobComputing] | None] = {"inference": self.inference, "actor": self.actor}
+        return groups.get(self.plan.logprob_component or "")
 
     @property
-    def weight_receivers(self) -> dict[str, WorkerGroup]:
+    def weight_receivers(self) -> dict[str, WorkerGroup[WeightReceiverWorker]]:
         """The groups that load weight versions, by component (`RunPlan.weight_receivers`)."""
-        return {"rollout": self.rollout, **({"inference": self.inference} if self.inference is not None else {})}
+        receivers: dict[str, WorkerGroup[WeightReceiverWorker]] = {"rollout": self.rollout}
+        if self.inference is not None:
+            receivers["inference"] = self.inference
+        return receivers
 
-    def groups(self) -> list[WorkerGroup]:
+    def groups(self) -> list[WorkerGroup[Worker]]:
+        """Every worker group of the job."""
         return [self.rollout, self.reward, self.actor, *([self.inference] if self.inference is not None else [])]
 
-    def group(self, name: str) -> WorkerGroup:
+    def group(self, name: str) -> WorkerGroup[Worker]:
         found = {g.name: g for g in self.groups()}
         if name not in found:
             raise ValueError(f"this job has no worker group {name!r} (it has {', '.join(found)})")
@@ -145,7 +161,9 @@ class Components:
         args, kwargs = self.recipes.arguments(name)
         self.group(name).relaunch(ranks, *args, **kwargs)
         if name == "rollout" and self.recipes.share("rollout").in_turns:  # as at launch: the engines sleep until
-            self.rollout.some(ranks).release_devices().wait()  # they generate
+            from rlinf_pipe.workers.rollout import RolloutWorker  # they generate
+
+            self.rollout.some(ranks).call(RolloutWorker.release_devices).wait()
 
     def stop_workers(self) -> None:
         """Stop every worker and helper actor of the job and this process's channel ends; the cluster (its
@@ -262,14 +280,15 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
     owns_cluster = cluster is None
     cluster = cluster or Cluster(cfg)
     on_connect()
-    started: list[WorkerGroup] = []
+    started: list[WorkerGroup[Worker]] = []
 
-    def start(worker_cls: type, name: str, *args: Any, env: dict[str, str] | None = None,
-              **kwargs: Any) -> WorkerGroup:
+    def start(worker_cls: type[V], name: str, *args: Any, env: dict[str, str] | None = None,
+              **kwargs: Any) -> WorkerGroup[V]:
         nsight = {"nsight": "default"} if name in cfg.runner.nsight else None  # `runner.nsight`
-        started.append(WorkerGroup.start(worker_cls, name, *args, runtime_env=nsight,
-                                         env={**cpus, **nccl, **resolver, **(env or {})}, **kwargs))
-        return started[-1]
+        group = WorkerGroup.start(worker_cls, name, *args, runtime_env=nsight,
+                                  env={**cpus, **nccl, **resolver, **(env or {})}, **kwargs)
+        started.append(group)
+        return group
 
     try:
         plan = plan_run(cfg, cluster.gpus_per_node)
@@ -281,8 +300,9 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
         resolver = resolver_env([node.ip for node in cluster.nodes])
         graph = stage_graph(plan)
         channels = create_channels(plan, graph)
-        locks = DeviceLocks.remote() if plan.turns else None
-        rounds = SamplingRounds.remote() if plan.dynamic_sampling else None
+        # (`@ray.remote` makes these classes actor classes, which mypy does not see: it keeps a class's type)
+        locks = DeviceLocks.remote() if plan.turns else None  # type: ignore[attr-defined]
+        rounds = SamplingRounds.remote() if plan.dynamic_sampling else None  # type: ignore[attr-defined]
         arrival = ArrivalSlots.remote() if plan.arrival_slots else None
         balancer = ReplicaBalancer.remote(train_routing(cfg, plan.actor_dp)) if plan.token_balance else None
         recipes = GroupRecipes(cfg, plan, inputs.model_path, inputs.rollout_path, device_shares(plan.turns, locks),
@@ -299,14 +319,14 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
         inference = None if not plan.inference_workers else start(
             InferenceWorker, "inference", comps["inference"], cluster, *recipes.arguments("inference")[0],
             env={**WORKER_ENV, **megatron_env(cfg.inference.tensor_parallel_size)})
-        if recipes.share("inference").in_turns:
+        if recipes.share("inference").in_turns and inference is not None:
             inference.ready()
         rollout = start(RolloutWorker, "rollout", comps["rollout"], cluster, *recipes.arguments("rollout")[0],
                         distributed=False)
         for group in started:
             group.ready()
         if recipes.share("rollout").in_turns:  # the engines hold the GPUs only while they generate
-            rollout.all.release_devices().wait()
+            rollout.all.call(RolloutWorker.release_devices).wait()
     except BaseException:
         for group in started:
             group.shutdown()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from rlinf_pipe.errors import ClusterError, RlinfPipeError, WorkerError
 from rlinf_pipe.runner.components import Components
 from rlinf_pipe.runtime.locks import DeviceShare
+from rlinf_pipe.runtime.worker import Worker
 
 
 class RecoveryFailed(RlinfPipeError):
@@ -60,7 +61,7 @@ async def replace_unit(components: Components, unit: LostUnit, settle_s: float) 
                  for group in components.groups()]
     survivors = [(group, ranks) for group, ranks in survivors if ranks]
     try:
-        await asyncio.gather(*(group.some(ranks).abandon_step() for group, ranks in survivors))
+        await asyncio.gather(*(group.some(ranks).call(Worker.abandon_step) for group, ranks in survivors))
         busy = await asyncio.gather(*(group.settle(settle_s) for group, _ in survivors))
     except WorkerError as exc:
         raise RecoveryFailed(f"a worker failed while the step was abandoned: {exc}") from None
@@ -69,7 +70,9 @@ async def replace_unit(components: Components, unit: LostUnit, settle_s: float) 
         raise RecoveryFailed(f"{'; '.join(running)} still in the abandoned step after {settle_s:g} s")
     try:
         if unit.group != "actor":  # (a phase the abandoned step left open; none where the GPUs are the actor's own)
-            await components.actor.all.settle_devices()
+            from rlinf_pipe.workers.actor import ActorWorker
+
+            await components.actor.all.call(ActorWorker.settle_devices)
         await DeviceShare(components.locks).reset()
         components.renew_channels()  # (the calls of the retried step pass them)
         await asyncio.to_thread(components.relaunch, unit.group, list(unit.ranks))

@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from rlinf_pipe.runner.cpu_shares import CpuLending
 from rlinf_pipe.runner.devices import ActorPhase
 from rlinf_pipe.runner.generation import GenerationCalls, GenerationResult, RolloutSchedule
+from rlinf_pipe.runner.roles import LogprobComputing
 from rlinf_pipe.runner.stage_calls import StageCalls
 from rlinf_pipe.runner.step_channels import StepChannels
 from rlinf_pipe.runner.weight_sync import WeightSync
 from rlinf_pipe.runtime.worker_group import WorkerGroup
-from rlinf_pipe.workers.actor import TrainResult
+from rlinf_pipe.workers.actor import ActorWorker, TrainResult
 
 
 @dataclass
@@ -71,8 +72,8 @@ class Step:
     weights: WeightSync
     schedule: RolloutSchedule
     channels: Callable[[], StepChannels]  # the job's current step channels (new ones after a lost worker)
-    logprob: WorkerGroup | None
-    actor: WorkerGroup
+    logprob: WorkerGroup[LogprobComputing] | None
+    actor: WorkerGroup[ActorWorker]
     actor_phase: ActorPhase
     engines_share_actor: bool
     max_steps: int
@@ -92,18 +93,23 @@ class Step:
         ch = self.channels()
         by_actor = self.logprob is self.actor
         logprob = None if by_actor or self.logprob is None else calls.start(
-            "logprob", self.logprob.all.logprob_step(step, src=ch.scored, dst=ch.train))
-        if self.cpus is not None:
+            "logprob", self.logprob.all.call(LogprobComputing.logprob_step, step, src=ch.logprob_input,
+                                             dst=ch.train))
+        if (cpus := self.cpus) is not None:
+            def lend(stage: str) -> Callable[[asyncio.Future], None]:
+                return lambda _: cpus.done(stage)
+
             for name, call in (("rollout", generation.rollout), ("inference", logprob)):
                 if call is not None:
-                    call.add_done_callback(lambda _, name=name: self.cpus.done(name))
+                    call.add_done_callback(lend(name))
         if self.engines_share_actor:
             await calls.until(generation.rollout)  # the engines give the devices back
         async with self.actor_phase(step):
             if by_actor:  # before any update; meanwhile the engines on other GPUs go on generating
-                await calls.until(calls.start("logprob", self.actor.all.logprob_step(step, src=ch.scored,
-                                                                                      dst=ch.train)))
-            train = calls.start("train", self.actor.replicas.train_step(step, src=ch.train))
+                logprobs = calls.start("logprob", self.actor.all.call(ActorWorker.logprob_step, step,
+                                                                      src=ch.logprob_input, dst=ch.train))
+                await calls.until(logprobs)
+            train = calls.start("train", self.actor.replicas.call(ActorWorker.train_step, step, src=ch.train))
             idle = {"rollout": [generation.rollout, *self.schedule.rollouts_before(step + 1)],
                     "inference": [logprob] if logprob is not None else []}
             pushed = self.weights.after_training(step + 1, idle) if step + 1 < self.max_steps else None

@@ -24,6 +24,7 @@ from rlinf_pipe.algorithms.losses import policy_loss
 from rlinf_pipe.algorithms.terms import LossTerms
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.data.packing import MicroBatcher
+from rlinf_pipe.data.structs import ScoredGroup
 from rlinf_pipe.data.train_batch import TrainBatch
 from rlinf_pipe.engines.policy import MegatronPolicy, ReplicaRanks
 from rlinf_pipe.engines.policy.checkpoint import TrainerState
@@ -128,7 +129,7 @@ class ActorWorker(Worker):
         with self.tracer.span("optimizer_step", step=step, minibatch=minibatch):
             return self.policy.optimizer_step(allow_empty=True)
 
-    async def train_step(self, step: int, src: Sequence[Channel]) -> TrainResult:
+    async def train_step(self, step: int, src: Sequence[Channel[TrainBatch]]) -> TrainResult:
         """Train the step's batches routed to this replica, read from its train channel in `src` (one per replica;
         collective over every rank of the actor).
 
@@ -143,7 +144,7 @@ class ActorWorker(Worker):
             await self.compute.run(hand_back_cached_memory)  # allocates itself: what training cached goes back)
         return result
 
-    async def _train_step(self, step: int, src: Sequence[Channel]) -> TrainResult:
+    async def _train_step(self, step: int, src: Sequence[Channel[TrainBatch]]) -> TrainResult:
         if self.keep_rollback:
             with self.tracer.span("rollback_point", step=step):
                 self.rollback_point = (step, await self.compute.run(self.policy.capture_state))
@@ -224,7 +225,7 @@ class ActorWorker(Worker):
         if self.sender is not None:
             self.sender.cancel()
 
-    async def logprob_step(self, step: int, src: Channel, dst: Sequence[Channel]) -> int:
+    async def logprob_step(self, step: int, src: Channel[ScoredGroup], dst: Sequence[Channel[TrainBatch]]) -> int:
         """The step's old (and reference) log-probs from the scored channel `src` into the train channels `dst`,
         computed with the weights before the step's updates (an actor built with `computes_logprobs`)."""
         if self.stage is None:

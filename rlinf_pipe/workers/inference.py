@@ -15,6 +15,8 @@ from rlinf_pipe.config.schema import Config
 from rlinf_pipe.engines.policy import MegatronPolicy, ReplicaRanks
 from rlinf_pipe.models.megatron_gpt import init_model_parallel
 from rlinf_pipe.channels import Channel
+from rlinf_pipe.data.structs import ScoredGroup
+from rlinf_pipe.data.train_batch import TrainBatch
 from rlinf_pipe.runtime.locks import DeviceShare
 from rlinf_pipe.utils.device_memory import hand_back_cached_memory
 from rlinf_pipe.workers.logprob_stage import LogprobStage, pad_token_id, policy_options, train_routing
@@ -69,6 +71,6 @@ class InferenceWorker(WeightReceiverWorker):
     def weight_target(self) -> LogprobStage:
         return self.stage
 
-    async def logprob_step(self, step: int, src: Channel, dst: Sequence[Channel]) -> int:
+    async def logprob_step(self, step: int, src: Channel[ScoredGroup], dst: Sequence[Channel[TrainBatch]]) -> int:
         """The step's log-probs, from the scored channel `src` into the train channels `dst` (`LogprobStage.run`)."""
         return await self.stage.run(step, src, dst)

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 
 import msgspec
-import ray
 
 from rlinf_pipe.config.schema import RolloutConfig
 from rlinf_pipe.data.structs import PromptItem, RolloutGroup
@@ -21,7 +20,7 @@ from rlinf_pipe.engines.rollout.engine import GenerateRequest, RolloutEngine, Sa
 from rlinf_pipe.engines.rollout.factory import build_engine
 from rlinf_pipe.channels import Channel
 from rlinf_pipe.runtime.locks import DeviceShare
-from rlinf_pipe.runtime.worker import CONTROL_GROUP
+from rlinf_pipe.runtime.worker import control_call
 from rlinf_pipe.weights import WeightVersion
 from rlinf_pipe.weights.transport_names import Transport
 from rlinf_pipe.workers.weight_inbox import NativeReceiver
@@ -40,7 +39,7 @@ class RolloutWorker(WeightReceiverWorker):
                                    first_gpu=self.info.local_gpus[0] if self.info.local_gpus else None)
         self.sampling, self.run_seed, self.share = sampling, run_seed, share
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
+    @control_call
     def before_stop(self) -> None:
         """Shut the engine down before the kill: SGLang's scheduler processes then release their GPUs (and shared
         memory) at once, before a relaunched engine measures what is free, rather than when they notice this
@@ -62,7 +61,7 @@ class RolloutWorker(WeightReceiverWorker):
         return GenerateRequest(request_id=str(index), prompt_ids=list(prompt.prompt_ids),
                                sampling=msgspec.structs.replace(self.sampling, seed=seed))
 
-    async def generate_step(self, prompts: Sequence[PromptItem], step: int, dst: Channel,
+    async def generate_step(self, prompts: Sequence[PromptItem], step: int, dst: Channel[RolloutGroup],
                             weights: int | None = None) -> dict[str, float]:
         """Generate `prompts`' groups into the rollout channel `dst` as each finishes, then end the step; returns
         counts.

@@ -9,6 +9,7 @@ import contextlib
 from types import SimpleNamespace
 
 import pytest
+from support.local_group import LocalGroup
 
 from rlinf_pipe.planning.weight_routes import WeightRoute
 from rlinf_pipe.runner.weight_sync import WeightSync
@@ -16,12 +17,12 @@ from rlinf_pipe.utils.tracing import Tracer
 from rlinf_pipe.weights import LoadedWeights, WeightVersion
 
 
-def fake_group(calls: list[str], name: str, method: str, result):
+def fake_group(calls: list[str], name: str, method: str, result) -> LocalGroup:
     async def call(*args):
         calls.append(name)
-        return [result(args[0])]
+        return result(args[0])
 
-    return SimpleNamespace(all=SimpleNamespace(**{method: call}), placement=None)
+    return LocalGroup([SimpleNamespace(**{method: call})])
 
 
 def weight_sync(calls: list[str]) -> WeightSync:
