@@ -3,8 +3,8 @@
 `MegatronPolicy` is built on every rank once `torch.distributed` and Megatron's parallel state are initialised
 (`rlinf_pipe.models.megatron_gpt.init_model_parallel`). It knows nothing about the RL algorithm: training takes
 a `loss_fn(logprobs, entropy, batch) -> LossTerms` per micro-batch. Its parts: this module (forward, backward,
-log-probs, HF weights in and out), `optimizer` (the optimizer step with exact normalisation, offload),
-`checkpoint` (saving and restoring everything).
+log-probs, HF weights in and out), `building` (options, dtype, the training wrapper, what offload moves),
+`optimizer` (the optimizer step with exact normalisation, offload), `checkpoint` (saving and restoring everything).
 
 Collective contract: every rank of a model replica (all its TP, PP and CP ranks) calls each method with the same
 arguments (the same micro-batch, in the same order); DP ranks are independent except in `optimizer_step`,
@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal, overload
 
-import msgspec
 import torch
 from torch import Tensor
 
@@ -38,24 +37,20 @@ from rlinf_pipe.engines.policy.model_inputs import (
     micro_batch_inputs,
     packing,
 )
+from rlinf_pipe.engines.policy.building import (
+    batch_to_device,
+    check_options,
+    for_training,
+    packs_sequences,
+    resolve_dtype,
+    state_tensors,
+)
 from rlinf_pipe.engines.policy.optimizer import DeviceState, PolicyOptimizer
 
 __all__ = ["LossFn", "MegatronPolicy", "resolve_dtype"]
 
 LossFn = Callable[[Tensor, "Tensor | None", TrainBatch], LossTerms]
 """`loss_fn(logprobs [B, L], entropy [B, L] or None, batch) -> LossTerms` (values aligned like `TrainBatch`)."""
-
-
-def resolve_dtype(name: str | torch.dtype | None) -> torch.dtype:
-    """The parameters' dtype: `float32` / `bfloat16` (or aliases); None: bf16 on CUDA, fp32 on CPU."""
-    if isinstance(name, torch.dtype):
-        return name
-    if name is None:
-        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-    if name not in table:
-        raise ValueError(f"params_dtype must be one of {sorted(table)} (or None for the default), got {name!r}")
-    return table[name]
 
 
 class MegatronPolicy:
@@ -114,18 +109,8 @@ class MegatronPolicy:
         offload_on_cpu: bool = False,
         sequence_parallel: bool = False,
     ) -> None:
-        if logprob_max_tokens < 1:
-            raise ValueError(f"logprob_max_tokens must be >= 1, got {logprob_max_tokens}")
-        if lr < 0 or clip_grad < 0 or lr_warmup_steps < 0:
-            raise ValueError(f"need lr >= 0, clip_grad >= 0, lr_warmup_steps >= 0; got {lr}, {clip_grad}, "
-                             f"{lr_warmup_steps}")
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        path = Path(model_path)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"model folder {path} does not exist or has no config.json; pass a Hugging Face model folder"
-            )
+        path = check_options(model_path, logprob_max_tokens=logprob_max_tokens, lr=lr, clip_grad=clip_grad,
+                             lr_warmup_steps=lr_warmup_steps, temperature=temperature)
         import torch.distributed as dist
         from megatron.core import parallel_state as ps
         from megatron.core import tensor_parallel
@@ -169,13 +154,7 @@ class MegatronPolicy:
         self.sequence_multiple = self.tp_size if sequence_parallel else 1
         self.arch = load_hf_checkpoint(module, path) if load_weights else hf_arch(hf_config)
         self.vocab_size = self.arch.vocab_size
-        self.pack_sequences = pack_sequences and model_supports_packing(module)
-        if self.cp_size > 1 and not self.pack_sequences:
-            reason = ("set pack_sequences on (actor.pack_sequences / inference.pack_sequences)" if not pack_sequences
-                      else "this model's attention cannot run on SDPA (attention dropout, bias, softmax offset or "
-                      "sliding window)")
-            raise ValueError(f"context parallelism (CP {self.cp_size}) splits packed sequences for attention on "
-                             f"SDPA: {reason}, or use CP 1")
+        self.pack_sequences = packs_sequences(pack_sequences, model_supports_packing(module), self.cp_size)
         self.share_prompts = share_prompts and self.pack_sequences and self.cp_size == 1
         self.config = module.config
         self.config.finalize_model_grads_func = None  # gradients are finalised once, in optimizer_step
@@ -184,21 +163,11 @@ class MegatronPolicy:
         self.model: Any = module
         self.optimizer: PolicyOptimizer | None = None  # train=False: forward only
         if train:
-            from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-
-            # SUM (not mean) over DP: the 1/denominator scaling happens in optimizer_step.
-            self.config.calculate_per_token_loss = True
-            ddp_config = DistributedDataParallelConfig(
-                grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                use_distributed_optimizer=self.use_distributed_optimizer,
-            )
-            self.model = DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=module)
-            self.optimizer = PolicyOptimizer(
-                self.model, params_dtype=self.params_dtype, lr=lr, weight_decay=weight_decay, adam_betas=adam_betas,
-                adam_eps=adam_eps, clip_grad=clip_grad, lr_warmup_steps=lr_warmup_steps,
-                use_distributed_optimizer=self.use_distributed_optimizer,
-            )
-        self.device_state = DeviceState(self._state_tensors, self.device, move_on_cpu=offload_on_cpu)
+            self.model, self.optimizer = for_training(
+                module, self.params_dtype, self.use_distributed_optimizer, lr=lr, weight_decay=weight_decay,
+                adam_betas=adam_betas, adam_eps=adam_eps, clip_grad=clip_grad, lr_warmup_steps=lr_warmup_steps)
+        self.device_state = DeviceState(lambda: state_tensors(self.model, self.optimizer), self.device,
+                                        move_on_cpu=offload_on_cpu)
 
     # ------------------------------------------------------------------ helpers
 
@@ -218,20 +187,6 @@ class MegatronPolicy:
         if self.optimizer is None:
             raise RuntimeError("this MegatronPolicy was built with train=False (inference only)")
         return self.optimizer
-
-    def _to_device(self, batch: TrainBatch) -> TrainBatch:
-        def move(t: Tensor | None) -> Tensor | None:
-            return None if t is None else t.to(self.device, non_blocking=True)
-
-        return msgspec.structs.replace(
-            batch,
-            input_ids=move(batch.input_ids),
-            attention_mask=move(batch.attention_mask),
-            response_mask=move(batch.response_mask),
-            old_logprobs=move(batch.old_logprobs),
-            ref_logprobs=move(batch.ref_logprobs),
-            advantages=move(batch.advantages),
-        )
 
     def model_inputs(self, batch: TrainBatch) -> ModelInputs:
         """`batch` as the model takes it in one micro-batch, on this rank's device: packed or padded (pass the batch
@@ -360,7 +315,7 @@ class MegatronPolicy:
             )
         temperature = self.temperature if temperature is None else temperature
         entropy_on = self.train_entropy if with_entropy is None else with_entropy
-        dev_batch = self._to_device(batch)
+        dev_batch = batch_to_device(batch, self.device)
         inputs = self.model_inputs(batch)
         kept: list[LossTerms] = []
 
@@ -412,19 +367,6 @@ class MegatronPolicy:
         load_hf_state_dict(self.module, dict(named_tensors), self.arch, partial=True)
 
     # ------------------------------------------------------------------ offload
-
-    def _state_tensors(self) -> list[Tensor]:
-        """Every tensor of weights, gradient buffers, optimizer state and fp32 master weights."""
-        tensors: list[Tensor] = [p.data for p in self.model.parameters()]
-        tensors += [p.main_grad for p in self.model.parameters() if getattr(p, "main_grad", None) is not None]
-        for attr in ("buffers", "expert_parallel_buffers"):  # DDP's param/grad buffers (nn.Module.buffers is a method)
-            value = getattr(self.model, attr, None)
-            for buffer in value if isinstance(value, (list, tuple)) else []:
-                tensors += [t for t in (getattr(buffer, "param_data", None), getattr(buffer, "grad_data", None))
-                            if isinstance(t, Tensor)]
-        if self.optimizer is not None:
-            tensors += self.optimizer.state_tensors()
-        return tensors
 
     def state_nbytes(self) -> int:
         """Bytes of distinct storage behind weights, gradient buffers and optimizer state on this rank."""
