@@ -28,7 +28,7 @@ from support.actor_run import LOSS, one_sequence_batch, spawn  # noqa: E402
 
 from rlinf_pipe.models.arch import hf_arch  # noqa: E402
 from rlinf_pipe.models.tiny import ensure_tiny_model  # noqa: E402
-from rlinf_pipe.planning.memory import layer_activations  # noqa: E402
+from rlinf_pipe.planning.model_sizes import layer_activations  # noqa: E402
 
 
 def _saved_bytes_each(rank: int, model_paths: list[str], tokens: int, recompute: str) -> list[dict]:

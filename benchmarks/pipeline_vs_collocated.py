@@ -57,6 +57,7 @@ from typing import Any
 import ray
 import torch
 
+from rlinf_pipe.runtime.worker import Worker
 from rlinf_pipe.utils.net import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,7 +147,7 @@ def run_mode(mode: str, args: argparse.Namespace, model: str, out: Path) -> dict
     start = time.perf_counter()
     runner = Runner.start(cfg)
     try:
-        workers = [pid for group in runner.c.groups() for pid in group.all.ping().wait()]
+        workers = [pid for group in runner.c.groups() for pid in group.all.call(Worker.ping).wait()]
         cpu: dict[str, float] = {}
         train_step = runner.step
 

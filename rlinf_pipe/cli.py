@@ -87,6 +87,7 @@ def _plan(args: argparse.Namespace) -> int:
     from rlinf_pipe.runner.preflight import preflight
     from rlinf_pipe.planning.memory import memory_report
     from rlinf_pipe.planning.plan_report import render_plan
+    from rlinf_pipe.planning.stage_graph import stage_graph
 
     cfg = load_cli_config(args)
     checked = preflight(cfg, files=False)
@@ -97,15 +98,17 @@ def _plan(args: argparse.Namespace) -> int:
             raise ConfigError(f"{exc} (`rlinf-pipe plan --no-files` skips the checks of files, to plan from a machine "
                               "without them)") from None
     plan = checked.plan
-    memory = memory_report(cfg, plan.placement, plan.weight_transport)
+    memory = memory_report(cfg, plan)
     weights = {"transport": plan.weight_transport, "why": plan.weight_transport_why,
                "receivers": list(plan.weight_receivers)}
     checks = {"passed": list(checked.passed), "skipped": list(checked.skipped)}
+    graph = stage_graph(plan)
     if args.json:
         print(json.dumps({**plan.placement.to_json(), "warnings": list(plan.warnings), "memory": memory.to_json(),
-                          "weight_sync": weights, "checks": checks}, indent=2))
+                          "weight_sync": weights, "stages": graph.to_json(), "checks": checks}, indent=2))
         return 0
-    notes = [f"weight sync: {plan.weight_transport} to {', '.join(plan.weight_receivers)} "
+    notes = ["step (stage, component, reads -> writes):", *(f"  {line}" for line in graph.describe()),
+             f"weight sync: {plan.weight_transport} to {', '.join(plan.weight_receivers)} "
              f"({plan.weight_transport_why})",
              f"checks passed: {', '.join(checked.passed)}"]
     if checked.skipped:

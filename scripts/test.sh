@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test suite as CI runs it (after `bash scripts/setup.sh test` and `bash scripts/setup.sh pins`): the
-# import-layer contracts, then the tests in two passes, then the pins pass. Extra arguments go to the first two
-# pytest passes (e.g. -x, -k pattern).
+# import-layer contracts and the type check (mypy over runtime/, runner/ and workers/: the driver's calls to the
+# worker groups are typed, pyproject.toml's [tool.mypy]), then the tests in two passes, then the pins pass. Extra
+# arguments go to the first two pytest passes (e.g. -x, -k pattern).
 #   1. every test not marked `alone`, two test files at a time (pytest-xdist; a file's tests stay in one process,
 #      so its module fixtures are built once). The unit and integration tests spend about a third of their time
 #      waiting on Ray, subprocesses and sockets; two at a time keep a 2-core machine busy.
@@ -29,6 +30,7 @@ if [ "${1:-}" = "--pins" ]; then
   pins_pass=1
 else
   .venv/bin/lint-imports || exit 1
+  .venv/bin/mypy || exit 1
   .venv/bin/python -m pytest -n 2 --dist loadfile -m "not alone" "$@"
   statuses+=($?)
   .venv/bin/python -m pytest -m alone "$@"

@@ -51,7 +51,7 @@ def main(overrides: list[str]) -> None:
         samples = Channel.create("samples", Sample, maxsize=64, num_producers=2)
         rollout = plan_placement(cfg, cluster.gpus_per_node).components["rollout"]
         producers = WorkerGroup.launch(SampleProducer, "rollout", rollout, cluster, distributed=False)
-        done = producers.all.produce(samples, STEPS, PER_STEP)
+        done = producers.all.call(SampleProducer.produce, samples, STEPS, PER_STEP)
         for step in range(STEPS):
             got = []
             while not isinstance(item := samples.get(timeout=60), StepEnd):

@@ -45,8 +45,8 @@ def main(overrides: list[str]) -> None:
         for info in actor.infos():
             print(f"actor rank {info.rank}: node {info.node_rank} ({info.ip}), pid {info.pid}, "
                   f"CUDA_VISIBLE_DEVICES={info.cuda_visible_devices}, global GPUs {list(info.global_gpus)}")
-        print("all-reduce of ranks:", actor.all.all_reduce_rank().wait())
-        print("items per data-parallel replica:", actor.sharded.count(list(range(10))).wait())
+        print("all-reduce of ranks:", actor.all.call(SumWorker.all_reduce_rank).wait())
+        print("items per data-parallel replica:", actor.sharded.call(SumWorker.count, list(range(10))).wait())
     finally:
         cluster.shutdown()
 

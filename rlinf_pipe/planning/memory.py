@@ -9,12 +9,14 @@ The model of the estimate (docs/memory.md walks through it):
 * **optimizer**: Adam's two fp32 moments and, with bf16 parameters, fp32 master weights, divided over the data-
   parallel replicas by the distributed optimizer (on whenever DP > 1);
 * **activations** (and working memory): what one training micro-batch keeps for its backward pass at its token
-  budget (`layer_activations`: every tensor a layer saves, in bf16 without sequence parallelism, counted from the
+  budget (`model_sizes.layer_activations`: every tensor a layer saves, in bf16 without sequence parallelism, counted from the
   model's real widths: grouped K/V heads and the gated MLP's `intermediate_size`, plus the attention scores that the
   local layer spec materialises), reduced by `actor.recompute`; the micro-batch's bf16 logits and their gradient,
   and the log-prob code's float32 chunks (`engines.policy.logprobs.CHUNK_BYTES` each); 2.5 GiB per process on the
   GPU for what it holds outside the allocator's blocks (CUDA context, NCCL and library workspaces). Checked against
-  a measured step on an H200 (docs/memory.md);
+  a measured step on an H200 (docs/memory.md). The log-prob workers: one layer's forward working set at
+  `inference.max_tokens_per_batch`, the logits and the chunks (`model_sizes.forward_activations`); with context
+  parallelism, as the actor's, 1/CP of the tokens a rank plus the keys and values gathered from the other CP ranks;
 * **kv_cache**: SGLang's static share (`rollout.gpu_memory_fraction` of the memory free when it starts: the
   capacity less what the set's other processes hold, as sglang 0.5.23 measures it) less its weights; the torch
   engine's cache for `max_running_requests` sequences at full length;
@@ -40,13 +42,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from rlinf_pipe.algorithms.logprob_needs import computes_logprobs, needs_ref
+from rlinf_pipe.algorithms.logprob_needs import needs_ref
 from rlinf_pipe.config.schema import Config
-from rlinf_pipe.planning.engine_sizes import CHUNK_BYTES, PEER_CONTEXT_BYTES, TORCH_MAX_RUNNING, memory_fraction
+from rlinf_pipe.planning.engine_sizes import PEER_CONTEXT_BYTES, TORCH_MAX_RUNNING, memory_fraction
 from rlinf_pipe.models.arch import SGLANG_SPARE_TOKENS
-from rlinf_pipe.planning.placement import ComponentPlacement, Placement
+from rlinf_pipe.planning.model_sizes import (
+    forward_activations,
+    kv_cache_bytes,
+    params_per_rank,
+    training_activations,
+)
+from rlinf_pipe.planning.placement import ComponentPlacement
+from rlinf_pipe.planning.run_plan import RunPlan
 
 if TYPE_CHECKING:
     from rlinf_pipe.models.arch import HfArch
@@ -55,34 +64,6 @@ GIB = 1 << 30
 DEFAULT_CAPACITY_GB = 80.0
 PROCESS_OVERHEAD = 5 * GIB // 2  # measured 2.28 GiB beyond the allocator in a trainer process (H200, docs/memory.md)
 KINDS = ("weights", "grads", "optimizer", "activations", "kv_cache", "resident")
-Recompute = Literal["none", "selective", "full"]
-
-
-def layer_params(arch: HfArch) -> int:
-    """Parameters of one transformer layer (attention with its biases and q/k norms, the gated MLP, two norms)."""
-    h, hd = arch.hidden_size, arch.head_dim
-    q, kv = arch.num_heads * hd, arch.num_kv_heads * hd
-    attention = h * (q + 2 * kv) + q * h + (q + 2 * kv if arch.qkv_bias else 0) + (2 * hd if arch.qk_norm else 0)
-    return attention + 3 * h * arch.intermediate_size + 2 * h
-
-
-def num_params(arch: HfArch) -> int:
-    """Parameters of the whole model (a tied output layer counted once)."""
-    embedding = arch.vocab_size * arch.hidden_size
-    untied_head = 0 if arch.tie_word_embeddings else embedding
-    return embedding + arch.num_layers * layer_params(arch) + arch.hidden_size + untied_head
-
-
-def params_per_rank(arch: HfArch, tp: int, pp: int) -> int:
-    """Parameters of the heaviest rank of a TP x PP split: its layers, and the embedding and / or output layer of
-    the first / last stage (a tied output layer is a copy on the last stage when PP > 1)."""
-    layers = -(-arch.num_layers // pp) * layer_params(arch) // tp
-    embedding = arch.vocab_size * arch.hidden_size // tp
-    output = embedding if (pp > 1 or not arch.tie_word_embeddings) else 0
-    ends = embedding + output if pp == 1 else max(embedding, output + arch.hidden_size)
-    return layers + ends
-
-
 @dataclass(frozen=True)
 class ComponentMemory:
     """The estimated peak bytes on one GPU of a component, and the capacity it is checked against."""
@@ -113,59 +94,6 @@ def _bytes(kinds: dict[str, float], processes: int) -> dict[str, int]:
     return out
 
 
-def layer_activations(shape: HfArch, tp: int, sequence_parallel: bool = False) -> float:
-    """Bytes per token that one layer of the local layer spec saves for its backward on one of `tp` ranks (bf16,
-    attention scores not included), as counted by `benchmarks/activation_bytes.py`: its two
-    norms' inputs (fused norms: input and one statistic); the QKV projection's input and output, the rotated queries
-    and keys, the output projection's input; the MLP's input, the fused gate / up output and the gated unit's three
-    intermediate tensors (the down projection's input among them). Korthikanti et al.'s 34 x hidden assumes a 4x MLP
-    and full multi-head attention; a Qwen2 model's gated MLP alone keeps about 58 x hidden. With sequence parallelism
-    the tensors TP alone replicates on every rank (the norms' and the projections' inputs: each rank keeps its slice
-    of the sequence and gathers the rest again in the backward pass) are divided by TP too."""
-    h, q, kv = shape.hidden_size, shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-    sp = tp if sequence_parallel else 1
-    norms = 2 * 2 * h / sp
-    attention = 2 * h / sp + 2 * (q + 2 * kv) / tp + 2 * (q + kv) / tp + 2 * q / tp
-    mlp = 2 * h / sp + 2 * 5 * shape.intermediate_size / tp
-    return norms + attention + mlp
-
-
-def training_activations(shape: HfArch, tokens: int, seq_len: int, tp: int, pp: int,
-                         recompute: Recompute, sequence_parallel: bool = False, cp: int = 1) -> float:
-    """Bytes one micro-batch of `tokens` (rows of up to `seq_len`) keeps for backward on one rank (bf16). With
-    context parallelism each rank holds 1/CP of every sequence, its queries' scores still span the whole sequence,
-    and it keeps the other ranks' keys and values, gathered for its attention."""
-    h, layers = shape.hidden_size, -(-shape.num_layers // pp)
-    local = tokens / cp
-    layer = layer_activations(shape, tp, sequence_parallel)
-    attention_scores = 5 * shape.num_heads * seq_len / tp  # per local token: scores + softmax over every key
-    gathered = tokens * (cp - 1) / cp * 2 * 2 * shape.num_kv_heads * shape.head_dim / tp  # (bf16 K and V)
-    per_layer = {
-        "none": local * (layer + attention_scores) + gathered,
-        "selective": local * layer + gathered,  # the scores are recomputed
-        "full": local * h * 2 / (tp if sequence_parallel else 1),  # the layer input only; the rest is recomputed
-    }[recompute]
-    recomputing = local * layer + gathered if recompute == "full" else 0.0
-    logits = 2 * local * shape.vocab_size / tp * 2 + 3 * CHUNK_BYTES  # bf16 logits + their gradient
-    return layers * per_layer + recomputing + logits
-
-
-def forward_activations(shape: HfArch, tokens: int, tp: int) -> float:
-    """Bytes of a forward-only pass over `tokens`: one layer's working set, the logits and the log-prob chunks
-    (sequence parallelism keeps the same peak: each projection gathers the whole sequence)."""
-    layer = tokens * shape.hidden_size * 16 / tp + tokens * shape.intermediate_size * 2 * 3 / tp
-    return layer + tokens * shape.vocab_size / tp * 2 + 2 * CHUNK_BYTES
-
-
-
-
-def kv_cache_bytes(shape: HfArch, sequences: int, seq_len: int, tp: int, dtype_bytes: int = 2) -> float:
-    """Keys and values of `sequences` sequences of `seq_len` tokens, on one of `tp` ranks (which holds at least one
-    KV head: with more ranks than KV heads they are replicated)."""
-    per_token = 2 * shape.num_layers * max(shape.num_kv_heads / tp, 1) * shape.head_dim * dtype_bytes
-    return sequences * seq_len * per_token
-
-
 def ipc_slot_bytes(cfg: Config, shape: HfArch, dtype_bytes: int) -> int:
     """Bytes of the `ipc` transport's bucket slots on a sending actor GPU: two (one if the version is one bucket),
     each the size of the largest bucket of `runner.weight_bucket_mb` in the actor's dtype."""
@@ -178,21 +106,22 @@ def ipc_slot_bytes(cfg: Config, shape: HfArch, dtype_bytes: int) -> int:
     return min(2, len(layout.buckets)) * layout.max_bucket_bytes
 
 
-def estimate_memory(cfg: Config, placement: Placement, shape: HfArch, capacity_bytes: int,
-                    checkpoint_dtype_bytes: int = 2, weight_transport: str = "") -> dict[str, ComponentMemory]:
-    """The estimate of every GPU component of `placement` (see the module docstring). `checkpoint_dtype_bytes`:
-    bytes a value of the model folder's weights (SGLang loads them as they are; the torch engine in bf16);
-    `weight_transport`: the run's (`RunPlan.weight_transport`; "" when not known: no slots counted)."""
+def estimate_memory(cfg: Config, plan: RunPlan, shape: HfArch, capacity_bytes: int,
+                    checkpoint_dtype_bytes: int = 2) -> dict[str, ComponentMemory]:
+    """The estimate of every GPU component the run `plan` starts (see the module docstring).
+    `checkpoint_dtype_bytes`: bytes a value of the model folder's weights (SGLang loads them as they are; the torch
+    engine in bf16)."""
+    placement, weight_transport = plan.placement, plan.weight_transport
     seq_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
     dtype_bytes = 4 if cfg.actor.params_dtype == "float32" else 2  # auto: bf16 on GPUs
-    started = {name for name in placement.components if name != "inference" or computes_logprobs(cfg)}
+    started = {name for name in placement.components if name != "inference" or plan.inference_workers}
     sharing = {name: len(started.intersection(gpu_set.components))
                for gpu_set in placement.gpu_sets() for name in gpu_set.components}
     resident = {}
-    inference_shares = "inference" in started and placement.inference_shares_rollout
-    if inference_shares:  # (their models stay on the GPUs)
+    if plan.inference_shares_rollout:  # (their models stay on the GPUs)
         resident["rollout"] = _inference(cfg, placement.components["inference"], shape, dtype_bytes)["weights"]
-    time_shared = placement.engines_share_actor or inference_shares  # (the engines take turns: the device locks)
+    with_ref = plan.actor_logprobs and needs_ref(cfg)  # (the actor holds the reference model too)
+    time_shared = "rollout" in plan.turns  # (the engines take turns: they sleep between generations)
     sglang = cfg.rollout.backend == "sglang"
     engine_bytes = checkpoint_dtype_bytes if sglang else 2
     actor_gpus = set(placement.components["actor"].gpus) if "actor" in placement.components else set()
@@ -205,18 +134,18 @@ def estimate_memory(cfg: Config, placement: Placement, shape: HfArch, capacity_b
         others = resident.get(name, 0.0)
         later = slots if actor_gpus & set(comp.gpus) else 0  # (made after the engines sized their caches)
         peers = 0
-        if name == "actor" and sglang and placement.engines_share_actor and weight_transport in ("ipc", "broadcast"):
+        if name == "actor" and sglang and plan.engines_share_actor and weight_transport in ("ipc", "broadcast"):
             later += params_per_rank(shape, cfg.rollout.tensor_parallel_size, 1) * engine_bytes
         problem, fix = "", ""
         if name == "actor":
-            kinds = _actor(cfg, comp, shape, seq_len, dtype_bytes, placement)
-            fix = _context_parallel_fix(cfg, comp, shape, seq_len, dtype_bytes, placement,
+            kinds = _actor(cfg, comp, shape, seq_len, dtype_bytes, with_ref)
+            fix = _context_parallel_fix(cfg, comp, shape, seq_len, dtype_bytes, with_ref,
                                         capacity_bytes - context - others - later, kinds)
         elif name == "inference":
             kinds = _inference(cfg, comp, shape, dtype_bytes)
         else:
             kinds, problem = _rollout(cfg, shape, seq_len, capacity_bytes - others - context, engine_bytes,
-                                      time_shared, inference_shares)
+                                      time_shared, plan.inference_shares_rollout)
             peers = peer_contexts(cfg, weight_transport)
             later += peers
         memory = ComponentMemory(name, _bytes({**kinds, "resident": others + later}, sharing[name]), capacity_bytes,
@@ -230,7 +159,7 @@ def estimate_memory(cfg: Config, placement: Placement, shape: HfArch, capacity_b
 
 
 def _context_parallel_fix(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, dtype_bytes: int,
-                          placement: Placement, room: float, kinds: dict[str, float]) -> str:
+                          with_ref: bool, room: float, kinds: dict[str, float]) -> str:
     """Where the actor's activations are what does not fit into `room`: the smallest larger context-parallel size
     its GPUs divide into that fits (each rank then holds a slice of every sequence), or ""."""
     if sum(kinds.values()) <= room or max(kinds, key=kinds.__getitem__) != "activations":
@@ -238,7 +167,7 @@ def _context_parallel_fix(cfg: Config, comp: ComponentPlacement, shape: HfArch, 
     for cp in (2, 4, 8, 16, 32, 64):
         if cp <= comp.cp or len(comp.gpus) % (comp.tp * comp.pp * cp):
             continue
-        trial = _actor(cfg, comp, shape, seq_len, dtype_bytes, placement, cp)
+        trial = _actor(cfg, comp, shape, seq_len, dtype_bytes, with_ref, cp)
         if sum(trial.values()) <= room:
             return (f"actor.context_parallel_size: {cp} fits {seq_len}-token samples (activations "
                     f"{trial['activations'] / GIB:.1f} GiB per GPU)")
@@ -267,7 +196,7 @@ def _peer_problem(cfg: Config, transport: str, peers: int, free_at_start: float,
 
 
 def _actor(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, dtype_bytes: int,
-           placement: Placement, cp: int | None = None) -> dict[str, float]:
+           with_ref: bool, cp: int | None = None) -> dict[str, float]:
     cp = comp.cp if cp is None else cp
     dp = len(comp.gpus) // (comp.tp * comp.pp * cp) if comp.gpus else comp.dp
     params = params_per_rank(shape, comp.tp, comp.pp)
@@ -275,7 +204,6 @@ def _actor(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, d
     master = 4 if dtype_bytes < 4 else 0
     rows = max(cfg.actor.max_micro_batch_size or 0, cfg.actor.micro_batch_size)  # (it grows to max when behind)
     tokens = cfg.actor.micro_batch_tokens or rows * seq_len
-    with_ref = placement.actor_logprobs and needs_ref(cfg)
     return {
         "weights": params * dtype_bytes * (2 if with_ref else 1),
         "grads": params * 4,
@@ -290,7 +218,7 @@ def _inference(cfg: Config, comp: ComponentPlacement, shape: HfArch, dtype_bytes
     copies = 2 if needs_ref(cfg) else 1
     return {
         "weights": params * dtype_bytes * copies,
-        "activations": forward_activations(shape, cfg.inference.max_tokens_per_batch, comp.tp),
+        "activations": forward_activations(shape, cfg.inference.max_tokens_per_batch, comp.tp, comp.cp),
     }
 
 
@@ -339,7 +267,8 @@ def advice(memory: ComponentMemory) -> str:
             "actor": "actor.micro_batch_tokens (or actor.micro_batch_size and max_micro_batch_size), actor.recompute: "
                      "selective or full, actor.tensor_parallel_size with actor.sequence_parallel, "
                      "actor.context_parallel_size",
-            "inference": "inference.max_tokens_per_batch or inference.tensor_parallel_size",
+            "inference": "inference.max_tokens_per_batch, inference.tensor_parallel_size or "
+                         "inference.context_parallel_size",
             "rollout": "rollout.max_running_requests",
         }.get(memory.component, ""),
         "weights": f"{memory.component}.tensor_parallel_size or pipeline_parallel_size",
@@ -389,13 +318,13 @@ def dtype_bytes_of(hf_config: Any) -> int:
     return 4 if str(dtype).removeprefix("torch.") == "float32" else 2
 
 
-def memory_report(cfg: Config, placement: Placement, weight_transport: str = "") -> MemoryReport:
-    """The per-GPU estimate of a run's components (see the module docstring); `weight_transport` as the plan's."""
+def memory_report(cfg: Config, plan: RunPlan) -> MemoryReport:
+    """The per-GPU estimate of the components the run `plan` starts (see the module docstring)."""
     from rlinf_pipe.models.arch import hf_arch, model_config
 
     capacity = gpu_capacity_bytes(cfg)
     config, source = model_config(cfg.actor.model_path)
     if config is None:
         return MemoryReport({}, cfg.actor.model_path, capacity, note=source)
-    return MemoryReport(estimate_memory(cfg, placement, hf_arch(config), capacity, dtype_bytes_of(config),
-                                        weight_transport), source, capacity)
+    return MemoryReport(estimate_memory(cfg, plan, hf_arch(config), capacity, dtype_bytes_of(config)), source,
+                        capacity)

@@ -67,26 +67,21 @@ class Placement:
         return sum(self.gpus_per_node)
 
     @property
-    def engines_share_actor(self) -> bool:
-        """Rollout engines and actor take turns on the same GPUs (device locks; engines sleep between phases)."""
+    def rollout_on_actor_gpus(self) -> bool:
+        """Rollout and actor are placed on the same GPUs (where they run, they take turns: `RunPlan.turns`)."""
         return self.components["rollout"].gpus == self.components["actor"].gpus
 
     @property
-    def inference_shares_rollout(self) -> bool:
-        """Inference workers take turns with the engines on the same GPUs (the actor has others): they take the
-        devices group by group, between the engines' generations."""
+    def inference_on_rollout_gpus(self) -> bool:
+        """Inference is placed on the rollout's GPUs (the actor has others). Whether inference workers run at all is
+        the algorithm's (`RunPlan.inference_workers`)."""
         return "inference" in self.components and self.components["inference"].gpus == self.components["rollout"].gpus
 
     @property
-    def rollout_time_shared(self) -> bool:
-        """The engines share their GPUs with another component: they hold them only while they generate."""
-        return self.engines_share_actor or self.inference_shares_rollout
-
-    @property
-    def actor_logprobs(self) -> bool:
-        """The actor computes old and reference log-probs itself: no `inference` entry, or one on the actor's GPUs
-        (merged into the actor, with a warning)."""
-        return "inference" not in self.components
+    def inference_placed(self) -> bool:
+        """An `inference` entry remains (one on the actor's GPUs is merged into the actor, with a warning); without
+        one the actor computes whatever log-probs the algorithm needs (`RunPlan.logprob_component`)."""
+        return "inference" in self.components
 
     def gpu_sets(self) -> list[GpuSet]:
         """The GPU components grouped by the GPU set they hold, in GPU order."""
@@ -94,7 +89,7 @@ class Placement:
         for name in GPU_COMPONENTS:
             if name in self.components:
                 sets.setdefault(self.components[name].gpus, []).append(name)
-        return [GpuSet(gpus, tuple(names), self.actor_logprobs) for gpus, names in sorted(sets.items())]
+        return [GpuSet(gpus, tuple(names), self.inference_placed) for gpus, names in sorted(sets.items())]
 
     def to_json(self) -> dict:
         return {
@@ -137,12 +132,12 @@ class GpuSet:
 
     gpus: tuple[int, ...]
     components: tuple[str, ...]
-    actor_logprobs: bool
+    inference_placed: bool  # (without it, the actor is shown with the log-probs)
 
     @property
     def sharing(self) -> str:
         """How the set is used, in words (`rlinf-pipe plan`)."""
-        roles = [f"{n} (+ log-probs)" if n == "actor" and self.actor_logprobs else n for n in self.components]
+        roles = [f"{n} (+ log-probs)" if n == "actor" and not self.inference_placed else n for n in self.components]
         if len(self.components) == 1:
             return f"{roles[0]} alone, streaming to the other stages"
         if "actor" in self.components:

@@ -49,8 +49,8 @@ class RunPlan:
 
     @property
     def engines_share_actor(self) -> bool:
-        """Rollout and actor take turns on the same GPUs (`Placement.engines_share_actor`)."""
-        return self.placement.engines_share_actor
+        """Rollout and actor take turns on the same GPUs."""
+        return self.placement.rollout_on_actor_gpus
 
     @property
     def inference_workers(self) -> bool:
@@ -59,9 +59,8 @@ class RunPlan:
 
     @property
     def actor_logprobs(self) -> bool:
-        """The actor computes the log-probs: a log-prob pass is needed and no inference workers are placed
-        (`Placement.actor_logprobs`)."""
-        return self.logprob_stage and self.placement.actor_logprobs
+        """The actor computes the log-probs: a log-prob pass is needed and no inference workers are placed."""
+        return self.logprob_component == "actor"
 
     @property
     def logprob_component(self) -> str | None:
@@ -69,12 +68,12 @@ class RunPlan:
         actor's train channels)."""
         if not self.logprob_stage:
             return None
-        return "actor" if self.placement.actor_logprobs else "inference"
+        return "inference" if self.placement.inference_placed else "actor"
 
     @property
     def inference_shares_rollout(self) -> bool:
-        """Inference workers take turns with the engines (`Placement.inference_shares_rollout`)."""
-        return self.inference_workers and self.placement.inference_shares_rollout
+        """Inference workers run, and take turns with the engines on their GPUs."""
+        return self.inference_workers and self.placement.inference_on_rollout_gpus
 
     @property
     def collocated(self) -> bool:
@@ -89,15 +88,9 @@ class RunPlan:
         return self.engines_share_actor or self.actor_logprobs or self.inference_shares_rollout or self.staleness > 0
 
     @property
-    def device_locks(self) -> bool:
-        """Some GPU set is taken in turns: the job needs the device locks, and its engines sleep between
-        generations."""
-        return self.engines_share_actor or self.inference_shares_rollout
-
-    @property
     def turns(self) -> dict[str, tuple[str, ...]]:
         """For each component that takes turns on its GPUs, the components it takes them with (none listed: its
-        GPUs are its own)."""
+        GPUs are its own). Empty: no GPU set is taken in turns (the job needs no device locks)."""
         pairs = [("rollout", "actor")] if self.engines_share_actor else []
         pairs += [("rollout", "inference")] if self.inference_shares_rollout else []
         turns: dict[str, tuple[str, ...]] = {}
@@ -190,7 +183,7 @@ def plan_run(cfg: Config, gpus_per_node: Sequence[int] | None = None) -> RunPlan
     reward is checked by `runner.preflight`: a built-in one is an engine's name.)"""
     check_algorithm(cfg)
     placement = plan_placement(cfg, gpus_per_node)
-    if cfg.runner.max_staleness and placement.engines_share_actor:
+    if cfg.runner.max_staleness and placement.rollout_on_actor_gpus:
         raise ConfigError(
             f"runner.max_staleness: {cfg.runner.max_staleness} needs the rollout on GPUs of its own: rollout and "
             "actor take turns on the same GPUs here, so rollout cannot run ahead; use 0, or place rollout and actor "

@@ -57,6 +57,13 @@ class StageGraph:
     def channel(self, name: str) -> ChannelPlan | None:
         return next((c for c in self.channels if c.name == name), None)
 
+    def to_json(self) -> list[dict[str, object]]:
+        """The stages as `plan --json` gives them, each with its channels' item types."""
+        items = {c.name: c.item for c in self.channels}
+        return [{"stage": s.name, "component": s.component, "reads": s.reads, "writes": s.writes,
+                 "reads_item": items.get(s.reads or ""), "writes_item": items.get(s.writes or ""),
+                 "turns_with": list(s.turns_with)} for s in self.stages]
+
     def describe(self) -> list[str]:
         """One line per stage, as `plan` prints it."""
         lines = []

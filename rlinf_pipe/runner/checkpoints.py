@@ -7,7 +7,7 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
@@ -15,16 +15,23 @@ from rlinf_pipe.runner.run_dir import checkpoint_dir, complete_checkpoints, find
 from rlinf_pipe.runtime.worker_group import WorkerGroup
 from rlinf_pipe.utils.folders import COMPLETE, absolute, mark_complete
 
+if TYPE_CHECKING:  # (preflight reads checkpoints without loading torch)
+    from rlinf_pipe.workers.actor import ActorWorker
+
 ACTOR_SUBDIR = "actor"
 RUNNER_STATE = "runner.json"
 
 
-async def save_checkpoint(run_dir: Path, next_step: int, actor: WorkerGroup, sampler_state: dict[str, Any]) -> Path:
+async def save_checkpoint(run_dir: Path, next_step: int, actor: WorkerGroup[ActorWorker],
+                          sampler_state: dict[str, Any]) -> Path:
     """Checkpoint the state before step `next_step`: actor (model, optimizer, schedule, RNG) and data order."""
     ckpt = checkpoint_dir(run_dir, next_step)
     ckpt.mkdir(parents=True, exist_ok=True)
     (ckpt / COMPLETE).unlink(missing_ok=True)  # a step saved again (a resumed run) is incomplete until rewritten
-    await actor.all.save_checkpoint(str(ckpt / ACTOR_SUBDIR), next_step, {"next_step": next_step})
+    from rlinf_pipe.workers.actor import ActorWorker
+
+    await actor.all.call(ActorWorker.save_checkpoint, str(ckpt / ACTOR_SUBDIR), next_step,
+                         {"next_step": next_step})
     (ckpt / RUNNER_STATE).write_text(json.dumps({"next_step": next_step, "sampler": sampler_state}))
     mark_complete(ckpt, {"next_step": next_step, "time": time.time()})
     return ckpt
@@ -102,8 +109,10 @@ def check_resume(cfg: Config) -> Path | None:
     return ckpt
 
 
-async def load_checkpoint(ckpt: Path, actor: WorkerGroup) -> dict[str, Any]:
+async def load_checkpoint(ckpt: Path, actor: WorkerGroup[ActorWorker]) -> dict[str, Any]:
     """Restore the actor from `ckpt`; returns the runner state (`next_step`, `sampler`)."""
     state = read_runner_state(ckpt)
-    await actor.all.load_checkpoint(str(ckpt / ACTOR_SUBDIR), int(state["next_step"]))
+    from rlinf_pipe.workers.actor import ActorWorker
+
+    await actor.all.call(ActorWorker.load_checkpoint, str(ckpt / ACTOR_SUBDIR), int(state["next_step"]))
     return state

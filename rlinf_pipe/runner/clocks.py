@@ -15,6 +15,7 @@ import asyncio
 
 import msgspec
 
+from rlinf_pipe.runtime.worker import Worker
 from rlinf_pipe.runtime.worker_group import WorkerGroup
 from rlinf_pipe.utils.tracing import Span, now
 
@@ -43,19 +44,19 @@ class NodeClocks:
     def due(self) -> bool:
         return now() - self.measured_at >= RECHECK_S
 
-    async def measure(self, groups: list[WorkerGroup]) -> list[str]:
+    async def measure(self, groups: list[WorkerGroup[Worker]]) -> list[str]:
         """Measure through one worker of `groups` on each node but the driver's; returns a warning per node whose
         clock is newly off by more than `WARN_S`."""
-        probes: dict[int, tuple[WorkerGroup, int]] = {}
+        probes: dict[int, tuple[WorkerGroup[Worker], int]] = {}
         for group in groups:
             for rank, proc in enumerate(group.placement.processes):
                 if proc.node_rank != self.driver_node:
                     probes.setdefault(proc.node_rank, (group, rank))
-        async def sample(group: WorkerGroup, rank: int) -> list[tuple[float, float, float]]:
+        async def sample(group: WorkerGroup[Worker], rank: int) -> list[tuple[float, float, float]]:
             samples = []
             for _ in range(SAMPLES):
                 sent = now()
-                remote = await group.rank(rank).clock()
+                remote = await group.rank(rank).call(Worker.clock)
                 samples.append((sent, remote, now()))
             return samples
 

@@ -1,5 +1,5 @@
 """A running job's parts, launched from its `RunPlan`: the worker groups, the channels between them, the prompt
-sampler, the device locks. `Components.shutdown()` stops the workers and releases the cluster."""
+sampler, each GPU set's share (taken in turns, or alone). `Components.shutdown()` stops the workers and releases the cluster."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.data.sampler import PromptSampler
@@ -19,14 +19,25 @@ from rlinf_pipe.runner.cpu_shares import cpu_stages, node_procs
 from rlinf_pipe.runner.driver_inputs import DriverInputs, driver_inputs
 from rlinf_pipe.planning.run_plan import RunPlan, plan_run
 from rlinf_pipe.runtime.cluster import Cluster
+from rlinf_pipe.runtime.locks import DeviceLocks, DeviceShare, device_shares
 from rlinf_pipe.runtime.node_paths import NodePath, check_node_paths
 from rlinf_pipe.planning.placement import reward_placement
 from rlinf_pipe.planning.stage_graph import StageGraph, stage_graph
-from rlinf_pipe.runtime.worker import node_procs_env
+from rlinf_pipe.runtime.worker import Worker, node_procs_env
 from rlinf_pipe.runtime.worker_group import WorkerGroup
 from rlinf_pipe.utils.folders import COMPLETE
 from rlinf_pipe.utils.net import RESOLVER_ENV, quick_resolver_env
+from rlinf_pipe.runner.roles import LogprobComputing
 from rlinf_pipe.runner.step_channels import StepChannels, create_channels
+
+if TYPE_CHECKING:  # (the workers' modules import torch and the engines: the driver imports them when it launches)
+    from rlinf_pipe.workers.actor import ActorWorker
+    from rlinf_pipe.workers.inference import InferenceWorker
+    from rlinf_pipe.workers.reward import RewardWorker
+    from rlinf_pipe.workers.rollout import RolloutWorker
+    from rlinf_pipe.workers.weight_receiver import WeightReceiverWorker
+
+V = TypeVar("V", bound=Worker)
 
 EXIT_GRACE_S = 5.0  # a worker's time to release what a kill leaves behind, before it is killed (`Worker.before_stop`)
 
@@ -96,38 +107,44 @@ class Components:
     cluster: Cluster
     sampler: PromptSampler
     val_prompts: list[PromptItem]
-    rollout: WorkerGroup
-    reward: WorkerGroup
-    actor: WorkerGroup
-    inference: WorkerGroup | None
+    rollout: WorkerGroup[RolloutWorker]
+    reward: WorkerGroup[RewardWorker]
+    actor: WorkerGroup[ActorWorker]
+    inference: WorkerGroup[InferenceWorker] | None
     channels: StepChannels
-    locks: Any
+    locks: Any  # the job's `DeviceLocks` (None: no GPU set is taken in turns)
     sampling_rounds: Any
     recipes: GroupRecipes
     arrival_slots: Any = None  # `workers.arrival_slots.ArrivalSlots` with `algorithm.minibatch_order: arrival`
     balancer: Any = None  # `workers.replica_balance.ReplicaBalancer` with `algorithm.replica_routing: tokens`
 
-    def stages(self, names: tuple[str, ...]) -> dict[str, WorkerGroup]:
+    def stages(self, names: tuple[str, ...]) -> dict[str, WorkerGroup[Worker]]:
         """The groups of the stages `names` that run in groups of their own (no inference group when the actor
         computes the log-probs)."""
-        groups = {"rollout": self.rollout, "inference": self.inference, "actor": self.actor}
-        return {name: groups[name] for name in names if groups[name] is not None}
+        groups: dict[str, WorkerGroup[Worker] | None] = {"rollout": self.rollout, "inference": self.inference,
+                                                        "actor": self.actor}
+        return {name: group for name in names if (group := groups[name]) is not None}
 
     @property
-    def logprob_group(self) -> WorkerGroup | None:
+    def logprob_group(self) -> WorkerGroup[LogprobComputing] | None:
         """Who computes old / reference log-probs: the inference workers, the actor, or nobody (no log-prob stage:
         `RunPlan.logprob_component`)."""
-        return {"inference": self.inference, "actor": self.actor}.get(self.plan.logprob_component or "")
+        groups: dict[str, WorkerGroup[LogprobComputing] | None] = {"inference": self.inference, "actor": self.actor}
+        return groups.get(self.plan.logprob_component or "")
 
     @property
-    def weight_receivers(self) -> dict[str, WorkerGroup]:
+    def weight_receivers(self) -> dict[str, WorkerGroup[WeightReceiverWorker]]:
         """The groups that load weight versions, by component (`RunPlan.weight_receivers`)."""
-        return {"rollout": self.rollout, **({"inference": self.inference} if self.inference is not None else {})}
+        receivers: dict[str, WorkerGroup[WeightReceiverWorker]] = {"rollout": self.rollout}
+        if self.inference is not None:
+            receivers["inference"] = self.inference
+        return receivers
 
-    def groups(self) -> list[WorkerGroup]:
+    def groups(self) -> list[WorkerGroup[Worker]]:
+        """Every worker group of the job."""
         return [self.rollout, self.reward, self.actor, *([self.inference] if self.inference is not None else [])]
 
-    def group(self, name: str) -> WorkerGroup:
+    def group(self, name: str) -> WorkerGroup[Worker]:
         found = {g.name: g for g in self.groups()}
         if name not in found:
             raise ValueError(f"this job has no worker group {name!r} (it has {', '.join(found)})")
@@ -143,8 +160,10 @@ class Components:
         """Start `ranks` of group `name` again on their GPUs (blocking)."""
         args, kwargs = self.recipes.arguments(name)
         self.group(name).relaunch(ranks, *args, **kwargs)
-        if name == "rollout" and self.plan.device_locks:  # as at launch: the engines sleep until they generate
-            self.rollout.some(ranks).release_devices().wait()
+        if name == "rollout" and self.recipes.share("rollout").in_turns:  # as at launch: the engines sleep until
+            from rlinf_pipe.workers.rollout import RolloutWorker  # they generate
+
+            self.rollout.some(ranks).call(RolloutWorker.release_devices).wait()
 
     def stop_workers(self) -> None:
         """Stop every worker and helper actor of the job and this process's channel ends; the cluster (its
@@ -172,26 +191,30 @@ class GroupRecipes:
     plan: RunPlan
     model_path: str
     rollout_path: str
-    locks: Any
+    shares: dict[str, DeviceShare]  # the components that take turns on their GPUs (`device_shares`)
     rounds: Any  # what gives the reward workers' groups their slots (None: the prompts' own)
     pad_token_id: int = 0
     balancer: Any = None  # what routes groups to actor replicas by tokens (None: by slot)
 
+    def share(self, name: str) -> DeviceShare:
+        """Component `name`'s share of its GPUs (alone: every hold a no-op)."""
+        return self.shares.get(name, DeviceShare())
+
     def arguments(self, name: str) -> tuple[tuple, dict[str, Any]]:
         """The constructor arguments of group `name`'s workers."""
-        cfg, plan, locks = self.cfg, self.plan, self.locks
+        cfg, plan = self.cfg, self.plan
         if name == "reward":
             return (cfg, plan.actor_dp, self.rounds, self.pad_token_id, self.balancer), {}
         if name == "actor":
-            return (cfg, self.model_path, plan.actor_logprobs, locks if plan.engines_share_actor else None,
-                    self.balancer, self.pad_token_id), {}
+            return (cfg, self.model_path, plan.actor_logprobs, self.share("actor"), self.balancer,
+                    self.pad_token_id), {}
         if name == "inference":
-            return (cfg, self.model_path, plan.actor_dp, locks if plan.inference_shares_rollout else None,
-                    self.balancer, self.pad_token_id), {}
+            return (cfg, self.model_path, plan.actor_dp, self.share("inference"), self.balancer,
+                    self.pad_token_id), {}
         if name == "rollout":  # (a small first batch only where the actor trains while the engines generate)
             first = None if plan.engines_share_actor else cfg.rollout.first_batch_size or cfg.actor.micro_batch_size
             return (cfg.rollout, self.rollout_path, sampling_params(cfg.rollout, cfg.algorithm.group_size),
-                    cfg.runner.seed, locks, first), {}
+                    cfg.runner.seed, self.share("rollout"), first), {}
         raise ValueError(f"no worker group {name!r}")
 
 
@@ -244,7 +267,6 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
     to its owner. `on_connect` runs once Ray is connected. Given the `run_dir`, every node first checks it sees the
     model folders, the run folder and the checkpoint it resumes from (`resume_from`) as the driver does
     (`check_nodes_see_paths`)."""
-    from rlinf_pipe.runtime.locks import DeviceLocks
     from rlinf_pipe.workers.actor import ActorWorker
     from rlinf_pipe.workers.arrival_slots import ArrivalSlots
     from rlinf_pipe.workers.dynamic_sampling import SamplingRounds
@@ -258,14 +280,15 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
     owns_cluster = cluster is None
     cluster = cluster or Cluster(cfg)
     on_connect()
-    started: list[WorkerGroup] = []
+    started: list[WorkerGroup[Worker]] = []
 
-    def start(worker_cls: type, name: str, *args: Any, env: dict[str, str] | None = None,
-              **kwargs: Any) -> WorkerGroup:
+    def start(worker_cls: type[V], name: str, *args: Any, env: dict[str, str] | None = None,
+              **kwargs: Any) -> WorkerGroup[V]:
         nsight = {"nsight": "default"} if name in cfg.runner.nsight else None  # `runner.nsight`
-        started.append(WorkerGroup.start(worker_cls, name, *args, runtime_env=nsight,
-                                         env={**cpus, **nccl, **resolver, **(env or {})}, **kwargs))
-        return started[-1]
+        group = WorkerGroup.start(worker_cls, name, *args, runtime_env=nsight,
+                                  env={**cpus, **nccl, **resolver, **(env or {})}, **kwargs)
+        started.append(group)
+        return group
 
     try:
         plan = plan_run(cfg, cluster.gpus_per_node)
@@ -277,31 +300,33 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
         resolver = resolver_env([node.ip for node in cluster.nodes])
         graph = stage_graph(plan)
         channels = create_channels(plan, graph)
-        locks = DeviceLocks.remote() if plan.device_locks else None
-        rounds = SamplingRounds.remote() if plan.dynamic_sampling else None
+        # (`@ray.remote` makes these classes actor classes, which mypy does not see: it keeps a class's type)
+        locks = DeviceLocks.remote() if plan.turns else None  # type: ignore[attr-defined]
+        rounds = SamplingRounds.remote() if plan.dynamic_sampling else None  # type: ignore[attr-defined]
         arrival = ArrivalSlots.remote() if plan.arrival_slots else None
         balancer = ReplicaBalancer.remote(train_routing(cfg, plan.actor_dp)) if plan.token_balance else None
-        recipes = GroupRecipes(cfg, plan, inputs.model_path, inputs.rollout_path, locks, rounds or arrival,
+        recipes = GroupRecipes(cfg, plan, inputs.model_path, inputs.rollout_path, device_shares(plan.turns, locks),
+                               rounds or arrival,
                                inputs.pad_token_id, balancer)
-        # The groups build their models at once; on shared GPUs, the engines start once the actor (or the inference
-        # workers) sharing them have built their state (and the actor offloaded it).
+        # The groups build their models at once; on GPUs taken in turns, the engines start once the actor (or the
+        # inference workers) taking turns with them have built their state (and the actor offloaded it).
         reward = start(RewardWorker, "reward", reward_placement(plan.placement), cluster,
                        *recipes.arguments("reward")[0], distributed=False)
         actor = start(ActorWorker, "actor", comps["actor"], cluster, *recipes.arguments("actor")[0],
                       env={**WORKER_ENV, **megatron_env(cfg.actor.tensor_parallel_size)})
-        if plan.engines_share_actor:
+        if recipes.share("actor").in_turns:
             actor.ready()
         inference = None if not plan.inference_workers else start(
             InferenceWorker, "inference", comps["inference"], cluster, *recipes.arguments("inference")[0],
             env={**WORKER_ENV, **megatron_env(cfg.inference.tensor_parallel_size)})
-        if plan.inference_shares_rollout:
+        if recipes.share("inference").in_turns and inference is not None:
             inference.ready()
         rollout = start(RolloutWorker, "rollout", comps["rollout"], cluster, *recipes.arguments("rollout")[0],
                         distributed=False)
         for group in started:
             group.ready()
-        if plan.device_locks:  # the engines hold the GPUs only while they generate
-            rollout.all.release_devices().wait()
+        if recipes.share("rollout").in_turns:  # the engines hold the GPUs only while they generate
+            rollout.all.call(RolloutWorker.release_devices).wait()
     except BaseException:
         for group in started:
             group.shutdown()

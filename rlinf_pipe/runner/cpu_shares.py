@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.planning.placement import ComponentPlacement
+from rlinf_pipe.runtime.worker import Worker
 from rlinf_pipe.runtime.worker_group import WorkerGroup
 from rlinf_pipe.algorithms.logprob_needs import computes_logprobs
 
@@ -40,7 +41,7 @@ class CpuLending:
     `stages` maps a stage's name to its group, in pipeline order; the calls go out without waiting (a control
     call each, ordered before the group's next calls)."""
 
-    def __init__(self, stages: dict[str, WorkerGroup]) -> None:
+    def __init__(self, stages: dict[str, WorkerGroup[Worker]]) -> None:
         self.stages = stages
         self.busy: list[str] = list(stages)
         self.lent = False  # whether shares differ from the placement's now
@@ -48,7 +49,7 @@ class CpuLending:
     def _share(self, names: list[str]) -> None:
         procs = node_procs(self.stages[name].placement for name in names)
         for name in names:
-            self.stages[name].all.share_cpus(procs)
+            self.stages[name].all.call(Worker.share_cpus, procs)
 
     def start_step(self) -> None:
         """Every stage works again: back to the placement's shares (if they were lent)."""

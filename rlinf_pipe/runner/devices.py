@@ -6,22 +6,28 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import TYPE_CHECKING
 
 from rlinf_pipe.runtime.worker_group import WorkerGroup
+
+if TYPE_CHECKING:
+    from rlinf_pipe.workers.actor import ActorWorker
 
 ActorPhase = Callable[[int], AbstractAsyncContextManager[None]]
 
 
-def actor_phases(actor: WorkerGroup, shared: bool) -> ActorPhase:
+def actor_phases(actor: WorkerGroup[ActorWorker], shared: bool) -> ActorPhase:
     """`async with phase(step):` holds the actor's devices for the block (see the module docstring)."""
+
+    from rlinf_pipe.workers.actor import ActorWorker
 
     @asynccontextmanager
     async def holding_devices(step: int) -> AsyncIterator[None]:
-        await actor.all.begin_phase(step)
+        await actor.all.call(ActorWorker.begin_phase, step)
         yield
         # Not in a `finally`: a phase cut short (a lost worker, a stop) is ended by `ActorWorker.settle_devices`
         # once the actor's calls are over, never while its training may still run.
-        await actor.all.end_phase(step)
+        await actor.all.call(ActorWorker.end_phase, step)
 
     @asynccontextmanager
     async def own_devices(step: int) -> AsyncIterator[None]:

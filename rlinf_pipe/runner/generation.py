@@ -12,7 +12,7 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -23,6 +23,11 @@ from rlinf_pipe.runner.stage_calls import StageCalls
 from rlinf_pipe.runner.step_channels import StepChannels
 from rlinf_pipe.runtime.worker_group import WorkerGroup
 from rlinf_pipe.utils.futures import mark_retrieved
+from rlinf_pipe.workers.reward import RewardWorker
+from rlinf_pipe.workers.rollout import RolloutWorker
+
+
+T = TypeVar("T")
 
 
 def draw_prompts(sampler: PromptSampler, count: int | None = None) -> list[PromptItem]:
@@ -51,7 +56,7 @@ class GenerationCalls:
     ahead: bool = False
 
 
-async def _after(previous: asyncio.Future | None, call: Callable[[], Awaitable[Any]]) -> Any:
+async def _after(previous: asyncio.Future | None, call: Callable[[], Awaitable[T]]) -> T:
     """`call()`, made once `previous` (a call of the step before) is done: a group call goes out when it is made."""
     if previous is not None:
         await asyncio.shield(previous)
@@ -77,8 +82,8 @@ class PlainGeneration:
 
     runs_ahead = True
 
-    def __init__(self, rollout: WorkerGroup, reward: WorkerGroup, channels: Callable[[], StepChannels],
-                 arrival_slots: Any = None, balancer: Any = None):
+    def __init__(self, rollout: WorkerGroup[RolloutWorker], reward: WorkerGroup[RewardWorker],
+                 channels: Callable[[], StepChannels], arrival_slots: Any = None, balancer: Any = None):
         self.rollout, self.reward, self.channels = rollout, reward, channels
         self.arrival_slots, self.balancer = arrival_slots, balancer
 
@@ -86,7 +91,7 @@ class PlainGeneration:
         if self.arrival_slots is not None:  # (the step's groups take slots from 0 in the order they are scored)
             await self.arrival_slots.reset.remote()
         await begin_routing(self.balancer, step)
-        return await self.reward.all.score_step(step, src=ch.rollouts, dst=ch.reward_output)
+        return await self.reward.all.call(RewardWorker.score_step, step, src=ch.rollouts, dst=ch.reward_output)
 
     def start(self, step: int, prompts: list[PromptItem], calls: StageCalls, after: GenerationCalls | None = None,
               ahead: bool = False, weights: int | None = None) -> GenerationCalls:
@@ -95,9 +100,9 @@ class PlainGeneration:
         launch = calls.watch if ahead else calls.start
         suffix = "_ahead" if ahead else ""
         ch = self.channels()
-        rollout = launch("rollout" + suffix, _after(after and after.rollout, lambda: self.rollout.sharded.generate_step(
-            prompts, step, dst=ch.rollouts, weights=weights)))
-        scoring = launch("reward" + suffix, _after(after and after.result, lambda: self._score(step, ch)))
+        rollout = launch("rollout" + suffix, _after(after.rollout if after else None, lambda: self.rollout.sharded.call(
+            RolloutWorker.generate_step, prompts, step, dst=ch.rollouts, weights=weights)))
+        scoring = launch("reward" + suffix, _after(after.result if after else None, lambda: self._score(step, ch)))
 
         async def result() -> GenerationResult:
             return GenerationResult(await scoring)
@@ -114,8 +119,9 @@ class DynamicSampling:
 
     runs_ahead = False
 
-    def __init__(self, rollout: WorkerGroup, reward: WorkerGroup, channels: Callable[[], StepChannels], rounds: Any,
-                 sampler: PromptSampler, max_extra_rounds: int, balancer: Any = None):
+    def __init__(self, rollout: WorkerGroup[RolloutWorker], reward: WorkerGroup[RewardWorker],
+                 channels: Callable[[], StepChannels], rounds: Any, sampler: PromptSampler, max_extra_rounds: int,
+                 balancer: Any = None):
         self.rollout, self.reward, self.channels = rollout, reward, channels
         self.rounds, self.balancer = rounds, balancer
         self.sampler, self.max_extra_rounds = sampler, max_extra_rounds
@@ -129,10 +135,12 @@ class DynamicSampling:
             wanted = await self.rounds.start_round.remote()
             round_prompts = prompts if not result.tallies else draw_prompts(self.sampler, wanted)
             _, tallies = await asyncio.gather(
-                self.rollout.sharded.generate_step(round_prompts, step, dst=ch.rollouts, weights=weights),
-                self.reward.all.score_step(step, src=ch.rollouts, dst=ch.reward_output, end_step=False))
+                self.rollout.sharded.call(RolloutWorker.generate_step, round_prompts, step, dst=ch.rollouts,
+                                          weights=weights),
+                self.reward.all.call(RewardWorker.score_step, step, src=ch.rollouts, dst=ch.reward_output,
+                                     end_step=False))
             result.tallies += tallies
-        await self.reward.all.end_step(ch.reward_output)
+        await self.reward.all.call(RewardWorker.end_step, ch.reward_output)
         result.sampling = await self.rounds.metrics.remote()
         return result
 
@@ -210,6 +218,8 @@ class RolloutSchedule:
         if self.ahead:
             current = self.ahead.popleft()
             self.states_before_ahead.popleft()
+        elif prompts is None:
+            raise ValueError(f"step {step}: no prompts to start its generation on, and none started ahead")
         else:
             current = self.generation.start(step, prompts, calls, weights=weights)
         while len(self.ahead) < self.staleness and step + len(self.ahead) + 1 < self.max_steps:

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from rlinf_pipe.errors import WorkerError, WorkerLost
+from rlinf_pipe.runtime.worker import Worker
 from rlinf_pipe.runtime.worker_group import WorkerGroup
 
 T = TypeVar("T")
@@ -22,7 +23,7 @@ class Health:
     """Pings every worker of `groups()` every `interval_s` while a guarded call runs; a worker that fails its ping
     died, one that does not answer within `timeout_s` hung (see `WorkerGroup.unhealthy`)."""
 
-    def __init__(self, groups: Callable[[], list[WorkerGroup]], timeout_s: float):
+    def __init__(self, groups: Callable[[], list[WorkerGroup[Worker]]], timeout_s: float):
         self.groups, self.timeout_s = groups, timeout_s
         self.interval_s = max(0.5, min(5.0, timeout_s / 4))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,8 @@ def write_pictures(spans: list[Span], run_dir: Path, title: str) -> None:
     records = read_metrics(path) if path.exists() else []
     trained = training_rows(records)
     if trained:
-        series = {k: ([r["step"] for r in trained], [r.get(k) or 0.0 for r in trained])
+        series: dict[str, tuple[Sequence[int], Sequence[float]]] = {
+            k: ([r["step"] for r in trained], [r.get(k) or 0.0 for r in trained])
                   for k in ("reward/mean", "reward/accuracy")}
         validated = validation_rows(records)
         for key in ("val/pass@1", "val/pass@k"):

@@ -31,7 +31,7 @@ def prepare_run(cfg: Config, checked: Preflight | None = None) -> PreparedRun:
     checked = checked or preflight(cfg)
     for warning in checked.plan.warnings:
         log.warning("placement: %s (rlinf-pipe plan shows the placement; docs/placement.md)", warning)
-    for warning in memory_report(cfg, checked.plan.placement, checked.plan.weight_transport).warnings():
+    for warning in memory_report(cfg, checked.plan).warnings():
         log.warning("memory estimate: %s (rlinf-pipe plan shows the estimate; docs/memory.md)", warning)
     run_dir = open_run_dir(cfg, checked.resume_from)
     write_config(cfg, run_dir)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 from rlinf_pipe.errors import ClusterError, RlinfPipeError, WorkerError
 from rlinf_pipe.runner.components import Components
+from rlinf_pipe.runtime.locks import DeviceShare
+from rlinf_pipe.runtime.worker import Worker
 
 
 class RecoveryFailed(RlinfPipeError):
@@ -53,13 +55,13 @@ async def replace_unit(components: Components, unit: LostUnit, settle_s: float) 
     channels, relaunch `unit` on its GPUs (see the module docstring)."""
     lost_group = components.group(unit.group)
     await asyncio.to_thread(lost_group.kill, list(unit.ranks))
-    if components.locks is not None:  # what the lost ranks held would keep the others waiting for their devices
-        await components.locks.forfeit.remote([f"{unit.group}/{rank}" for rank in unit.ranks])
+    # (what the lost ranks held would keep the others waiting for their devices)
+    await components.recipes.share(unit.group).forfeit([f"{unit.group}/{rank}" for rank in unit.ranks])
     survivors = [(group, [r for r in range(group.size) if group is not lost_group or r not in unit.ranks])
                  for group in components.groups()]
     survivors = [(group, ranks) for group, ranks in survivors if ranks]
     try:
-        await asyncio.gather(*(group.some(ranks).abandon_step() for group, ranks in survivors))
+        await asyncio.gather(*(group.some(ranks).call(Worker.abandon_step) for group, ranks in survivors))
         busy = await asyncio.gather(*(group.settle(settle_s) for group, _ in survivors))
     except WorkerError as exc:
         raise RecoveryFailed(f"a worker failed while the step was abandoned: {exc}") from None
@@ -67,10 +69,11 @@ async def replace_unit(components: Components, unit: LostUnit, settle_s: float) 
     if running:
         raise RecoveryFailed(f"{'; '.join(running)} still in the abandoned step after {settle_s:g} s")
     try:
-        if components.plan.engines_share_actor and unit.group != "actor":
-            await components.actor.all.settle_devices()
-        if components.locks is not None:
-            await components.locks.reset.remote()
+        if unit.group != "actor":  # (a phase the abandoned step left open; none where the GPUs are the actor's own)
+            from rlinf_pipe.workers.actor import ActorWorker
+
+            await components.actor.all.call(ActorWorker.settle_devices)
+        await DeviceShare(components.locks).reset()
         components.renew_channels()  # (the calls of the retried step pass them)
         await asyncio.to_thread(components.relaunch, unit.group, list(unit.ranks))
     except (ClusterError, WorkerError) as exc:

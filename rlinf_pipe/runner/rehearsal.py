@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ClusterError
@@ -88,7 +89,9 @@ def local_nodes(gpus_per_node: Sequence[int]) -> Iterator[tuple[str, dict[int, s
         raise ClusterError("rehearse starts a Ray cluster of its own: run it in a process not connected to Ray")
     cluster = Cluster(initialize_head=True, head_node_args=_node_args(0, gpus_per_node[0]))
     try:
-        nodes = {0: cluster.head_node.node_id}
+        head = cluster.head_node
+        assert head is not None  # (started with the cluster: initialize_head)
+        nodes = {0: head.node_id}
         for rank, gpus in enumerate(gpus_per_node[1:], start=1):
             nodes[rank] = cluster.add_node(**_node_args(rank, gpus)).node_id
         cluster.wait_for_nodes()
@@ -98,7 +101,7 @@ def local_nodes(gpus_per_node: Sequence[int]) -> Iterator[tuple[str, dict[int, s
         cluster.shutdown()
 
 
-def _node_args(rank: int, gpus: int) -> dict[str, object]:
+def _node_args(rank: int, gpus: int) -> dict[str, Any]:
     # no dashboard: on the head it is a process and nine module subprocesses (0.3 GiB PSS) nobody looks at here
     return {"num_cpus": NODE_CPUS, "num_gpus": gpus, "object_store_memory": OBJECT_STORE_BYTES,
             "include_dashboard": False, "labels": {NODE_RANK_LABEL: str(rank)}}

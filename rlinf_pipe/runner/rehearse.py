@@ -61,7 +61,7 @@ def _tiny_model(cfg: Config) -> str:
         return "tiny"
     from rlinf_pipe.models.tiny import ensure_tiny_model
 
-    return str(ensure_tiny_model(None, **knobs))
+    return str(ensure_tiny_model(None, "qwen2", **knobs))  # (the warm-started tiny model's family)
 
 
 def render(cfg: Config, run_dir: Path, changes: Sequence[Change], problems: Sequence[str],

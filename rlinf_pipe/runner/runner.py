@@ -37,10 +37,13 @@ from rlinf_pipe.runner.weight_sync import WeightSync
 from rlinf_pipe.runner.workers_record import record_workers
 from rlinf_pipe.channels import traffic
 from rlinf_pipe.runtime.cluster import Cluster
+from rlinf_pipe.runtime.worker import Worker
 from rlinf_pipe.utils.metrics import MetricsWriter, WandbRun, json_safe
 from rlinf_pipe.utils.profiling import PROFILE_DIR, write_profile
 from rlinf_pipe.utils.timeline import STEP_SPAN
 from rlinf_pipe.utils.tracing import Span, Tracer
+from rlinf_pipe.workers.actor import ActorWorker
+from rlinf_pipe.workers.weight_receiver import WeightReceiverWorker
 
 
 log = logging.getLogger(__name__)
@@ -79,13 +82,13 @@ class Runner:
         self.schedule = RolloutSchedule(generation, c.sampler, plan.staleness, r.max_steps)
         phase = actor_phases(c.actor, plan.engines_share_actor)
         self.weights = WeightSync(plan.weight_transport, plan.weight_routes, c.actor, c.weight_receivers,
-                                  r.verify_weights, self.tracer, phase, plan.engines_share_actor)
+                                  r.verify_weights, self.tracer, phase, plan.engines_share_actor,
+                                  plan.inference_shares_rollout)
         self.validation = Validation(c.val_prompts, r.val_interval, r.val_before_train, r.max_steps, r.val_k,
                                      sampling_params(cfg.rollout, r.val_k), r.seed, self.run_dir)
         lending = None if plan.staleness or plan.engines_share_actor else CpuLending(c.stages(cpu_stages(cfg)))
         self.steps = Step(self.weights, self.schedule, lambda: c.channels, c.logprob_group, c.actor, phase,
                           plan.engines_share_actor, r.max_steps, lending,
-                          generate_beside_sync=not plan.inference_shares_rollout,
                           starts_itself=lambda step: step in r.profile_steps or self.validation.due(step))
 
     @classmethod
@@ -194,7 +197,7 @@ class Runner:
         """One step (see `rlinf_pipe.runner.steps`), profiled if `runner.profile_steps` names it; its metrics."""
         profiled = step in self.cfg.runner.profile_steps
         if profiled:
-            await asyncio.gather(*(group.all.start_profile(step) for group in self.c.groups()))
+            await asyncio.gather(*(group.all.call(Worker.start_profile, step) for group in self.c.groups()))
         sent_before = traffic.total_bytes()
         started = time.time()
         try:
@@ -215,8 +218,8 @@ class Runner:
         """Stop every worker's profiler and write its trace into `<run dir>/profile/`."""
         groups = self.c.groups()
         with self.tracer.span("write_profiles", step=step):
-            for group, results in zip(groups, await asyncio.gather(*(g.all.stop_profile() for g in groups)),
-                                      strict=True):
+            stopped = await asyncio.gather(*(g.all.call(Worker.stop_profile) for g in groups))
+            for group, results in zip(groups, stopped, strict=True):
                 for rank, (proc, result) in enumerate(zip(group.placement.processes, results, strict=True)):
                     write_profile(self.run_dir / PROFILE_DIR, f"{group.name}/{rank}", step, result,
                                   self.clocks.offsets.get(proc.node_rank, 0.0))
@@ -235,7 +238,8 @@ class Runner:
                 log.warning(warning)
         spans = self.tracer.drain()
         for group in self.c.groups():
-            for proc, worker_spans in zip(group.placement.processes, await group.all.drain_spans(), strict=True):
+            drained = await group.all.call(Worker.drain_spans)
+            for proc, worker_spans in zip(group.placement.processes, drained, strict=True):
                 spans.extend(self.clocks.align(worker_spans, proc.node_rank))
         return spans
 
@@ -312,12 +316,13 @@ class Runner:
         self.assemble(self.c)
         await self.weights.open()
         if unit is not None and unit.group != "actor":  # the actor stayed: back to where the step began
-            restored = await self.c.actor.all.rollback(step)
+            restored = await self.c.actor.all.call(ActorWorker.rollback, step)
             self.c.sampler.load_state_dict(self.sampler_at_step)
             resumed, origin = step, "the actor's state before the step" if any(restored) else "the actor's state"
         else:
             if unit is not None:  # the engines stayed, with newer weights than the checkpoint's
-                await asyncio.gather(*(group.all.rewind_weights() for group in self.c.weight_receivers.values()))
+                await asyncio.gather(*(group.all.call(WeightReceiverWorker.rewind_weights)
+                                       for group in self.c.weight_receivers.values()))
             resumed, origin = await self.resume(ckpt), str(ckpt or "the start")
         seconds = time.time() - started
         relaunched = unit.describe() if unit else "every worker"

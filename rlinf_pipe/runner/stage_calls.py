@@ -8,25 +8,27 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import Any
+from typing import Any, TypeVar
 
 from rlinf_pipe.utils.futures import mark_retrieved
+
+T = TypeVar("T")
 
 
 class StageCalls:
     """The step's running stage calls (see the module docstring)."""
 
     def __init__(self) -> None:
-        self.tasks: dict[str, asyncio.Future] = {}
-        self.watched: dict[str, asyncio.Future] = {}  # calls that run on into the next step
+        self.tasks: dict[str, asyncio.Future[Any]] = {}
+        self.watched: dict[str, asyncio.Future[Any]] = {}  # calls that run on into the next step
 
-    def start(self, name: str, call: Awaitable[Any]) -> asyncio.Future:
+    def start(self, name: str, call: Awaitable[T]) -> asyncio.Future[T]:
         """Start a call of this step."""
         task = asyncio.ensure_future(call)
         self.tasks[name] = task
         return task
 
-    def watch(self, name: str, call: Awaitable[Any]) -> asyncio.Future:
+    def watch(self, name: str, call: Awaitable[T]) -> asyncio.Future[T]:
         """Start a call that runs on into the next step: its failure fails this step, but `until_all` leaves it
         out (the next step adopts it, and fails with it). Dropped when a lost worker ends the run's steps before
         that, it logs nothing."""
@@ -55,9 +57,9 @@ class StageCalls:
                 self.cancel()
                 raise
             for task in done:
-                if not task.cancelled() and task.exception() is not None:
+                if not task.cancelled() and (failure := task.exception()) is not None:
                     self.cancel()
-                    raise task.exception()
+                    raise failure
             pending -= done
 
     def cancel(self) -> None:

@@ -28,14 +28,21 @@ ITEM_TYPES: dict[str, type] = {"RolloutGroup": RolloutGroup, "ScoredGroup": Scor
 class StepChannels:
     """The step's streams (see the module docstring)."""
 
-    rollouts: Channel
-    scored: Channel | None
-    train: list[Channel]
+    rollouts: Channel[RolloutGroup]
+    scored: Channel[ScoredGroup] | None
+    train: list[Channel[TrainBatch]]
 
     @property
-    def reward_output(self) -> Channel | list[Channel]:
+    def reward_output(self) -> Channel[ScoredGroup] | list[Channel[TrainBatch]]:
         """Where the reward workers write: the scored channel, or the train channels (no log-prob stage)."""
         return self.scored if self.scored is not None else self.train
+
+    @property
+    def logprob_input(self) -> Channel[ScoredGroup]:
+        """What the log-prob stage reads: the scored channel (a job without a log-prob stage has none)."""
+        if self.scored is None:
+            raise ValueError("this job has no log-prob stage, so no scored channel")
+        return self.scored
 
     def abort(self) -> None:
         """Stop this process's ends of the channels (before Ray goes, or when they are replaced)."""

@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from rlinf_pipe.runner.cpu_shares import CpuLending
 from rlinf_pipe.runner.devices import ActorPhase
 from rlinf_pipe.runner.generation import GenerationCalls, GenerationResult, RolloutSchedule
+from rlinf_pipe.runner.roles import LogprobComputing
 from rlinf_pipe.runner.stage_calls import StageCalls
 from rlinf_pipe.runner.step_channels import StepChannels
 from rlinf_pipe.runner.weight_sync import WeightSync
 from rlinf_pipe.runtime.worker_group import WorkerGroup
-from rlinf_pipe.workers.actor import TrainResult
+from rlinf_pipe.workers.actor import ActorWorker, TrainResult
 
 
 @dataclass
@@ -38,16 +39,16 @@ class StepOutcome:
     started_ahead: bool = False
 
 
-async def sync_and_generate(weights: WeightSync, schedule: RolloutSchedule, step: int, calls: StageCalls,
-                            beside: bool = True) -> tuple[dict[str, float], GenerationCalls]:
+async def sync_and_generate(weights: WeightSync, schedule: RolloutSchedule, step: int,
+                            calls: StageCalls) -> tuple[dict[str, float], GenerationCalls]:
     """Sync version `step` into the engines and start the step's generation at once: the driver draws the step's
     prompts in a thread while the weights sync (tokenising them takes milliseconds) and asks for the generation as
     soon as they are drawn; each engine starts it once it holds version `step` (`weights=step`), a Ray round trip
     sooner than if the driver waited for the sync's answer first. A failed sync fails the engines' wait too. The
     first sync of a run (or after a relaunch) completes first: it may move the version the engines already hold,
-    which a generation beside it would not wait for (`WeightSync.versions_known`); so does every sync without
-    `beside` (other receivers load on the engines' GPUs, which they must not share while the engines generate)."""
-    beside = beside and weights.versions_known()
+    which a generation beside it would not wait for; so does every sync where other receivers load on the engines'
+    GPUs, which they must not share while the engines generate (`WeightSync.generation_beside`)."""
+    beside = weights.generation_beside()
     syncing = asyncio.ensure_future(weights.sync(version=step))
     try:
         prompts = await asyncio.to_thread(schedule.draw)
@@ -71,51 +72,49 @@ class Step:
     weights: WeightSync
     schedule: RolloutSchedule
     channels: Callable[[], StepChannels]  # the job's current step channels (new ones after a lost worker)
-    logprob: WorkerGroup | None
-    actor: WorkerGroup
+    logprob: WorkerGroup[LogprobComputing] | None
+    actor: WorkerGroup[ActorWorker]
     actor_phase: ActorPhase
     engines_share_actor: bool
     max_steps: int
     cpus: CpuLending | None = None
-    generate_beside_sync: bool = True  # false: inference takes turns with the engines (it loads on their GPUs)
     # Steps whose generation starts at the step's own start, never during the step before: a profiled step (its
     # profiler starts with the step) and one validated first (validation waits until the engines are idle, and a
     # generation started early may never be: its output fills the bounded channels, and nothing trains it before
     # the step starts).
     starts_itself: Callable[[int], bool] = lambda step: False  # noqa: E731
 
-    @property
-    def pushes_weights(self) -> bool:
-        """Whether the step pushes the version it trains into the receivers as soon as it is trained
-        (`WeightSync.push`): not where the receivers load on the engines' GPUs, which they take turns with."""
-        return self.weights.pushes and self.generate_beside_sync
-
     async def run(self, step: int) -> StepOutcome:
         calls = StageCalls()
         await self.schedule.finish_ahead(calls, step)  # max_staleness 1: the engines finish the rollouts ahead
         if self.cpus is not None:
             self.cpus.start_step()  # (before the step's calls go out)
-        sync, generation = await sync_and_generate(self.weights, self.schedule, step, calls,
-                                                   self.generate_beside_sync)
+        sync, generation = await sync_and_generate(self.weights, self.schedule, step, calls)
         ch = self.channels()
         by_actor = self.logprob is self.actor
         logprob = None if by_actor or self.logprob is None else calls.start(
-            "logprob", self.logprob.all.logprob_step(step, src=ch.scored, dst=ch.train))
-        if self.cpus is not None:
+            "logprob", self.logprob.all.call(LogprobComputing.logprob_step, step, src=ch.logprob_input,
+                                             dst=ch.train))
+        if (cpus := self.cpus) is not None:
+            def lend(stage: str) -> Callable[[asyncio.Future], None]:
+                return lambda _: cpus.done(stage)
+
             for name, call in (("rollout", generation.rollout), ("inference", logprob)):
                 if call is not None:
-                    call.add_done_callback(lambda _, name=name: self.cpus.done(name))
+                    call.add_done_callback(lend(name))
         if self.engines_share_actor:
             await calls.until(generation.rollout)  # the engines give the devices back
         async with self.actor_phase(step):
             if by_actor:  # before any update; meanwhile the engines on other GPUs go on generating
-                await calls.until(calls.start("logprob", self.actor.all.logprob_step(step, src=ch.scored,
-                                                                                      dst=ch.train)))
-            train = calls.start("train", self.actor.replicas.train_step(step, src=ch.train))
-            if self.pushes_weights and step + 1 < self.max_steps:  # (the next step's sync collects it)
-                idle = {"rollout": [generation.rollout, *self.schedule.rollouts_before(step + 1)],
-                        "inference": [logprob] if logprob is not None else []}
-                calls.watch("weight_push", self.weights.push(step + 1, idle))
+                logprobs = calls.start("logprob", self.actor.all.call(ActorWorker.logprob_step, step,
+                                                                      src=ch.logprob_input, dst=ch.train))
+                await calls.until(logprobs)
+            train = calls.start("train", self.actor.replicas.call(ActorWorker.train_step, step, src=ch.train))
+            idle = {"rollout": [generation.rollout, *self.schedule.rollouts_before(step + 1)],
+                    "inference": [logprob] if logprob is not None else []}
+            pushed = self.weights.after_training(step + 1, idle) if step + 1 < self.max_steps else None
+            if pushed is not None:  # (the next step's sync collects it)
+                calls.watch("weight_push", pushed)
                 if self.schedule.starts_next_early and not self.starts_itself(step + 1):  # on the pushed version
                     self.schedule.start_next(step + 1, calls, generation)
             await calls.until_all()

@@ -20,6 +20,8 @@ from rlinf_pipe.engines.rollout.engine import SamplingParams
 from rlinf_pipe.runner.generation import RolloutSchedule
 from rlinf_pipe.runner.weight_sync import WeightSync
 from rlinf_pipe.runtime.worker_group import WorkerGroup
+from rlinf_pipe.workers.reward import RewardWorker
+from rlinf_pipe.workers.rollout import RolloutWorker
 from rlinf_pipe.utils.tracing import Tracer
 
 PROBLEMS_FILE = "validation.jsonl"
@@ -46,16 +48,17 @@ class Validation:
             return self.before_train
         return bool(self.interval) and (step % self.interval == 0 or step == self.max_steps)
 
-    async def run(self, step: int, rollout: WorkerGroup, reward: WorkerGroup, weights: WeightSync,
-                  schedule: RolloutSchedule, tracer: Tracer) -> dict[str, float]:
+    async def run(self, step: int, rollout: WorkerGroup[RolloutWorker], reward: WorkerGroup[RewardWorker],
+                  weights: WeightSync, schedule: RolloutSchedule, tracer: Tracer) -> dict[str, float]:
         """Evaluate version `step` on the engines; returns the `val/*` metrics and appends the problems' records."""
         await schedule.engines_idle()
         await weights.sync(version=step)
         with tracer.span("validate", step=step, problems=len(self.prompts)):
             requests = eval_requests(self.prompts, self.sampling, self.k, self.seed)
-            outputs = list(itertools.chain.from_iterable(await rollout.sharded.evaluate(requests, step)))
+            outputs = list(itertools.chain.from_iterable(
+                await rollout.sharded.call(RolloutWorker.evaluate, requests, step)))
             pairs = score_pairs(self.prompts, outputs)
-            correct = list(itertools.chain.from_iterable(await reward.sharded.judge(pairs)))
+            correct = list(itertools.chain.from_iterable(await reward.sharded.call(RewardWorker.judge, pairs)))
         problems = eval_problems(self.prompts, outputs, correct)
         write_problems(self.run_dir / PROBLEMS_FILE, problems, step=step)
         return eval_metrics(problems, self.k)

@@ -24,26 +24,39 @@ from collections.abc import Mapping, Sequence
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.runner.devices import ActorPhase
 from rlinf_pipe.planning.weight_routes import WeightRoute, gpu_devices, gpu_shared_in_group
-from rlinf_pipe.runtime.worker_group import WorkerGroup, hand_out, handed_out_ports
+from rlinf_pipe.runtime.rendezvous import hand_out, handed_out_ports
+from rlinf_pipe.runtime.worker_group import WorkerGroup
 from rlinf_pipe.utils.futures import mark_retrieved
 from rlinf_pipe.utils.tracing import Tracer
 from rlinf_pipe.weights import LoadedWeights, WeightSyncError, WeightVersion
 from rlinf_pipe.weights.process_group import GROUP_NAME, Rendezvous
 from rlinf_pipe.weights.record import check_loaded
 from rlinf_pipe.weights.transport_names import Transport, needs_rendezvous
+from rlinf_pipe.workers.actor import ActorWorker
+from rlinf_pipe.workers.weight_receiver import WeightReceiverWorker
 
 log = logging.getLogger(__name__)
+
+
+def _sent_by(sent_by_rank: Sequence[WeightVersion | None], sender: int) -> WeightVersion:
+    """What actor rank `sender`, a route's sender, published (its peers publish nothing: None)."""
+    sent = sent_by_rank[sender]
+    if sent is None:
+        raise WeightSyncError(f"actor rank {sender} sends weights along a route but published nothing")
+    return sent
 
 
 class WeightSync:
     """Moves weight versions from the actor's sending ranks to the `receivers` groups (by component name)."""
 
-    def __init__(self, transport: Transport, routes: Sequence[WeightRoute], actor: WorkerGroup,
-                 receivers: dict[str, WorkerGroup], verify: bool, tracer: Tracer, actor_phase: ActorPhase,
-                 engines_share_actor: bool):
+    def __init__(self, transport: Transport, routes: Sequence[WeightRoute], actor: WorkerGroup[ActorWorker],
+                 receivers: dict[str, WorkerGroup[WeightReceiverWorker]], verify: bool, tracer: Tracer,
+                 actor_phase: ActorPhase, engines_share_actor: bool, receivers_share_engines: bool = False):
         self.transport, self.routes, self.actor, self.receivers = transport, list(routes), actor, receivers
         self.verify, self.tracer, self.actor_phase = verify, tracer, actor_phase
         self.at_phase_end = engines_share_actor  # group transports move a version when the actor phase ends
+        # Inference on the engines' GPUs loads there: a sync never runs beside the engines' generation, nor a push.
+        self.beside_generation = not receivers_share_engines
         self.concurrent = needs_rendezvous(transport)
         self.published: WeightVersion | None = None  # object store: the last version published
         self.synced: dict[int, float] = {}  # group transports at phase end: versions moved ahead of their step
@@ -57,9 +70,10 @@ class WeightSync:
         forms one group per route (all members join at once). SGLang engines in a broadcast group take the bytes
         as they are, so the layout then has no trailers (the driver checks versions)."""
         self.native = native = self.transport == "broadcast" and any(await asyncio.gather(
-            *(group.rank(0).native_weight_receiver(self.transport) for group in self.receivers.values())))
-        layout = await self.actor.rank(0).weight_layout(not native)
-        backend = await self.actor.rank(0).weight_backend()
+            *(group.rank(0).call(WeightReceiverWorker.native_weight_receiver, self.transport)
+              for group in self.receivers.values())))
+        layout = await self.actor.rank(0).call(ActorWorker.weight_layout, not native)
+        backend = await self.actor.rank(0).call(ActorWorker.weight_backend)
         receivers = {n: g.placement for n, g in self.receivers.items()}
         devices = gpu_devices([self.actor.placement, *receivers.values()])
         if self.transport == "broadcast" and backend == "nccl" and (clash := gpu_shared_in_group(
@@ -69,8 +83,9 @@ class WeightSync:
         rendezvous: dict[int, Rendezvous | None] = {}
         calls = []
         for route in self.routes:
-            ranks = await asyncio.gather(*(self.receivers[name].rank(r).weight_group_ranks(self.transport)
-                                           for name, r in route.receivers))
+            ranks = await asyncio.gather(*(
+                self.receivers[name].rank(r).call(WeightReceiverWorker.weight_group_ranks, self.transport)
+                for name, r in route.receivers))
             point = None
             if self.concurrent:
                 addr, port = await self._distinct_port(route.sender)
@@ -81,23 +96,25 @@ class WeightSync:
             rendezvous[route.sender] = point
             rank = 1
             for (name, member), taken in zip(route.receivers, ranks, strict=True):
-                calls.append(self.receivers[name].rank(member).open_weights(self.transport, layout, point, rank))
+                calls.append(self.receivers[name].rank(member).call(WeightReceiverWorker.open_weights, self.transport,
+                                                                    layout, point, rank))
                 rank += taken
         replicas = {self.actor.dp_rank_of(route.sender) for route in self.routes}
-        await asyncio.gather(self.actor.all.open_weights(self.transport, rendezvous, replicas, not native), *calls)
+        await asyncio.gather(self.actor.all.call(ActorWorker.open_weights, self.transport, rendezvous, replicas,
+                                                 not native), *calls)
 
     async def _distinct_port(self, sender: int) -> tuple[str, int]:
         """A rendezvous port on the node of actor rank `sender` that no other rendezvous of this driver drew lately
         (`handed_out_ports`): none binds its port before every route has drawn, and two senders on one node drew
         the same port about once in 70 starts with 8 routes (the second store then fails to bind)."""
-        return hand_out(tuple(await self.actor.rank(sender).free_port(handed_out_ports())))
+        return hand_out(await self.actor.rank(sender).call(ActorWorker.free_port, handed_out_ports()))
 
     async def publish(self, version: int) -> None:
         """At the end of an actor phase (the actor holds its devices): the object store publishes `version`; when
         engines share the actor's GPUs, a group transport moves it into the receivers now. Nothing otherwise
         (`sync` does it)."""
         if not self.concurrent:
-            self.published = (await self.actor.leader(0).publish_weights(version, self.verify))
+            self.published = await self.actor.leader(0).call(ActorWorker.publish_weights, version, self.verify)
         elif self.at_phase_end:
             self.synced[version] = await self._transfer_traced(version)
 
@@ -106,7 +123,20 @@ class WeightSync:
         """Whether versions are pushed at the end of the step that trains them (`push`): group transports with the
         receivers on GPUs of their own, all of them ours (SGLang's ranks would wait for a pushed version inside
         their collective, which times out)."""
-        return self.concurrent and not self.at_phase_end and not self.native
+        return self.concurrent and not self.at_phase_end and not self.native and self.beside_generation
+
+    def after_training(self, version: int, idle: Mapping[str, Sequence[asyncio.Future]]) -> asyncio.Future | None:
+        """The hook the step calls as it starts training `version`: where versions are pushed, `version` moves into
+        the receivers as soon as that training ends (`push`; returns the transfer, which the next `sync`
+        collects). Elsewhere nothing happens here: `publish` moves or publishes it at the end of the actor's phase,
+        or the next `sync` moves it."""
+        return self.push(version, idle) if self.pushes else None
+
+    def generation_beside(self) -> bool:
+        """The hook the step asks before its generation: whether the engines may be asked to generate while their
+        sync still loads (they wait for the version): not for a run's first sync (`versions_known`), nor where
+        other receivers load on the engines' GPUs."""
+        return self.beside_generation and self.versions_known()
 
     def push(self, version: int, after: Mapping[str, Sequence[asyncio.Future]]) -> asyncio.Future:
         """While the step that trains `version` runs: ask the actor to send it once that step ends, and each
@@ -170,15 +200,16 @@ class WeightSync:
             for call in calls:
                 await asyncio.shield(call)
         sent_by_rank, loaded = await asyncio.gather(
-            self.actor.all.publish_weights(version, self.verify, trained),
+            self.actor.all.call(ActorWorker.publish_weights, version, self.verify, trained),
             self._receive(WeightVersion(version)))
-        sent = {route.sender: sent_by_rank[route.sender] for route in self.routes}
+        sent = {route.sender: _sent_by(sent_by_rank, route.sender) for route in self.routes}
         await self._check(sent, loaded)
         return float(next(iter(sent.values())).num_bytes)
 
     async def _receive(self, published: WeightVersion) -> dict[tuple[str, int], LoadedWeights]:
         names = list(self.receivers)
-        results = await asyncio.gather(*(self.receivers[n].all.receive_weights(published, self.verify) for n in names))
+        results = await asyncio.gather(*(self.receivers[n].all.call(WeightReceiverWorker.receive_weights, published,
+                                                                     self.verify) for n in names))
         return {(name, rank): loaded for name, group in zip(names, results, strict=True)
                 for rank, loaded in enumerate(group)}
 
@@ -195,8 +226,9 @@ class WeightSync:
         if not self.verify:
             return
         pending = [member for member, got in loaded.items() if not got.verified_by]
-        how = await asyncio.gather(*(self.receivers[name].rank(rank).verify_weights(sent[sender_of[(name, rank)]])
-                                     for name, rank in pending))
+        how = await asyncio.gather(*(
+            self.receivers[name].rank(rank).call(WeightReceiverWorker.verify_weights, sent[sender_of[(name, rank)]])
+            for name, rank in pending))
         unverified = [f"{name}/{rank}" for (name, rank), by in zip(pending, how, strict=True) if not by]
         if unverified and not self.warned_unverified:
             self.warned_unverified = True

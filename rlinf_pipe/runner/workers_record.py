@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from rlinf_pipe.runtime.worker import Worker
 from rlinf_pipe.runtime.worker_group import WorkerGroup
 
 WORKERS_FILE = "workers.json"
@@ -27,11 +28,11 @@ class WorkerRecord:
     peak_rss_bytes: int
 
 
-def record_workers(groups: Sequence[WorkerGroup], run_dir: Path) -> list[WorkerRecord]:
+def record_workers(groups: Sequence[WorkerGroup[Worker]], run_dir: Path) -> list[WorkerRecord]:
     """Ask every worker of `groups` where it runs and its peak memory; write `run_dir/workers.json`."""
     records = []
     for group in groups:
-        infos, peaks = group.infos(), group.all.peak_memory().wait()
+        infos, peaks = group.infos(), group.all.call(Worker.peak_memory).wait()
         for info, peak in zip(infos, peaks, strict=True):
             records.append(WorkerRecord(group.name, info.rank, info.node_rank, info.node_id, info.ip,
                                         tuple(info.global_gpus), info.pid, int(peak)))

@@ -1,29 +1,30 @@
-"""The calls a `WorkerGroup`'s verbs make: `Verb` sends a method call to some of the group's ranks, `GroupCall`
-gathers their results (`await` or `.wait()`), turning a remote failure into one `WorkerError` that names the
-group, rank, node and GPUs (a `WorkerLost` when the rank's process is gone)."""
+"""The calls a `WorkerGroup`'s verbs make (`rlinf_pipe.runtime.verbs`): `GroupCall` gathers the ranks' results
+(`await` or `.wait()`), turning a remote failure into one `WorkerError` that names the group, rank, node and GPUs (a
+`WorkerLost` when the rank's process is gone)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import ray
 from ray.exceptions import RayActorError
 
-from rlinf_pipe.errors import ConfigError, UserCodeError, WorkerError
-from rlinf_pipe.channels import traffic
+from rlinf_pipe.errors import ConfigError, UserCodeError, WorkerError, WorkerLost
 from rlinf_pipe.utils.worker_death import ANSI_ESCAPES, CALL_FAILED, GONE, death_cause
 from rlinf_pipe.planning.gpu_ids import format_ids
 from rlinf_pipe.planning.placement import ProcessPlacement
 
-_INLINE = (int, float, bool, str, bytes, type(None))
+T_co = TypeVar("T_co", covariant=True)
 
 
 @dataclass(frozen=True)
 class Member:
+    """One rank of a group: its placement and its Ray actor (`name`: the actor's name)."""
+
     rank: int
     process: ProcessPlacement
     actor: Any
@@ -34,15 +35,24 @@ class Member:
         return f"node {self.process.node_rank}, GPUs {gpus}"
 
 
-class GroupCall:
-    """A call running on some ranks of a group. `await call` or `call.wait(timeout_s)` gives its result: what the
-    verb makes of the ranks' results (see the module docstring)."""
+class CallingGroup(Protocol):
+    """What a call needs of its group: its name, and how to word the loss of a rank (`WorkerGroup.died`)."""
 
-    def __init__(self, group: Any, method: str, members: Sequence[Member], refs: Sequence[Any],
-                 pick: Callable[[list[Any]], Any]):
+    @property
+    def name(self) -> str: ...
+
+    def died(self, member: Member, where: str, detail: str) -> WorkerLost: ...
+
+
+class GroupCall(Generic[T_co]):
+    """A call running on some ranks of a group. `await call` or `call.wait(timeout_s)` gives its result: what the
+    verb makes of the ranks' results (`pick`; see `rlinf_pipe.runtime.verbs`)."""
+
+    def __init__(self, group: CallingGroup, method: str, members: Sequence[Member], refs: Sequence[Any],
+                 pick: Callable[[list[Any]], T_co]):
         self.group, self.method, self.members, self.refs, self.pick = group, method, list(members), list(refs), pick
 
-    def wait(self, timeout_s: float | None = None) -> Any:
+    def wait(self, timeout_s: float | None = None) -> T_co:
         """Block until every rank finished; the first failure raises a `WorkerError` at once."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         pending = list(self.refs)
@@ -71,7 +81,7 @@ class GroupCall:
             except CALL_FAILED:
                 pass
 
-    async def _gather(self) -> Any:
+    async def _gather(self) -> T_co:
         tasks = [asyncio.ensure_future(self._await_one(ref)) for ref in self.refs]
         try:
             return self.pick(list(await asyncio.gather(*tasks)))
@@ -79,7 +89,7 @@ class GroupCall:
             for task in tasks:
                 task.cancel()
 
-    def __await__(self):
+    def __await__(self) -> Generator[Any, None, T_co]:
         return self._gather().__await__()
 
     async def _await_one(self, ref: Any) -> Any:
@@ -106,47 +116,7 @@ class GroupCall:
             )
         if isinstance(exc, GONE):
             return self.group.died(member, head, death_cause(exc))
-        if isinstance(getattr(exc, "cause", None), (ConfigError, UserCodeError)):  # (its message says it all)
-            return WorkerError(f"{head}: {exc.cause}")
-        return WorkerError(f"{head} raised {type(exc.cause).__name__}: {exc.cause}\n--- remote traceback ---\n{remote}")
-
-
-def _shared(value: Any) -> Any:
-    """`value` as an argument for several ranks: put into the object store once unless it is a plain scalar."""
-    return value if isinstance(value, _INLINE) else ray.put(value)
-
-
-class Verb:
-    """Calls methods of the worker class on `members`; `pick` turns their results into the call's result.
-    `sharded`: the first argument is split into one contiguous shard per data-parallel replica."""
-
-    def __init__(self, group: Any, members: Sequence[Member], pick: Callable[[list[Any]], Any],
-                 sharded: bool = False):
-        self._group, self._members, self._pick, self._sharded = group, list(members), pick, sharded
-
-    def __getattr__(self, method: str) -> Callable[..., GroupCall]:
-        if method.startswith("_"):
-            raise AttributeError(method)
-
-        def call(*args: Any, **kwargs: Any) -> GroupCall:
-            members, group = self._members, self._group
-            traffic.record(traffic.payload_bytes((args, kwargs)))
-            shards: list[Any] = []
-            if self._sharded:
-                batch, *rest = args
-                args = tuple(rest)
-                shards = group._shards(batch)
-                if len(members) > group.dp_size:  # several ranks per replica: one copy of each shard
-                    shards = [_shared(shard) for shard in shards]
-            if len(members) > 1:
-                args = tuple(_shared(a) for a in args)
-                kwargs = {k: _shared(v) for k, v in kwargs.items()}
-            refs = [
-                getattr(m.actor, method).remote(*([shards[group.dp_rank_of(m.rank)]] if self._sharded else []),
-                                                *args, **kwargs)
-                for m in members
-            ]
-            group._track(members, refs)
-            return GroupCall(group, method, members, refs, self._pick)
-
-        return call
+        cause = getattr(exc, "cause", None)  # (a RayTaskError's: the remote exception)
+        if isinstance(cause, (ConfigError, UserCodeError)):  # (its message says it all)
+            return WorkerError(f"{head}: {cause}")
+        return WorkerError(f"{head} raised {type(cause).__name__}: {cause}\n--- remote traceback ---\n{remote}")

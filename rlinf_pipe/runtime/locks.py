@@ -1,7 +1,8 @@
 """Per-device locks for time-shared GPUs: two components never run on the same GPU at the same time.
 
-`DeviceLocks` is one Ray actor per job. A worker wraps each device-occupying phase (wake + generate + sleep,
-onload + compute + offload) in `async with device_lock(locks, devices, owner):`. A request is granted when no
+`DeviceLocks` is one Ray actor per job. The workers of a GPU set taken in turns get a `DeviceShare` of it and wrap
+each device-occupying phase (wake + generate + sleep, onload + compute + offload) in `async with share.hold(devices,
+owner):`; a component whose GPUs are its own gets `DeviceShare()`, whose holds do nothing. A request is granted when no
 other holder has any of its devices and no earlier waiting request wants one of them (first come, first served per
 device: no starvation, and a multi-device request is granted all at once, so two of them never deadlock).
 
@@ -18,9 +19,10 @@ granted nobody would release it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import ray
 
@@ -127,21 +129,65 @@ class DeviceLocks:
         return len(self._queue)
 
 
-@asynccontextmanager
-async def device_lock(locks: object | None, devices: Sequence[int], owner: str, gang: str | None = None,
-                      before_release: Callable[[], None] | None = None) -> AsyncIterator[None]:
-    """Hold `devices` for `owner` (in `gang`, see the module docstring) for the block (a no-op when `locks` is
-    None: disaggregated mode); with `before_release`, call it while still holding them (e.g. to hand cached
-    device memory back)."""
-    if locks is None or not devices:
-        yield
-        return
-    await locks.acquire.remote(list(devices), owner, gang)  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
+Hook = Callable[[], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class DeviceShare:
+    """How a component's workers hold their GPUs: in turns with `turns_with` through the job's lock table `locks`
+    (one share per GPU set taken in turns, handed to every worker on it), or alone (`locks` None: every hold, take
+    and give-back is a no-op). Picklable: it travels to the workers in their constructor arguments."""
+
+    locks: Any = None  # the job's `DeviceLocks` actor
+    turns_with: tuple[str, ...] = ()
+
+    @property
+    def in_turns(self) -> bool:
+        """Whether the GPUs are taken in turns (otherwise they are this component's alone)."""
+        return self.locks is not None
+
+    async def take(self, devices: Sequence[int], owner: str, gang: str | None = None) -> None:
+        """Wait until `devices` are `owner`'s (or its `gang`'s: see the module docstring)."""
+        if self.locks is not None and devices:
+            await self.locks.acquire.remote(list(devices), owner, gang)
+
+    async def give_back(self, owner: str, gang: str | None = None) -> None:
+        """End one hold of `owner` (or its gang)."""
+        if self.locks is not None:
+            await self.locks.release.remote(owner, gang)
+
+    @asynccontextmanager
+    async def hold(self, devices: Sequence[int], owner: str, gang: str | None = None, *, after_take: Hook | None = None,
+                   before_give_back: Hook | None = None) -> AsyncIterator[None]:
+        """Hold `devices` for the block. In turns, `after_take` runs once they are taken (an engine wakes) and
+        `before_give_back` while they are still held (it sleeps, or hands cached memory back); alone, neither runs."""
+        if self.locks is None or not devices:
+            yield
+            return
+        await self.take(devices, owner, gang)
         try:
-            if before_release is not None:
-                before_release()
+            if after_take is not None:
+                await after_take()
+            try:
+                yield
+            finally:
+                if before_give_back is not None:
+                    await before_give_back()
         finally:
-            await locks.release.remote(owner, gang)  # type: ignore[attr-defined]
+            await self.give_back(owner, gang)
+
+    async def forfeit(self, owners: list[str]) -> None:
+        """Free what lost workers `owners` held or wait for (`DeviceLocks.forfeit`)."""
+        if self.locks is not None:
+            await self.locks.forfeit.remote(owners)
+
+    async def reset(self) -> None:
+        """Forget every holder (`DeviceLocks.reset`)."""
+        if self.locks is not None:
+            await self.locks.reset.remote()
+
+
+def device_shares(turns: dict[str, tuple[str, ...]], locks: Any) -> dict[str, DeviceShare]:
+    """Each component's share of its GPUs (`RunPlan.turns`: the components each takes turns with); the lock table
+    `locks` is the job's, created where some GPU set is taken in turns."""
+    return {name: DeviceShare(locks, others) for name, others in turns.items()}

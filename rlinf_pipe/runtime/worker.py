@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar, cast
 
 import ray
 
@@ -34,6 +34,16 @@ CONTROL_GROUP = "control"  # liveness/metadata calls run in their own thread, an
 MASTER_ADDR_ENV = f"{ENV_PREFIX}MASTER_ADDR"
 MASTER_PORT_ENV = f"{ENV_PREFIX}MASTER_PORT"
 NODE_PROCS_ENV = f"{ENV_PREFIX}NODE_PROCS"  # "node:count,...": the compute processes sharing each node's CPUs
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def control_call(method: F) -> F:
+    """Run a worker method in the worker's control thread (`CONTROL_GROUP`), answered while a long method runs
+    (liveness, metadata, abandoning a step). The method keeps its signature for the type checker (the driver calls
+    it through the typed verbs, `rlinf_pipe.runtime.verbs`)."""
+    return cast(F, ray.method(concurrency_group=CONTROL_GROUP)(method))
 
 
 def free_port_here(avoid: Sequence[int] = ()) -> tuple[str, int]:
@@ -239,32 +249,32 @@ class Worker:
     def world_size(self) -> int:
         return self.info.world_size
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
+    @control_call
     def worker_info(self) -> WorkerInfo:
         if self._launch is not None:
             (started, constructed), self._launch, built = self._launch, None, tracing.now()
             self.tracer.add(tracing.LAUNCH_SPAN, started, built, build_s=round(built - constructed, 3))
         return self.info
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
+    @control_call
     def ping(self) -> int:
         return os.getpid()
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
+    @control_call
     def peak_memory(self) -> int:
         """The largest resident memory this process has held, in bytes (Linux: `getrusage`'s `ru_maxrss`)."""
         import resource
 
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
+    @control_call
     def share_cpus(self, node_procs: dict[int, int]) -> int:
         """Take this node's share of CPUs among `node_procs[node]` compute processes as the compute thread's
         intra-op threads, from its next call on (the driver lends the CPUs of the stages done with a step to those
         still working, `rlinf_pipe.runner.cpu_shares`). Returns the thread count."""
         return compute_thread(cpu_share(node_procs, self.info.node_rank)).threads
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
+    @control_call
     def abandon_step(self) -> None:
         """Make the step calls running here end now (a peer was lost; the driver retries the step once every call
         ended, see `WorkerGroup.settle`): every channel handle this process holds is aborted, so a call waiting on
@@ -278,13 +288,13 @@ class Worker:
     def on_abandon(self) -> None:
         """Subclasses: end what else a step call may wait on (an engine's requests, a weight transfer)."""
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
+    @control_call
     def before_stop(self) -> None:
         """The worker is about to be killed (`WorkerGroup.shutdown`), and a killed process runs no exit handler:
         release now what would be left behind. Subclasses extend it (the reward worker's pool leaves its
         forkserver's socket folder in /tmp)."""
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
+    @control_call
     def clock(self) -> float:
         """This host's clock as its spans read it (the driver measures each host's offset from its own)."""
         return tracing.now()

@@ -1,16 +1,18 @@
-"""`WorkerGroup`: one Ray actor per placed process of a component, called through explicit verbs.
+"""`WorkerGroup`: one Ray actor per placed process of a component, called through explicit, typed verbs.
 
-    group = WorkerGroup.launch(MyWorker, "actor", placement.components["actor"], cluster)
-    await group.all.train(step)               # every rank; a list of results in rank order
-    await group.replicas.metrics()            # every rank; one result per data-parallel replica (its output rank)
-    await group.rank(0).free_port()           # one rank; its result
-    await group.some([0, 2]).abandon_step()   # some ranks; their results in the order given
-    await group.leader(0).publish(version)    # every rank (a collective); rank 0's result
-    await group.sharded.generate(prompts, 3)  # `prompts` split into one contiguous shard per replica
+    group = WorkerGroup.launch(MyWorker, "actor", placement.components["actor"], cluster)  # WorkerGroup[MyWorker]
+    await group.all.call(MyWorker.train, step)               # every rank; a list of results in rank order
+    await group.replicas.call(MyWorker.metrics)              # every rank; one result per data-parallel replica
+    await group.rank(0).call(MyWorker.free_port)             # one rank; its result
+    await group.some([0, 2]).call(MyWorker.abandon_step)     # some ranks; their results in the order given
+    await group.leader(0).call(MyWorker.publish, version)    # every rank (a collective); rank 0's result
+    await group.sharded.call(MyWorker.generate, prompts, 3)  # `prompts` split into one contiguous shard per replica
 
-Every verb returns a `GroupCall`: `await` it in asyncio code or `.wait()` elsewhere; the first failing rank raises
-a `WorkerError` at once. An argument other than a number, a string or None that goes to several ranks is put into
-Ray's object store once and shared by reference.
+A verb's `call` takes the worker class's method, then its arguments: a type checker checks them against the method
+and gives the call the method's result type (`rlinf_pipe.runtime.verbs`). Every call returns a `GroupCall`: `await`
+it in asyncio code or `.wait()` elsewhere; the first failing rank raises a `WorkerError` at once. An argument other
+than a number, a string or None that goes to several ranks is put into Ray's object store once and shared by
+reference.
 
 After a lost worker: `group.relaunch(ranks, *args)` starts ranks again on their nodes and GPUs, and `await
 group.settle(timeout_s)` waits until every call made through the verbs has finished.
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -32,47 +33,21 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from rlinf_pipe.errors import ClusterError, WorkerError, WorkerLost
 from rlinf_pipe.runtime.cluster import Cluster
 from rlinf_pipe.utils.worker_death import CALL_FAILED, death_cause
-from rlinf_pipe.runtime.group_call import GroupCall, Member, Verb
+from rlinf_pipe.runtime.group_call import GroupCall, Member
+from rlinf_pipe.runtime.verbs import ListVerb, OneVerb, ShardedVerb
+from rlinf_pipe.runtime.rendezvous import rendezvous_point
 from rlinf_pipe.runtime.last_output import announced_output, forget_output, output_tail
 from rlinf_pipe.planning.placement import ComponentPlacement, ProcessPlacement
 from rlinf_pipe.runtime.worker import (
     CONTROL_GROUP,
     Worker,
     WorkerInfo,
-    free_port_here,
     placement_env,
     rendezvous_env,
 )
 
-W = TypeVar("W", bound=Worker)
-
-
-_HANDED_OUT: deque[int] = deque(maxlen=64)  # the ports of the rendezvous points this driver handed out last
-
-
-def handed_out_ports() -> list[int]:
-    """The ports of the rendezvous points this driver handed out lately, which a new draw avoids: every rendezvous it
-    arranges draws its port before any of them is bound (groups started together, the weight routes of one open),
-    so a port free at each draw could be drawn twice (the second store then fails to bind)."""
-    return list(_HANDED_OUT)
-
-
-def hand_out(point: tuple[str, int]) -> tuple[str, int]:
-    """Record `point` (address, port), drawn avoiding `handed_out_ports()`, as handed out; returns it."""
-    _HANDED_OUT.append(point[1])
-    return point
-
-
-def _rendezvous_point(node: Any) -> tuple[str, int]:
-    """An address and a free port on `node` for a group's torch.distributed rendezvous, not one handed out lately:
-    found here when the driver runs on that node, else by a probe task there (a worker process of its own:
-    seconds)."""
-    avoid = handed_out_ports()
-    if node.node_id == ray.get_runtime_context().get_node_id():
-        return hand_out(free_port_here(avoid))
-    probe = ray.remote(num_cpus=0)(free_port_here).options(
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False))
-    return hand_out(tuple(ray.get(probe.remote(avoid))))
+W_co = TypeVar("W_co", covariant=True)  # the group's worker class (or a protocol its workers follow)
+V = TypeVar("V", bound=Worker)
 
 
 @dataclass(frozen=True)
@@ -86,6 +61,8 @@ class _Recipe:
     runtime_env: dict[str, Any] | None
 
 
+_PING_FAILED: tuple[type[Exception], ...] = (*CALL_FAILED, GetTimeoutError)  # a ping that fails or times out
+
 TRACKED_CALLS = 256  # in-flight calls a group remembers before it forgets the finished ones
 
 
@@ -98,19 +75,19 @@ def _name_taken(actor_name: str) -> bool:
     return True
 
 
-class WorkerGroup(Generic[W]):
+class WorkerGroup(Generic[W_co]):
     """The Ray actors of one component and the verbs that call them (see the module docstring)."""
 
     def __init__(self, name: str, placement: ComponentPlacement, members: list[Member],
                  recipe: _Recipe | None = None):
         self.name, self.placement, self._members, self._recipe = name, placement, members, recipe
         self._calls: list[tuple[Member, Any]] = []  # calls made through the verbs, not known to be finished
-        self._building: GroupCall | None = None  # `start`'s readiness call, until `ready` has waited for it
+        self._building: GroupCall[list[WorkerInfo]] | None = None  # `start`'s readiness call, until `ready` has waited for it
 
     @classmethod
     def launch(
         cls,
-        worker_cls: type[W],
+        worker_cls: type[V],
         name: str,
         placement: ComponentPlacement,
         cluster: Cluster,
@@ -118,7 +95,7 @@ class WorkerGroup(Generic[W]):
         distributed: bool = True,
         env: dict[str, str] | None = None,
         **kwargs: Any,
-    ) -> WorkerGroup[W]:
+    ) -> WorkerGroup[V]:
         """`start` the group and wait until it is `ready`."""
         return cls.start(worker_cls, name, placement, cluster, *args, distributed=distributed, env=env,
                          **kwargs).ready()
@@ -126,7 +103,7 @@ class WorkerGroup(Generic[W]):
     @classmethod
     def start(
         cls,
-        worker_cls: type[W],
+        worker_cls: type[V],
         name: str,
         placement: ComponentPlacement,
         cluster: Cluster,
@@ -135,7 +112,7 @@ class WorkerGroup(Generic[W]):
         env: dict[str, str] | None = None,
         runtime_env: dict[str, Any] | None = None,
         **kwargs: Any,
-    ) -> WorkerGroup[W]:
+    ) -> WorkerGroup[V]:
         """Start one actor per placed process on its exact node with its GPUs; with `distributed`, their
         constructors join one torch.distributed world (rank 0's node hosts the rendezvous). `env` adds environment
         variables, `runtime_env` other Ray runtime-env fields (e.g. `nsight`). `args` / `kwargs` go to the worker's
@@ -143,22 +120,31 @@ class WorkerGroup(Generic[W]):
         start together)."""
         if not issubclass(worker_cls, Worker):
             raise TypeError(f"{worker_cls.__name__} must subclass rlinf_pipe.runtime.worker.Worker")
-        remote_cls = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(worker_cls)
-        group = cls(name, placement, [], _Recipe(remote_cls, cluster, distributed, dict(env or {}), runtime_env))
+        # (Ray's stubs leave out `concurrency_groups`, an actor class's option)
+        remote_cls = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(worker_cls)  # type: ignore[call-overload]
+        group: WorkerGroup[V] = WorkerGroup(name, placement, [],
+                                            _Recipe(remote_cls, cluster, distributed, dict(env or {}), runtime_env))
         group._members = group._start_members(list(placement.processes), args, kwargs)
         # asked now, each rank answers as soon as its constructor returns (which its launch span records)
-        group._building = group.all.worker_info()
+        group._building = group._every().call(Worker.worker_info)
         return group
+
+    @property
+    def recipe(self) -> _Recipe:
+        """How the group's actors were started (a group made of given members, in tests, has none)."""
+        if self._recipe is None:
+            raise ClusterError(f"{self.name}: a group not started by WorkerGroup.start cannot start actors")
+        return self._recipe
 
     def _start_members(self, procs: list[ProcessPlacement], args: tuple, kwargs: dict[str, Any]) -> list[Member]:
         """Start an actor for each of `procs` (with the group's recipe and these constructor arguments)."""
-        recipe, name = self._recipe, self.name
+        recipe, name = self.recipe, self.name
         cluster = recipe.cluster
         reservations = cluster.reserve_nodes(sorted({p.node_rank for p in procs if p.global_gpus}))
         world = len(self.placement.processes)
         shared_env = dict(recipe.env)
         if recipe.distributed and world > 0:
-            shared_env.update(rendezvous_env(*_rendezvous_point(cluster.nodes[procs[0].node_rank])))
+            shared_env.update(rendezvous_env(*rendezvous_point(cluster.nodes[procs[0].node_rank])))
         started: list[Member] = []
         for proc in procs:
             strategy = (
@@ -185,14 +171,14 @@ class WorkerGroup(Generic[W]):
             started.append(Member(proc.rank, proc, actor, actor_name))
         return started
 
-    def relaunch(self, ranks: Sequence[int], *args: Any, **kwargs: Any) -> WorkerGroup[W]:
+    def relaunch(self, ranks: Sequence[int], *args: Any, **kwargs: Any) -> WorkerGroup[W_co]:
         """Stop `ranks` and start them again on the same nodes and GPUs (constructor arguments `args` / `kwargs`),
         then wait until they are `ready`. A group with a torch.distributed world is relaunched whole (its ranks
         form the world at construction)."""
         ranks = sorted(set(ranks))
         for rank in ranks:
             self._check_rank(rank)
-        if self._recipe.distributed and len(ranks) != self.size:
+        if self.recipe.distributed and len(ranks) != self.size:
             raise ValueError(f"{self.name}: a group with a torch.distributed world is relaunched whole, not ranks "
                              f"{ranks} of 0-{self.size - 1}")
         self.kill(ranks)
@@ -200,7 +186,7 @@ class WorkerGroup(Generic[W]):
         try:
             started = {m.rank: m for m in self._start_members(procs, args, kwargs)}
             self._members = [started.get(m.rank, m) for m in self._members]
-            self.some(ranks).worker_info().wait()
+            ListVerb[Worker](self, [self._members[r] for r in ranks], list).call(Worker.worker_info).wait()
         except (ClusterError, WorkerError):
             self.shutdown()
             raise
@@ -223,7 +209,7 @@ class WorkerGroup(Generic[W]):
         self._calls = [(m, ref) for m, ref in self._calls if id(m) not in killed]
 
     # --- in-flight calls --------------------------------------------------------------------------------------
-    def _track(self, members: Sequence[Member], refs: Sequence[Any]) -> None:
+    def track(self, members: Sequence[Member], refs: Sequence[Any]) -> None:
         self._calls.extend(zip(members, refs, strict=True))
         if len(self._calls) > TRACKED_CALLS:
             self._calls = self._unfinished(self._calls, 0.0)
@@ -245,50 +231,54 @@ class WorkerGroup(Generic[W]):
             self._calls = await asyncio.to_thread(self._unfinished, self._calls, timeout_s, True)
         return sorted({m.rank for m, _ in self._calls})
 
-    def ready(self) -> WorkerGroup[W]:
+    def ready(self) -> WorkerGroup[W_co]:
         """Wait until every rank's constructor finished. A rank failing there raises a `WorkerError` naming it, and
         the group's other actors are stopped (none is left waiting in the rendezvous)."""
         building, self._building = self._building, None
         try:
-            (building or self.all.worker_info()).wait()
+            (building or self._every().call(Worker.worker_info)).wait()
         except WorkerError:
             self.shutdown()
             raise
         return self
 
-    # --- verbs ------------------------------------------------------------------------------------------------
+    # --- verbs (rlinf_pipe.runtime.verbs) --------------------------------------------------------------------
     @property
-    def all(self) -> Any:
+    def all(self) -> ListVerb[W_co]:
         """Every rank; the call's result is the list of the ranks' results, in rank order."""
-        return Verb(self, self._members, list)
+        return ListVerb(self, self._members, list)
 
     @property
-    def replicas(self) -> Any:
+    def replicas(self) -> ListVerb[W_co]:
         """Every rank (a collective over the group); the result is one value per data-parallel replica, from the
         replica's output rank (tensor rank 0 of its last pipeline stage), in replica order."""
-        return Verb(self, self._members, self._pick_outputs)
+        return ListVerb(self, self._members, self._pick_outputs)
 
     @property
-    def sharded(self) -> Any:
-        """Like `replicas`, with the first argument split into one contiguous shard per replica (every rank of a
-        replica gets its replica's shard)."""
-        return Verb(self, self._members, self._pick_outputs, sharded=True)
+    def sharded(self) -> ShardedVerb[W_co]:
+        """Like `replicas`, with the method's first argument split into one contiguous shard per replica (every rank
+        of a replica gets its replica's shard)."""
+        return ShardedVerb(self, self._members, self._pick_outputs)
 
-    def leader(self, rank: int = 0) -> Any:
+    def leader(self, rank: int = 0) -> OneVerb[W_co]:
         """Every rank (a collective led by `rank`); the result is the leader's result."""
         self._check_rank(rank)
-        return Verb(self, self._members, lambda results: results[rank])
+        return OneVerb(self, self._members, lambda results: results[rank])
 
-    def some(self, ranks: Sequence[int]) -> Any:
+    def some(self, ranks: Sequence[int]) -> ListVerb[W_co]:
         """Some ranks; the result is the list of their results, in the order given."""
         for rank in ranks:
             self._check_rank(rank)
-        return Verb(self, [self._members[r] for r in ranks], list)
+        return ListVerb(self, [self._members[r] for r in ranks], list)
 
-    def rank(self, rank: int) -> Any:
+    def rank(self, rank: int) -> OneVerb[W_co]:
         """One rank; the result is its result."""
         self._check_rank(rank)
-        return Verb(self, [self._members[rank]], lambda results: results[0])
+        return OneVerb(self, [self._members[rank]], lambda results: results[0])
+
+    def _every(self) -> ListVerb[Worker]:
+        """`all` for the methods every worker has (`Worker`'s)."""
+        return ListVerb(self, self._members, list)
 
     def _check_rank(self, rank: int) -> None:
         if not 0 <= rank < len(self._members):
@@ -297,7 +287,7 @@ class WorkerGroup(Generic[W]):
     def _pick_outputs(self, results: list[Any]) -> list[Any]:
         return [results[i] for i, m in enumerate(self._members) if self.is_output_rank(m.rank)]
 
-    def _shards(self, batch: Sequence[Any]) -> list[list[Any]]:
+    def shards(self, batch: Sequence[Any]) -> list[list[Any]]:
         dp = self.dp_size
         bounds = [len(batch) * d // dp for d in range(dp + 1)]
         return [list(batch[bounds[d] : bounds[d + 1]]) for d in range(dp)]
@@ -333,7 +323,7 @@ class WorkerGroup(Generic[W]):
 
     # --- health ---------------------------------------------------------------------------------------------
     def infos(self) -> list[WorkerInfo]:
-        return self.all.worker_info().wait()
+        return self._every().call(Worker.worker_info).wait()
 
     def alive(self, timeout_s: float = 10.0) -> list[bool]:
         """Whether each rank answers a ping (answered even while the rank runs a long method)."""
@@ -343,7 +333,7 @@ class WorkerGroup(Generic[W]):
         for ref in refs:
             try:
                 status.append(ref in ready and ray.get(ref, timeout=0) > 0)
-            except (*CALL_FAILED, GetTimeoutError):
+            except _PING_FAILED:
                 status.append(False)
         return status
 

@@ -5,8 +5,8 @@ micro-batches, stepping the optimizer after each mini-batch (`train_feed`); the 
 The loss is `rlinf_pipe.algorithms.policy_loss` configured from `algorithm.*` (the policy knows nothing about it).
 `publish_weights` sends a version through the weight transport. Built with `computes_logprobs` (no inference
 workers) the actor also computes the log-probs (`logprob_step`, before it trains).
-Given the device `locks` (rollout on the actor's GPUs) it holds its devices' lock for each phase: `begin_phase`
-(lock + onload) ... `end_phase` (offload + unlock), its state offloaded in between.
+Given a `DeviceShare` taken in turns (rollout on the actor's GPUs) it holds its GPUs for each phase: `begin_phase`
+(take + onload) ... `end_phase` (offload + give back), its state offloaded in between.
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ from rlinf_pipe.algorithms.losses import policy_loss
 from rlinf_pipe.algorithms.terms import LossTerms
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.data.packing import MicroBatcher
+from rlinf_pipe.data.structs import ScoredGroup
 from rlinf_pipe.data.train_batch import TrainBatch
 from rlinf_pipe.engines.policy import MegatronPolicy, ReplicaRanks
 from rlinf_pipe.engines.policy.checkpoint import TrainerState
 from rlinf_pipe.models.megatron_gpt import init_model_parallel
 from rlinf_pipe.channels import Channel
+from rlinf_pipe.runtime.locks import DeviceShare
 from rlinf_pipe.runtime.worker import Worker
 from rlinf_pipe.utils.device_memory import hand_back_cached_memory
 from rlinf_pipe.weights import WeightLayout, WeightSender, WeightVersion, plan_weight_layout, publish_whole
@@ -41,7 +43,7 @@ from rlinf_pipe.workers.replica_input import ReplicaInputFailed, read_shared
 from rlinf_pipe.workers.train_feed import OptimizerStep, TrainMicroBatch, TrainOp, train_ops
 from rlinf_pipe.workers.version_wait import VersionWait
 
-ACTOR_GANG = "actor"  # the actor's ranks take the device locks as one gang: they meet in collectives in a phase
+ACTOR_GANG = "actor"  # the actor's ranks take their GPUs as one gang: they meet in collectives in a phase
 
 
 def make_loss_fn(cfg: Config) -> Any:
@@ -73,9 +75,9 @@ class TrainResult:
 
 class ActorWorker(Worker):
     """Trains the policy (see the module docstring). `computes_logprobs`: it also computes the log-probs (no
-    inference workers); `locks`: the device locks of GPUs shared with the engines (None: the actor's own)."""
+    inference workers); `share`: its GPUs' share, taken in turns with the engines or its own."""
 
-    def __init__(self, cfg: Config, model_path: str, computes_logprobs: bool = False, locks: Any = None,
+    def __init__(self, cfg: Config, model_path: str, computes_logprobs: bool = False, share: DeviceShare = DeviceShare(),
                  balancer: Any = None, pad_id: int | None = None):
         super().__init__()
         a = cfg.actor
@@ -103,9 +105,9 @@ class ActorWorker(Worker):
         self.stage = None if not computes_logprobs else LogprobStage(
             self.policy, self.ref, TrainRoute(self.routing, balancer), self.pad_token_id,
             recompute_old=recomputes_old(cfg), tracer=self.tracer)
-        self.locks = locks
-        self.phase_held = False  # between begin_phase and end_phase: the devices' lock held, the state onloaded
-        if locks is not None:
+        self.share = share
+        self.phase_held = False  # between begin_phase and end_phase: the devices held, the state onloaded
+        if share.in_turns:
             self._move("offload")
         # With restarts allowed (and rollout in step), each step's training starts from a copy of the state taken
         # first, in host memory: a step abandoned after a lost worker is retried from it (`rollback`).
@@ -127,7 +129,7 @@ class ActorWorker(Worker):
         with self.tracer.span("optimizer_step", step=step, minibatch=minibatch):
             return self.policy.optimizer_step(allow_empty=True)
 
-    async def train_step(self, step: int, src: Sequence[Channel]) -> TrainResult:
+    async def train_step(self, step: int, src: Sequence[Channel[TrainBatch]]) -> TrainResult:
         """Train the step's batches routed to this replica, read from its train channel in `src` (one per replica;
         collective over every rank of the actor).
 
@@ -138,11 +140,11 @@ class ActorWorker(Worker):
         with self.trained.making(step + 1):
             result = await self._train_step(step, src)
             self._holds(step + 1)
-        if self.locks is not None:  # (the engines on these GPUs take the version next, sglang into memory it
+        if self.share.in_turns:  # (the engines on these GPUs take the version next, sglang into memory it
             await self.compute.run(hand_back_cached_memory)  # allocates itself: what training cached goes back)
         return result
 
-    async def _train_step(self, step: int, src: Sequence[Channel]) -> TrainResult:
+    async def _train_step(self, step: int, src: Sequence[Channel[TrainBatch]]) -> TrainResult:
         if self.keep_rollback:
             with self.tracer.span("rollback_point", step=step):
                 self.rollback_point = (step, await self.compute.run(self.policy.capture_state))
@@ -209,7 +211,7 @@ class ActorWorker(Worker):
     async def _state_on_devices(self, step: int) -> AsyncIterator[None]:
         """The training state on the devices for the block: with the engines on the actor's GPUs (state offloaded
         between phases), a device phase of its own around it."""
-        if self.locks is None or self.phase_held:  # (inside a phase already: it stays the phase's to end)
+        if not self.share.in_turns or self.phase_held:  # (inside a phase already: it stays the phase's to end)
             yield
             return
         await self.begin_phase(step)
@@ -223,7 +225,7 @@ class ActorWorker(Worker):
         if self.sender is not None:
             self.sender.cancel()
 
-    async def logprob_step(self, step: int, src: Channel, dst: Sequence[Channel]) -> int:
+    async def logprob_step(self, step: int, src: Channel[ScoredGroup], dst: Sequence[Channel[TrainBatch]]) -> int:
         """The step's old (and reference) log-probs from the scored channel `src` into the train channels `dst`,
         computed with the weights before the step's updates (an actor built with `computes_logprobs`)."""
         if self.stage is None:
@@ -236,7 +238,7 @@ class ActorWorker(Worker):
 
     async def begin_phase(self, step: int) -> int:
         """Take this rank's devices and bring the state back onto them; returns the bytes moved."""
-        await self.locks.acquire.remote(list(self.info.global_gpus), self.owner, ACTOR_GANG)
+        await self.share.take(self.info.global_gpus, self.owner, ACTOR_GANG)
         self.phase_held = True
         with self.tracer.span("onload", step=step) as args:
             args["bytes"] = moved = self._move("onload")
@@ -248,7 +250,7 @@ class ActorWorker(Worker):
             with self.tracer.span("offload", step=step) as args:
                 args["bytes"] = moved = self._move("offload")
         finally:
-            await self.locks.release.remote(self.owner, ACTOR_GANG)
+            await self.share.give_back(self.owner, ACTOR_GANG)
             self.phase_held = False
         return moved
 

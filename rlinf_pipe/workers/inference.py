@@ -15,15 +15,13 @@ from rlinf_pipe.config.schema import Config
 from rlinf_pipe.engines.policy import MegatronPolicy, ReplicaRanks
 from rlinf_pipe.models.megatron_gpt import init_model_parallel
 from rlinf_pipe.channels import Channel
-from rlinf_pipe.runtime.locks import device_lock
-from rlinf_pipe.runtime.worker import Worker
+from rlinf_pipe.data.structs import ScoredGroup
+from rlinf_pipe.data.train_batch import TrainBatch
+from rlinf_pipe.runtime.locks import DeviceShare
 from rlinf_pipe.utils.device_memory import hand_back_cached_memory
-from rlinf_pipe.weights import LoadedWeights, WeightLayout, WeightVersion
-from rlinf_pipe.weights.process_group import Rendezvous
-from rlinf_pipe.weights.transport_names import Transport
 from rlinf_pipe.workers.logprob_stage import LogprobStage, pad_token_id, policy_options, train_routing
 from rlinf_pipe.workers.replica_balance import TrainRoute
-from rlinf_pipe.workers.weight_inbox import WeightInbox
+from rlinf_pipe.workers.weight_receiver import WeightReceiverWorker
 
 
 def replica_gpus(mine: Sequence[int], ranks: ReplicaRanks) -> list[int]:
@@ -37,17 +35,17 @@ def replica_gpus(mine: Sequence[int], ranks: ReplicaRanks) -> list[int]:
     return sorted({gpu for gpus in gathered for gpu in gpus})
 
 
-class InferenceWorker(Worker):
-    """Old / reference log-probs of scored groups, streamed channel to channel. Given the device `locks` (inference
-    on the rollout's GPUs), it holds its devices' lock for each group's log-probs, between the engines'
-    generations."""
+class InferenceWorker(WeightReceiverWorker):
+    """Old / reference log-probs of scored groups, streamed channel to channel. Its GPUs' `share`: taken in turns
+    with the engines (inference on the rollout's GPUs), it holds them for each group's log-probs, between the
+    engines' generations. The weight versions load into its log-prob stage (`WeightReceiverWorker`)."""
 
-    def __init__(self, cfg: Config, model_path: str, actor_dp: int, locks: Any = None, balancer: Any = None,
-                 pad_id: int | None = None):
-        super().__init__()
+    def __init__(self, cfg: Config, model_path: str, actor_dp: int, share: DeviceShare = DeviceShare(),
+                 balancer: Any = None, pad_id: int | None = None):
+        super().__init__(model_path)
         init_model_parallel(cfg.inference.tensor_parallel_size, cfg.inference.pipeline_parallel_size,
                             cfg.inference.context_parallel_size)
-        self.locks = locks
+        self.share = share
         self.policy = MegatronPolicy(model_path, train=False, **policy_options(cfg, "inference"))
         ref = MegatronPolicy(model_path, train=False, **policy_options(cfg, "inference")) if needs_ref(cfg) else None
         self.stage = LogprobStage(
@@ -55,7 +53,6 @@ class InferenceWorker(Worker):
             pad_token_id(model_path, pad_id),
             recompute_old=recomputes_old(cfg), tracer=self.tracer, on_devices=self._on_devices,
         )
-        self.inbox = WeightInbox(self.owner, self.policy.arch, self.tracer)
         self.replica_gpus = replica_gpus(self.info.global_gpus, self.stage.ranks)
         hand_back_cached_memory()  # (what building the models left cached: an engine on these GPUs sizes its KV
         # cache by the memory free when it starts)
@@ -65,36 +62,15 @@ class InferenceWorker(Worker):
         ranks as one gang: they meet in collectives while holding them. The first rank's grant takes every GPU of
         the replica at once, so no engine can take a sibling's in between."""
         gang = f"{self.info.group}/replica{self.stage.ranks.dp_rank}@{turn}"
-        return device_lock(self.locks, self.replica_gpus, self.owner, gang, before_release=hand_back_cached_memory)
 
-    def on_abandon(self) -> None:
-        self.inbox.cancel()
+        async def hand_back() -> None:
+            hand_back_cached_memory()
 
-    def rewind_weights(self) -> None:
-        """The actor went back to a checkpoint: accept an older weight version next."""
-        self.inbox.rewind()
+        return self.share.hold(self.replica_gpus, self.owner, gang, before_give_back=hand_back)
 
-    async def logprob_step(self, step: int, src: Channel, dst: Sequence[Channel]) -> int:
+    def weight_target(self) -> LogprobStage:
+        return self.stage
+
+    async def logprob_step(self, step: int, src: Channel[ScoredGroup], dst: Sequence[Channel[TrainBatch]]) -> int:
         """The step's log-probs, from the scored channel `src` into the train channels `dst` (`LogprobStage.run`)."""
         return await self.stage.run(step, src, dst)
-
-    def weight_group_ranks(self, transport: Transport) -> int:
-        """One rank in a weight process group: this process."""
-        return 1
-
-    def native_weight_receiver(self, transport: Transport) -> bool:
-        """Never: the standard receivers load into the policy."""
-        return False
-
-    async def open_weights(self, transport: Transport, layout: WeightLayout, rendezvous: Rendezvous | None,
-                           rank: int) -> None:
-        """Join the weight transport at `rank` (checks the actor's layout against this model)."""
-        await self.inbox.open(transport, layout, rendezvous, rank)
-
-    async def verify_weights(self, published: WeightVersion) -> str:
-        """Nothing beyond the receiver's CRC32 ("")."""
-        return ""
-
-    async def receive_weights(self, published: WeightVersion, verify: bool = False) -> LoadedWeights:
-        """Load `published` into this rank's shard, bucket by bucket."""
-        return await self.inbox.receive(published, self.stage.version, self.stage.weight_update, verify)

@@ -110,7 +110,7 @@ class LogprobStage:
             version=version,
         )
 
-    async def run(self, step: int, src: Channel, dst: Sequence[Channel]) -> int:
+    async def run(self, step: int, src: Channel[ScoredGroup], dst: Sequence[Channel[TrainBatch]]) -> int:
         """Take the step's scored groups from `src` until its end and put their `TrainBatch`es into the actor
         replicas' train channels `dst` (the output rank ends the step on every one of them); returns the batches
         this rank put."""

@@ -14,23 +14,24 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
-import ray
 
 from rlinf_pipe.algorithms.advantages import advantage_scope
 from rlinf_pipe.algorithms.scoring import RewardTally, score_groups
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.data.packing import pack_train_batch
 from rlinf_pipe.data.structs import RolloutGroup, ScoredGroup
+from rlinf_pipe.data.train_batch import TrainBatch
 from rlinf_pipe.engines.reward.context import RewardContext, reward_context
 from rlinf_pipe.engines.reward.pool import remove_process_temp_folder
 from rlinf_pipe.engines.reward.registry import reward_pool
 from rlinf_pipe.channels import Channel, StepEnd
-from rlinf_pipe.runtime.worker import CONTROL_GROUP, Worker
+from rlinf_pipe.runtime.worker import Worker, control_call
 from rlinf_pipe.workers.logprob_stage import train_routing
 from rlinf_pipe.workers.replica_balance import TrainRoute
 
 
-Output = Channel | Sequence[Channel]  # the scored channel, or the actor replicas' train channels
+# the scored channel, or the actor replicas' train channels
+Output = Channel[ScoredGroup] | Sequence[Channel[TrainBatch]]
 
 
 def advantage_options(cfg: Config) -> dict[str, Any]:
@@ -53,7 +54,7 @@ class RewardWorker(Worker):
         self.pad_token_id = pad_token_id
         self.estimator, self.adv_options = cfg.algorithm.adv_estimator, advantage_options(cfg)
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
+    @control_call
     def before_stop(self) -> None:
         """Stop the pool's processes and remove the forkserver's socket folder, which a kill would leave in /tmp."""
         self.pool.close()
@@ -75,7 +76,8 @@ class RewardWorker(Worker):
             return group.prompt.slot
         return await self.sampling_rounds.offer.remote(rewards)
 
-    async def score_step(self, step: int, src: Channel, dst: Output, end_step: bool = True) -> RewardTally:
+    async def score_step(self, step: int, src: Channel[RolloutGroup], dst: Output,
+                         end_step: bool = True) -> RewardTally:
         """Score `src`'s groups (the rollouts) up to its step end into `dst`: the scored channel, or the actor
         replicas' train channels (no log-prob stage); each as it is scored (group-scoped estimators) or all once
         the step is complete (batch-scoped ones). `end_step` False leaves the output's step open (a
@@ -118,7 +120,7 @@ class RewardWorker(Worker):
         """Counters since start: items, correct, parse_failures, timeouts, errors, restarts, accuracy."""
         return self.pool.metrics()
 
-    async def judge(self, pairs: list[tuple[str, str | RewardContext]]) -> list[bool]:
+    async def judge(self, pairs: Sequence[tuple[str, str | RewardContext]]) -> list[bool]:
         """Whether each (response, reference answer or `RewardContext`) is correct: evaluation's scoring, outside the
         channels."""
         results = await asyncio.to_thread(self.pool.score_batch, pairs)

@@ -3,46 +3,43 @@
 Each step it turns its share of the prompts into requests (one per prompt, `group_size` samples, seeded from the
 run seed and the prompt's identity, so a prompt's samples do not depend on which worker or batch drew it) and puts
 each `RolloutGroup` into the channel as soon as its samples finish, then ends the step. In collocated mode the
-whole wake -> generate -> sleep phase holds the device lock of its GPUs.
+whole wake -> generate -> sleep phase holds its GPUs' share (`DeviceShare`).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 
 import msgspec
-import ray
 
 from rlinf_pipe.config.schema import RolloutConfig
 from rlinf_pipe.data.structs import PromptItem, RolloutGroup
 from rlinf_pipe.engines.evaluation import EvalOutput, generate_texts
-from rlinf_pipe.engines.rollout.engine import GenerateRequest, SamplingParams, request_seed, to_rollout_samples
+from rlinf_pipe.engines.rollout.engine import GenerateRequest, RolloutEngine, SamplingParams, request_seed, to_rollout_samples
 from rlinf_pipe.engines.rollout.factory import build_engine
-from rlinf_pipe.models.weight_map import read_hf_arch
 from rlinf_pipe.channels import Channel
-from rlinf_pipe.runtime.locks import device_lock
-from rlinf_pipe.runtime.worker import CONTROL_GROUP, Worker
-from rlinf_pipe.weights import LoadedWeights, WeightLayout, WeightVersion
-from rlinf_pipe.weights.process_group import Rendezvous
+from rlinf_pipe.runtime.locks import DeviceShare
+from rlinf_pipe.runtime.worker import control_call
+from rlinf_pipe.weights import WeightVersion
 from rlinf_pipe.weights.transport_names import Transport
-from rlinf_pipe.workers.weight_inbox import WeightInbox
+from rlinf_pipe.workers.weight_inbox import NativeReceiver
+from rlinf_pipe.workers.weight_receiver import WeightReceiverWorker
 
 
-class RolloutWorker(Worker):
-    """Generates prompt groups into the rollout channel; loads the weight versions the actor publishes."""
+class RolloutWorker(WeightReceiverWorker):
+    """Generates prompt groups into the rollout channel; loads the weight versions the actor publishes into its
+    engine (`WeightReceiverWorker`)."""
 
     def __init__(self, rollout: RolloutConfig, model_path: str, sampling: SamplingParams, run_seed: int,
-                 locks: Any = None, first_batch_size: int | None = None):
-        super().__init__()
-        self.engine = build_engine(rollout, model_path, seed=run_seed + self.rank, collocated=locks is not None,
+                 share: DeviceShare = DeviceShare(), first_batch_size: int | None = None):
+        super().__init__(model_path)
+        self.engine = build_engine(rollout, model_path, seed=run_seed + self.rank, collocated=share.in_turns,
                                    first_batch_size=first_batch_size,
                                    first_gpu=self.info.local_gpus[0] if self.info.local_gpus else None)
-        self.sampling, self.run_seed, self.locks = sampling, run_seed, locks
-        self.inbox = WeightInbox(self.owner, read_hf_arch(model_path), self.tracer)
+        self.sampling, self.run_seed, self.share = sampling, run_seed, share
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
+    @control_call
     def before_stop(self) -> None:
         """Shut the engine down before the kill: SGLang's scheduler processes then release their GPUs (and shared
         memory) at once, before a relaunched engine measures what is free, rather than when they notice this
@@ -53,11 +50,7 @@ class RolloutWorker(Worker):
 
     def on_abandon(self) -> None:
         self.engine.abort()
-        self.inbox.cancel()
-
-    def rewind_weights(self) -> None:
-        """The actor went back to a checkpoint: accept an older weight version next."""
-        self.inbox.rewind()
+        super().on_abandon()
 
     async def release_devices(self) -> None:
         """Collocated: put the engine to sleep until its first generation (the actor shares its GPUs)."""
@@ -68,13 +61,13 @@ class RolloutWorker(Worker):
         return GenerateRequest(request_id=str(index), prompt_ids=list(prompt.prompt_ids),
                                sampling=msgspec.structs.replace(self.sampling, seed=seed))
 
-    async def generate_step(self, prompts: Sequence[PromptItem], step: int, dst: Channel,
+    async def generate_step(self, prompts: Sequence[PromptItem], step: int, dst: Channel[RolloutGroup],
                             weights: int | None = None) -> dict[str, float]:
         """Generate `prompts`' groups into the rollout channel `dst` as each finishes, then end the step; returns
         counts.
         With `weights`, first wait until the engine holds that weight version (its sync may still be loading)."""
         if weights is not None:
-            await self.inbox.wait_for(weights, lambda: self.engine.version)
+            await self.wait_for_weights(weights)
         version = self.engine.version
         requests = [self._request(i, p) for i, p in enumerate(prompts)]
         tokens = groups = 0
@@ -97,19 +90,24 @@ class RolloutWorker(Worker):
             with self.tracer.span("evaluate", step=step, version=self.engine.version, requests=len(requests)):
                 return await generate_texts(self.engine, requests)
 
-    @contextlib.asynccontextmanager
-    async def _on_devices(self, step: int) -> AsyncIterator[None]:
-        """Hold the GPUs for a generation: collocated, the device lock and the engine awake inside it."""
-        async with device_lock(self.locks, self.info.global_gpus, self.owner):
-            if self.locks is not None:
-                with self.tracer.span("wake", step=step):
-                    await self.engine.wake()
-            try:
-                yield
-            finally:  # (an abandoned step too: the lock goes, so the memory must)
-                if self.locks is not None:
-                    with self.tracer.span("sleep", step=step):
-                        await self.engine.sleep()
+    def _on_devices(self, step: int) -> AbstractAsyncContextManager[None]:
+        """Hold the GPUs for a generation: taken in turns, the engine awake inside the hold."""
+
+        async def wake() -> None:
+            with self.tracer.span("wake", step=step):
+                await self.engine.wake()
+
+        async def sleep() -> None:  # (an abandoned step too: the devices go, so the memory must)
+            with self.tracer.span("sleep", step=step):
+                await self.engine.sleep()
+
+        return self.share.hold(self.info.global_gpus, self.owner, after_take=wake, before_give_back=sleep)
+
+    def weight_target(self) -> RolloutEngine:
+        return self.engine
+
+    def native_receiver(self) -> NativeReceiver:
+        return self.engine.open_weight_receiver
 
     def weight_group_ranks(self, transport: Transport) -> int:
         """Ranks this worker's engine takes in `transport`'s process group (SGLang over broadcast: its TP size)."""
@@ -119,15 +117,6 @@ class RolloutWorker(Worker):
         """Whether the engine receives `transport` with a receiver of its own (SGLang: broadcast and ipc)."""
         return transport in self.engine.native_transports
 
-    async def open_weights(self, transport: Transport, layout: WeightLayout, rendezvous: Rendezvous | None,
-                           rank: int) -> None:
-        """Join the weight transport at `rank` (checks the actor's layout against this engine's model)."""
-        await self.inbox.open(transport, layout, rendezvous, rank, self.engine.open_weight_receiver)
-
     async def verify_weights(self, published: WeightVersion) -> str:
         """Verify the loaded version where the receiver could not (see `RolloutEngine.verify_weights`)."""
         return await self.engine.verify_weights(published)
-
-    async def receive_weights(self, published: WeightVersion, verify: bool = False) -> LoadedWeights:
-        """Load `published` into the engine, bucket by bucket."""
-        return await self.inbox.receive(published, self.engine.version, self.engine.weight_update, verify)

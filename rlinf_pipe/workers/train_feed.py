@@ -53,7 +53,7 @@ class TrainFeedError(RlinfPipeError):
 
 
 async def train_ops(
-    channel: Channel, routing: TrainRouting, replica: int, batcher: MicroBatcher, pad_token_id: int,
+    channel: Channel[TrainBatch], routing: TrainRouting, replica: int, batcher: MicroBatcher, pad_token_id: int,
     by_slot: bool = True,
 ) -> AsyncIterator[TrainOp]:
     """This replica's ops for one step, read from its train channel (see the module docstring); `by_slot`: the

@@ -58,7 +58,8 @@ class WeightInbox:
             raise RuntimeError(f"{self.owner}: weight sync before the weight transport was opened")
         if not self.any_version:
             check_version(current, published.version, self.owner)
-        posted, arrived, loaded = time.time(), [], None
+        posted, loaded = time.time(), None
+        arrived: list[float] = []  # when the first bucket arrived
 
         async def load_arrived(bucket: NamedTensors) -> None:
             if not arrived:

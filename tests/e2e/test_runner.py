@@ -47,10 +47,11 @@ REQUIRED_METRICS = {
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_session():
-    """One local Ray (4 virtual GPUs) for the module's runs: each run's `Cluster` finds the connection and leaves it
-    open, instead of starting and stopping a cluster per run."""
+    """One local Ray (9 virtual GPUs: the most a run of the module places) for the module's runs: each run's
+    `Cluster` finds the connection and leaves it open, instead of starting and stopping a cluster per run (a run
+    that uses fewer GPUs holds the others too, and logs that it does)."""
     assert not ray.is_initialized(), "another test left Ray running"
-    ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, num_gpus=9, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -471,20 +472,32 @@ def test_mini_batches_in_arrival_order_train_every_group_once(tmp_path, tiny_mod
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("split", ["tp2-sp", "cp2"])
+@pytest.mark.parametrize("split", ["tp2-sp", "cp2", "tp2-cp2-sp"])
 @pytest.mark.parametrize("mode", ["pipeline", "collocated"])
 def test_sequence_and_context_parallel_actors_train_like_the_pipeline(tmp_path, tiny_model, pipeline_run, mode,
                                                                        split):
     """Long-response splits of the actor train like the TP 1 pipeline (same rollouts, losses and final weights):
-    sequence parallelism (TP 2: each rank's norms and residuals hold half of every packed stream) and context
+    sequence parallelism (TP 2: each rank's norms and residuals hold half of every packed stream), context
     parallelism (CP 2: each rank holds a load-balanced half of every packed sequence, attention gathers the keys and
-    values of both). In the pipeline the actor takes GPUs 2-3 of its own; collocated, it takes turns with one engine
-    spanning both GPUs (so the rollouts are one engine's, as in the pipeline) and computes the log-probs itself."""
-    placement = ("cluster.num_gpus_per_node=4", "cluster.component_placement={rollout: 0, inference: 1, actor: 2-3}") \
-        if mode == "pipeline" else ("cluster.num_gpus_per_node=2", 'cluster.component_placement={"actor,rollout": all}',
-                                     "rollout.tensor_parallel_size=2", "actor.offload_on_cpu=true")
-    sizes = ("actor.tensor_parallel_size=2", "actor.sequence_parallel=true") if split == "tp2-sp" else (
-        "actor.context_parallel_size=2",)
+    values of both) and both at once (TP 2 x CP 2 with SP: a quarter of every stream's norms per rank). In the
+    pipeline the actor takes GPUs of its own, and with TP 2 x CP 2 so do the log-prob workers (one replica of the
+    same split on GPUs 1-4: its old and reference log-probs are what the actor trains on); collocated, the actor
+    takes turns with one engine spanning all its GPUs (so the rollouts are one engine's, as in the pipeline) and
+    computes the log-probs itself."""
+    gpus = 4 if split == "tp2-cp2-sp" else 2  # the actor's (one replica)
+    placement = {
+        ("pipeline", 2): ("cluster.num_gpus_per_node=4",
+                          "cluster.component_placement={rollout: 0, inference: 1, actor: 2-3}"),
+        ("pipeline", 4): ("cluster.num_gpus_per_node=9",
+                          "cluster.component_placement={rollout: 0, inference: 1-4, actor: 5-8}"),
+    }.get((mode, gpus)) or (f"cluster.num_gpus_per_node={gpus}", 'cluster.component_placement={"actor,rollout": all}',
+                            f"rollout.tensor_parallel_size={gpus}", "actor.offload_on_cpu=true")
+    sizes = {"tp2-sp": ("actor.tensor_parallel_size=2", "actor.sequence_parallel=true"),
+             "cp2": ("actor.context_parallel_size=2",),
+             "tp2-cp2-sp": ("actor.tensor_parallel_size=2", "actor.context_parallel_size=2",
+                            "actor.sequence_parallel=true")}[split]
+    if mode == "pipeline" and split == "tp2-cp2-sp":
+        sizes += tuple(key.replace("actor.", "inference.") for key in sizes)
     out = run("tiny-grpo-megatron-pipeline", tmp_path, tiny_model, *COMPARED, *placement, *sizes)
     assert_trains_like(pipeline_run, out, summed_otherwise=True)
 

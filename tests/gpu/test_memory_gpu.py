@@ -19,7 +19,7 @@ from rlinf_pipe.config import load_config
 from rlinf_pipe.models.known import known_config
 from rlinf_pipe.models.arch import model_arch
 from rlinf_pipe.planning.memory import GIB, estimate_memory
-from rlinf_pipe.planning.placement import plan_placement
+from rlinf_pipe.planning.run_plan import plan_run
 
 pytest.importorskip("megatron.core")
 pytestmark = pytest.mark.gpu
@@ -74,7 +74,7 @@ def test_a_micro_batch_at_the_example_shape_fits_within_the_estimate(tmp_path):
             "algorithm.compute_ref_logprobs=false", f"actor.micro_batch_tokens={tokens}",
         ])
     assert shape is not None
-    estimate = estimate_memory(cfg, plan_placement(cfg), shape, int(80e9))["actor"]
+    estimate = estimate_memory(cfg, plan_run(cfg), shape, int(80e9))["actor"]
     (result,) = spawn(1, _one_step, str(tmp_path / "run"), backend=backend(), model_path=str(folder), tokens=tokens,
                       recompute=cfg.actor.recompute)
     assert torch.isfinite(torch.tensor(result["loss"]))

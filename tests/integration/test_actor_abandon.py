@@ -99,26 +99,29 @@ def test_an_abandoned_step_ends_on_every_rank_and_rolls_back_exactly(local_ray, 
                                model_path)
     try:
         put_groups(first, routing, list(range(GROUPS)), vocab, end=True)  # step 0, whole
-        assert [len(r.optimizer_steps) for r in actor.replicas.train_step(0, first.train).wait(120)] == [MINIBATCHES] * replicas
-        before = actor.all.run(state_of).wait()  # the state step 1 starts from
+        trained = actor.replicas.call(ActorWorker.train_step, 0, first.train).wait(120)
+        assert [len(r.optimizer_steps) for r in trained] == [MINIBATCHES] * replicas
+        before = actor.all.call(ActorWorker.run, state_of).wait()  # the state step 1 starts from
 
-        call = actor.all.train_step(1, first.train)
+        call = actor.all.call(ActorWorker.train_step, 1, first.train)
         if tp == 1:  # mini-batch 0 whole, then replica 0's group of mini-batch 1 (slot 2), not replica 1's (slot 3)
             put_groups(first, routing, [0, 1, 2], vocab, end=False)
-            wait_until(lambda: actor.rank(0).run(spans_named, "train").wait() == MINIBATCHES + 2)
+            wait_until(lambda: actor.rank(0).call(ActorWorker.run, spans_named, "train").wait() == MINIBATCHES + 2)
             # (rank 1 ends its optimizer step on its own time once their gradients met: not before rank 0 trains on)
-            wait_until(lambda: actor.rank(1).run(spans_named, "optimizer_step").wait() == MINIBATCHES + 1)
+            wait_until(lambda: actor.rank(1).call(ActorWorker.run, spans_named, "optimizer_step").wait()
+                       == MINIBATCHES + 1)
         else:  # the input rank waits for the step's first group
-            wait_until(lambda: actor.rank(0).run(spans_named, "rollback_point").wait() == 2)
-        actor.all.abandon_step().wait(30)
+            wait_until(lambda: actor.rank(0).call(ActorWorker.run, spans_named, "rollback_point").wait() == 2)
+        actor.all.call(ActorWorker.abandon_step).wait(30)
         with pytest.raises(WorkerError, match="ChannelClosed|ReplicaInputFailed"):
             call.wait(60)
         assert asyncio_run(actor.settle(30)) == []  # every rank's call ended
-        ended = actor.all.run(lambda w: [s.name for s in w.tracer._spans].count("optimizer_step")).wait()
+        ended = actor.all.call(ActorWorker.run,
+                               lambda w: [s.name for s in w.tracer._spans].count("optimizer_step")).wait()
         assert ended == [MINIBATCHES + (1 if tp == 1 else 0)] * 2  # no optimizer step after the abandon
 
-        assert actor.all.rollback(1).wait() == [True, True]
-        for (w0, o0, s0), (w1, o1, s1) in zip(before, actor.all.run(state_of).wait(), strict=True):
+        assert actor.all.call(ActorWorker.rollback, 1).wait() == [True, True]
+        for (w0, o0, s0), (w1, o1, s1) in zip(before, actor.all.call(ActorWorker.run, state_of).wait(), strict=True):
             assert s1 == s0 == MINIBATCHES
             for name in w0:
                 assert torch.equal(w0[name], w1[name]), name
@@ -131,8 +134,8 @@ def test_an_abandoned_step_ends_on_every_rank_and_rolls_back_exactly(local_ray, 
 
         second = channels(f"abandon-tp{tp}-b", replicas)  # the retry, on new channels
         put_groups(second, routing, list(range(GROUPS)), vocab, end=True)
-        actor.all.train_step(1, second.train).wait(120)
-        assert {s for _, _, s in actor.all.run(state_of).wait()} == {2 * MINIBATCHES}
+        actor.all.call(ActorWorker.train_step, 1, second.train).wait(120)
+        assert {s for _, _, s in actor.all.call(ActorWorker.run, state_of).wait()} == {2 * MINIBATCHES}
         second.abort()
     finally:
         first.abort()

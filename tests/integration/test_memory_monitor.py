@@ -46,7 +46,7 @@ cfg.cluster.component_placement = {"rollout": "0", "actor": "1"}
 group = WorkerGroup.launch(Hungry, "hungry", plan_placement(cfg).components["actor"], Cluster(cfg),
                            distributed=False)
 try:
-    group.rank(0).eat(4).wait()
+    group.rank(0).call(Hungry.eat, 4).wait()
 except WorkerLost as exc:
     print("CALL", exc.how, "|", str(exc).replace("\n", " "))
 (lost,) = asyncio.run(group.unhealthy(timeout_s=30))

@@ -73,6 +73,44 @@ def test_context_parallel_training_equals_one_process(tmp_path):
             torch.testing.assert_close(tensor, single["hf"][name], atol=2e-6, rtol=1e-5, msg=f"{parallel} {name}")
 
 
+def _pipeline_step(rank: int, model_path: str) -> dict:
+    """`_one_step` on a pipeline: the log-probs exist on the last stage, whose last rank sends them to every rank
+    to train on (the world's last rank is on the last stage whatever the other sizes)."""
+    import torch.distributed as dist
+
+    from rlinf_pipe.engines.policy.policy import MegatronPolicy
+
+    policy = MegatronPolicy(model_path, lr=1e-3, adam_eps=1e-4)
+    batch = make_batch(2, 6, vocab_size(model_path))
+    own = policy.compute_logprobs(batch)  # (None on the first stage)
+    box = [own]
+    dist.broadcast_object_list(box, src=dist.get_world_size() - 1)
+    batch = with_old_logprobs(batch, box[0])
+    for rows in SPLIT:
+        policy.train_micro_batch(select_rows(batch, rows), LOSS)
+    metrics = policy.optimizer_step()
+    return {"own": own, "metrics": metrics, "hf": dict(policy.hf_weights())}
+
+
+def test_pipeline_and_context_parallel_training_equals_one_process(tmp_path):
+    """PP 2 x CP 2: each stage's CP ranks hold their shares of every packed sequence and pass the stage's
+    activations on to the next stage's CP rank of the same share; the last stage's log-probs, the loss, the
+    gradient norm and the updated weights (gathered from both stages) equal one process's."""
+    model = str(ensure_tiny_model(tmp_path / "models", arch="qwen3"))
+    (single,) = spawn(1, _one_step, str(tmp_path / "one"), model_path=model)
+    ranks = spawn(4, _pipeline_step, str(tmp_path / "pp2cp2"), parallel={"pp": 2, "cp": 2}, model_path=model)
+    assert [rank["own"] is None for rank in ranks] == [True, True, False, False]  # (stage 1: ranks 2 and 3)
+    for rank in ranks:
+        if rank["own"] is not None:
+            torch.testing.assert_close(rank["own"], single["logprobs"], atol=1e-5, rtol=1e-5)
+        assert rank["metrics"]["loss"] == pytest.approx(single["metrics"]["loss"], abs=1e-6)
+        assert rank["metrics"]["tokens"] == single["metrics"]["tokens"]
+        assert rank["metrics"]["grad_norm"] == pytest.approx(single["metrics"]["grad_norm"], rel=1e-4)
+    assert ranks[0]["hf"].keys() == single["hf"].keys()
+    for name, tensor in ranks[0]["hf"].items():
+        torch.testing.assert_close(tensor, single["hf"][name], atol=2e-6, rtol=1e-5, msg=name)
+
+
 def _resumed_step(rank: int, model_path: str, ckpt: str) -> dict:
     """A step, a checkpoint, a second step; then a fresh policy loads the checkpoint and takes the second step."""
     from rlinf_pipe.engines.policy.policy import MegatronPolicy

@@ -8,7 +8,7 @@ import pytest
 import ray
 
 from rlinf_pipe.channels import Channel, StepEnd
-from rlinf_pipe.runtime.locks import DeviceLocks, LockRequestDropped, device_lock
+from rlinf_pipe.runtime.locks import DeviceLocks, DeviceShare, LockRequestDropped
 
 
 @pytest.fixture(scope="module")
@@ -90,11 +90,11 @@ def test_a_lost_workers_queued_request_is_dropped_not_granted_later(local_ray):
     assert ray.get(locks.holders.remote()) == {} and ray.get(locks.num_waiting.remote()) == 0
 
 
-def test_device_lock_context_manager_releases_on_error(local_ray):
+def test_a_device_share_gives_its_devices_back_on_error(local_ray):
     locks = DeviceLocks.remote()
 
     async def fail_inside():
-        async with device_lock(locks, [3], "actor/0"):
+        async with DeviceShare(locks, ("rollout",)).hold([3], "actor/0"):
             raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom"):
@@ -102,21 +102,27 @@ def test_device_lock_context_manager_releases_on_error(local_ray):
     assert ray.get(locks.holders.remote()) == {}
 
 
-def test_device_lock_runs_its_release_hook_while_still_holding_the_devices(local_ray):
-    """The inference worker hands its cached GPU memory back there: before the engine sharing the GPU can wake."""
+def test_a_device_share_runs_its_hooks_while_holding_the_devices(local_ray):
+    """An engine wakes once its GPUs are taken and sleeps before they are given back; the inference worker hands
+    its cached GPU memory back there, before the engine sharing the GPU can wake."""
     locks = DeviceLocks.remote()
+    share = DeviceShare(locks, ("rollout",))
     seen = []
 
+    async def holders(event: str) -> None:
+        seen.append((event, await locks.holders.remote()))
+
     async def compute(fail: bool) -> None:
-        hook = lambda: seen.append(ray.get(locks.holders.remote()))  # noqa: E731
-        async with device_lock(locks, [2], "inference/0", before_release=hook):
+        async with share.hold([2], "inference/0", after_take=lambda: holders("take"),
+                              before_give_back=lambda: holders("give back")):
             if fail:
                 raise RuntimeError("boom")
 
     asyncio.run(compute(False))
     with pytest.raises(RuntimeError, match="boom"):
         asyncio.run(compute(True))
-    assert seen == [{2: "inference/0"}] * 2 and ray.get(locks.holders.remote()) == {}
+    assert seen == [("take", {2: "inference/0"}), ("give back", {2: "inference/0"})] * 2
+    assert ray.get(locks.holders.remote()) == {}
 
 
 def test_forfeit_and_reset_free_the_devices_of_owners_that_are_gone(local_ray):

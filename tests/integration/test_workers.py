@@ -191,49 +191,50 @@ def test_workers_land_on_their_nodes_with_their_gpus(cluster):
 
 def test_gloo_all_reduce_across_nodes(actor_group):
     """... with gloo on the interface of each node's Ray IP (GLOO_SOCKET_IFNAME, unless that IP is loopback)."""
-    assert actor_group.all.all_reduce_rank().wait() == [(6.0, "gloo")] * 4
+    assert actor_group.all.call(Probe.all_reduce_rank).wait() == [(6.0, "gloo")] * 4
     infos = actor_group.infos()
     assert [i.node_rank for i in infos] == [0, 0, 1, 1]
     assert [i.cuda_visible_devices for i in infos] == ["6", "7", "0", "1"]
     expected = [socket_interface_env(i.ip, {}).get(GLOO_IFNAME_ENV) for i in infos]
-    assert actor_group.all.env(GLOO_IFNAME_ENV).wait() == expected
+    assert actor_group.all.call(Probe.env, GLOO_IFNAME_ENV).wait() == expected
     nccl = [socket_interface_env(i.ip, {}).get(NCCL_IFNAME_ENV) for i in infos]
-    assert actor_group.all.env(NCCL_IFNAME_ENV).wait() == nccl  # NCCL's bootstrap on the same interface
+    assert actor_group.all.call(Probe.env, NCCL_IFNAME_ENV).wait() == nccl  # NCCL's bootstrap on the same interface
     assert [n and n.removeprefix("=") for n in nccl] == expected
     assert all(expected) or ipaddress.ip_address(infos[0].ip).is_loopback
 
 
 def test_constructor_args_reach_every_rank(actor_group):
-    assert actor_group.all.tagged().wait() == [("shared", r) for r in range(4)]
+    assert actor_group.all.call(Probe.tagged).wait() == [("shared", r) for r in range(4)]
 
 
 def test_remote_exception_names_group_rank_node_gpus_and_traceback(actor_group):
     with pytest.raises(WorkerError) as info:
-        actor_group.all.fail_on(2).wait()
+        actor_group.all.call(Probe.fail_on, 2).wait()
     message = str(info.value)
     assert message.startswith("actor rank 2 (node 1, GPUs 8) in fail_on() raised ValueError: rank 2 refuses")
     assert "--- remote traceback ---" in message and "\x1b[" not in message
     assert 'test_workers.py", line' in message and "in fail_on" in message
-    assert actor_group.all.fail_on(-1).wait() == [0, 1, 2, 3]  # the group keeps working
+    assert actor_group.all.call(Probe.fail_on, -1).wait() == [0, 1, 2, 3]  # the group keeps working
 
 
 def test_a_user_code_error_in_a_worker_is_its_message_without_a_traceback(actor_group):
     with pytest.raises(WorkerError) as info:
-        actor_group.all.user_code_fails_on(1).wait()
+        actor_group.all.call(Probe.user_code_fails_on, 1).wait()
     assert str(info.value) == ("actor rank 1 (node 0, GPUs 7) in user_code_fails_on(): my_reward.py:7 in "
                                "compute_score: KeyError: 'x' (on rank 1)")
 
 
 async def test_await_a_group_call(actor_group):
-    assert await actor_group.all.tagged() == [("shared", r) for r in range(4)]
+    assert await actor_group.all.call(Probe.tagged) == [("shared", r) for r in range(4)]
     with pytest.raises(WorkerError, match="rank 1"):
-        await actor_group.all.fail_on(1)
+        await actor_group.all.call(Probe.fail_on, 1)
 
 
 def test_verbs_pick_their_results(actor_group):
-    assert actor_group.rank(3).tagged().wait() == ("shared", 3)  # one rank
-    assert actor_group.leader(2).all_reduce_rank().wait() == (6.0, "gloo")  # a collective, rank 2's result
-    assert actor_group.replicas.tagged().wait() == [("shared", 0), ("shared", 2)]  # TP 2: ranks 0 and 2 answer
+    assert actor_group.rank(3).call(Probe.tagged).wait() == ("shared", 3)  # one rank
+    assert actor_group.leader(2).call(Probe.all_reduce_rank).wait() == (6.0, "gloo")  # a collective, rank 2's result
+    # TP 2: ranks 0 and 2 answer
+    assert actor_group.replicas.call(Probe.tagged).wait() == [("shared", 0), ("shared", 2)]
     with pytest.raises(ValueError, match="no rank 4"):
         actor_group.rank(4)
 
@@ -241,7 +242,7 @@ def test_verbs_pick_their_results(actor_group):
 def test_sharded_call_splits_along_data_parallel_ranks(actor_group):
     assert actor_group.dp_size == 2
     assert [actor_group.dp_rank_of(r) for r in range(4)] == [0, 0, 1, 1]
-    results = actor_group.sharded.shard_sum(list(range(7)), offset=100).wait()
+    results = actor_group.sharded.call(Probe.shard_sum, list(range(7)), offset=100).wait()
     assert results == [(0, [100, 101, 102]), (2, [103, 104, 105, 106])]
 
 
@@ -250,9 +251,10 @@ def test_a_large_argument_goes_into_the_object_store_once(actor_group, monkeypat
     real_put = worker_group.ray.put
     monkeypatch.setattr(worker_group.ray, "put", lambda value: puts.append(value) or real_put(value))
     values = torch.arange(1000.0)
-    assert actor_group.all.total(values).wait() == [float(values.sum())] * 4
+    assert actor_group.all.call(Probe.total, values).wait() == [float(values.sum())] * 4
     assert len(puts) == 1 and puts[0] is values  # shared by the 4 ranks
-    assert actor_group.rank(0).total(values).wait() == float(values.sum()) and len(puts) == 1  # one rank: inline
+    # one rank: inline
+    assert actor_group.rank(0).call(Probe.total, values).wait() == float(values.sum()) and len(puts) == 1
 
 
 def test_wait_timeout_names_running_ranks(cluster):
@@ -260,8 +262,8 @@ def test_wait_timeout_names_running_ranks(cluster):
     group = WorkerGroup.launch(Probe, "slow", plan_placement(cfg).components["actor"], cluster,
                                distributed=False)
     try:
-        blocker = group.rank(1).run(lambda w: __import__("time").sleep(30))
-        call = group.all.run(lambda w: w.rank)
+        blocker = group.rank(1).call(Probe.run, lambda w: __import__("time").sleep(30))
+        call = group.all.call(Probe.run, lambda w: w.rank)
         ray.get(call.refs[0], timeout=60)  # (rank 0's part is over, however busy the machine)
         with pytest.raises(WorkerError, match=r"ranks \[1\] still running after 0.5 s"):
             call.wait(timeout_s=0.5)
@@ -277,7 +279,7 @@ def test_dead_worker_is_reported_by_name(cluster):
                                distributed=False)
     try:
         with pytest.raises(WorkerError) as info:
-            group.rank(1).crash().wait()
+            group.rank(1).call(Probe.crash).wait()
         assert "worker rlinf_pipe:fragile:1 died" in str(info.value) and "node 0, GPUs 3" in str(info.value)
         # why, in Ray's words (its sentence on the death, not its first line, which only says the actor died)
         why = "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR"
@@ -316,14 +318,14 @@ def test_the_heartbeat_names_a_hung_worker_and_a_peer_failure_is_blamed_on_the_l
     comps = plan_placement(cfg).components
     stuck = WorkerGroup.launch(Probe, "stuck", comps["actor"], cluster, distributed=False)
     noticing = WorkerGroup.launch(Probe, "noticing", comps["rollout"], cluster, distributed=False)
-    pid = stuck.rank(1).run(lambda w: os.getpid()).wait()
+    pid = stuck.rank(1).call(Probe.run, lambda w: os.getpid()).wait()
     health = Health(lambda: [stuck, noticing], timeout_s=3.0)  # (a healthy rank's ping: well within, on any load)
     try:
         assert asyncio.run(health.find_lost()) == []
         os.kill(pid, signal.SIGSTOP)
 
         async def long_stage() -> None:
-            await stuck.rank(1).run(lambda w: w.rank)  # never answers: its process is stopped
+            await stuck.rank(1).call(Probe.run, lambda w: w.rank)  # never answers: its process is stopped
 
         with pytest.raises(WorkerLost) as hung:
             asyncio.run(health.guard(long_stage()))
@@ -331,7 +333,7 @@ def test_the_heartbeat_names_a_hung_worker_and_a_peer_failure_is_blamed_on_the_l
         assert "stuck rank 1 (node 0, GPUs 3)" in str(hung.value) and "within 3 s" in str(hung.value)
 
         async def failing_peer() -> None:
-            await noticing.rank(0).fail_on(0)
+            await noticing.rank(0).call(Probe.fail_on, 0)
 
         with pytest.raises(WorkerLost) as blamed:  # the raise of `noticing` is not what went wrong
             asyncio.run(health.guard(failing_peer()))
@@ -354,8 +356,8 @@ def test_a_relaunched_rank_returns_on_its_gpus_and_settle_waits_for_the_calls(cl
     distributed = WorkerGroup.launch(Probe, "whole", plan_placement(cfg).components["rollout"], cluster)
     try:
         before = group.infos()
-        group.rank(0).hold(3.0)
-        group.rank(1).hold(60.0)
+        group.rank(0).call(Probe.hold, 3.0)
+        group.rank(1).call(Probe.hold, 60.0)
         assert asyncio.run(group.settle(0.2)) == [0, 1]  # both still in their calls
         group.kill([1])  # its call fails: finished, as far as `settle` is concerned
         assert asyncio.run(group.settle(30)) == []
@@ -363,11 +365,12 @@ def test_a_relaunched_rank_returns_on_its_gpus_and_settle_waits_for_the_calls(cl
         after = group.infos()
         assert after[0].pid == before[0].pid and after[1].pid != before[1].pid
         assert (after[1].node_rank, after[1].global_gpus) == (before[1].node_rank, before[1].global_gpus) == (0, (3,))
-        assert group.all.tagged().wait() == [("old", 0), ("new", 1)]
+        assert group.all.call(Probe.tagged).wait() == [("old", 0), ("new", 1)]
         with pytest.raises(ValueError, match="relaunched whole"):
             distributed.relaunch([0])
         distributed.relaunch([0, 1])
-        assert distributed.all.all_reduce_rank().wait() == [(1.0, "gloo")] * 2  # a new world, both ranks in it
+        # a new world, both ranks in it
+        assert distributed.all.call(Probe.all_reduce_rank).wait() == [(1.0, "gloo")] * 2
     finally:
         group.shutdown(wait_s=10)
         distributed.shutdown(wait_s=10)
@@ -472,9 +475,10 @@ def test_a_node_clock_ahead_of_the_drivers_is_measured_and_its_spans_go_on_the_d
         assert said and float(said[1]) == pytest.approx(SKEW_S, abs=0.5)  # (the text rounds what it measured)
         assert asyncio.run(clocks.measure([group])) == []  # said once
         before = time.time()
-        group.rank(0).mark().wait()
+        group.rank(0).call(SkewedClock.mark).wait()
         after = time.time()
-        (span,) = [s for s in group.rank(0).drain_spans().wait() if s.name == "mark"]  # (and its launch span)
+        # (and its launch span)
+        (span,) = [s for s in group.rank(0).call(SkewedClock.drain_spans).wait() if s.name == "mark"]
         assert span.start > after + SKEW_S / 2  # on its own clock
         (aligned,) = clocks.align([span], 1)
         assert before - 0.5 <= aligned.start <= aligned.end <= after + 0.5

@@ -197,3 +197,22 @@ def test_eval_user_errors_exit_2_with_message(capsys, tmp_path, args, expected):
     code = main(["eval", *args, "--out", str(tmp_path / "out")])
     out, err = capsys.readouterr()
     assert code == 2 and expected in err and "Traceback" not in err
+
+
+def test_plan_prints_the_step_s_stages_with_the_channels_each_reads_and_writes(capsys):
+    """The hybrid example: the engines take turns with the actor, inference streams on a GPU of its own."""
+    code, out, _ = run_plan(capsys, "--config-name", "tiny-grpo-megatron-hybrid")
+    lines = out.splitlines()
+    start = lines.index("step (stage, component, reads -> writes):")
+    stages = [line.split()[:5] for line in lines[start + 1:start + 5]]
+    assert code == 0 and stages == [["generate", "rollout", "prompts", "->", "[rollouts];"],
+                                     ["score", "reward", "[rollouts]", "->", "[scored]"],
+                                     ["logprob", "inference", "[scored]", "->", "[train]"],
+                                     ["train", "actor", "[train]", "->", "weights;"]]
+    # Collocated, and an algorithm that needs no log-prob pass: the reward workers feed the actor's train channels.
+    code, out, _ = run_plan(capsys, "--config-name", "tiny-grpo-megatron", "--json")
+    stages = json.loads(out)["stages"]
+    assert [(s["stage"], s["component"], s["reads"], s["writes"], s["turns_with"]) for s in stages] == [
+        ("generate", "rollout", None, "rollouts", ["actor"]), ("score", "reward", "rollouts", "train", []),
+        ("train", "actor", "train", None, ["rollout"])]
+    assert stages[1]["writes_item"] == "TrainBatch"

@@ -9,6 +9,7 @@ import threading
 
 import pytest
 import torch
+from support.local_group import LocalGroup
 
 from rlinf_pipe.config import load_config
 from rlinf_pipe.runner.cpu_shares import CpuLending, cpu_stages, node_procs
@@ -90,13 +91,12 @@ def test_cpu_share_divides_the_cpus_this_process_may_use(monkeypatch):
     assert read_node_procs() == {0: 3, 1: 2}
 
 
-class _Group:
-    """A stand-in for a `WorkerGroup`: its placement, and the `share_cpus` calls its ranks received."""
+class _Group(LocalGroup):
+    """A stand-in for a `WorkerGroup` of one rank, itself: its placement, and the `share_cpus` calls it received."""
 
     def __init__(self, placement: ComponentPlacement):
-        self.placement = placement
+        super().__init__([self], placement)
         self.received: list[dict[int, int]] = []
-        self.all = self
 
     def share_cpus(self, procs: dict[int, int]) -> None:
         self.received.append(procs)

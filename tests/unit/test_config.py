@@ -247,6 +247,16 @@ def test_bad_answer_pattern(pattern, problem):
 
 
 @pytest.mark.parametrize("section", ["actor", "inference"])
+def test_sequence_parallelism_needs_tensor_parallelism(section):
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[f"{section}.sequence_parallel=true"])
+    assert f"{section}.sequence_parallel: true splits each layer's sequence" in str(info.value)
+    assert f"set {section}.tensor_parallel_size to 2 or more" in str(info.value)
+    loaded = load_config(overrides=[f"{section}.sequence_parallel=true", f"{section}.tensor_parallel_size=2"])
+    assert getattr(loaded, section).sequence_parallel
+
+
+@pytest.mark.parametrize("section", ["actor", "inference"])
 def test_context_parallelism_needs_packed_sequences(section):
     with pytest.raises(ConfigError) as info:
         load_config(overrides=[f"{section}.context_parallel_size=2", "actor.pack_sequences=false"])

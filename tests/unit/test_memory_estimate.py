@@ -13,17 +13,9 @@ from rlinf_pipe.cli import main
 from rlinf_pipe.config import load_config
 from rlinf_pipe.models.arch import model_arch
 from rlinf_pipe.models.known import known_config
-from rlinf_pipe.planning.memory import (
-    GIB,
-    PROCESS_OVERHEAD,
-    estimate_memory,
-    gpu_capacity_bytes,
-    kv_cache_bytes,
-    layer_params,
-    memory_report,
-    num_params,
-    params_per_rank,
-)
+from rlinf_pipe.planning.memory import GIB, PROCESS_OVERHEAD, estimate_memory, gpu_capacity_bytes, memory_report
+from rlinf_pipe.planning.model_sizes import kv_cache_bytes, layer_params, num_params, params_per_rank
+from rlinf_pipe.planning.run_plan import plan_run
 from rlinf_pipe.planning.placement import plan_placement
 from rlinf_pipe.planning.plan_report import render_plan
 
@@ -33,16 +25,12 @@ R1_DISTILL = "/models/DeepSeek-R1-Distill-Qwen-1.5B"  # not on this machine: the
 CAPACITY = 80 * 10**9
 
 
-def _estimate(config_name: str, *overrides: str, transport: bool = True) -> dict:
-    """The estimate of an example config, with the weight transport its run would use (`transport`)."""
-    from rlinf_pipe.planning.run_plan import plan_run
-
+def _estimate(config_name: str, *overrides: str) -> dict:
+    """The estimate of an example config, with the weight transport its run would use."""
     cfg = load_config(CONFIGS, config_name, overrides)
     shape, _ = model_arch(cfg.actor.model_path)
     assert shape is not None
-    plan = plan_run(cfg)
-    return estimate_memory(cfg, plan.placement, shape, CAPACITY, weight_transport=plan.weight_transport if transport
-                           else "")
+    return estimate_memory(cfg, plan_run(cfg), shape, CAPACITY)
 
 
 def _meta_model_params(hf_config) -> int:
@@ -155,7 +143,7 @@ def test_an_sglang_share_that_cannot_hold_its_weights_does_not_fit_and_says_why(
     cfg = load_config(CONFIGS, "qwen2.5-1.5b-grpo-megatron-pipeline", [
         *SHARED_WITH_INFERENCE, "algorithm.compute_ref_logprobs=true", "cluster.gpu_memory_gb=24",
         "rollout.gpu_memory_fraction=0.25"])
-    report = memory_report(cfg, plan_placement(cfg))
+    report = memory_report(cfg, plan_run(cfg))
     rollout = report.components["rollout"]
     assert rollout.total < rollout.capacity_bytes and not rollout.fits and rollout.per_gpu_bytes["kv_cache"] == 0
     (warning,) = [w for w in report.warnings() if w.startswith("rollout:")]
@@ -179,7 +167,7 @@ def test_capacity_comes_from_the_config_else_the_gpu_else_80gb(monkeypatch):
 
 def test_a_model_without_config_json_gives_a_reason_not_a_crash(tmp_path):
     cfg = load_config(overrides=[f"actor.model_path={tmp_path / 'missing-model'}"])
-    report = memory_report(cfg, plan_placement(cfg))
+    report = memory_report(cfg, plan_run(cfg))
     assert report.components == {} and "config.json" in report.note and report.warnings() == []
     assert "memory: no estimate (no config.json at" in render_plan(plan_placement(cfg), report)
 
@@ -217,7 +205,7 @@ def test_an_sglang_kv_cache_shorter_than_one_sample_does_not_fit_and_says_why():
     free = 24 * 10**9 - PROCESS_OVERHEAD
     fraction = (roomy.per_gpu_bytes["weights"] + 100 * 2**20) / free  # a KV cache of 100 MiB: about 3.6k tokens
     cfg = load_config(CONFIGS, name, [*capacity, f"rollout.gpu_memory_fraction={fraction:.6f}"])
-    rollout = memory_report(cfg, plan_placement(cfg)).components["rollout"]
+    rollout = memory_report(cfg, plan_run(cfg)).components["rollout"]
     assert not rollout.fits and rollout.per_gpu_bytes["kv_cache"] > 0
     seq_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
     assert f"fewer than one sample's data.max_prompt_length + rollout.max_new_tokens = {seq_len}" in rollout.problem
@@ -238,9 +226,9 @@ def test_the_engines_weights_are_counted_in_their_own_dtype_not_the_actors(backe
     bf16 on GPUs, whatever `actor.params_dtype` (an fp32 actor once doubled the engine's row)."""
     name, engine = "qwen2.5-1.5b-grpo-megatron-pipeline", f"rollout.backend={backend}"
     fp32 = load_config(CONFIGS, name, [engine, "actor.params_dtype=float32"])
-    rollout = memory_report(fp32, plan_placement(fp32)).components["rollout"]
+    rollout = memory_report(fp32, plan_run(fp32)).components["rollout"]
     assert rollout.per_gpu_bytes["weights"] == 2 * params_per_rank(model_arch(R1_DISTILL)[0], 1, 1)
-    actor = memory_report(fp32, plan_placement(fp32)).components["actor"]
+    actor = memory_report(fp32, plan_run(fp32)).components["actor"]
     assert actor.per_gpu_bytes["weights"] == 4 * params_per_rank(model_arch(R1_DISTILL)[0], 1, 1)
 
 
@@ -265,7 +253,8 @@ def test_what_stays_on_the_gpu_beside_a_collocated_actor_and_its_engines():
     shape, _ = model_arch(cfg.actor.model_path)
     slots = ipc_slot_bytes(cfg, shape, 2)
     assert slots == 2 * 151_936 * 1_536 * 2
-    unknown, ipc = _estimate("qwen2.5-1.5b-grpo-megatron", transport=False), _estimate("qwen2.5-1.5b-grpo-megatron")
+    unknown = _estimate("qwen2.5-1.5b-grpo-megatron", "runner.weight_sync=object_store")  # (no slots, nothing taken back)
+    ipc = _estimate("qwen2.5-1.5b-grpo-megatron")
     engine_weights = params_per_rank(shape, cfg.rollout.tensor_parallel_size, 1) * 2
     assert unknown["actor"].per_gpu_bytes["resident"] == 0
     assert ipc["actor"].per_gpu_bytes["resident"] == pytest.approx(slots + engine_weights, abs=1)
@@ -281,7 +270,7 @@ def test_sequence_and_context_parallelism_divide_the_actors_activations_and_plan
     """SP divides what TP alone replicates (the norms' and projections' inputs); CP gives each rank a slice of every
     sequence (keeping the others' keys and values). A 17k-token sample's activations do not fit one actor GPU of
     the 1.5B model: the estimate names the CP size that does, and the long-response example, which takes it, fits."""
-    from rlinf_pipe.planning.memory import layer_activations, training_activations
+    from rlinf_pipe.planning.model_sizes import layer_activations, training_activations
 
     shape, _ = model_arch(R1_DISTILL)
     assert layer_activations(shape, 2, sequence_parallel=True) < layer_activations(shape, 2)
@@ -312,3 +301,32 @@ def test_the_contexts_of_sglang_ranks_mapping_buckets_on_the_first_gpu_are_count
     assert "rollout.gpu_memory_fraction <= 0.97" in tight.problem and "3 other TP ranks" in tight.problem
     assert _estimate(*base, "runner.weight_sync=object_store", "rollout.gpu_memory_fraction=0.97")["rollout"].fits
     assert _estimate(*base, "rollout.gpu_memory_fraction=0.98")["rollout"].fits  # (broadcast: nothing mapped there)
+
+
+def test_context_parallel_log_prob_workers_hold_a_slice_of_every_sequence_and_sequence_parallel_ones_the_same():
+    """inference.context_parallel_size as the actor's: each rank of a log-prob replica runs 1/CP of the pass's
+    tokens and keeps the gathered keys and values of its layer; its weights are whole on every CP rank. Forward
+    only, sequence parallelism keeps the peak (each projection gathers the whole sequence again). Both placed and
+    estimated: TP 2 x CP 2 (with SP) on 4 log-prob GPUs is one replica."""
+    from rlinf_pipe.planning.model_sizes import forward_activations
+
+    shape, _ = model_arch(R1_DISTILL)
+    one, halves = forward_activations(shape, 17408, 1), forward_activations(shape, 17408, 1, cp=2)
+    assert one / 2 < halves < one * 0.6  # (half the tokens, plus the gathered keys and values)
+    long = ("qwen2.5-1.5b-grpo-megatron-long-1node", "algorithm.compute_ref_logprobs=true")
+    base = _estimate(*long)["inference"].per_gpu_bytes
+    cp2 = _estimate(*long, "inference.context_parallel_size=2")
+    assert cp2["inference"].per_gpu_bytes["weights"] == base["weights"]
+    assert cp2["inference"].per_gpu_bytes["activations"] - PROCESS_OVERHEAD == pytest.approx(
+        forward_activations(shape, 17408, 1, cp=2), rel=1e-9)
+    assert cp2["inference"].per_gpu_bytes["activations"] < base["activations"]
+    wide = ("cluster.num_gpus_per_node=10", "cluster.component_placement={rollout: 0-3, inference: 4-7, actor: 8-9}",
+            "inference.tensor_parallel_size=2", "inference.context_parallel_size=2")
+    tp2cp2 = _estimate(*long, *wide)["inference"].per_gpu_bytes
+    assert tp2cp2 == _estimate(*long, *wide, "inference.sequence_parallel=true")["inference"].per_gpu_bytes
+    assert tp2cp2["activations"] - PROCESS_OVERHEAD == pytest.approx(forward_activations(shape, 17408, 2, cp=2),
+                                                                     rel=1e-9)
+    from rlinf_pipe.planning.run_plan import plan_run
+
+    placed = plan_run(load_config(CONFIGS, long[0], [*long[1:], *wide])).placement.components["inference"]
+    assert (placed.tp, placed.cp, placed.dp) == (2, 2, 1)

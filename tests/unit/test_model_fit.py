@@ -17,7 +17,7 @@ from rlinf_pipe.models.arch import hf_arch, megatron_size_problems, model_arch, 
 from rlinf_pipe.models.hf_config import light_hf_config
 from rlinf_pipe.models.known import known_config
 from rlinf_pipe.runner.preflight import preflight
-from rlinf_pipe.planning.memory import num_params
+from rlinf_pipe.planning.model_sizes import num_params
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "examples" / "math" / "config"

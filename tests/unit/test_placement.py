@@ -119,6 +119,19 @@ def test_context_parallel_ranks_count_in_a_replica():
     assert "actor.context_parallel_size = 4" in str(error) and "multiple of 4 GPUs" in str(error)
 
 
+def test_pipeline_and_context_parallel_ranks_of_both_megatron_components():
+    """PP 2 x CP 2 for the actor, TP 2 x CP 2 for the log-prob workers: a replica of four GPUs each; the actor's
+    weights are gathered on each CP rank of stage 0 (ranks 0 and 1 of each replica: tp-cp-dp-pp order)."""
+    from rlinf_pipe.planning.weight_routes import gathering_ranks
+
+    p = plan({"rollout": "0-7", "inference": "8-15", "actor": "16-23"}, nodes=3, actor__pipeline_parallel_size=2,
+             actor__context_parallel_size=2, inference__tensor_parallel_size=2, inference__context_parallel_size=2)
+    actor, inference = p.components["actor"], p.components["inference"]
+    assert (actor.tp, actor.pp, actor.cp, actor.dp) == (1, 2, 2, 2)
+    assert (inference.tp, inference.pp, inference.cp, inference.dp) == (2, 1, 2, 2)
+    assert gathering_ranks(actor) == [0, 1, 2, 3]  # (stage 0: the first tp x cp x dp ranks)
+
+
 def test_collocated_all():
     p = plan({"actor,rollout": "all"})
     assert p.mode == "collocated"
@@ -317,7 +330,7 @@ def test_reward_may_go_anywhere(reward):
 
 def test_engines_on_the_actor_gpus_with_inference_apart_is_hybrid():
     p = plan({"actor,rollout": "0-3", "inference": "4-7"}, nodes=1)
-    assert p.mode == "hybrid" and p.engines_share_actor and not p.actor_logprobs
+    assert p.mode == "hybrid" and p.rollout_on_actor_gpus and p.inference_placed
     assert [(s.gpus, s.components) for s in p.gpu_sets()] == [((0, 1, 2, 3), ("rollout", "actor")),
                                                               ((4, 5, 6, 7), ("inference",))]
     assert "time-shared by rollout and actor" in p.gpu_sets()[0].sharing
@@ -330,7 +343,7 @@ def test_engines_on_the_actor_gpus_with_inference_apart_is_hybrid():
 def test_log_probs_on_the_actor_gpus_merge_into_the_actor(entries):
     """`actor,inference` on one set, or no inference entry: the actor computes the log-probs; no inference workers."""
     p = plan(entries, nodes=1)
-    assert p.mode == "disaggregated" and p.actor_logprobs and not p.engines_share_actor
+    assert p.mode == "disaggregated" and not p.inference_placed and not p.rollout_on_actor_gpus
     assert "inference" not in p.components and "actor (+ log-probs) alone" in p.gpu_sets()[1].sharing
     assert any("actor computes the old and reference log-probs" in w for w in p.warnings) == ("actor,inference"
                                                                                             in entries)
@@ -338,12 +351,12 @@ def test_log_probs_on_the_actor_gpus_merge_into_the_actor(entries):
 
 def test_every_component_on_one_set_is_collocated():
     p = plan({"actor,rollout,inference": "all"}, nodes=1)
-    assert p.mode == "collocated" and p.actor_logprobs and p.engines_share_actor
+    assert p.mode == "collocated" and not p.inference_placed and p.rollout_on_actor_gpus
 
 
 def test_inference_taking_turns_with_the_engines_is_hybrid():
     p = plan({"rollout,inference": "0-3", "actor": "4-7"}, nodes=1)
-    assert p.mode == "hybrid" and p.inference_shares_rollout and p.rollout_time_shared and not p.engines_share_actor
+    assert p.mode == "hybrid" and p.inference_on_rollout_gpus and not p.rollout_on_actor_gpus
     assert "inference takes the GPUs group by group" in p.gpu_sets()[0].sharing
 
 

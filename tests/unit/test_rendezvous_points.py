@@ -6,9 +6,11 @@ from __future__ import annotations
 from collections import deque
 from types import SimpleNamespace
 
+from support.local_group import LocalGroup
+
 from rlinf_pipe.planning.weight_routes import WeightRoute
 from rlinf_pipe.runner.weight_sync import WeightSync
-from rlinf_pipe.runtime import worker_group
+from rlinf_pipe.runtime import rendezvous
 from rlinf_pipe.utils.tracing import Tracer
 
 
@@ -24,14 +26,14 @@ def node_offering(address: str, ports: list[int], asked: list[list[int]]):
 
 
 async def test_weight_routes_on_one_node_never_share_a_rendezvous_port(monkeypatch):
-    monkeypatch.setattr(worker_group, "_HANDED_OUT", deque(maxlen=64))
+    monkeypatch.setattr(rendezvous, "_HANDED_OUT", deque(maxlen=64))
     asked: list[list[int]] = []
     draw = node_offering("10.0.0.1", [20007, 21011, 21012], asked)
 
     async def free_port(avoid):
         return draw(avoid)
 
-    actor = SimpleNamespace(rank=lambda rank: SimpleNamespace(free_port=free_port))
+    actor = LocalGroup([SimpleNamespace(free_port=free_port)] * 3)
     sync = WeightSync("broadcast", [WeightRoute(0, ())], actor, {}, verify=False, tracer=Tracer("driver"),
                       actor_phase=None, engines_share_actor=False)
     points = [await sync._distinct_port(rank) for rank in range(3)]
@@ -41,20 +43,20 @@ async def test_weight_routes_on_one_node_never_share_a_rendezvous_port(monkeypat
 
 def test_worker_groups_started_together_get_distinct_rendezvous_points(monkeypatch):
     here = SimpleNamespace(node_id="n0", node_rank=0)
-    monkeypatch.setattr(worker_group.ray, "get_runtime_context", lambda: SimpleNamespace(get_node_id=lambda: "n0"))
-    monkeypatch.setattr(worker_group, "_HANDED_OUT", deque(maxlen=64))
+    monkeypatch.setattr(rendezvous.ray, "get_runtime_context", lambda: SimpleNamespace(get_node_id=lambda: "n0"))
+    monkeypatch.setattr(rendezvous, "_HANDED_OUT", deque(maxlen=64))
     asked: list[list[int]] = []
-    monkeypatch.setattr(worker_group, "free_port_here", node_offering("10.0.0.1", [20500, 20501], asked))
-    assert [worker_group._rendezvous_point(here) for _ in range(2)] == [("10.0.0.1", 20500), ("10.0.0.1", 20501)]
+    monkeypatch.setattr(rendezvous, "free_port_here", node_offering("10.0.0.1", [20500, 20501], asked))
+    assert [rendezvous.rendezvous_point(here) for _ in range(2)] == [("10.0.0.1", 20500), ("10.0.0.1", 20501)]
     assert asked == [[], [20500]]
 
 
 def test_groups_and_weight_routes_avoid_one_list(monkeypatch):
     """A port a group was handed is avoided by a weight route's draw, and the other way round; the list keeps the
     last 64."""
-    monkeypatch.setattr(worker_group, "_HANDED_OUT", deque(maxlen=64))
-    assert worker_group.hand_out(("10.0.0.1", 20500)) == ("10.0.0.1", 20500)
-    assert worker_group.handed_out_ports() == [20500]
+    monkeypatch.setattr(rendezvous, "_HANDED_OUT", deque(maxlen=64))
+    assert rendezvous.hand_out(("10.0.0.1", 20500)) == ("10.0.0.1", 20500)
+    assert rendezvous.handed_out_ports() == [20500]
     for port in range(21000, 21064):
-        worker_group.hand_out(("10.0.0.2", port))
-    assert worker_group.handed_out_ports() == list(range(21000, 21064))
+        rendezvous.hand_out(("10.0.0.2", port))
+    assert rendezvous.handed_out_ports() == list(range(21000, 21064))

@@ -61,7 +61,7 @@ def test_partly_shared_placements_decide_who_takes_turns_and_who_computes_log_pr
                                                                                   receivers):
     p = plan("cluster.num_gpus_per_node=2", f"cluster.component_placement={placement}", REF)
     assert (p.engines_share_actor, p.actor_logprobs, p.collocated) == (shares, by_actor, False)
-    assert p.device_locks == (shares or "rollout,inference" in placement)
+    assert bool(p.turns) == (shares or "rollout,inference" in placement)
     assert p.weight_receivers == receivers
     # auto: broadcast, but not with two members of its group on one GPU (NCCL refuses that): the actor's rank 0
     # and an engine, or an engine and a log-prob worker; nor ipc, with a receiver on no actor GPU (a CUDA IPC

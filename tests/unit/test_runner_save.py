@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from support.local_group import LocalGroup
 
 from rlinf_pipe.errors import OutputError, WorkerError
 from rlinf_pipe.runner.runner import Runner
@@ -17,12 +18,12 @@ from rlinf_pipe.utils.folders import COMPLETE
 from rlinf_pipe.utils.tracing import Tracer
 
 
-class _Actor:
-    """The actor group's `all.save_checkpoint`: writes part of its folder, then fails like a full disk (from the
-    worker: `WorkerError` carrying the remote OSError; or an OSError) once `fail` is set."""
+class _Actor(LocalGroup):
+    """An actor group of one rank, itself, whose `save_checkpoint` writes part of its folder, then fails like a full
+    disk (from the worker: `WorkerError` carrying the remote OSError; or an OSError) once `fail` is set."""
 
     def __init__(self) -> None:
-        self.all = self
+        super().__init__([self])
         self.fail: type[Exception] | None = None
 
     async def save_checkpoint(self, path: str, step: int, meta: dict) -> None:

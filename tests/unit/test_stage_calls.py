@@ -9,6 +9,7 @@ import gc
 from collections.abc import Awaitable
 from types import SimpleNamespace
 
+from support.local_group import LocalGroup
 
 from rlinf_pipe.runner.generation import PlainGeneration
 from rlinf_pipe.runner.stage_calls import StageCalls
@@ -64,8 +65,8 @@ async def test_an_abandoned_step_still_reports_a_failure_nobody_retrieved_elsewh
 
 async def test_a_generation_whose_scoring_fails_leaves_its_result_unseen_without_a_report():
     reports = unseen_failures()
-    rollout = SimpleNamespace(sharded=SimpleNamespace(generate_step=lambda prompts, step, dst, weights: asyncio.sleep(0)))
-    reward = SimpleNamespace(all=SimpleNamespace(score_step=lambda step, src, dst: fail("reward worker lost")))
+    rollout = LocalGroup([SimpleNamespace(generate_step=lambda prompts, step, dst, weights: asyncio.sleep(0))])
+    reward = LocalGroup([SimpleNamespace(score_step=lambda step, src, dst: fail("reward worker lost"))])
     calls = StageCalls()
     channels = SimpleNamespace(rollouts="rollouts", reward_output="scored")
     started = PlainGeneration(rollout, reward, lambda: channels).start(0, [], calls)

@@ -5,9 +5,11 @@ process (torch's watchdog) when engines generating ahead outlast the step's trai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from types import SimpleNamespace
 
 import pytest
+from support.local_group import LocalGroup
 
 from rlinf_pipe.planning.weight_routes import WeightRoute
 from rlinf_pipe.runner.weight_sync import WeightSync
@@ -15,19 +17,20 @@ from rlinf_pipe.utils.tracing import Tracer
 from rlinf_pipe.weights import LoadedWeights, WeightVersion
 
 
-def fake_group(calls: list[str], name: str, method: str, result):
+def fake_group(calls: list[str], name: str, method: str, result) -> LocalGroup:
     async def call(*args):
         calls.append(name)
-        return [result(args[0])]
+        return result(args[0])
 
-    return SimpleNamespace(all=SimpleNamespace(**{method: call}), placement=None)
+    return LocalGroup([SimpleNamespace(**{method: call})])
 
 
 def weight_sync(calls: list[str]) -> WeightSync:
     actor = fake_group(calls, "publish", "publish_weights", lambda version: WeightVersion(version, 64, 2))
     engines = fake_group(calls, "receive", "receive_weights", lambda sent: LoadedWeights(sent.version, 64, 2, 1))
     return WeightSync("broadcast", [WeightRoute(0, (("rollout", 0),))], actor, {"rollout": engines}, verify=False,
-                      tracer=Tracer("driver"), actor_phase=None, engines_share_actor=False)
+                      tracer=Tracer("driver"), actor_phase=lambda version: contextlib.nullcontext(),
+                      engines_share_actor=False)
 
 
 async def turns(n: int = 20) -> None:
@@ -59,3 +62,16 @@ async def test_a_receiver_call_that_fails_fails_the_push_without_asking_the_acto
         await transfer
     assert calls == []
 
+
+
+async def test_the_after_training_hook_pushes_only_where_the_receivers_load_beside_the_engines():
+    """Inference on the engines' GPUs loads there: nothing is pushed, and no generation starts beside a sync."""
+    calls: list[str] = []
+    sync = weight_sync(calls)
+    transfer = sync.after_training(2, {"rollout": []})
+    assert transfer is not None and await transfer == 64.0
+    shared = weight_sync(calls)
+    shared.beside_generation = False
+    await shared.sync(1)
+    assert shared.after_training(2, {"rollout": []}) is None and not shared.generation_beside()
+    assert sync.versions_known() is False and sync.generation_beside() is False  # (no sync yet: the first completes)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import msgspec
 import torch
@@ -286,6 +286,14 @@ class MegatronPolicy:
         )
 
     # ------------------------------------------------------------------ log-probs
+
+    @overload
+    def compute_logprobs(self, batch: TrainBatch, temperature: float = 1.0,
+                         with_entropy: Literal[False] = False) -> Tensor | None: ...
+
+    @overload
+    def compute_logprobs(self, batch: TrainBatch, temperature: float = 1.0, *,
+                         with_entropy: Literal[True]) -> tuple[Tensor, Tensor] | None: ...
 
     @torch.no_grad()
     def compute_logprobs(
