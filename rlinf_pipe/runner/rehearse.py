@@ -4,6 +4,8 @@ on a local cluster of the config's nodes, then what a user wants to know before 
 from __future__ import annotations
 
 import json
+import os
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +15,7 @@ from rlinf_pipe.errors import ClusterError
 from rlinf_pipe.runner.rehearsal import Change, check_placed, crossings, local_nodes, scale_down, tiny_knobs_for
 from rlinf_pipe.runner.workers_record import WorkerRecord, read_workers
 from rlinf_pipe.planning.placement import Placement
+from rlinf_pipe.utils.proc_memory import MemorySampler
 
 GIB = 1 << 30
 DATASETS = ("arithmetic", "gsm8k")
@@ -40,14 +43,15 @@ def rehearse(cfg: Config, load: Callable[[Sequence[str]], Config], steps: int = 
     model = model or _tiny_model(cfg)
     dataset_found = cfg.data.dataset in DATASETS or Path(cfg.data.dataset).is_file()
     changes = scale_down(cfg, placement.components["actor"].dp, steps, model, output_dir, dataset_found)
-    with local_nodes(cfg.gpus_per_node()) as (address, node_ids):
+    # every process of the rehearsal runs under this one (the local nodes' daemons, their workers)
+    with MemorySampler(os.getpid()) as memory, local_nodes(cfg.gpus_per_node()) as (address, node_ids):
         scaled = load([*(c.override for c in changes), f"cluster.ray_address={address}"])
         run_dir = run(scaled)
     records = read_workers(run_dir)
     started = sorted({r.group for r in records})
     problems = tuple(check_placed(placement, records, node_ids, started))
     report = render(cfg, run_dir, changes, problems, records, placement, checked.plan.weight_transport,
-                    [s for s in ("rollout", "reward", "inference", "actor") if s in started])
+                    [s for s in ("rollout", "reward", "inference", "actor") if s in started], memory)
     return Rehearsal(run_dir, tuple(changes), problems, report)
 
 
@@ -61,8 +65,9 @@ def _tiny_model(cfg: Config) -> str:
 
 
 def render(cfg: Config, run_dir: Path, changes: Sequence[Change], problems: Sequence[str],
-           records: Sequence[WorkerRecord], placement: Placement, transport: str, stages: Sequence[str]) -> str:
-    """The rehearsal's report (see the module docstring)."""
+           records: Sequence[WorkerRecord], placement: Placement, transport: str, stages: Sequence[str],
+           memory: MemorySampler) -> str:
+    """The rehearsal's report (see the module docstring); `memory` sampled every process of the rehearsal."""
     summary = json.loads((run_dir / "summary.json").read_text())
     nodes = sorted({r.node_id for r in records})
     lines = [f"rehearsal of {cfg.runner.experiment_name}: {len(records)} processes on {len(nodes)} Ray node(s), "
@@ -72,16 +77,7 @@ def render(cfg: Config, run_dir: Path, changes: Sequence[Change], problems: Sequ
                                    else f"{len(problems)} process(es) not where the placement said:")]
     lines += [f"  {p}" for p in problems]
     launch = summary.get("launch") or {}
-    lines += ["", "per component: processes, nodes, peak memory per process (max / mean), launch (s)"]
-    for group in stages:
-        mine = [r for r in records if r.group == group]
-        peaks = [r.peak_rss_bytes / GIB for r in mine]
-        lines.append(f"  {group:<10} {len(mine):>3}  nodes {','.join(map(str, sorted({r.node_rank for r in mine})))}"
-                     f"  {max(peaks):.2f} / {sum(peaks) / len(peaks):.2f} GiB"
-                     f"  {launch.get('workers_s', {}).get(group, float('nan')):.1f}")
-    total = sum(r.peak_rss_bytes for r in records) / GIB
-    lines.append(f"  all workers: {total:.1f} GiB of peak memory together; launch to the first step "
-                 f"{launch.get('to_first_step_s', float('nan')):.1f} s")
+    lines += ["", *memory_lines(records, stages, memory, launch)]
     timeline = summary.get("timeline") or {}
     busy = {k: v for k, v in (timeline.get("stage_busy") or {}).items() if v}
     lines += ["", f"stages (busy fraction of {timeline.get('total_step_time_s', 0):.1f} s of steps): "
@@ -90,3 +86,35 @@ def render(cfg: Config, run_dir: Path, changes: Sequence[Change], problems: Sequ
     if problems:
         raise ClusterError("\n".join(lines))
     return "\n".join(lines)
+
+
+def memory_lines(records: Sequence[WorkerRecord], stages: Sequence[str], memory: MemorySampler,
+                 launch: dict) -> list[str]:
+    """The report's memory: each component's processes, nodes, peak PSS per process (max / mean; USS and RSS of the
+    largest), launch time; then the peak of every process of the rehearsal together (PSS, which adds up: RSS counts
+    the libraries every process shares again in each), split into the workers, the driver and the rest (Ray's
+    daemons, helper actors, the reward pool's processes)."""
+    lines = ["per component: processes, nodes, peak PSS per process (max / mean; USS, RSS of the max), launch (s)"]
+    workers = {r.pid for r in records}
+    for group in stages:
+        mine = [r for r in records if r.group == group]
+        peaks = [p for p in memory.peak_of(r.pid for r in mine) if p is not None]
+        top = max(peaks, key=lambda p: p.pss) if peaks else None
+        figures = ("not sampled" if top is None else
+                   f"{top.pss / GIB:.2f} / {sum(p.pss for p in peaks) / len(peaks) / GIB:.2f} GiB "
+                   f"(USS {top.uss / GIB:.2f}, RSS {top.rss / GIB:.2f})")
+        lines.append(f"  {group:<10} {len(mine):>3}  nodes {','.join(map(str, sorted({r.node_rank for r in mine})))}"
+                     f"  {figures}  {launch.get('workers_s', {}).get(group, float('nan')):.1f}")
+    parts = Counter({"workers": 0, "driver": 0, "rest": 0})
+    rest: Counter[str] = Counter()
+    for pid, peak in memory.peaks.items():
+        part = "workers" if pid in workers else "driver" if pid == memory.root else "rest"
+        parts[part] += peak.memory.pss
+        if part == "rest":
+            rest[peak.name] += peak.memory.pss
+    named = ", ".join(f"{name} {pss / GIB:.2f}" for name, pss in rest.most_common(4))
+    lines.append(f"  every process together: {memory.peak_total / GIB:.1f} GiB PSS at the peak (each one's peak: "
+                 f"workers {parts['workers'] / GIB:.1f}, driver {parts['driver'] / GIB:.1f}, the rest "
+                 f"{parts['rest'] / GIB:.1f}: {named})")
+    lines.append(f"  launch to the first step {launch.get('to_first_step_s', float('nan')):.1f} s")
+    return lines

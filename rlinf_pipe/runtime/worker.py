@@ -20,6 +20,7 @@ import ray
 
 from rlinf_pipe.errors import ClusterError
 from rlinf_pipe.utils.compute_thread import ComputeThread, compute_thread
+from rlinf_pipe.runtime.gloo_device import share_gloo_device
 from rlinf_pipe.runtime.last_output import announce_output
 from rlinf_pipe.utils.net import rendezvous_port, socket_interface_env
 from rlinf_pipe.utils.profiling import ProfileResult, StepProfiler
@@ -204,6 +205,7 @@ def init_distributed(rank: int, world_size: int, master_addr: str, master_port: 
     else:
         torch.set_num_threads(1)  # torch work runs in the compute thread (`Worker.compute`), with the worker's share
         backend = "gloo"
+        share_gloo_device()  # every group of this world is gloo: one device (one loop thread) for all of them
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
     return backend
 
