@@ -9,9 +9,9 @@ The model of the estimate (docs/memory.md walks through it):
 * **optimizer**: Adam's two fp32 moments and, with bf16 parameters, fp32 master weights, divided over the data-
   parallel replicas by the distributed optimizer (on whenever DP > 1);
 * **activations** (and working memory): what one training micro-batch keeps for its backward pass at its token
-  budget (`model_sizes.layer_activations`: every tensor a layer saves, in bf16 without sequence parallelism, counted from the
-  model's real widths: grouped K/V heads and the gated MLP's `intermediate_size`, plus the attention scores that the
-  local layer spec materialises), reduced by `actor.recompute`; the micro-batch's bf16 logits and their gradient,
+  budget (`model_sizes.layer_activations`: every tensor a layer saves, in bf16 without sequence parallelism, counted
+  from the model's real widths: grouped K/V heads and the gated MLP's `intermediate_size`, plus the attention scores
+  that the local layer spec materialises), reduced by `actor.recompute`; the micro-batch's bf16 logits and their gradient,
   and the log-prob code's float32 chunks (`engines.policy.logprobs.CHUNK_BYTES` each); 2.5 GiB per process on the
   GPU for what it holds outside the allocator's blocks (CUDA context, NCCL and library workspaces). Checked against
   a measured step on an H200 (docs/memory.md). The log-prob workers: one layer's forward working set at

@@ -1,5 +1,6 @@
 """A running job's parts, launched from its `RunPlan`: the worker groups, the channels between them, the prompt
-sampler, each GPU set's share (taken in turns, or alone). `Components.shutdown()` stops the workers and releases the cluster."""
+sampler, each GPU set's share (taken in turns, or alone). `Components.shutdown()` stops the workers and releases
+the cluster."""
 
 from __future__ import annotations
 
@@ -184,8 +185,8 @@ class Components:
 
 @dataclass
 class GroupRecipes:
-    """What each group's workers are constructed with, given the job's channels (at launch, and again for the ranks
-    relaunched after a lost worker)."""
+    """What each group's workers are constructed with (at launch, and again for the ranks relaunched after a lost
+    worker); the channels are not among them: every stage call passes its own."""
 
     cfg: Config
     plan: RunPlan

@@ -8,7 +8,8 @@ Every other worker stays. It abandons the broken step (`Worker.abandon_step`: it
 weight transfers cancelled, so its calls end), the driver waits until its calls have ended (`WorkerGroup.settle`),
 and creates new channels, which the calls of the retried step pass (no worker holds a channel between calls). What
 the runner then does with the actor's state (back to the start of the broken step, or to the checkpoint) is
-`Runner.recover`'s part. Workers that do not settle in time, or a relaunch that fails, raise `RecoveryFailed`: the runner then relaunches the whole job instead.
+`Runner.recover`'s part. Workers that do not settle in time, or a relaunch that fails, raise `RecoveryFailed`: the
+runner then relaunches the whole job instead.
 """
 
 from __future__ import annotations

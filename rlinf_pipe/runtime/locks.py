@@ -2,9 +2,10 @@
 
 `DeviceLocks` is one Ray actor per job. The workers of a GPU set taken in turns get a `DeviceShare` of it and wrap
 each device-occupying phase (wake + generate + sleep, onload + compute + offload) in `async with share.hold(devices,
-owner):`; a component whose GPUs are its own gets `DeviceShare()`, whose holds do nothing. A request is granted when no
-other holder has any of its devices and no earlier waiting request wants one of them (first come, first served per
-device: no starvation, and a multi-device request is granted all at once, so two of them never deadlock).
+owner):`; a component whose GPUs are its own gets `DeviceShare()`, whose holds do nothing. A request is granted
+when no other holder has any of its devices and no earlier waiting request wants one of them (first come, first
+served per device: no starvation, and a multi-device request is granted all at once, so two of them never
+deadlock).
 
 Ranks that compute together while holding their GPUs take the lock as one `gang`: the tensor- and pipeline-parallel
 ranks of a log-prob replica each ask for the replica's GPUs (all of them) under one name per group, the actor's

@@ -77,8 +77,8 @@ class ActorWorker(Worker):
     """Trains the policy (see the module docstring). `computes_logprobs`: it also computes the log-probs (no
     inference workers); `share`: its GPUs' share, taken in turns with the engines or its own."""
 
-    def __init__(self, cfg: Config, model_path: str, computes_logprobs: bool = False, share: DeviceShare = DeviceShare(),
-                 balancer: Any = None, pad_id: int | None = None):
+    def __init__(self, cfg: Config, model_path: str, computes_logprobs: bool = False,
+                 share: DeviceShare = DeviceShare(), balancer: Any = None, pad_id: int | None = None):
         super().__init__()
         a = cfg.actor
         init_model_parallel(a.tensor_parallel_size, a.pipeline_parallel_size, a.context_parallel_size)

@@ -16,7 +16,13 @@ import msgspec
 from rlinf_pipe.config.schema import RolloutConfig
 from rlinf_pipe.data.structs import PromptItem, RolloutGroup
 from rlinf_pipe.engines.evaluation import EvalOutput, generate_texts
-from rlinf_pipe.engines.rollout.engine import GenerateRequest, RolloutEngine, SamplingParams, request_seed, to_rollout_samples
+from rlinf_pipe.engines.rollout.engine import (
+    GenerateRequest,
+    RolloutEngine,
+    SamplingParams,
+    request_seed,
+    to_rollout_samples,
+)
 from rlinf_pipe.engines.rollout.factory import build_engine
 from rlinf_pipe.channels import Channel
 from rlinf_pipe.runtime.locks import DeviceShare
