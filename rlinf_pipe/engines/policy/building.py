@@ -1,5 +1,5 @@
 """How a `MegatronPolicy` is set up: its options checked, its parameters' dtype, its module wrapped for training
-(Megatron's DDP and our optimizer), and the tensors its device state moves on offload."""
+(Megatron's DDP and our optimizer), whether it packs, and the tensors its device state moves on offload."""
 
 from __future__ import annotations
 
@@ -7,11 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import torch
 from torch import Tensor
-
-from rlinf_pipe.data.train_batch import TrainBatch
 
 from rlinf_pipe.engines.policy.optimizer import PolicyOptimizer
 
@@ -85,15 +82,3 @@ def packs_sequences(requested: bool, supported: bool, cp_size: int) -> bool:
         raise ValueError(f"context parallelism (CP {cp_size}) splits packed sequences for attention on SDPA: "
                          f"{reason}, or use CP 1")
     return requested and supported
-
-
-def batch_to_device(batch: TrainBatch, device: torch.device) -> TrainBatch:
-    """`batch`'s tensors on `device` (copied without blocking)."""
-    def move(t: Tensor | None) -> Tensor | None:
-        return None if t is None else t.to(device, non_blocking=True)
-
-    return msgspec.structs.replace(
-        batch, input_ids=move(batch.input_ids), attention_mask=move(batch.attention_mask),
-        response_mask=move(batch.response_mask), old_logprobs=move(batch.old_logprobs),
-        ref_logprobs=move(batch.ref_logprobs), advantages=move(batch.advantages),
-    )

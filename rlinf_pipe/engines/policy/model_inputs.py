@@ -18,9 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import torch
 from torch import Tensor
 
+from rlinf_pipe.data.train_batch import TrainBatch
 from rlinf_pipe.models.context_parallel import CpLayout, gather_values, local_length
 from rlinf_pipe.models.packed_rows import PackedRows, Sharing, shared_prompts, shared_within, stream_length
 
@@ -173,3 +175,15 @@ def logprob_micro_batches(batch: Any, budget: int, packed: bool, device: torch.d
         last = ids[-1]
         ids[-1] = torch.cat([last, last[-1:].expand(rows - last.shape[0], length)])
     return chunks, [padded_inputs(i, device, multiple) for i in ids]
+
+
+def batch_to_device(batch: TrainBatch, device: torch.device) -> TrainBatch:
+    """`batch`'s tensors on `device` (copied without blocking)."""
+    def move(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t.to(device, non_blocking=True)
+
+    return msgspec.structs.replace(
+        batch, input_ids=move(batch.input_ids), attention_mask=move(batch.attention_mask),
+        response_mask=move(batch.response_mask), old_logprobs=move(batch.old_logprobs),
+        ref_logprobs=move(batch.ref_logprobs), advantages=move(batch.advantages),
+    )

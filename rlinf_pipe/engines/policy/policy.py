@@ -33,12 +33,12 @@ from rlinf_pipe.engines.policy import checkpoint
 from rlinf_pipe.engines.policy.logprobs import token_logprobs, token_logprobs_and_entropy
 from rlinf_pipe.engines.policy.model_inputs import (
     ModelInputs,
+    batch_to_device,
     logprob_micro_batches,
     micro_batch_inputs,
     packing,
 )
 from rlinf_pipe.engines.policy.building import (
-    batch_to_device,
     check_options,
     for_training,
     packs_sequences,
