@@ -27,6 +27,10 @@ CAPS = {"algorithm.group_size": 4, "rollout.max_new_tokens": 32, "data.max_promp
 BATCH_CAP = 8  # prompts a step at the most, unless the actor's replicas x mini-batches need more
 NODE_CPUS = 32  # logical CPUs each rehearsal node declares (Ray's scheduling; the machine's cores are shared)
 OBJECT_STORE_BYTES = 256 << 20  # each node's object store (the object-store weight transport's buckets)
+HEARTBEAT_S_PER_SHARE = 30.0
+"""A rehearsal's heartbeat limit per process sharing each core: on this machine a worker's answer waits its turn
+behind every other process's work (the 4 x 8 collocated rehearsal: 65 processes on 2 cores, a load of 200 to 550,
+no answer within the default 30 s while every worker was busy)."""
 
 
 @dataclass(frozen=True)
@@ -49,9 +53,10 @@ def tiny_knobs_for(cfg: Config) -> dict[str, int] | None:
             "num_layers": math.lcm(2, pp)}
 
 
-def scale_down(cfg: Config, actor_dp: int, steps: int, model: str, output_dir: str,
-               dataset_found: bool) -> list[Change]:
-    """The overrides that make `cfg` run here with `model` (see the module docstring)."""
+def scale_down(cfg: Config, actor_dp: int, steps: int, model: str, output_dir: str, dataset_found: bool,
+               processes: int, cores: int) -> list[Change]:
+    """The overrides that make `cfg` run here with `model` (see the module docstring); `processes` of the run share
+    `cores`."""
     changes = [Change(f"runner.max_steps={steps}", "a few steps"),
                Change(f"runner.output_dir={output_dir}", "the rehearsal's own folder"),
                Change(f"runner.experiment_name=rehearse-{cfg.runner.experiment_name}", "named as a rehearsal"),
@@ -75,6 +80,10 @@ def scale_down(cfg: Config, actor_dp: int, steps: int, model: str, output_dir: s
                                                                   "a group in every mini-batch)"))
     if cfg.actor.micro_batch_tokens is not None:
         changes.append(Change("actor.micro_batch_tokens=null", "short samples: micro-batches by rows"))
+    heartbeat = HEARTBEAT_S_PER_SHARE * math.ceil(processes / max(1, cores))
+    if heartbeat > cfg.runner.heartbeat_timeout_s:
+        changes.append(Change(f"runner.heartbeat_timeout_s={heartbeat:g}",
+                              f"{processes} processes share {cores} cores: a busy worker answers late"))
     return changes
 
 

@@ -14,7 +14,7 @@ from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ClusterError
 from rlinf_pipe.runner.rehearsal import Change, check_placed, crossings, local_nodes, scale_down, tiny_knobs_for
 from rlinf_pipe.runner.workers_record import WorkerRecord, read_workers
-from rlinf_pipe.planning.placement import Placement
+from rlinf_pipe.planning.placement import Placement, reward_placement
 from rlinf_pipe.utils.proc_memory import MemorySampler
 
 GIB = 1 << 30
@@ -42,7 +42,10 @@ def rehearse(cfg: Config, load: Callable[[Sequence[str]], Config], steps: int = 
     placement = checked.plan.placement
     model = model or _tiny_model(cfg)
     dataset_found = cfg.data.dataset in DATASETS or Path(cfg.data.dataset).is_file()
-    changes = scale_down(cfg, placement.components["actor"].dp, steps, model, output_dir, dataset_found)
+    processes = sum(len(c.processes) for c in placement.components.values()) + 1  # (and the driver)
+    processes += 0 if "reward" in placement.components else len(reward_placement(placement).processes)
+    changes = scale_down(cfg, placement.components["actor"].dp, steps, model, output_dir, dataset_found, processes,
+                         len(os.sched_getaffinity(0)))
     # every process of the rehearsal runs under this one (the local nodes' daemons, their workers)
     with MemorySampler(os.getpid()) as memory, local_nodes(cfg.gpus_per_node()) as (address, node_ids):
         scaled = load([*(c.override for c in changes), f"cluster.ray_address={address}"])

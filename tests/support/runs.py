@@ -38,8 +38,9 @@ def assert_trains_like(reference: Path, other: Path, summed_otherwise: bool = Fa
     for a, b in zip(ref, got, strict=True):
         for key in ("reward/mean", "reward/accuracy", "response_length/mean", "rollout/samples"):
             assert a[key] == b[key], (key, a["step"], a[key], b[key])
-        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
-        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4, abs=1e-6)
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5), ("loss", a["step"], a["loss"], b["loss"])
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4, abs=1e-6), (
+            "grad_norm", a["step"], a["grad_norm"], b["grad_norm"], reference, other)
     wa, wb = final_weights(reference), final_weights(other)
     assert wa.keys() == wb.keys()
     flip = 2 * sum(r["lr"] * r["optimizer_steps"] for r in ref) if summed_otherwise else 0.0
