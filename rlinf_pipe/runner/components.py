@@ -157,6 +157,11 @@ class Components:
         self.channels.abort()
         self.channels = create_channels(self.plan, self.graph)
 
+    async def reset_device_locks(self) -> None:
+        """Forget every holder of the GPU sets taken in turns (after a lost worker, whose locks would never be
+        released); nothing to do where no set is."""
+        await DeviceShare(self.locks).reset()
+
     def relaunch(self, name: str, ranks: list[int]) -> None:
         """Start `ranks` of group `name` again on their GPUs (blocking)."""
         args, kwargs = self.recipes.arguments(name)

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 from rlinf_pipe.errors import ClusterError, RlinfPipeError, WorkerError
 from rlinf_pipe.runner.components import Components
-from rlinf_pipe.runtime.locks import DeviceShare
 from rlinf_pipe.runtime.worker import Worker
 
 
@@ -74,7 +73,7 @@ async def replace_unit(components: Components, unit: LostUnit, settle_s: float) 
             from rlinf_pipe.workers.actor import ActorWorker
 
             await components.actor.all.call(ActorWorker.settle_devices)
-        await DeviceShare(components.locks).reset()
+        await components.reset_device_locks()
         components.renew_channels()  # (the calls of the retried step pass them)
         await asyncio.to_thread(components.relaunch, unit.group, list(unit.ranks))
     except (ClusterError, WorkerError) as exc:

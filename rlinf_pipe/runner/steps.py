@@ -86,6 +86,13 @@ class Step:
 
     async def run(self, step: int) -> StepOutcome:
         calls = StageCalls()
+        try:
+            return await self._run(step, calls)
+        except BaseException:  # abandoned anywhere (a lost worker found by the heartbeat cancels it): no call of
+            calls.cancel()     # the step fails later unseen
+            raise
+
+    async def _run(self, step: int, calls: StageCalls) -> StepOutcome:
         await self.schedule.finish_ahead(calls, step)  # max_staleness 1: the engines finish the rollouts ahead
         if self.cpus is not None:
             self.cpus.start_step()  # (before the step's calls go out)
