@@ -472,8 +472,8 @@ def test_mini_batches_in_arrival_order_train_every_group_once(tmp_path, tiny_mod
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("split", ["tp2-sp", "cp2", "tp2-cp2-sp"])
-@pytest.mark.parametrize("mode", ["pipeline", "collocated"])
+@pytest.mark.parametrize(("mode", "split"), [("pipeline", "tp2-sp"), ("pipeline", "cp2"), ("pipeline", "tp2-cp2-sp"),
+                                             ("collocated", "tp2-cp2-sp")])
 def test_sequence_and_context_parallel_actors_train_like_the_pipeline(tmp_path, tiny_model, pipeline_run, mode,
                                                                        split):
     """Long-response splits of the actor train like the TP 1 pipeline (same rollouts, losses and final weights):
@@ -483,7 +483,8 @@ def test_sequence_and_context_parallel_actors_train_like_the_pipeline(tmp_path, 
     pipeline the actor takes GPUs of its own, and with TP 2 x CP 2 so do the log-prob workers (one replica of the
     same split on GPUs 1-4: its old and reference log-probs are what the actor trains on); collocated, the actor
     takes turns with one engine spanning all its GPUs (so the rollouts are one engine's, as in the pipeline) and
-    computes the log-probs itself."""
+    computes the log-probs itself. (Collocated runs only the combined split: its SP and CP are the pipeline's
+    code, and each split alone is checked there; what collocated adds, offload and turns, does not depend on it.)"""
     gpus = 4 if split == "tp2-cp2-sp" else 2  # the actor's (one replica)
     placement = {
         ("pipeline", 2): ("cluster.num_gpus_per_node=4",
