@@ -69,7 +69,10 @@ def run(config_name: str, out: Path, model: str, *overrides: str) -> Path:
     common = [f"actor.model_path={model}", f"runner.output_dir={out}", "cluster.ray_address=local",
               "runner.progress=false", "data.rollout_batch_size=4", "algorithm.group_size=4",
               "actor.micro_batch_size=4", "runner.max_steps=2", "rollout.backend=sglang", "rollout.deterministic=true",
-              "runner.save_interval=1"]
+              "runner.save_interval=1", "actor.max_micro_batch_size=null"]
+    # (fixed micro-batches: with the example's max_micro_batch_size where a step's groups split into passes depends
+    # on when they arrive, and Adam's first steps turn that rounding into differences past assert_trains_like's
+    # tolerances: CI, 2026-12-06, the pipeline run's grad norm off from all four runs compared with it)
     assert os.environ.get(STANDIN_ENV) is None  # (the workers' environment names the stand-in, not the driver's)
     return run_config(load_config("examples/math/config", config_name, [*common, *overrides]))
 
