@@ -1,4 +1,4 @@
-"""A step's calls failing together (`StageCalls`, `PlainGeneration`): the step raises the first failure, and the
+"""A step's calls failing together (`StageCalls`, `PlainGeneration`, `Step`): the step raises the first failure, and the
 others, dropped with the abandoned step, log nothing ("exception was never retrieved" with a traceback, printed
 once they are collected, long after the runner handled the loss)."""
 
@@ -89,5 +89,50 @@ async def test_a_call_watched_into_the_next_step_that_never_starts_is_dropped_wi
     await asyncio.wait({ahead})
     assert ahead.done() and not ahead.cancelled()  # (failed; asking its exception here would mark it seen)
     del calls, ahead
+    gc.collect()
+    assert reports == []
+
+
+async def test_a_step_abandoned_outside_its_calls_cancels_them_and_leaves_none_unseen():
+    """The heartbeat found a lost worker while the step waited for the actor's GPUs, not on its calls: the step is
+    cancelled there, and its generation call, which fails later (the engine was the lost worker), goes with it."""
+    from contextlib import asynccontextmanager
+
+    from rlinf_pipe.runner.generation import GenerationCalls
+    from rlinf_pipe.runner.steps import Step
+
+    reports = unseen_failures()
+    lost, waiting = asyncio.Event(), asyncio.Event()
+    started: list[asyncio.Future] = []
+
+    async def synced(version: int) -> dict[str, float]:
+        return {}
+
+    async def nothing(calls: StageCalls, step: int) -> None:
+        return None
+
+    def start(step: int, calls: StageCalls, prompts: list, weights: int) -> GenerationCalls:
+        rollout = calls.start("rollout", fail("engine lost", after=lost))
+        started.append(rollout)
+        return GenerationCalls(rollout, asyncio.ensure_future(asyncio.sleep(0)), weights)
+
+    @asynccontextmanager
+    async def actor_phase(step: int):
+        waiting.set()
+        await asyncio.Event().wait()  # (the GPUs never come)
+        yield
+
+    weights = SimpleNamespace(generation_beside=lambda: True, sync=synced)
+    schedule = SimpleNamespace(finish_ahead=nothing, draw=list, start=start)
+    step = Step(weights, schedule, lambda: SimpleNamespace(), None, None, actor_phase, False, 2)  # type: ignore[arg-type]
+    running = asyncio.ensure_future(step.run(0))
+    await waiting.wait()
+    running.cancel()
+    await asyncio.wait({running})
+    lost.set()
+    (rollout,) = started
+    await asyncio.wait({rollout})
+    assert running.cancelled() and rollout.cancelled()
+    del running, rollout, started, step
     gc.collect()
     assert reports == []
