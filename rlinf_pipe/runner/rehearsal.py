@@ -20,6 +20,7 @@ from rlinf_pipe.runner.workers_record import WorkerRecord
 from rlinf_pipe.runtime.cluster import NODE_RANK_LABEL
 from rlinf_pipe.planning.gpu_ids import format_ids
 from rlinf_pipe.planning.placement import Placement
+from rlinf_pipe.planning.weight_routes import WeightRoute
 
 CAPS = {"algorithm.group_size": 4, "rollout.max_new_tokens": 32, "data.max_prompt_length": 96,
         "reward.num_workers": 2}
@@ -116,9 +117,11 @@ def _node_args(rank: int, gpus: int) -> dict[str, Any]:
             "include_dashboard": False, "labels": {NODE_RANK_LABEL: str(rank)}}
 
 
-def crossings(placement: Placement, transport: str, stages: Sequence[str]) -> list[str]:
+def crossings(placement: Placement, transport: str, stages: Sequence[str],
+              routes: Sequence[WeightRoute]) -> list[str]:
     """Which of the step's streams cross nodes: each channel between consecutive `stages` (the components that
-    run, in step order), and the weights from the actor's rank 0 to each receiving component."""
+    run, in step order), and the weights along `routes` (the plan's: one sender for every receiver, or with `ipc`
+    each receiver's actor rank on its own GPUs) to each receiving component."""
     nodes = {name: sorted({p.node_rank for p in comp.processes}) for name, comp in placement.components.items()}
     stages = [s for s in stages if s in nodes]  # (unplaced reward workers: on the head node)
     lines = []
@@ -126,12 +129,18 @@ def crossings(placement: Placement, transport: str, stages: Sequence[str]) -> li
         within = len(nodes[src]) == 1 and nodes[src] == nodes[dst]
         lines.append(f"channel {src} (node {format_ids(nodes[src])}) -> {dst} (node {format_ids(nodes[dst])}): "
                      + ("within one node (shared memory and local sockets)" if within else "crosses nodes (TCP)"))
-    sender = placement.components["actor"].processes[0].node_rank
+    actor = placement.components["actor"].processes
     for name in ("rollout", "inference"):
-        if name in stages:
-            remote = [n for n in nodes[name] if n != sender]
-            lines.append(f"weights actor rank 0 (node {sender}) -> {name} over {transport}: "
-                         + (f"to node {format_ids(remote)} across nodes" if remote else "within its node"))
+        if name not in stages:
+            continue
+        pairs = {(actor[r.sender].node_rank, placement.components[name].processes[rank].node_rank)
+                 for r in routes for member, rank in r.receivers if member == name}
+        senders = sorted({s for s, _ in pairs})
+        remote = sorted({d for s, d in pairs if d != s})
+        who = f"actor rank {routes[0].sender}" if len(routes) == 1 else f"{len(routes)} actor ranks"
+        lines.append(f"weights {who} (node {format_ids(senders)}) -> {name} over {transport}: "
+                     + (f"to node {format_ids(remote)} across nodes" if remote else
+                        "each within its node" if len(routes) > 1 else "within its node"))
     return lines
 
 

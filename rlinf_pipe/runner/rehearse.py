@@ -14,7 +14,8 @@ from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ClusterError
 from rlinf_pipe.runner.rehearsal import Change, check_placed, crossings, local_nodes, scale_down, tiny_knobs_for
 from rlinf_pipe.runner.workers_record import WorkerRecord, read_workers
-from rlinf_pipe.planning.placement import Placement, reward_placement
+from rlinf_pipe.planning.placement import reward_placement
+from rlinf_pipe.planning.run_plan import RunPlan
 from rlinf_pipe.utils.proc_memory import MemorySampler
 
 GIB = 1 << 30
@@ -53,7 +54,7 @@ def rehearse(cfg: Config, load: Callable[[Sequence[str]], Config], steps: int = 
     records = read_workers(run_dir)
     started = sorted({r.group for r in records})
     problems = tuple(check_placed(placement, records, node_ids, started))
-    report = render(cfg, run_dir, changes, problems, records, placement, checked.plan.weight_transport,
+    report = render(cfg, run_dir, changes, problems, records, checked.plan,
                     [s for s in ("rollout", "reward", "inference", "actor") if s in started], memory)
     return Rehearsal(run_dir, tuple(changes), problems, report)
 
@@ -68,8 +69,7 @@ def _tiny_model(cfg: Config) -> str:
 
 
 def render(cfg: Config, run_dir: Path, changes: Sequence[Change], problems: Sequence[str],
-           records: Sequence[WorkerRecord], placement: Placement, transport: str, stages: Sequence[str],
-           memory: MemorySampler) -> str:
+           records: Sequence[WorkerRecord], plan: RunPlan, stages: Sequence[str], memory: MemorySampler) -> str:
     """The rehearsal's report (see the module docstring); `memory` sampled every process of the rehearsal."""
     summary = json.loads((run_dir / "summary.json").read_text())
     nodes = sorted({r.node_id for r in records})
@@ -85,7 +85,8 @@ def render(cfg: Config, run_dir: Path, changes: Sequence[Change], problems: Sequ
     busy = {k: v for k, v in (timeline.get("stage_busy") or {}).items() if v}
     lines += ["", f"stages (busy fraction of {timeline.get('total_step_time_s', 0):.1f} s of steps): "
               + ", ".join(f"{k} {v:.2f}" for k, v in sorted(busy.items(), key=lambda kv: -kv[1]))]
-    lines += ["", "streams between nodes:", *(f"  {line}" for line in crossings(placement, transport, stages))]
+    streams = crossings(plan.placement, plan.weight_transport, stages, plan.weight_routes)
+    lines += ["", "streams between nodes:", *(f"  {line}" for line in streams)]
     if problems:
         raise ClusterError("\n".join(lines))
     return "\n".join(lines)

@@ -1,9 +1,10 @@
-"""What a rehearsal changes in a cluster config to run it on this machine (`rlinf_pipe.runner.rehearsal`)."""
+"""What a rehearsal changes in a cluster config to run it on this machine, and the streams its report names
+(`rlinf_pipe.runner.rehearsal`)."""
 
 from __future__ import annotations
 
 from rlinf_pipe.config import load_config
-from rlinf_pipe.runner.rehearsal import BATCH_CAP, CAPS, HEARTBEAT_S_PER_SHARE, scale_down
+from rlinf_pipe.runner.rehearsal import BATCH_CAP, CAPS, HEARTBEAT_S_PER_SHARE, crossings, scale_down
 
 
 def overrides(name: str, processes: int, cores: int, *extra: str) -> dict[str, str]:
@@ -31,3 +32,22 @@ def test_the_heartbeat_limit_grows_with_the_processes_each_core_runs():
     assert "runner.heartbeat_timeout_s" not in roomy
     kept = overrides("qwen2.5-1.5b-grpo-megatron", 66, 2, "runner.heartbeat_timeout_s=5000")
     assert "runner.heartbeat_timeout_s" not in kept  # (never lowered)
+
+
+def streams(name: str) -> list[str]:
+    from rlinf_pipe.planning.run_plan import plan_run
+
+    plan = plan_run(load_config("examples/math/config", name))
+    return crossings(plan.placement, plan.weight_transport, ["rollout", "reward", "inference", "actor"],
+                     plan.weight_routes)
+
+
+def test_the_report_names_the_streams_that_cross_nodes():
+    assert streams("qwen2.5-1.5b-grpo-megatron-pipeline") == [
+        "channel rollout (node 0-2) -> inference (node 2): crosses nodes (TCP)",
+        "channel inference (node 2) -> actor (node 3): crosses nodes (TCP)",
+        "weights actor rank 0 (node 3) -> rollout over broadcast: to node 0-2 across nodes",
+        "weights actor rank 0 (node 3) -> inference over broadcast: to node 2 across nodes"]
+    # collocated: each engine takes the weights from the actor rank on its own GPU (ipc), never across nodes
+    assert streams("qwen2.5-1.5b-grpo-megatron")[-1] == (
+        "weights 32 actor ranks (node 0-3) -> rollout over ipc: each within its node")
