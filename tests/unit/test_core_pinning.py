@@ -124,3 +124,20 @@ def test_the_option_defaults_to_no_pinning_and_turns_lending_off():
     assert not lends_cpus(pinned, staleness=0, engines_share_actor=False)
     with pytest.raises(ConfigError, match="cores_per_gpu"):
         load_config(overrides=["cluster.cores_per_gpu=0"])
+
+
+def test_a_pinned_worker_takes_all_its_gpus_cores_as_torch_threads(monkeypatch):
+    from rlinf_pipe.runtime import worker as worker_module
+    from rlinf_pipe.runtime.worker import Worker, WorkerInfo
+
+    monkeypatch.setattr(worker_module.os, "sched_getaffinity", lambda pid: set(range(8)))
+    shell = Worker.__new__(Worker)  # (the share alone: no Ray actor around it)
+
+    def share(local_gpus: tuple[int, ...], cores: tuple[int, ...] | None, node_procs: dict[int, int]) -> int:
+        shell.info = WorkerInfo("actor", 0, 1, 0, local_gpus, local_gpus, "h", "ip", 1, "node", None)
+        shell.cores = cores
+        return shell._cpu_share(node_procs)
+
+    assert share((0,), (2, 3, 4), {0: 4}) == 3  # pinned: its GPU's cores, whatever shares the node
+    assert share((0,), None, {0: 4}) == 2  # not pinned: 8 cores over 4 processes
+    assert share((), (6, 7), {0: 4}) == 2  # no GPUs: the share rule on the cores it may use
