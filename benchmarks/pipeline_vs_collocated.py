@@ -1,7 +1,8 @@
 """Step time of the disaggregated pipeline against collocated mode on the same virtual GPUs; weight-sync bandwidth
 against a raw torch.distributed gloo broadcast.
 
-    python benchmarks/pipeline_vs_collocated.py [--gpus 2] [--cpus 2] [--steps 8] [--warmup 2] [--repeats 3] [--json]
+    python benchmarks/pipeline_vs_collocated.py [--gpus 2] [--cpus 2] [--steps 8] [--warmup 2] [--repeats 3]
+        [--cores-per-gpu K] [--json]
 
 Each repeat trains, in one process and one after the other (order alternating between repeats), with the same
 warm-started tiny model, data, seed and batch, on `--gpus` N virtual GPUs:
@@ -15,6 +16,9 @@ Each run goes through `rlinf_pipe.runner.Runner.start(cfg)` (`.run()`, `.shutdow
 (N virtual GPUs) that the script starts once, on `--cpus` cores (this process and every process it starts are
 pinned to the first ones it may use: each worker's torch threads follow its share of them); its
 `metrics.jsonl` and `timeline.json` are read back and the first `--warmup` steps are dropped.
+With `--cores-per-gpu K` every repeat also trains both modes with `cluster.cores_per_gpu=K` (each virtual GPU's
+workers pinned to K cores of their own, as stages on devices of their own: docs/placement.md#virtual-gpus-on-cores),
+and the summary adds `pinned` (the same figures for those runs) and `pinned_pipeline_over_collocated_step_time`.
 
 Reported (medians over steps, then over repeats; ratios paired within a repeat, then the median):
 - step time of each mode and `pipeline_over_collocated_step_time` (< 1: the pipeline is faster);
@@ -95,14 +99,15 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def load(mode: str, args: argparse.Namespace, model: str | None, out: Path) -> Any:
+def load(mode: str, args: argparse.Namespace, model: str | None, out: Path, cores_per_gpu: int | None = None) -> Any:
     from rlinf_pipe.config import load_config
 
     name, extra = mode_config(mode, args.gpus)
     overrides = [
         f"runner.max_steps={args.steps}", "runner.progress=false", "runner.tensorboard=false",
-        f"runner.output_dir={out}", f"runner.experiment_name=bench-{mode}", "cluster.ray_address=local",
-        f"data.rollout_batch_size={args.rollout_batch_size}", *extra,
+        f"runner.output_dir={out}", f"runner.experiment_name=bench-{label(mode, cores_per_gpu)}",
+        "cluster.ray_address=local", f"data.rollout_batch_size={args.rollout_batch_size}", *extra,
+        f"cluster.cores_per_gpu={'null' if cores_per_gpu is None else cores_per_gpu}",
     ]
     if model is not None:
         overrides.append(f"actor.model_path={model}")
@@ -112,6 +117,10 @@ def load(mode: str, args: argparse.Namespace, model: str | None, out: Path) -> A
         overrides.append(f"runner.weight_bucket_mb={args.weight_bucket_mb}")
     overrides.append(f"runner.weight_sync={args.weight_sync}")
     return load_config(CONFIGS, name, overrides)
+
+
+def label(mode: str, cores_per_gpu: int | None) -> str:
+    return mode if cores_per_gpu is None else f"{mode}-pinned"
 
 
 def job_cpu_s(workers: list[int], driver: int | None = None) -> float:
@@ -138,12 +147,14 @@ def job_cpu_s(workers: list[int], driver: int | None = None) -> float:
     return total
 
 
-def run_mode(mode: str, args: argparse.Namespace, model: str, out: Path) -> dict[str, Any]:
-    """Train `mode` for `args.steps` steps in this process; the measured steps' figures, with the CPU time every
-    process of the job (driver, workers, reward pool) used per step once launched."""
+def run_mode(mode: str, args: argparse.Namespace, model: str, out: Path,
+             cores_per_gpu: int | None = None) -> dict[str, Any]:
+    """Train `mode` for `args.steps` steps in this process (`cluster.cores_per_gpu=cores_per_gpu`); the measured
+    steps' figures, with the CPU time every process of the job (driver, workers, reward pool) used per step once
+    launched."""
     from rlinf_pipe.runner import Runner
 
-    cfg = load(mode, args, model, out)
+    cfg = load(mode, args, model, out, cores_per_gpu)
     start = time.perf_counter()
     runner = Runner.start(cfg)
     try:
@@ -382,12 +393,18 @@ def main() -> None:
                         help="runner.weight_bucket_mb for both modes (default: the config's)")
     parser.add_argument("--staleness", type=int, default=0,
                         help="runner.max_staleness of the pipeline runs (rollout up to N steps ahead)")
+    parser.add_argument("--cores-per-gpu", type=int, default=None,
+                        help="also train both modes with each virtual GPU's workers pinned to this many cores of "
+                        "their own (cluster.cores_per_gpu; --gpus x K <= --cpus) and report both")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     args.warmup = min(args.warmup, args.steps - 1)
     allowed = sorted(os.sched_getaffinity(0))
     if not 1 <= args.cpus <= len(allowed):
         parser.error(f"--cpus {args.cpus}: this process may use {len(allowed)} cores")
+    if args.cores_per_gpu is not None and not 1 <= args.cores_per_gpu * args.gpus <= args.cpus:
+        parser.error(f"--cores-per-gpu {args.cores_per_gpu}: {args.gpus} GPUs need {args.cores_per_gpu * args.gpus} "
+                     f"cores of the {args.cpus} (--cpus)")
     os.sched_setaffinity(0, allowed[: args.cpus])  # inherited by Ray's processes, read by the workers' thread counts
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
 
@@ -403,17 +420,21 @@ def main() -> None:
     started = time.perf_counter()
     # one local Ray session for every run and baseline (each run's Cluster uses it and leaves it open)
     ray.init(address="local", num_cpus=args.cpus, num_gpus=args.gpus, include_dashboard=False, log_to_driver=False)
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    pinnings = [None] if args.cores_per_gpu is None else [None, args.cores_per_gpu]
+    all_runs: dict[int | None, dict[str, list[dict[str, Any]]]] = {k: {m: [] for m in MODES} for k in pinnings}
+    runs = all_runs[None]
     gloo: list[float] = []  # raw broadcast to as many receivers as the pipeline's sync has
     gloo_one: list[float] = []  # raw broadcast to one receiver
     for repeat in range(args.repeats):
         order = list(MODES) if repeat % 2 == 0 else list(reversed(MODES))
         for mode in order:
-            r = run_mode(mode, args, model, out)
-            runs[mode].append(r)
-            print(f"repeat {repeat} {mode:<10}: step {r['step_s']:.3f} s, sync {r['weight_sync_s'] * 1e3:.1f} ms "
-                  f"({r['weight_sync_bytes'] / 2**20:.2f} MiB), bubble {r['bubble_fraction']:.1%}, scheduler "
-                  f"overhead {r['scheduler_overhead_fraction']:.1%}, run {r['wall_s']:.1f} s", flush=True)
+            for k in pinnings if repeat % 2 == 0 else reversed(pinnings):
+                r = run_mode(mode, args, model, out, k)
+                all_runs[k][mode].append(r)
+                print(f"repeat {repeat} {label(mode, k):<17}: step {r['step_s']:.3f} s, sync "
+                      f"{r['weight_sync_s'] * 1e3:.1f} ms ({r['weight_sync_bytes'] / 2**20:.2f} MiB), bubble "
+                      f"{r['bubble_fraction']:.1%}, scheduler overhead {r['scheduler_overhead_fraction']:.1%}, run "
+                      f"{r['wall_s']:.1f} s", flush=True)
         sync_bytes, receivers = int(runs["pipeline"][-1]["weight_sync_bytes"]), runs["pipeline"][-1]["weight_sync_receivers"]
         gloo.append(gloo_bytes_per_s(sync_bytes, args.gloo_iters, receivers))
         gloo_one.append(gloo_bytes_per_s(sync_bytes, args.gloo_iters, 1))
@@ -424,13 +445,36 @@ def main() -> None:
         tmp.cleanup()
 
     summary = summarise_runs(runs, gloo, gloo_one, args, started)
+    summary["settings"]["cores_per_gpu"] = args.cores_per_gpu
     per_mode, step_ratio = summary["modes"], summary["pipeline_over_collocated_step_time"]
     bw_ratio = summary["weight_sync_bw_ratio_vs_gloo"]
     bw_ratio_one = summary["weight_sync_bw_ratio_vs_gloo_one_receiver"]
 
     print()
-    print(f"{'':<28}{'pipeline':>12}{'collocated':>12}")
-    for label, key, fmt in [
+    print_table(per_mode, "no pinning")
+    if args.cores_per_gpu is not None:
+        pinned = summarise_runs(all_runs[args.cores_per_gpu], gloo, gloo_one, args, started)
+        summary["pinned_pipeline_over_collocated_step_time"] = pinned["pipeline_over_collocated_step_time"]
+        summary["pinned"] = {key: value for key, value in pinned.items() if key not in ("settings", "runtime_s",
+                                                                                       "machine")}
+        print_table(pinned["modes"], f"cluster.cores_per_gpu={args.cores_per_gpu}")
+        print(f"pinned ({args.cores_per_gpu} cores a virtual GPU): pipeline / collocated step time "
+              f"{pinned['pipeline_over_collocated_step_time']:.3f}")
+    print(f"pipeline / collocated step time: {step_ratio:.3f} (< 1: the pipeline is faster); the pipeline runs at "
+          f"{summary['fraction_of_ideal']:.2f} of the ideal step its measured work allows on the cores "
+          "(max(longest stage, CPU time / cores))")
+    print(f"weight sync {summary['weight_sync_mib_per_s']:.1f} MiB/s vs raw gloo broadcast "
+          f"{summary['gloo_broadcast_mib_per_s']:.1f} MiB/s of {summary['weight_sync_bytes']:,} bytes: ratio "
+          f"{bw_ratio:.3f} ({bw_ratio_one:.3f} against a broadcast to one receiver). {summary['weight_sync_note']}")
+    print(f"runtime {summary['runtime_s']:.0f} s")
+    if args.json:
+        print(json.dumps(summary))
+
+
+def print_table(per_mode: dict[str, Any], title: str) -> None:
+    """The figures of both modes side by side."""
+    print(f"{title:<28}{'pipeline':>12}{'collocated':>12}")
+    for name, key, fmt in [
         ("step time (s)", "step_s", "{:.3f}"), ("tokens/s", "tokens_per_s", "{:.0f}"),
         ("device bubble", "bubble_fraction", "{:.1%}"),
         ("scheduler overhead", "scheduler_overhead_fraction", "{:.1%}"),
@@ -443,19 +487,10 @@ def main() -> None:
         ("ideal step (s)", "ideal_step_s", "{:.3f}"), ("fraction of ideal", "fraction_of_ideal", "{:.2f}"),
     ]:
         vals = [per_mode[m][key] * (1e3 if key in ("weight_sync_s", "weight_sync_driver_span_s") else 1) for m in MODES]
-        print(f"{label:<28}" + "".join(f"{fmt.format(v):>12}" for v in vals))
+        print(f"{name:<28}" + "".join(f"{fmt.format(v):>12}" for v in vals))
     for stage in sorted(set(per_mode["pipeline"]["stage_busy"]) | set(per_mode["collocated"]["stage_busy"])):
         vals = [per_mode[m]["stage_busy"].get(stage) for m in MODES]
         print(f"{'busy ' + stage:<28}" + "".join(f"{'-' if v is None else f'{v:.1%}':>12}" for v in vals))
-    print(f"pipeline / collocated step time: {step_ratio:.3f} (< 1: the pipeline is faster); the pipeline runs at "
-          f"{summary['fraction_of_ideal']:.2f} of the ideal step its measured work allows on the cores "
-          "(max(longest stage, CPU time / cores))")
-    print(f"weight sync {summary['weight_sync_mib_per_s']:.1f} MiB/s vs raw gloo broadcast "
-          f"{summary['gloo_broadcast_mib_per_s']:.1f} MiB/s of {summary['weight_sync_bytes']:,} bytes: ratio "
-          f"{bw_ratio:.3f} ({bw_ratio_one:.3f} against a broadcast to one receiver). {summary['weight_sync_note']}")
-    print(f"runtime {summary['runtime_s']:.0f} s")
-    if args.json:
-        print(json.dumps(summary))
 
 
 if __name__ == "__main__":

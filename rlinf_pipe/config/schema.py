@@ -52,6 +52,13 @@ class ClusterConfig:
         "null: the GPU of the machine that plans, or 80 GB without one.",
         min=1,
     )
+    cores_per_gpu: int | None = opt(
+        None,
+        "Pin each GPU's worker processes to cores of their own, k per GPU (CPU rehearsals and profiling: stages on "
+        "different virtual GPUs never share a core); processes without GPUs take the cores left over, or all when "
+        "none is. Turns CPU lending between stages off. null: no pinning. See docs/placement.md#virtual-gpus-on-cores.",
+        min=1,
+    )
 
 
 @dataclass

@@ -16,7 +16,7 @@ from rlinf_pipe.data.sampler import PromptSampler
 from rlinf_pipe.data.structs import PromptItem
 from rlinf_pipe.engines.rollout.factory import sampling_params
 from rlinf_pipe.runner.checkpoints import ACTOR_SUBDIR
-from rlinf_pipe.runner.cpu_shares import cpu_stages, node_procs
+from rlinf_pipe.runner.cpu_shares import core_pinning, cpu_stages, node_procs
 from rlinf_pipe.runner.driver_inputs import DriverInputs, driver_inputs
 from rlinf_pipe.planning.run_plan import RunPlan, plan_run
 from rlinf_pipe.runtime.cluster import Cluster
@@ -301,7 +301,8 @@ def launch(cfg: Config, inputs: DriverInputs | None = None, cluster: Cluster | N
         if run_dir is not None:
             check_nodes_see_paths(cluster, plan, inputs, run_dir, resume_from)
         comps = plan.placement.components
-        cpus = node_procs_env(node_procs(comps[name] for name in cpu_stages(cfg) if name in comps))
+        cpus = {**node_procs_env(node_procs(comps[name] for name in cpu_stages(cfg) if name in comps)),
+                **core_pinning(cfg, cluster)}
         nccl = nccl_env(cfg, plan.weight_transport)
         resolver = resolver_env([node.ip for node in cluster.nodes])
         graph = stage_graph(plan)

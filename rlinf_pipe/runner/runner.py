@@ -21,7 +21,7 @@ from rlinf_pipe.errors import OutputError, RunStopped, WorkerError, WorkerLost
 from rlinf_pipe.runner import checkpoints
 from rlinf_pipe.runner.clocks import NodeClocks
 from rlinf_pipe.runner.components import Components, launch
-from rlinf_pipe.runner.cpu_shares import CpuLending, cpu_stages
+from rlinf_pipe.runner.cpu_shares import CpuLending, cpu_stages, lends_cpus
 from rlinf_pipe.runner.devices import actor_phases
 from rlinf_pipe.runner.generation import DynamicSampling, PlainGeneration, RolloutSchedule
 from rlinf_pipe.runner.health import Health
@@ -86,7 +86,8 @@ class Runner:
                                   plan.inference_shares_rollout)
         self.validation = Validation(c.val_prompts, r.val_interval, r.val_before_train, r.max_steps, r.val_k,
                                      sampling_params(cfg.rollout, r.val_k), r.seed, self.run_dir)
-        lending = None if plan.staleness or plan.engines_share_actor else CpuLending(c.stages(cpu_stages(cfg)))
+        lending = (CpuLending(c.stages(cpu_stages(cfg))) if lends_cpus(cfg, plan.staleness, plan.engines_share_actor)
+                   else None)
         self.steps = Step(self.weights, self.schedule, lambda: c.channels, c.logprob_group, c.actor, phase,
                           plan.engines_share_actor, r.max_steps, lending,
                           starts_itself=lambda step: step in r.profile_steps or self.validation.due(step))

@@ -20,6 +20,7 @@ import ray
 
 from rlinf_pipe.errors import ClusterError
 from rlinf_pipe.utils.compute_thread import ComputeThread, compute_thread
+from rlinf_pipe.runtime.cores import pin_process
 from rlinf_pipe.runtime.gloo_device import share_gloo_device
 from rlinf_pipe.runtime.last_output import announce_output
 from rlinf_pipe.utils.net import rendezvous_port, socket_interface_env
@@ -222,6 +223,8 @@ class Worker:
         announce_output()  # (first: a death while the worker builds is reported with its last output)
         claim_devices()
         self.info = read_worker_info()
+        # `cluster.cores_per_gpu`: this process's GPUs' cores (None: not pinned), before any torch thread starts
+        self.cores = pin_process(self.info.node_rank, self.info.local_gpus)
         os.environ.update(socket_interface_env(self.info.ip, os.environ))  # before any group (ours, Megatron's)
         self.owner = f"{self.info.group}/{self.info.rank}"  # this worker's name in locks and on the timeline
         self.tracer = Tracer(self.owner, self.info.global_gpus)
@@ -229,9 +232,10 @@ class Worker:
         # worker as it starts it, so that call runs as soon as the constructor returns
         self._launch: tuple[float, float] | None = (min(tracing.process_started(), constructed), constructed)
         self.profiler = StepProfiler()
-        # Torch work runs in the process's compute thread with the worker's CPU share as intra-op threads; every
-        # other thread (this one builds the models) keeps one, so the process has one OpenMP team.
-        self.compute: ComputeThread = compute_thread(cpu_share(read_node_procs(), self.info.node_rank))
+        # Torch work runs in the process's compute thread with the worker's CPU share as intra-op threads (pinned
+        # to its GPUs' cores: all of them); every other thread (this one builds the models) keeps one, so the
+        # process has one OpenMP team.
+        self.compute: ComputeThread = compute_thread(self._cpu_share(read_node_procs()))
         self.backend: str | None = None
         if self.info.global_gpus:
             warn_cpu_torch_on_gpus(self.owner)
@@ -272,7 +276,14 @@ class Worker:
         """Take this node's share of CPUs among `node_procs[node]` compute processes as the compute thread's
         intra-op threads, from its next call on (the driver lends the CPUs of the stages done with a step to those
         still working, `rlinf_pipe.runner.cpu_shares`). Returns the thread count."""
-        return compute_thread(cpu_share(node_procs, self.info.node_rank)).threads
+        return compute_thread(self._cpu_share(node_procs)).threads
+
+    def _cpu_share(self, node_procs: dict[int, int]) -> int:
+        """The compute thread's intra-op threads: the cores of this process's GPUs when pinned (nobody lends them:
+        `cluster.cores_per_gpu` turns lending off), else its share of the node's CPUs among `node_procs`."""
+        if self.cores is not None and self.info.local_gpus:
+            return len(self.cores)
+        return cpu_share(node_procs, self.info.node_rank)
 
     @control_call
     def abandon_step(self) -> None:
