@@ -45,6 +45,8 @@ def run_engine(requests: Sequence[Request], start: float, decode_rate: Callable[
     shared evenly among them."""
     if not requests:
         return EngineRun((), start)
+    most = int(min(max_running, len(requests)))
+    per_request = [0.0, *(decode_rate(n) / n for n in range(1, most + 1))]  # (looked up, not computed, per event)
     t = start
     progress = 0.0  # tokens each running request has decoded since the engine started (all advance together)
     running: list[tuple[float, int]] = []  # (progress at which the request is done, its index)
@@ -60,8 +62,7 @@ def run_engine(requests: Sequence[Request], start: float, decode_rate: Callable[
         waiting += 1
     while running:
         done_at, i = running[0]
-        per_request = decode_rate(len(running)) / len(running)
-        t += (done_at - progress) / per_request
+        t += (done_at - progress) / per_request[len(running)]
         progress = done_at
         heapq.heappop(running)
         finish[i] = t
@@ -69,3 +70,10 @@ def run_engine(requests: Sequence[Request], start: float, decode_rate: Callable[
             t += admit(waiting)
             waiting += 1
     return EngineRun(tuple(finish), t)
+
+
+def quantile_lengths(lengths: Sequence[int], count: int) -> list[int]:
+    """`count` lengths at evenly spaced quantiles of `lengths`, the last of them the longest."""
+    ordered = sorted(lengths)
+    return [ordered[min(len(ordered) - 1, (i + 1) * len(ordered) // count - (1 if i + 1 < count else 0))]
+            for i in range(count)]

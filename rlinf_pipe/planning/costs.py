@@ -29,11 +29,10 @@ class Curve:
     points: tuple[tuple[float, float], ...]
 
     def at(self, x: float) -> float:
-        xs = [p[0] for p in self.points]
-        i = bisect.bisect_left(xs, x)
+        i = bisect.bisect_left(self.points, (x, -math.inf))
         if i == 0:
             return self.points[0][1]
-        if i == len(xs):
+        if i == len(self.points):
             return self.points[-1][1]
         (x0, y0), (x1, y1) = self.points[i - 1], self.points[i]
         return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
@@ -140,14 +139,15 @@ class GpuSpec:
     memory_bw: float
     link_bw: float
     host_bw: float
+    memory_bytes: float
 
 
 GPUS = {
-    "H100": GpuSpec(989e12, 3.35e12, 50e9, 25e9),
-    "H200": GpuSpec(989e12, 4.8e12, 50e9, 25e9),
-    "A100": GpuSpec(312e12, 2.0e12, 25e9, 16e9),
+    "H100": GpuSpec(989e12, 3.35e12, 50e9, 25e9, 80e9),
+    "H200": GpuSpec(989e12, 4.8e12, 50e9, 25e9, 141e9),
+    "A100": GpuSpec(312e12, 2.0e12, 25e9, 16e9, 80e9),
     # A virtual GPU of a CPU machine: a share of a few cores (all virtual GPUs share them; see docs/planning.md).
-    "cpu": GpuSpec(50e9, 10e9, 5e9, 10e9),
+    "cpu": GpuSpec(50e9, 10e9, 5e9, 10e9, 80e9),
 }
 # Model FLOP utilisation of each pass, and of the memory bandwidth while decoding; guesses of the usual order.
 PREFILL_MFU, FORWARD_MFU, TRAIN_MFU, DECODE_MFU, DECODE_BW_UTIL = 0.5, 0.4, 0.35, 0.3, 0.6

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
-from rlinf_pipe.planning.batching import Request, max_running, run_engine
+from rlinf_pipe.planning.batching import Request, max_running, quantile_lengths, run_engine
 from rlinf_pipe.planning.costs import Costs, Parallel, default_costs, scale_rate
 from rlinf_pipe.planning.run_plan import RunPlan, plan_run
 from rlinf_pipe.utils.tracing import LAUNCH_SPAN, STEP_SPAN, Span
@@ -80,8 +80,7 @@ def _rate(spans: Sequence[Span], tokens_of: Callable[[Span], float]) -> float | 
 
 def _lengths_like(lengths: Sequence[int], count: int, total: float) -> list[int]:
     """`count` lengths at evenly spaced quantiles of `lengths`, scaled to sum to `total`."""
-    ordered = sorted(lengths)
-    picked = [ordered[min(len(ordered) - 1, int((i + 0.5) * len(ordered) / count))] for i in range(count)]
+    picked = quantile_lengths(lengths, count)
     scale = total / max(sum(picked), 1)
     return [max(1, round(n * scale)) for n in picked]
 

@@ -18,7 +18,8 @@ reads and writing their departure times into the one it writes:
 * **turns**: a stage that takes turns on its GPUs (`Stage.turns_with`) starts once the set is free, pays its
   component's switch (onload + offload, wake + sleep) around its phase, and holds the set until its last group.
 
-The steady step time is the mean over the steps after the first N + 1 (N: staleness). Not modelled: the channels'
+The steady step time is the mean over the steps after the first N + 1 (N: staleness; without staleness every step
+drains the pipeline, and the first is as steady as any). Not modelled: the channels'
 bounds (producers never wait for a full channel), dynamic sampling's extra rounds, the driver's own calls.
 """
 
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.planning.batching import Request, max_running, run_engine
-from rlinf_pipe.planning.costs import Costs, Parallel
+from rlinf_pipe.planning.costs import Costs, Parallel, scale_rate
 from rlinf_pipe.planning.placement import ComponentPlacement, reward_placement
 from rlinf_pipe.planning.run_plan import RunPlan
 from rlinf_pipe.planning.stage_graph import Stage, StageGraph, stage_graph
@@ -148,16 +149,17 @@ class _Sim:
     def run_generation(self, stage: Stage, step: int, ready: float) -> float:
         comp, costs, g = self.rollout, self.costs, self.group_size
         start = self.take_turn(stage, comp, ready)
-        self.lengths[step] = [[self.rng.choice(costs.response_lengths) for _ in range(g)]
-                              for _ in range(self.prompts)]
+        drawn = self.rng.choices(costs.response_lengths, k=self.prompts * g)
+        self.lengths[step] = [drawn[i * g:(i + 1) * g] for i in range(self.prompts)]
         engines, par = comp.dp, _parallel(comp)
+        factor = scale_rate(1.0, costs.rollout_parallel, par)
         cap = max_running(self.cfg)
         arrivals: Arrivals = []
         end = start
         for e in range(engines):
             groups = range(e * self.prompts // engines, (e + 1) * self.prompts // engines)
             requests = [Request(grp, costs.prompt_tokens, n) for grp in groups for n in self.lengths[step][grp]]
-            run = run_engine(requests, start, lambda n: costs.decode_rate(n, par), costs.prefill_rate(par), cap)
+            run = run_engine(requests, start, lambda n: costs.decode.at(n) * factor, costs.prefill_rate(par), cap)
             done: dict[int, float] = {}
             for r, t in zip(requests, run.finish):
                 done[r.group] = max(done.get(r.group, 0.0), t)
@@ -251,8 +253,8 @@ class _Sim:
 
 def simulate(cfg: Config, plan: RunPlan, costs: Costs, seed: int = 0, steps: int | None = None) -> Prediction:
     """The predicted steady step of `plan` (see the module docstring)."""
-    warm = plan.staleness + 1
-    steps = steps or warm + 3
+    warm = plan.staleness + 1 if plan.staleness else 0  # (without staleness every step drains: each is steady)
+    steps = steps or warm + 2
     sim = _Sim(cfg, plan, costs, random.Random(seed), steps)
     ends = sim.run(stage_graph(plan))
     measured = range(min(warm, steps - 1), steps)
