@@ -234,6 +234,15 @@ def default_costs(cfg: Config, gpu: str = "H100", params: float | None = None) -
         launch_s=LAUNCH_S, source=f"{DEFAULT_SOURCE} ({gpu})")
 
 
+def carried(costs: Costs, rollout: Parallel, logprob: Parallel, train: Parallel) -> Costs:
+    """`costs` with its rates carried (`scale_rate`) to replicas of these sizes."""
+    return replace(
+        costs, decode=costs.decode.scaled(scale_rate(1.0, costs.rollout_parallel, rollout)),
+        prefill_tokens_per_s=costs.prefill_rate(rollout), logprob_tokens_per_s=costs.logprob_rate(logprob),
+        train_tokens_per_s=costs.train_rate(train), optimizer_step_s=costs.optimizer_s(train),
+        rollout_parallel=rollout, logprob_parallel=logprob, train_parallel=train)
+
+
 def with_source(costs: Costs, source: str, missing: tuple[str, ...] = (), **figures: object) -> Costs:
     """`costs` with some figures replaced and a new source; `missing` names what kept the default's value."""
     return replace(costs, source=source, missing=missing, **figures)  # type: ignore[arg-type]

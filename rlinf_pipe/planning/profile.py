@@ -31,7 +31,7 @@ from pathlib import Path
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.planning.batching import Request, max_running, quantile_lengths, run_engine
-from rlinf_pipe.planning.costs import Costs, Parallel, default_costs, scale_rate
+from rlinf_pipe.planning.costs import Costs, Parallel, carried, default_costs
 from rlinf_pipe.planning.run_plan import RunPlan, plan_run
 from rlinf_pipe.utils.tracing import LAUNCH_SPAN, STEP_SPAN, Span
 
@@ -102,15 +102,6 @@ def _decode_scale(generate: Sequence[Span], costs: Costs, group_size: int, cap: 
 def _parallel(plan: RunPlan, name: str | None) -> Parallel:
     comp = plan.placement.components.get(name or "")
     return Parallel(comp.tp, comp.pp, comp.cp) if comp else Parallel()
-
-
-def carried(costs: Costs, rollout: Parallel, logprob: Parallel, train: Parallel) -> Costs:
-    """`costs` with its rates carried (`scale_rate`) to replicas of these sizes."""
-    return replace(
-        costs, decode=costs.decode.scaled(scale_rate(1.0, costs.rollout_parallel, rollout)),
-        prefill_tokens_per_s=costs.prefill_rate(rollout), logprob_tokens_per_s=costs.logprob_rate(logprob),
-        train_tokens_per_s=costs.train_rate(train), optimizer_step_s=costs.optimizer_s(train),
-        rollout_parallel=rollout, logprob_parallel=logprob, train_parallel=train)
 
 
 def read_profile(run_dir: str | Path, gpu: str | None = None) -> Costs:

@@ -81,7 +81,7 @@ class SearchResult:
 
 def candidate_config(cfg: Config, cand: Candidate) -> Config:
     """`cfg` with the candidate's placement and parallel sizes (the same as loading it with `overrides()`)."""
-    placement = cand.placement()
+    placement: dict[str, str | int | list[int] | None] = dict(cand.placement())
     reward = cfg.cluster.component_placement.get("reward")
     if reward is not None:
         placement["reward"] = reward
@@ -125,11 +125,11 @@ def enumerate_candidates(cfg: Config, costs: Costs, shape_list: list[Shape], log
     out = []
     for shape in shape_list:
         counts = shape.counts()
-        names = [n for n in ("rollout", "inference", "actor") if n in counts]
+        names: list[str] = [n for n in ("rollout", "inference", "actor") if n in counts]
         options = [size_options(n, counts[n], per_node, problems) for n in names]
         for combo in itertools.product(*options):
             sizes: Sizes = tuple(kv for part in combo for kv in part)
-            stage_s = {n: stage(n, counts[n], part) for n, part in zip(names, combo)}
+            stage_s: dict[str, float] = {n: stage(n, counts[n], part) for n, part in zip(names, combo)}
             stage_s["reward"] = stage("reward", scorers, ())
             for n, part in zip(names, combo):
                 if n != "rollout":  # (one group's pass: what must follow the last group generated)

@@ -17,6 +17,7 @@ simulates candidates in the order of their bound and stops once the bound passes
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlinf_pipe.planning.batching import Request, quantile_lengths, run_engine
@@ -85,7 +86,7 @@ def neighbours(shape: Shape, total: int, coarse: int, fine: int) -> list[Shape]:
     return out
 
 
-def size_options(component: str, gpus: int, per_node: int, problems) -> list[Sizes]:  # type: ignore[no-untyped-def]
+def size_options(component: str, gpus: int, per_node: int, problems: Callable[[int, int], list[str]]) -> list[Sizes]:
     """The parallel sizes `component` may take on `gpus` GPUs (`problems(tp, pp)`: why the model refuses them)."""
     if component == "rollout":
         return [(("rollout.tensor_parallel_size", tp),) for tp in ROLLOUT_TP
