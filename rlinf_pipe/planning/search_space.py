@@ -140,20 +140,24 @@ def stage_bounds(costs: Costs, work: Work, component: str, gpus: int, sizes: Siz
 def bound(shape: Shape, stage_s: dict[str, float], costs: Costs, sync_s: float, staleness: int,
           logprob_stage: bool, minibatches: int, arrival_slots: bool) -> float:
     """The candidate's step time with no stage waiting (see the module docstring); `stage_s` from `stage_bounds`
-    per component (`actor_logprob`: the actor's own log-prob pass; `*_group`: one group's pass). Mini-batches take
-    their groups by slot, the slots in prompt order over the engines, so the last mini-batch's groups come from
-    the last engines to finish: its training follows the generation (under `minibatch_order: arrival`, only the
-    last group's does)."""
+    per component (`actor_logprob`: the actor's own log-prob pass; `*_group`: one group's pass). After the last
+    group is generated and scored, at least its own log-prob pass and training remain."""
     gen, train = max(stage_s["rollout"], stage_s["reward"]), stage_s["actor"]  # (scoring streams beside)
     inference = stage_s.get("inference", 0.0)
     own_logprob = stage_s.get("actor_logprob", 0.0) if logprob_stage and "inference" not in shape.counts() else 0.0
     switch = costs.switch_s
     sync = sync_s if staleness == 0 else 0.0
     keys = [k for k, _ in shape.ranges]
-    if "actor,rollout" in keys:  # the engines, then the actor (log-probs, training) on one set
-        side = inference if "inference" in keys else 0.0
-        return max(gen, side) + own_logprob + train + switch.get("rollout", 0) + switch.get("actor", 0) + sync
-    last = stage_s.get("actor_group", 0.0) if arrival_slots else train / minibatches  # (after the last group)
+    if "actor,rollout" in keys:  # the engines, then the actor (log-probs, training) on one set; the scoring and
+        phases = stage_s["rollout"] + switch.get("rollout", 0) + switch.get("actor", 0) + own_logprob + train
+        last = (stage_s["reward"] + stage_s.get("inference_group", 0.0)  # any inference run on beside them
+                + stage_s.get("actor_logprob_group", 0.0) + stage_s.get("actor_group", 0.0))
+        return max(phases, last, inference + stage_s.get("actor_group", 0.0)) + sync
+    last = stage_s.get("actor_group", 0.0)  # (the last group's training follows its arrival)
+    if staleness:  # the next steps' generation overlaps this step's training: no stage waits for another
+        side = switch.get("rollout", 0) + switch.get("inference", 0) + inference if "rollout,inference" in keys \
+            else inference
+        return max(gen + side if "rollout,inference" in keys else gen, side, own_logprob + train)
     if own_logprob:  # the actor's log-probs stream; it trains once they are all computed
         return max(gen + stage_s.get("actor_logprob_group", 0.0), own_logprob) + train + sync
     if "rollout,inference" in keys:
