@@ -5,7 +5,8 @@ finer one; per component the parallel sizes the model allows). They are taken in
 (`search_space.bound`): each is turned into a config (`candidate_config`), planned (`plan_run`: the placement rules
 refuse it or not), checked against the memory estimate (`estimate_memory`: any component that does not fit refuses
 it) and simulated (`planning.simulate`). Once a candidate's bound passes the K-th best predicted step time, it and
-every later one are pruned unsimulated; past the time budget the rest are left too (the result says so).
+every later one are pruned unsimulated; past the budget of simulated samples the rest are left too (the result
+says so).
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ from rlinf_pipe.planning.search_space import (
 from rlinf_pipe.planning.simulate import Prediction, simulate
 
 
-TIME_BUDGET_S = 8.0  # seconds of simulation per search, at most (a simulation takes about 30 ms per 1,000 samples)
+SAMPLE_BUDGET = 2_400_000
+"""Samples simulated per search at most (each a request through an engine, a few microseconds): the search stays
+within about 8 s on a quiet machine whatever the cluster, and gives the same answer on any machine. A search of
+8,192 samples a step (two steps simulated each) simulates at most 146 candidates."""
 
 
 @dataclass(frozen=True)
@@ -145,9 +149,9 @@ def enumerate_candidates(cfg: Config, costs: Costs, shape_list: list[Shape], log
 
 
 def search(cfg: Config, costs: Costs, capacity_bytes: int, top: int = 5, seed: int = 0,
-           budget_s: float = TIME_BUDGET_S) -> SearchResult:
+           budget: int = SAMPLE_BUDGET) -> SearchResult:
     """The `top` best candidates of `cfg`'s cluster by predicted step time (see the module docstring), each GPU
-    holding `capacity_bytes`; candidates stop being simulated `budget_s` seconds in (`SearchResult.budget_hit`)."""
+    holding `capacity_bytes`; candidates stop being simulated once `budget` samples were (`SearchResult.budget_hit`)."""
     from rlinf_pipe.algorithms.logprob_needs import computes_logprobs
     from rlinf_pipe.planning.memory import estimate_memory
 
@@ -172,7 +176,7 @@ def search(cfg: Config, costs: Costs, capacity_bytes: int, top: int = 5, seed: i
             if len(result.ranked) >= top and cand.bound >= result.ranked[top - 1].prediction.step_s:
                 result.pruned += len(candidates) - i
                 return
-            if time.perf_counter() - started >= budget_s:
+            if result.simulated >= simulations:
                 result.budget_hit = True
                 result.pruned += len(candidates) - i
                 return
@@ -196,6 +200,8 @@ def search(cfg: Config, costs: Costs, capacity_bytes: int, top: int = 5, seed: i
             result.ranked.sort(key=lambda r: r.prediction.step_s)
             del result.ranked[top:]
 
+    steps = cfg.runner.max_staleness + 3 if cfg.runner.max_staleness else 2  # (what `simulate` runs)
+    simulations = max(20, budget // (cfg.data.rollout_batch_size * cfg.algorithm.group_size * steps))
     coarse = split_unit(total)
     run(enumerate_candidates(cfg, costs, shapes(total, coarse, logprob_stage), logprob_stage, problems,
                              sync_bound()))

@@ -53,7 +53,7 @@ def render_search(result: SearchResult, costs: Costs) -> str:
     for i, r in enumerate(result.ranked, 1):
         lines += ["", f"# {i}: predicted {r.prediction.step_s:.2f} s/step ({costs.source})",
                   *candidate_yaml(r), f"# overrides: {' '.join(repr(o) if ' ' in o else o for o in r.candidate.overrides())}"]
-    budget = "; stopped at the time budget: a candidate left unsimulated may beat the last shown" \
+    budget = "; stopped at the budget of simulated samples: a candidate left may beat the last shown" \
         if result.budget_hit else ""
     lines += ["", f"searched in {result.seconds:.1f} s: {result.enumerated} candidates, {result.simulated} simulated, "
                   f"{result.refused_rules} refused by the placement rules, {result.refused_memory} by the memory "

@@ -35,7 +35,7 @@ def test_pruning_never_loses_the_best_a_full_search_finds():
     cfg = load_config(overrides=["cluster.num_gpus_per_node=6", "algorithm.n_minibatches=2",
                                  "data.rollout_batch_size=12"])
     costs = default_costs(cfg, "cpu")
-    full = search(cfg, costs, 80 * 10**9, top=10**6, budget_s=1e9)  # never prunes: every candidate simulated
+    full = search(cfg, costs, 80 * 10**9, top=10**6, budget=10**12)  # never prunes: every candidate simulated
     pruned = search(cfg, costs, 80 * 10**9, top=3)
     assert full.pruned == 0 and full.simulated == full.enumerated - full.refused_rules - full.refused_memory
     assert pruned.pruned > 0 and pruned.simulated < full.simulated
