@@ -4,7 +4,8 @@ Candidates come from `planning.search_space` (shapes at a coarse unit of GPUs, t
 finer one; per component the parallel sizes the model allows). They are taken in the order of their bound
 (`search_space.bound`): each is turned into a config (`candidate_config`), planned (`plan_run`: the placement rules
 refuse it or not), checked against the memory estimate (`estimate_memory`: any component that does not fit refuses
-it) and simulated (`planning.simulate`). Once a candidate's bound passes the K-th best predicted step time, it and
+it) and simulated (`planning.simulate`). The result keeps the K best placements, each with its best parallel
+sizes. Once a candidate's bound passes the K-th best placement's predicted step time, it and
 every later one are pruned unsimulated; past the budget of simulated samples the rest are left too (the result
 says so).
 """
@@ -196,7 +197,10 @@ def search(cfg: Config, costs: Costs, capacity_bytes: int, top: int = 5, seed: i
             transports[plan.weight_transport] = costs.sync_s(plan.weight_transport)
             prediction = simulate(trial, plan, costs, seed=seed)
             result.simulated += 1
-            result.ranked.append(Ranked(cand, prediction))
+            same = next((r for r in result.ranked if r.candidate.shape == cand.shape), None)
+            if same is not None and same.prediction.step_s <= prediction.step_s:
+                continue  # (one entry per placement: its best parallel sizes)
+            result.ranked = [r for r in result.ranked if r is not same] + [Ranked(cand, prediction)]
             result.ranked.sort(key=lambda r: r.prediction.step_s)
             del result.ranked[top:]
 
