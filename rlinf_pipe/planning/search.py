@@ -5,7 +5,8 @@ finer one; per component the parallel sizes the model allows). They are taken in
 (`search_space.bound`): each is turned into a config (`candidate_config`), planned (`plan_run`: the placement rules
 refuse it or not), checked against the memory estimate (`estimate_memory`: any component that does not fit refuses
 it) and simulated (`planning.simulate`). The result keeps the K best placements, each with its best parallel
-sizes. Once a candidate's bound passes the K-th best placement's predicted step time, it and
+sizes, and, where the config budgets micro-batches by tokens, the largest `actor.micro_batch_tokens` the memory
+estimate fits there. Once a candidate's bound passes the K-th best placement's predicted step time, it and
 every later one are pruned unsimulated; past the budget of simulated samples the rest are left too (the result
 says so).
 """
@@ -213,5 +214,42 @@ def search(cfg: Config, costs: Costs, capacity_bytes: int, top: int = 5, seed: i
         fine = max(1, coarse // 4)
         near = {s for r in result.ranked[:2] for s in neighbours(r.candidate.shape, total, coarse, fine)}
         run(enumerate_candidates(cfg, costs, sorted(near, key=repr), logprob_stage, problems, sync_bound()))
+    if cfg.actor.micro_batch_tokens is not None and arch is not None:  # (a config that budgets micro-batches by
+        result.ranked = [with_micro_batch_tokens(cfg, r, arch, capacity) for r in result.ranked]  # tokens)
     result.seconds = time.perf_counter() - started
     return result
+
+
+MICRO_BATCH_STEP = 1024  # actor.micro_batch_tokens tried in steps of this many tokens
+
+
+def largest_micro_batch_tokens(cfg: Config, arch: Any, capacity_bytes: int) -> int | None:
+    """The largest `actor.micro_batch_tokens` (a multiple of `MICRO_BATCH_STEP`, from one whole sample up to 32 of
+    them) with which `cfg`'s actor fits the memory estimate; None when not even one sample does."""
+    from rlinf_pipe.planning.memory import estimate_memory
+
+    plan = plan_run(cfg)
+    sample = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    step = MICRO_BATCH_STEP
+    lo, hi = -(-sample // step), 32 * -(-sample // step)  # (in steps)
+
+    def fits(steps: int) -> bool:
+        trial = replace(cfg, actor=replace(cfg.actor, micro_batch_tokens=steps * step))
+        return estimate_memory(trial, plan, arch, capacity_bytes)["actor"].fits
+
+    if not fits(lo):
+        return None
+    while lo < hi:  # (the actor's memory grows with its micro-batch: the largest that fits, by bisection)
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo * step
+
+
+def with_micro_batch_tokens(cfg: Config, ranked: Ranked, arch: Any, capacity_bytes: int) -> Ranked:
+    """`ranked` with the largest `actor.micro_batch_tokens` its placement fits among its sizes (the config's kept
+    where none fits better)."""
+    tokens = largest_micro_batch_tokens(candidate_config(cfg, ranked.candidate), arch, capacity_bytes)
+    if tokens is None:
+        return ranked
+    sizes = (*ranked.candidate.sizes, ("actor.micro_batch_tokens", tokens))
+    return Ranked(replace(ranked.candidate, sizes=sizes), ranked.prediction)

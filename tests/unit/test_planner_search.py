@@ -73,3 +73,22 @@ def test_search_flags_without_search_are_refused(capsys):
 
     assert main(["plan", "--gpus", "4"]) == 2
     assert "--search" in capsys.readouterr().err
+
+
+def test_the_largest_micro_batch_that_fits_is_found_by_bisection():
+    from rlinf_pipe.models.arch import model_arch
+    from rlinf_pipe.planning.memory import estimate_memory
+    from rlinf_pipe.planning.search import MICRO_BATCH_STEP, largest_micro_batch_tokens
+
+    cfg = load_config(".", SEED)
+    arch, _ = model_arch(cfg.actor.model_path)
+    capacity = 80 * 10**9
+    tokens = largest_micro_batch_tokens(cfg, arch, capacity)
+    assert tokens is not None and tokens % MICRO_BATCH_STEP == 0
+
+    def fits(n: int) -> bool:
+        trial = load_config(".", SEED, [f"actor.micro_batch_tokens={n}"])
+        return estimate_memory(trial, plan_run(trial), arch, capacity)["actor"].fits
+
+    assert fits(tokens) and not fits(tokens + MICRO_BATCH_STEP)
+    assert largest_micro_batch_tokens(cfg, arch, 10**9) is None  # 1 GB holds no sample's training
