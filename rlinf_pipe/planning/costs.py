@@ -241,8 +241,3 @@ def carried(costs: Costs, rollout: Parallel, logprob: Parallel, train: Parallel)
         prefill_tokens_per_s=costs.prefill_rate(rollout), logprob_tokens_per_s=costs.logprob_rate(logprob),
         train_tokens_per_s=costs.train_rate(train), optimizer_step_s=costs.optimizer_s(train),
         rollout_parallel=rollout, logprob_parallel=logprob, train_parallel=train)
-
-
-def with_source(costs: Costs, source: str, missing: tuple[str, ...] = (), **figures: object) -> Costs:
-    """`costs` with some figures replaced and a new source; `missing` names what kept the default's value."""
-    return replace(costs, source=source, missing=missing, **figures)  # type: ignore[arg-type]

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from rlinf_pipe.config import load_config
 from rlinf_pipe.planning.costs import default_costs
 from rlinf_pipe.planning.run_plan import plan_run
