@@ -12,7 +12,8 @@ The first step is left out when there are more (it warms up). Per figure:
 * log-prob and training tokens/s: each replica's sequence tokens over its spans' seconds (`tokens` of `logprob`
   spans, `sequence_tokens` of `train` spans; older runs: response tokens plus the prompts'); a run without a
   log-prob stage gives log-probs at 3 x its training rate (a forward pass is about a third of forward + backward);
-* the optimizer step, reward seconds per sample (a group's span over its rounds of `reward.num_workers`), the
+* the optimizer step, reward seconds per sample (the reward spans' seconds over their rounds of `reward.num_workers`:
+  a mean, as a few slow answers take most of the time), the
   driver's `weight_sync` seconds for the run's transport (the other transports in the default's proportion),
   the actor's onload + offload and the engines' wake + sleep per step, the launch span.
 
@@ -173,9 +174,9 @@ def read_profile(run_dir: str | Path, gpu: str | None = None) -> Costs:
     if opt := [s.duration for s in _by(work, "optimizer_step")]:
         figures["optimizer_step_s"] = statistics.median(opt)
     workers = cfg.reward.num_workers
-    per_sample = [s.duration / math.ceil(max(int(s.args.get("samples", 1)), 1) / workers) for s in reward]
-    if per_sample:
-        figures["reward_s_per_sample"] = statistics.median(per_sample)
+    rounds = sum(math.ceil(max(int(s.args.get("samples", 1)), 1) / workers) for s in reward)
+    if rounds:  # (the mean: a few slow answers take most of the scoring's time)
+        figures["reward_s_per_sample"] = sum(s.duration for s in reward) / rounds
     versions: dict[object, float] = defaultdict(float)  # per version, its longest weight_sync span (driver or a
     for s in (s for s in work if s.name in SYNC_SPANS):  # receiver: the driver's only collects a pushed version)
         versions[s.args.get("version")] = max(versions[s.args.get("version")], s.duration)
