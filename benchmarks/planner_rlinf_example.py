@@ -39,7 +39,8 @@ def main() -> None:
                  for r in result.ranked],
         "rlinf_answer": RLINF, "rlinf_answer_predicted_by_us_s": round(predicted.step_s, 1),
         "rlinf_answer_bubble_by_us": round(predicted.bubble, 3),
-        "rlinf_answer_staleness_1_predicted_by_us_s": round(predicted_ahead.step_s, 1), "rlinf_rule_estimate_s": round(rule, 1),
+        "rlinf_answer_staleness_1_predicted_by_us_s": round(predicted_ahead.step_s, 1),
+        "rlinf_rule_estimate_s": round(rule, 1),
         "collocated_measured_s": ACTOR_S + ROLLOUT_S + INFERENCE_S, "search_seconds": round(result.seconds, 1),
         "budget_hit": result.budget_hit, "source": costs.source}))
 

@@ -112,13 +112,14 @@ def enumerate_candidates(cfg: Config, costs: Costs, shape_list: list[Shape], log
     """Every candidate of `shape_list` (each shape with every combination of its components' sizes), bounded."""
     per_node = max(cfg.gpus_per_node())
     work = Work(cfg.data.rollout_batch_size, cfg.algorithm.group_size, cfg.algorithm.n_minibatches,
-                {"actor": cfg.actor.context_parallel_size, "actor_logprob": cfg.actor.context_parallel_size,
-                 "actor_group": cfg.actor.context_parallel_size,
-                 "actor_logprob_group": cfg.actor.context_parallel_size, "inference_group": cfg.inference.context_parallel_size,
-                 "inference": cfg.inference.context_parallel_size}, max_running(cfg))
+                {**{k: cfg.actor.context_parallel_size for k in ("actor", "actor_logprob", "actor_group",
+                                                                   "actor_logprob_group")},
+                 **{k: cfg.inference.context_parallel_size for k in ("inference", "inference_group")}},
+                max_running(cfg))
     cache: dict[tuple[str, int, Sizes], float] = {}
     reward = cfg.cluster.component_placement.get("reward")
-    processes = 1 if reward in (None, CPU_ONLY) else len(parse_gpu_ids("reward", reward, NodeLayout(cfg.gpus_per_node())))
+    layout = NodeLayout(cfg.gpus_per_node())
+    processes = 1 if reward in (None, CPU_ONLY) else len(parse_gpu_ids("reward", reward, layout))
     scorers = processes * cfg.reward.num_workers  # (samples scored at once)
     arrival = cfg.algorithm.minibatch_order == "arrival" and not cfg.algorithm.dynamic_sampling
 

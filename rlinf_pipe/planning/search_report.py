@@ -3,6 +3,7 @@ paste, or as JSON; a run's prediction beside its measurement."""
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from rlinf_pipe.planning.costs import Costs
@@ -52,7 +53,7 @@ def render_search(result: SearchResult, costs: Costs) -> str:
     lines += ["", *("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)]
     for i, r in enumerate(result.ranked, 1):
         lines += ["", f"# {i}: predicted {r.prediction.step_s:.2f} s/step ({costs.source})",
-                  *candidate_yaml(r), f"# overrides: {' '.join(repr(o) if ' ' in o else o for o in r.candidate.overrides())}"]
+                  *candidate_yaml(r), f"# overrides: {' '.join(shlex.quote(o) for o in r.candidate.overrides())}"]
     budget = "; stopped at the budget of simulated samples: a candidate left may beat the last shown" \
         if result.budget_hit else ""
     lines += ["", f"searched in {result.seconds:.1f} s: {result.enumerated} candidates, {result.simulated} simulated, "

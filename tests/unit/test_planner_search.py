@@ -20,7 +20,8 @@ def test_the_shapes_of_four_gpus():
     assert ("disaggregated", (("rollout", 2), ("inference", 1), ("actor", 1))) in found
     assert ("hybrid", (("rollout,inference", 3), ("actor", 1))) in found
     assert len(shapes(4, 1, logprob_stage=False)) == 4  # no inference: collocated and three 2-way splits
-    assert [s.placement() for s in shapes(4, 2, False)] == [{"actor,rollout": "0-3"}, {"rollout": "0-1", "actor": "2-3"}]
+    assert [s.placement() for s in shapes(4, 2, False)] == [{"actor,rollout": "0-3"},
+                                                            {"rollout": "0-1", "actor": "2-3"}]
 
 
 def test_the_unit_coarsens_with_the_cluster_and_neighbours_refine():
