@@ -93,3 +93,15 @@ def test_a_folder_without_a_config_is_a_clear_error(tmp_path):
 
     with pytest.raises(ConfigError, match="config.yaml does not exist"):
         read_profile(tmp_path)
+
+
+def test_plan_validate_prints_the_prediction_beside_the_measurement(tmp_path, capsys):
+    from rlinf_pipe.cli import main
+
+    run = write_run(tmp_path / "run")
+    assert main(["plan", "--validate", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert f"costs: profile of {run}" in out and "step s" in out and "1.000" in out  # (the measured step)
+    assert main(["plan", "--validate", str(run), "--json", "--costs", "1,2,0.5"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["measured_step_s"] == pytest.approx(1.0) and data["source"].startswith("RLinf-style --costs")

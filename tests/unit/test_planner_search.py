@@ -91,3 +91,10 @@ def test_the_largest_micro_batch_that_fits_is_found_by_bisection():
 
     assert fits(tokens) and not fits(tokens + MICRO_BATCH_STEP)
     assert largest_micro_batch_tokens(cfg, arch, 10**9) is None  # 1 GB holds no sample's training
+
+
+def test_with_staleness_the_rules_refuse_the_engines_taking_turns_with_the_actor():
+    cfg = load_config(overrides=["cluster.num_gpus_per_node=4", "runner.max_staleness=1"])
+    result = search(cfg, default_costs(cfg, "cpu"), 80 * 10**9, top=10)
+    assert result.ranked and result.refused_rules > 0
+    assert all("actor,rollout" not in r.candidate.placement() for r in result.ranked)
