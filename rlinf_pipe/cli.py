@@ -82,8 +82,74 @@ def load_cli_config(args: argparse.Namespace) -> Any:
     return load_config(config_path, args.config_name, overrides)
 
 
+def _planning_costs(args: argparse.Namespace, cfg: Any) -> Any:
+    """The costs `--costs`, `--profile` or the default give (`--gpu`: the defaults' GPU)."""
+    from rlinf_pipe.planning.costs import default_costs
+    from rlinf_pipe.planning.profile import default_gpu, read_profile
+    from rlinf_pipe.planning.rlinf_costs import parse_costs, rlinf_costs
+
+    gpu = args.gpu or default_gpu(cfg)
+    if args.costs:
+        actor_s, rollout_s, inference_s = parse_costs(args.costs)
+        return rlinf_costs(actor_s, rollout_s, inference_s, sum(cfg.gpus_per_node()), cfg, gpu)
+    if args.profile:
+        return read_profile(args.profile, gpu)
+    return default_costs(cfg, gpu)
+
+
+def _cluster_overrides(gpus: int | None) -> list[str]:
+    """`--gpus N` as cluster keys: one node of N GPUs up to 8, else N / 8 nodes of 8."""
+    from rlinf_pipe.errors import ConfigError
+
+    if gpus is None:
+        return []
+    if gpus < 1 or (gpus > 8 and gpus % 8):
+        raise ConfigError(f"--gpus {gpus}: give 1 to 8, or a multiple of 8 (nodes of 8 GPUs); for other shapes set "
+                          "cluster.num_nodes and cluster.num_gpus_per_node instead")
+    return [f"cluster.num_nodes={max(1, gpus // 8)}", f"cluster.num_gpus_per_node={min(gpus, 8)}"]
+
+
+def _plan_search(args: argparse.Namespace) -> int:
+    """`plan --search`: the ranked candidates (planning/search.py), printed by planning/search_report.py."""
+    from rlinf_pipe.planning.costs import gpu_spec
+    from rlinf_pipe.planning.profile import default_gpu
+    from rlinf_pipe.planning.search import search
+    from rlinf_pipe.planning.search_report import render_search, search_json
+
+    args.overrides = [*args.overrides, *_cluster_overrides(args.gpus)]
+    cfg = load_cli_config(args)
+    costs = _planning_costs(args, cfg)
+    capacity = (int(cfg.cluster.gpu_memory_gb * 1e9) if cfg.cluster.gpu_memory_gb is not None
+                else int(gpu_spec(args.gpu or default_gpu(cfg)).memory_bytes))
+    result = search(cfg, costs, capacity, top=args.top)
+    print(json.dumps(search_json(result, costs), indent=2) if args.json else render_search(result, costs))
+    return 0
+
+
+def _plan_validate(args: argparse.Namespace) -> int:
+    """`plan --validate RUN_DIR [--profile OTHER]`: the run's placement predicted beside its measurement."""
+    from rlinf_pipe.planning.profile import read_run_config
+    from rlinf_pipe.planning.search_report import render_validation
+    from rlinf_pipe.planning.validate import validate_run
+    from pathlib import Path
+
+    if not args.profile and not args.costs:
+        args.profile = args.validate  # (the run profiles itself)
+    costs = _planning_costs(args, read_run_config(Path(args.validate)))
+    validation = validate_run(args.validate, costs)
+    print(json.dumps(validation.to_json(), indent=2) if args.json else render_validation(validation, costs))
+    return 0
+
+
 def _plan(args: argparse.Namespace) -> int:
     from rlinf_pipe.errors import ConfigError
+
+    if args.validate:
+        return _plan_validate(args)
+    if args.search:
+        return _plan_search(args)
+    if args.profile or args.costs or args.gpus is not None:
+        raise ConfigError("--profile, --costs and --gpus go with --search or --validate RUN_DIR")
     from rlinf_pipe.runner.preflight import preflight
     from rlinf_pipe.planning.memory import memory_report
     from rlinf_pipe.planning.plan_report import render_plan
@@ -235,6 +301,19 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--no-files", action="store_true",
                       help="skip the checks that read the model, data and checkpoint files (plan a cluster from a "
                       "machine without them); every other check of `train` runs")
+    plan.add_argument("--search", action="store_true", help="rank the placements and parallel sizes of the config's "
+                      "cluster by predicted step time (docs/planning.md)")
+    plan.add_argument("--validate", metavar="RUN_DIR", default=None, help="predict a run's own placement beside "
+                      "its measured step time, bubble and tokens/s (profiled from itself unless --profile)")
+    plan.add_argument("--profile", metavar="RUN_DIR", default=None, help="the costs a run measured (its "
+                      "timeline.json and metrics.jsonl); default: derived from the model's size and the GPU")
+    plan.add_argument("--costs", metavar="ACTOR_S,ROLLOUT_S,INFERENCE_S", default=None, help="RLinf-style "
+                      "seconds per step of each, measured collocated on every GPU")
+    plan.add_argument("--gpus", type=int, default=None, help="search a cluster of N GPUs (nodes of 8) instead of "
+                      "the config's")
+    plan.add_argument("--gpu", choices=["H100", "H200", "A100", "cpu"], default=None, help="the GPU the default "
+                      "costs assume (default: H100 for SGLang engines, else cpu: the virtual GPUs of this machine)")
+    plan.add_argument("--top", type=int, default=5, help="candidates shown by --search (default 5)")
     plan.set_defaults(run=_plan)
     rehearse = commands.add_parser(
         "rehearse", help="train a cluster config for a few steps on this machine before booking the cluster: its "

@@ -383,7 +383,7 @@ def _rollout_groups(rollout: ComponentPlacement, actor: ComponentPlacement) -> l
     if rollout.gpus != actor.gpus or tp % actor.tp == 0:
         return [rollout.gpus[i : i + tp] for i in range(0, len(rollout.gpus), tp)]
     stride = actor.tp // tp
-    groups = []
+    groups: list[tuple[int, ...]] = []
     for start in range(0, len(actor.gpus), actor.tp):
         tp_group = actor.gpus[start : start + actor.tp]
         groups.extend(tuple(tp_group[j + r * stride] for r in range(tp)) for j in range(stride))

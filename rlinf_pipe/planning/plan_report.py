@@ -36,10 +36,10 @@ def render_plan(placement: Placement, memory: MemoryReport | None = None,
         lines += ["", *_memory(memory)]
     if notes:
         lines += ["", *notes]
-    warnings = [*(placement.warnings if warnings is None else warnings),
-                *(memory.warnings() if memory is not None else [])]
-    if warnings:
-        lines += ["", *(f"warning: {w}" for w in warnings)]
+    shown = [*(placement.warnings if warnings is None else warnings),
+             *(memory.warnings() if memory is not None else [])]
+    if shown:
+        lines += ["", *(f"warning: {w}" for w in shown)]
     return "\n".join(lines)
 
 
@@ -48,7 +48,7 @@ def _memory(memory: MemoryReport) -> list[str]:
     if not memory.components:
         return [f"memory: no estimate ({memory.note})"]
     head = ("memory/GPU (GiB)", *KINDS, "total", f"of {memory.capacity_bytes / GIB:.1f}")
-    rows = [head]
+    rows: list[tuple[str, ...]] = [head]
     for name, m in memory.components.items():
         rows.append((name, *(f"{m.per_gpu_bytes[k] / GIB:.1f}" for k in KINDS), f"{m.total / GIB:.1f}",
                      "fits" if m.fits else "DOES NOT FIT"))

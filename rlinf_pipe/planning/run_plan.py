@@ -143,7 +143,7 @@ def resolve_weight_transport(setting: str, placement: Placement, receivers: Sequ
     actor rank that holds a whole replica (CUDA IPC on GPUs, shared memory on CPU; `weight_routes`), else
     `object_store`."""
     if setting in TRANSPORTS:
-        return setting, "set by runner.weight_sync"  # type: ignore[return-value]
+        return setting, "set by runner.weight_sync"
     if setting != "auto":
         raise ConfigError(f"runner.weight_sync: {setting!r} is not one of auto, {', '.join(TRANSPORTS)}")
     comps = placement.components

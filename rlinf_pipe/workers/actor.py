@@ -122,7 +122,8 @@ class ActorWorker(Worker):
     def _train(self, op: TrainMicroBatch) -> None:
         with self.tracer.span("train", cpu_threads=self.compute.threads) as args:
             batch = op.batch
-            args.update(version=batch.version, sequences=batch.num_sequences, tokens=batch.num_tokens)
+            args.update(version=batch.version, sequences=batch.num_sequences, tokens=batch.num_tokens,
+                        sequence_tokens=int(batch.attention_mask.sum()))
             self.policy.train_micro_batch(batch, self.loss_fn)
 
     def _optimizer_step(self, step: int, minibatch: int) -> dict[str, float] | None:

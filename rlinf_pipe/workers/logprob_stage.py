@@ -97,7 +97,8 @@ class LogprobStage:
     def _logprobs(self, step: int, group: ScoredGroup) -> TrainBatch | None:
         batch = pack_train_batch([group], self.pad_token_id)  # old log-probs: the sampling engine's
         version = self.version if self.recompute_old else batch.version
-        with self.tracer.span("logprob", step=step, version=version, sequences=batch.num_sequences):
+        with self.tracer.span("logprob", step=step, version=version, sequences=batch.num_sequences,
+                              tokens=int(batch.attention_mask.sum())):
             old = self.policy.compute_logprobs(batch, self.policy.temperature) if self.recompute_old else None
             ref = self.ref.compute_logprobs(batch, self.ref.temperature) if self.ref is not None else None
         if not self.ranks.is_output:

@@ -86,7 +86,9 @@ class RewardWorker(Worker):
         tally = RewardTally()
         held: list[tuple[RolloutGroup, list[float], int]] = []
         while not isinstance(group := await src.aget(), StepEnd):
-            with self.tracer.span("reward", step=step, version=group.version, samples=group.num_sequences) as args:
+            with self.tracer.span("reward", step=step, version=group.version, samples=group.num_sequences,
+                                  prompt_tokens=len(group.prompt.prompt_ids),
+                                  response_tokens=[s.num_tokens for s in group.samples]) as args:
                 context = reward_context(group.prompt)
                 results = await asyncio.to_thread(self.pool.score_batch, [(s.text, context) for s in group.samples])
                 rewards = [r.reward for r in results]

@@ -1,0 +1,79 @@
+"""One rollout engine's continuous batching, simulated: requests decode together, each at the engine's rate at its
+current concurrency divided among them, a finished request's place taken by the next waiting one (whose prompt
+is prefilled first, pausing the others). Used by `planning.simulate`."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from rlinf_pipe.config.schema import Config
+from rlinf_pipe.planning.engine_sizes import TORCH_MAX_RUNNING
+
+
+def max_running(cfg: Config) -> float:
+    """An engine's requests in flight at most: `rollout.max_running_requests`, else the torch engine's default, else
+    no limit (SGLang admits what its KV cache holds)."""
+    if cfg.rollout.max_running_requests:
+        return cfg.rollout.max_running_requests
+    return TORCH_MAX_RUNNING if cfg.rollout.backend == "torch" else math.inf
+
+
+@dataclass(frozen=True)
+class Request:
+    """One sample to generate: its group, its prompt and response tokens."""
+
+    group: int
+    prompt_tokens: float
+    response_tokens: int
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """When each request of a generation finished (in the order given) and when the engine went idle."""
+
+    finish: tuple[float, ...]
+    end: float
+
+
+def run_engine(requests: Sequence[Request], start: float, decode_rate: Callable[[int], float],
+               prefill_rate: float, max_running: float) -> EngineRun:
+    """Simulate one engine from `start`: at most `max_running` requests run at once (the first ones admitted at
+    `start` after their prefill), `decode_rate(n)` is the engine's decode tokens/s with `n` requests running,
+    shared evenly among them."""
+    if not requests:
+        return EngineRun((), start)
+    most = int(min(max_running, len(requests)))
+    per_request = [0.0, *(decode_rate(n) / n for n in range(1, most + 1))]  # (looked up, not computed, per event)
+    t = start
+    progress = 0.0  # tokens each running request has decoded since the engine started (all advance together)
+    running: list[tuple[float, int]] = []  # (progress at which the request is done, its index)
+    finish = [0.0] * len(requests)
+    waiting = 0
+
+    def admit(i: int) -> float:
+        heapq.heappush(running, (progress + requests[i].response_tokens, i))
+        return requests[i].prompt_tokens / prefill_rate
+
+    while waiting < len(requests) and len(running) < max_running:
+        t += admit(waiting)
+        waiting += 1
+    while running:
+        done_at, i = running[0]
+        t += (done_at - progress) / per_request[len(running)]
+        progress = done_at
+        heapq.heappop(running)
+        finish[i] = t
+        if waiting < len(requests):
+            t += admit(waiting)
+            waiting += 1
+    return EngineRun(tuple(finish), t)
+
+
+def quantile_lengths(lengths: Sequence[int], count: int) -> list[int]:
+    """`count` lengths at evenly spaced quantiles of `lengths`, the last of them the longest."""
+    ordered = sorted(lengths)
+    return [ordered[min(len(ordered) - 1, (i + 1) * len(ordered) // count - (1 if i + 1 < count else 0))]
+            for i in range(count)]

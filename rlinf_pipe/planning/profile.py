@@ -1,0 +1,209 @@
+"""`read_profile(run_dir)`: the costs a run measured, from its `timeline.json`, `metrics.jsonl` and `config.yaml`.
+
+The first step is left out when there are more (it warms up). Per figure:
+
+* response lengths: the reward spans' `response_tokens` (every sample's length); older runs: the default's shape
+  scaled to `response_length/mean`;
+* prompt tokens: the reward spans' `prompt_tokens`; older runs: the default (half of `data.max_prompt_length`);
+* decode: each `generate` span (an engine's whole generation: its requests, response tokens and seconds) fixes the
+  scale of the default curve's shape: the engine is simulated on the default curve (`planning.batching`) with its
+  requests' lengths, and the curve scaled by simulated / measured seconds (the median over spans). Concurrent
+  requests per engine over time are not recorded, so the curve's shape stays the default's;
+* log-prob and training tokens/s: each replica's sequence tokens over its spans' seconds (`tokens` of `logprob`
+  spans, `sequence_tokens` of `train` spans; older runs: response tokens plus the prompts'); a run without a
+  log-prob stage gives log-probs at 3 x its training rate (a forward pass is about a third of forward + backward);
+* the optimizer step, reward seconds per sample (the reward spans' seconds over their rounds of `reward.num_workers`:
+  a mean, as a few slow answers take most of the time), the
+  driver's `weight_sync` seconds for the run's transport (the other transports in the default's proportion),
+  the actor's onload + offload and the engines' wake + sleep per step, the launch span.
+
+Whatever is missing is named in `Costs.missing` and taken from `default_costs`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from rlinf_pipe.config.schema import Config
+from rlinf_pipe.errors import ConfigError
+from rlinf_pipe.planning.batching import Request, max_running, quantile_lengths, run_engine
+from rlinf_pipe.planning.costs import Costs, Parallel, carried, default_costs
+from rlinf_pipe.planning.run_plan import RunPlan, plan_run
+from rlinf_pipe.utils.tracing import LAUNCH_SPAN, STEP_SPAN, Span
+
+
+SYNC_SPANS = ("weight_sync", "publish_weights")  # a version's move: the actor's side and the receivers'
+
+
+def default_gpu(cfg: Config) -> str:
+    """The GPU kind the defaults assume: an H100 for SGLang engines, else the virtual GPUs of a CPU machine."""
+    return "H100" if cfg.rollout.backend == "sglang" else "cpu"
+
+
+def read_run_config(run_dir: Path) -> Config:
+    from rlinf_pipe.config import load_config
+
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"{run_dir}/config.yaml does not exist; give a run folder (it holds config.yaml, "
+                          "timeline.json and metrics.jsonl)")
+    return load_config(run_dir, "config")
+
+
+def measured_spans(spans: Sequence[Span]) -> list[Span]:
+    """The work spans inside the steps measured (every step but the first, when there are more)."""
+    steps = sorted((s for s in spans if s.name == STEP_SPAN), key=lambda s: s.start)
+    kept = steps[1:] if len(steps) > 1 else steps
+    numbers = {st.args.get("step") for st in kept}
+
+    def inside(s: Span) -> bool:  # (a generation started, or a version pushed, during the step before counts in
+        if "step" in s.args:       # the step it is for)
+            return s.args["step"] in numbers
+        if s.name in SYNC_SPANS and "version" in s.args:
+            return s.args["version"] in numbers
+        return any(st.start <= s.start < st.end for st in kept)
+
+    return [s for s in spans if s.name not in (STEP_SPAN, LAUNCH_SPAN) and inside(s)]
+
+
+def _by(spans: Sequence[Span], name: str, component: str | None = None) -> list[Span]:
+    return [s for s in spans if s.name == name and (component is None or s.track.split("/")[0] == component)]
+
+
+def _rate(spans: Sequence[Span], tokens_of: Callable[[Span], float]) -> float | None:
+    seconds = sum(s.duration for s in spans)
+    return sum(tokens_of(s) for s in spans) / seconds if spans and seconds > 0 else None
+
+
+def _lengths_like(lengths: Sequence[int], count: int, total: float) -> list[int]:
+    """`count` lengths at evenly spaced quantiles of `lengths`, scaled to sum to `total`."""
+    picked = quantile_lengths(lengths, count)
+    scale = total / max(sum(picked), 1)
+    return [max(1, round(n * scale)) for n in picked]
+
+
+def _decode_scale(generate: Sequence[Span], costs: Costs, group_size: int, cap: float) -> float | None:
+    """The median over `generate` spans of simulated seconds on the default curve / measured seconds."""
+    scales = []
+    for span in generate:
+        requests, tokens = int(span.args.get("prompts", 0)) * group_size, float(span.args.get("tokens", 0))
+        if requests <= 0 or tokens <= 0 or span.duration <= 0:
+            continue
+        reqs = [Request(0, costs.prompt_tokens, n) for n in _lengths_like(costs.response_lengths, requests, tokens)]
+        run = run_engine(reqs, 0.0, lambda n: costs.decode_rate(n, costs.rollout_parallel),
+                         costs.prefill_rate(costs.rollout_parallel), cap)
+        scales.append(run.end / span.duration)
+    return statistics.median(scales) if scales else None
+
+
+def _parallel(plan: RunPlan, name: str | None) -> Parallel:
+    comp = plan.placement.components.get(name or "")
+    return Parallel(comp.tp, comp.pp, comp.cp) if comp else Parallel()
+
+
+def read_profile(run_dir: str | Path, gpu: str | None = None) -> Costs:
+    """The costs run `run_dir` measured (see the module docstring); `gpu` names the defaults' GPU (default:
+    `default_gpu` of the run's config)."""
+    from rlinf_pipe.utils.metrics import read_metrics
+    from rlinf_pipe.utils.timeline import read_chrome_trace
+
+    run_dir = Path(run_dir)
+    cfg = read_run_config(run_dir)
+    plan = plan_run(cfg)
+    if not (run_dir / "timeline.json").is_file():
+        raise ConfigError(f"{run_dir}/timeline.json does not exist; a profile needs a run that trained a step")
+    spans = read_chrome_trace(run_dir / "timeline.json")
+    metrics = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
+    work = measured_spans(spans)
+    base = carried(default_costs(cfg, gpu or default_gpu(cfg)), _parallel(plan, "rollout"),
+                   _parallel(plan, plan.logprob_component or "actor"), _parallel(plan, "actor"))
+    missing: list[str] = []
+    figures: dict[str, object] = {}
+    reward = _by(work, "reward")
+
+    lengths = [n for s in reward for n in s.args.get("response_tokens", ())]
+    if lengths:
+        figures["response_lengths"] = tuple(lengths)
+    else:
+        mean = statistics.fmean(m["response_length/mean"] for m in metrics if "response_length/mean" in m) \
+            if any("response_length/mean" in m for m in metrics) else None
+        missing.append("response length of each sample (reward spans' response_tokens)"
+                       + ("; the default's shape scaled to response_length/mean" if mean else ""))
+        if mean:
+            stretch, longest = mean / base.mean_response, cfg.rollout.max_new_tokens
+            figures["response_lengths"] = tuple(min(longest, max(1, round(n * stretch)))
+                                                for n in base.response_lengths)
+    prompts = [s.args["prompt_tokens"] for s in reward if "prompt_tokens" in s.args]
+    if prompts:
+        figures["prompt_tokens"] = statistics.fmean(prompts)
+    else:
+        missing.append("prompt tokens (reward spans' prompt_tokens)")
+    costs = replace(base, **figures)  # type: ignore[arg-type]
+
+    scale = _decode_scale(_by(work, "generate", "rollout"), costs, cfg.algorithm.group_size, max_running(cfg))
+    missing.append("concurrent requests per engine over time (the decode curve keeps the default's shape)")
+    if scale is not None:
+        figures["decode"] = costs.decode.scaled(scale)
+        figures["prefill_tokens_per_s"] = costs.prefill_tokens_per_s * scale
+    else:
+        missing.append("generate spans (decode and prefill rates)")
+
+    prompt = costs.prompt_tokens
+    train = _rate(_by(work, "train", "actor"), lambda s: s.args.get(
+        "sequence_tokens", s.args.get("tokens", 0) + s.args.get("sequences", 0) * prompt))
+    if not any("sequence_tokens" in s.args for s in _by(work, "train")):
+        missing.append("sequence tokens per train span (response tokens plus the mean prompt)")
+    logprob_spans = _by(work, "logprob")
+    logprob = _rate(logprob_spans, lambda s: s.args.get("tokens", s.args.get("sequences", 0)
+                                                        * (prompt + costs.mean_response)))
+    if logprob_spans and not any("tokens" in s.args for s in logprob_spans):
+        missing.append("tokens per log-prob span (sequences x the mean sequence)")
+    if train is not None:
+        figures["train_tokens_per_s"] = train
+    else:
+        missing.append("train spans")
+    if logprob is not None:
+        figures["logprob_tokens_per_s"] = logprob
+    elif train is not None:
+        figures["logprob_tokens_per_s"] = 3 * train
+        missing.append("log-prob spans (3 x the training rate)")
+    if opt := [s.duration for s in _by(work, "optimizer_step")]:
+        figures["optimizer_step_s"] = statistics.median(opt)
+    workers = cfg.reward.num_workers
+    rounds = sum(math.ceil(max(int(s.args.get("samples", 1)), 1) / workers) for s in reward)
+    if rounds:  # (the mean: a few slow answers take most of the scoring's time)
+        figures["reward_s_per_sample"] = sum(s.duration for s in reward) / rounds
+    versions: dict[object, float] = defaultdict(float)  # per version, its longest weight_sync span (driver or a
+    for s in (s for s in work if s.name in SYNC_SPANS):  # receiver: the driver's only collects a pushed version)
+        versions[s.args.get("version")] = max(versions[s.args.get("version")], s.duration)
+    if versions:
+        measured = statistics.median(versions.values())
+        default = base.sync_s(plan.weight_transport) or 1.0
+        figures["weight_sync_s"] = {k: v * measured / default for k, v in base.weight_sync_s.items()}
+    else:
+        missing.append(f"weight_sync spans ({plan.weight_transport})")
+    figures["switch_s"] = _switches(work, base.switch_s)
+    launch = [s.duration for s in spans if s.name == LAUNCH_SPAN and s.args.get("phase") == "job"]
+    if launch:
+        figures["launch_s"] = launch[0]
+    missing.append("bytes per weight version per transport (seconds only, for the run's transport)")
+    return replace(costs, **figures, source=f"profile of {run_dir}", missing=tuple(missing))  # type: ignore[arg-type]
+
+
+def _switches(work: Sequence[Span], default: dict[str, float]) -> dict[str, float]:
+    """Per component, its phase switches' seconds per step (onload + offload, wake + sleep), where measured."""
+    steps = {s.args.get("step") for s in work if "step" in s.args} or {None}
+    out = dict(default)
+    pairs = {"actor": ("onload", "offload"), "rollout": ("wake", "sleep")}
+    for component, names in pairs.items():
+        per_track: dict[str, float] = defaultdict(float)
+        for s in work:
+            if s.name in names and s.track.split("/")[0] == component:
+                per_track[s.track] += s.duration
+        if per_track:
+            out[component] = max(per_track.values()) / len(steps)
+    return out

@@ -1,0 +1,275 @@
+"""A discrete-event simulation of a run's step, walking the stage graph the runner runs (`stage_graph(plan)`).
+
+Each stage is simulated by the handler of its name, reading the arrival times of the groups in the channel it
+reads and writing their departure times into the one it writes:
+
+* **generate**: the prompts are split over the engines in order; each engine batches its requests continuously
+  (`planning.batching`), every sample's length drawn (seeded) from the costs' response lengths; a group leaves when
+  its last sample is done. Started once the engines hold the step's version: after the weight sync (the plan's
+  transport, `Costs.sync_s`) that follows the previous version's training. With `runner.max_staleness` N the
+  generations of the next N steps run back to back on the engines while earlier steps train
+  (`runner.generation.RolloutSchedule`): a step's sync waits until the engines finished those started on older
+  versions, then the step after the last one started ahead is begun.
+* **score**: each reward process scores a group's samples on its pool (`reward.num_workers` at once), in arrival order.
+* **logprob** / **train**: replicas (`dp` of them) take the groups as they arrive, from the step's start (the
+  driver calls them then); the actor computes the log-probs of the whole step before it trains; training follows
+  the mini-batches: every replica trains its share of mini-batch m (groups by slot, or to the replica with the
+  fewest tokens under `replica_routing: tokens`), then one optimizer step on all, then mini-batch m + 1.
+* **turns**: a stage that takes turns on its GPUs (`Stage.turns_with`) starts once the set is free, pays its
+  component's switch (onload + offload, wake + sleep) around its phase, and holds the set until its last group.
+
+The steady step time is the mean over the steps after the first N + 1 (N: staleness; without staleness every step
+drains the pipeline, and the first is as steady as any). Not modelled: the channels'
+bounds (producers never wait for a full channel), dynamic sampling's extra rounds, the driver's own calls.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from rlinf_pipe.config.schema import Config
+from rlinf_pipe.planning.batching import Request, max_running, run_engine
+from rlinf_pipe.planning.costs import Costs, Parallel, scale_rate
+from rlinf_pipe.planning.placement import ComponentPlacement, reward_placement
+from rlinf_pipe.planning.run_plan import RunPlan
+from rlinf_pipe.planning.stage_graph import Stage, StageGraph, stage_graph
+
+Arrivals = list[tuple[float, int]]  # (time, group) in a channel, for one step
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A predicted step: its seconds, the device bubble (1 - busy GPU-seconds / (GPUs x step)), response tokens/s,
+    each stage's busy seconds per step (summed over its replicas' GPUs, divided by the stage's GPUs), and the costs'
+    source."""
+
+    step_s: float
+    bubble: float
+    tokens_per_s: float
+    stage_busy_s: dict[str, float]
+    source: str
+    gpus: int
+
+    def to_json(self) -> dict[str, object]:
+        return {"predicted_step_s": self.step_s, "bubble": self.bubble, "tokens_per_s": self.tokens_per_s,
+                "stage_busy_s": self.stage_busy_s, "source": self.source}
+
+
+def _parallel(comp: ComponentPlacement) -> Parallel:
+    return Parallel(comp.tp, comp.pp, comp.cp)
+
+
+@dataclass
+class _Pool:
+    """Identical servers; each item goes to the first free one, in arrival order."""
+
+    free: list[float]
+    busy: float = 0.0
+
+    def serve(self, arrival: float, seconds: float) -> float:
+        start = max(arrival, heapq.heappop(self.free))
+        heapq.heappush(self.free, start + seconds)
+        self.busy += seconds
+        return start + seconds
+
+
+@dataclass
+class _Sim:
+    """The state of one simulation (see the module docstring)."""
+
+    cfg: Config
+    plan: RunPlan
+    costs: Costs
+    rng: random.Random
+    steps: int
+    lengths: dict[int, list[list[int]]] = field(default_factory=dict)  # per step, per group, its samples' lengths
+    generated: dict[int, Arrivals] = field(default_factory=dict)
+    step_start: float = 0.0
+    engines_free: float = 0.0
+    next_generation: int = 0
+    set_free: dict[tuple[int, ...], float] = field(default_factory=lambda: defaultdict(float))
+    busy: dict[int, dict[str, float]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
+    reward: _Pool | None = None
+    logprob_pool: _Pool | None = None
+    current: int = 0  # the step being simulated
+    actor_phase_open: bool = False  # the actor's log-prob stage took its turn; training goes on in that phase
+
+    def __post_init__(self) -> None:
+        self.prompts, self.group_size = self.cfg.data.rollout_batch_size, self.cfg.algorithm.group_size
+        comps = self.plan.placement.components
+        self.rollout, self.actor = comps["rollout"], comps["actor"]
+        processes = len(reward_placement(self.plan.placement).processes)
+        self.reward = _Pool([0.0] * processes)
+        logprob = self.plan.logprob_component
+        self.logprob_comp = comps[logprob] if logprob else None
+        if self.logprob_comp is not None and logprob == "inference":
+            self.logprob_pool = _Pool([0.0] * self.logprob_comp.dp)
+        self.sync = self.costs.sync_s(self.plan.weight_transport)
+        self.receiver_gpus = sum(len(comps[n].gpus) for n in self.plan.weight_receivers if n in comps)
+
+    # --- helpers ---------------------------------------------------------------------------------------------
+    def group_tokens(self, step: int, group: int) -> float:
+        """Sequence tokens (prompt + response) of one group."""
+        lengths = self.lengths[step][group]
+        return sum(lengths) + len(lengths) * self.costs.prompt_tokens
+
+    def take_turn(self, stage: Stage, comp: ComponentPlacement, ready: float) -> float:
+        """When `stage`'s phase may start on its GPUs (after the set is free and its switch-in); `ready` for a
+        stage whose GPUs are its own."""
+        if not stage.turns_with:
+            return ready
+        switch = self.costs.switch_s.get(comp.name, 0.0) / 2
+        self.busy[self.current]["switch"] += switch * 2 * len(comp.gpus)
+        return max(ready, self.set_free[comp.gpus]) + switch
+
+    def end_turn(self, stage: Stage, comp: ComponentPlacement, end: float) -> float:
+        if not stage.turns_with:
+            return end
+        self.set_free[comp.gpus] = end + self.costs.switch_s.get(comp.name, 0.0) / 2
+        return self.set_free[comp.gpus]
+
+    # --- stages ------------------------------------------------------------------------------------------------
+    def generate(self, stage: Stage, _: Arrivals) -> Arrivals:
+        """Sync the step's version into the receivers, then run the generations due (this step's, and those
+        started ahead up to the staleness)."""
+        sync_at = max(self.step_start, self.engines_free)
+        self.busy[self.current]["weight_sync"] += self.sync * self.receiver_gpus
+        start = sync_at + self.sync
+        last = min(self.current + self.plan.staleness, self.steps - 1)
+        while self.next_generation <= last:
+            start = self.run_generation(stage, self.next_generation, start)
+            self.next_generation += 1
+        self.engines_free = start
+        return self.generated[self.current]
+
+    def run_generation(self, stage: Stage, step: int, ready: float) -> float:
+        comp, costs, g = self.rollout, self.costs, self.group_size
+        start = self.take_turn(stage, comp, ready)
+        drawn = self.rng.choices(costs.response_lengths, k=self.prompts * g)
+        self.lengths[step] = [drawn[i * g:(i + 1) * g] for i in range(self.prompts)]
+        engines, par = comp.dp, _parallel(comp)
+        factor = scale_rate(1.0, costs.rollout_parallel, par)
+        cap = max_running(self.cfg)
+        arrivals: Arrivals = []
+        end = start
+        for e in range(engines):
+            groups = range(e * self.prompts // engines, (e + 1) * self.prompts // engines)
+            requests = [Request(grp, costs.prompt_tokens, n) for grp in groups for n in self.lengths[step][grp]]
+            run = run_engine(requests, start, lambda n: costs.decode.at(n) * factor, costs.prefill_rate(par), cap)
+            done: dict[int, float] = {}
+            for r, t in zip(requests, run.finish):
+                done[r.group] = max(done.get(r.group, 0.0), t)
+            arrivals += [(t, grp) for grp, t in done.items()]
+            self.busy[step]["generate"] += (run.end - start) * par.gpus
+            end = max(end, run.end)
+        self.end_turn(stage, comp, end)
+        self.generated[step] = sorted(arrivals)
+        return end
+
+    def score(self, stage: Stage, arrivals: Arrivals) -> Arrivals:
+        assert self.reward is not None
+        per_group = math.ceil(self.group_size / self.cfg.reward.num_workers) * self.costs.reward_s_per_sample
+        return sorted((self.reward.serve(t, per_group), grp) for t, grp in arrivals)
+
+    def logprob(self, stage: Stage, arrivals: Arrivals) -> Arrivals:
+        comp = self.logprob_comp
+        assert comp is not None
+        par = _parallel(comp)
+        rate = self.costs.logprob_rate(par)
+        if self.logprob_pool is not None and not stage.turns_with:  # inference workers on GPUs of their own
+            pool, start = self.logprob_pool, self.step_start
+        else:  # the actor before it trains, or inference between the engines' generations: a phase of its own
+            ready = max(self.step_start, self.generated_end(arrivals) if stage.turns_with else self.step_start)
+            start = self.take_turn(stage, comp, ready)
+            pool = _Pool([start] * comp.dp)
+        before = pool.busy
+        out = sorted((pool.serve(max(t, start), self.group_tokens(self.current, grp) / rate), grp)
+                     for t, grp in arrivals)
+        self.busy[self.current]["logprob"] += (pool.busy - before) * par.gpus
+        if comp.name == "actor":  # training starts once every log-prob is computed
+            done = max((t for t, _ in out), default=start)
+            self.actor_phase_open = True
+            return [(done, grp) for _, grp in out]
+        if stage.turns_with:
+            self.end_turn(stage, comp, max((t for t, _ in out), default=start))
+        return out
+
+    def generated_end(self, arrivals: Arrivals) -> float:
+        return max(self.engines_free, max((t for t, _ in arrivals), default=0.0))
+
+    def train(self, stage: Stage, arrivals: Arrivals) -> Arrivals:
+        comp, costs = self.actor, self.costs
+        par = _parallel(comp)
+        rate, opt = costs.train_rate(par), costs.optimizer_s(par)
+        if self.actor_phase_open:  # (the log-prob stage took the turn)
+            start = min((t for t, _ in arrivals), default=self.step_start)
+            self.actor_phase_open = False
+        else:
+            ready = self.generated_end([]) if stage.turns_with else self.step_start
+            start = self.take_turn(stage, comp, max(self.step_start, ready))
+        dp, m = comp.dp, self.cfg.algorithm.n_minibatches
+        per_mb = max(1, self.prompts // m)
+        order = sorted(arrivals) if self.plan.arrival_slots else sorted(arrivals, key=lambda a: a[1])
+        batches: list[list[list[tuple[float, int]]]] = [[[] for _ in range(dp)] for _ in range(m)]
+        loads = [[0.0] * dp for _ in range(m)]
+        for slot, (t, grp) in enumerate(order):
+            mb = min(slot // per_mb, m - 1)
+            r = min(range(dp), key=loads[mb].__getitem__) if self.plan.token_balance else slot % dp
+            loads[mb][r] += self.group_tokens(self.current, grp)
+            batches[mb][r].append((t, grp))
+        t_mb = start
+        for mb in range(m):
+            ends = []
+            for r in range(dp):
+                t = t_mb
+                for arrival, grp in sorted(batches[mb][r]):
+                    t = max(t, arrival) + self.group_tokens(self.current, grp) / rate
+                ends.append(t)
+            t_mb = max(ends) + opt
+        self.busy[self.current]["train"] += (sum(sum(lo) for lo in loads) / rate + m * opt * dp) * par.gpus
+        return [(self.end_turn(stage, comp, t_mb), -1)]
+
+    # --- the run -----------------------------------------------------------------------------------------------
+    def run(self, graph: StageGraph) -> list[float]:
+        """Every step's end time."""
+        handlers = {"generate": self.generate, "score": self.score, "logprob": self.logprob, "train": self.train}
+        ends = []
+        for step in range(self.steps):
+            self.current = step
+            channels: dict[str | None, Arrivals] = {None: []}
+            for stage in graph.stages:
+                if stage.name not in handlers:
+                    raise ValueError(f"the simulator has no model of stage {stage.name!r}")
+                channels[stage.writes] = handlers[stage.name](stage, channels[stage.reads])
+            end = max(t for t, _ in channels[None])
+            ends.append(end)
+            self.step_start = end
+        return ends
+
+
+def simulate(cfg: Config, plan: RunPlan, costs: Costs, seed: int = 0, steps: int | None = None) -> Prediction:
+    """The predicted steady step of `plan` (see the module docstring)."""
+    warm = plan.staleness + 1 if plan.staleness else 0  # (without staleness every step drains: each is steady)
+    steps = steps or warm + 2
+    sim = _Sim(cfg, plan, costs, random.Random(seed), steps)
+    ends = sim.run(stage_graph(plan))
+    measured = range(min(warm, steps - 1), steps)
+    first = ends[measured[0] - 1] if measured[0] > 0 else 0.0
+    step_s = (ends[-1] - first) / len(measured)
+    comps = plan.placement.components
+    used = {g for name in ("rollout", "inference", "actor") if name in comps
+            and (name != "inference" or plan.inference_workers) for g in comps[name].gpus}
+    gpus = max(len(used), 1)
+    busy = {k: sum(sim.busy[s][k] for s in measured) / len(measured) for k in
+            {k for s in measured for k in sim.busy[s]}}
+    tokens = sum(sum(map(sum, sim.lengths[s])) for s in measured) / len(measured)
+    bubble = max(0.0, 1.0 - sum(busy.values()) / (gpus * step_s)) if step_s > 0 else 0.0
+    stage_gpus = {"generate": len(comps["rollout"].gpus), "train": len(comps["actor"].gpus),
+                  "logprob": len(sim.logprob_comp.gpus) if sim.logprob_comp else 1,
+                  "weight_sync": max(sim.receiver_gpus, 1), "switch": gpus}
+    return Prediction(step_s, bubble, tokens / step_s if step_s > 0 else 0.0,
+                      {k: v / stage_gpus.get(k, 1) for k, v in sorted(busy.items())}, costs.source, gpus)

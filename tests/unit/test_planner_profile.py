@@ -1,0 +1,107 @@
+"""read_profile on a run folder written by hand: the figures a timeline allows, and what an old run lacks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlinf_pipe.config import load_config
+from rlinf_pipe.planning.costs import default_costs
+from rlinf_pipe.planning.profile import read_profile
+from rlinf_pipe.planning.validate import validate_run
+from rlinf_pipe.utils.timeline import write_chrome_trace
+from rlinf_pipe.utils.tracing import Span
+
+OVERRIDES = ["data.rollout_batch_size=2", "algorithm.group_size=2", "reward.num_workers=2"]
+
+
+def step_spans(step: int, t: float, new_args: bool) -> list[Span]:
+    """Step `step` from `t`, 1 s long: the engine's 0.2 s generation of 2 prompts (4 samples, 40 tokens), two 0.1 s
+    reward spans, two 0.25 s train spans of 60 sequence tokens, a 0.05 s optimizer step, a 0.02 s weight sync."""
+    reward_args = lambda lengths: ({"prompt_tokens": 20, "response_tokens": lengths} if new_args else {})  # noqa: E731
+    train_args = {"sequence_tokens": 60} if new_args else {}
+    return [
+        Span("step", "driver", t, t + 1.0, (), {"step": step}),
+        Span("weight_sync", "rollout/0", t, t + 0.02, (0,), {"version": step}),
+        Span("generate", "rollout/0", t + 0.02, t + 0.22, (0,), {"step": step, "prompts": 2, "tokens": 40}),
+        Span("reward", "reward/0", t + 0.22, t + 0.32, (), {"step": step, "samples": 2, **reward_args([5, 15])}),
+        Span("reward", "reward/0", t + 0.32, t + 0.42, (), {"step": step, "samples": 2, **reward_args([8, 12])}),
+        Span("train", "actor/0", t + 0.42, t + 0.67, (1,), {"tokens": 20, "sequences": 2, **train_args}),
+        Span("train", "actor/0", t + 0.67, t + 0.92, (1,), {"tokens": 20, "sequences": 2, **train_args}),
+        Span("optimizer_step", "actor/0", t + 0.92, t + 0.97, (1,), {"step": step, "minibatch": 0}),
+    ]
+
+
+def write_run(folder: Path, new_args: bool = True) -> Path:
+    cfg = load_config(overrides=OVERRIDES)
+    folder.mkdir()
+    (folder / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+    spans = [Span("launch", "driver", -30.0, -0.5, (), {"phase": "job"})]
+    spans += [s for step in range(3) for s in step_spans(step, float(step), new_args)]
+    spans.append(Span("generate", "rollout/0", 0.02, 5.0, (0,), {"step": 0, "prompts": 2, "tokens": 40}))  # warm-up
+    write_chrome_trace(spans, folder / "timeline.json")
+    (folder / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "response_length/mean": 10.0, "throughput/tokens_per_s": 40.0}) + "\n"
+        for s in range(3)))
+    return folder
+
+
+def test_a_profile_reads_the_rates_of_the_steps_after_the_first(tmp_path):
+    costs = read_profile(write_run(tmp_path / "run"))
+    assert costs.source == f"profile of {tmp_path / 'run'}"
+    assert sorted(costs.response_lengths) == [5, 5, 8, 8, 12, 12, 15, 15]  # steps 1 and 2 (step 0 left out)
+    assert costs.prompt_tokens == 20
+    assert costs.train_tokens_per_s == pytest.approx(120 / 0.5)  # two 60-token spans of 0.25 s
+    assert costs.optimizer_step_s == pytest.approx(0.05)
+    assert costs.reward_s_per_sample == pytest.approx(0.1)  # 2 samples on 2 pool workers: one round of 0.1 s
+    assert costs.sync_s("broadcast") == pytest.approx(0.02)
+    assert costs.launch_s == pytest.approx(29.5)
+    assert costs.logprob_tokens_per_s == pytest.approx(3 * 240)  # no log-prob stage: 3 x training
+    assert any("log-prob spans" in m for m in costs.missing)
+    assert not any("reward spans" in m or "train span" in m for m in costs.missing)
+    # the decode curve is the default's shape, scaled so that the engine's 4 requests of 40 tokens take 0.2 s
+    default = default_costs(load_config(overrides=OVERRIDES), "cpu")
+    ratio = costs.decode.at(1) / default.decode.at(1)
+    assert all(y == pytest.approx(y0 * ratio) for (_, y), (_, y0) in zip(costs.decode.points, default.decode.points))
+
+
+def test_an_old_run_without_token_args_falls_back_and_says_so(tmp_path):
+    costs = read_profile(write_run(tmp_path / "old", new_args=False))
+    assert costs.prompt_tokens == 64  # half of data.max_prompt_length (128)
+    assert costs.mean_response == pytest.approx(10.0, rel=0.05)  # the default shape scaled to the metrics' mean
+    assert costs.train_tokens_per_s == pytest.approx((20 + 2 * 64) * 2 / 0.5)  # response + the prompts'
+    missing = " ".join(costs.missing)
+    for figure in ("response length of each sample", "prompt tokens", "sequence tokens per train span"):
+        assert figure in missing
+
+
+def test_validate_puts_the_prediction_beside_the_measurement(tmp_path):
+    run = write_run(tmp_path / "run")
+    v = validate_run(run, read_profile(run))
+    assert v.measured_step_s == pytest.approx(1.0) and v.steps == 2
+    assert v.measured_tokens_per_s == pytest.approx(40.0)
+    assert math.isfinite(v.prediction.step_s) and v.prediction.step_s > 0
+
+
+def test_a_folder_without_a_config_is_a_clear_error(tmp_path):
+    from rlinf_pipe.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="config.yaml does not exist"):
+        read_profile(tmp_path)
+
+
+def test_plan_validate_prints_the_prediction_beside_the_measurement(tmp_path, capsys):
+    from rlinf_pipe.cli import main
+
+    run = write_run(tmp_path / "run")
+    assert main(["plan", "--validate", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert f"costs: profile of {run}" in out and "step s" in out and "1.000" in out  # (the measured step)
+    assert main(["plan", "--validate", str(run), "--json", "--costs", "1,2,0.5"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["measured_step_s"] == pytest.approx(1.0) and data["source"].startswith("RLinf-style --costs")

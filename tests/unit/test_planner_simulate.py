@@ -1,0 +1,100 @@
+"""The step simulator on small cases whose answer is worked out by hand: a flat decode curve of 100 tokens/s per
+engine (shared by its running requests), every response 100 tokens, prompts free, training 100 sequence tokens/s."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from rlinf_pipe.config import load_config
+from rlinf_pipe.planning.batching import Request, run_engine
+from rlinf_pipe.planning.costs import Costs, Curve
+from rlinf_pipe.planning.run_plan import plan_run
+from rlinf_pipe.planning.simulate import simulate
+from rlinf_pipe.planning.stage_graph import Stage, StageGraph
+
+BASE = ["data.rollout_batch_size=2", "algorithm.group_size=2", "rollout.max_running_requests=2"]
+
+
+def costs(**changes: object) -> Costs:
+    flat = Costs(decode=Curve(((1.0, 100.0), (64.0, 100.0))), prefill_tokens_per_s=1e12, response_lengths=(100,),
+                 prompt_tokens=0.0, logprob_tokens_per_s=400.0, train_tokens_per_s=100.0, optimizer_step_s=0.0,
+                 weight_sync_s={"broadcast": 0.0, "ipc": 0.0, "object_store": 0.0}, reward_s_per_sample=0.0,
+                 switch_s={"actor": 0.0, "rollout": 0.0, "inference": 0.0}, launch_s=0.0, source="by hand")
+    return dataclasses.replace(flat, **changes)  # type: ignore[arg-type]
+
+
+def predict(c: Costs, *overrides: str):
+    cfg = load_config(overrides=[*BASE, *overrides])
+    return simulate(cfg, plan_run(cfg), c)
+
+
+def test_an_engine_shares_its_rate_among_its_requests_and_the_long_tail_runs_alone():
+    # 4 requests at 400 tokens/s in all: 100 each a second; three finish after their 100 tokens (1 s), the
+    # 1,000-token one then runs alone at 400 tokens/s: 900 more tokens take 2.25 s.
+    requests = [Request(0, 0.0, 100), Request(0, 0.0, 100), Request(1, 0.0, 100), Request(1, 0.0, 1000)]
+    run = run_engine(requests, 0.0, lambda n: 400.0, 1e12, max_running=8)
+    assert run.finish == pytest.approx((1.0, 1.0, 1.0, 3.25))
+    capped = run_engine(requests[:3], 0.0, lambda n: 100.0 * n, 1e12, max_running=1)  # one at a time, 1 s each
+    assert capped.finish == pytest.approx((1.0, 2.0, 3.0))
+
+
+def test_a_pure_chain_adds_up_by_hand():
+    # One group per step on one engine (max_running 2 holds both samples): 2 x 100 tokens at 100 tokens/s = 2 s;
+    # then its 200 sequence tokens train at 100/s = 2 s, then the optimizer step 0.5 s: 4.5 s.
+    p = predict(costs(optimizer_step_s=0.5), "data.rollout_batch_size=1")
+    assert p.step_s == pytest.approx(4.5)
+    assert p.tokens_per_s == pytest.approx(200 / 4.5)
+    # busy GPU-seconds: the engine 2, the actor 2.5, of 2 GPUs x 4.5 s
+    assert p.bubble == pytest.approx(1 - 4.5 / 9.0)
+    assert p.stage_busy_s["generate"] == pytest.approx(2.0) and p.stage_busy_s["train"] == pytest.approx(2.5)
+
+
+def test_groups_stream_so_the_pipeline_beats_the_sum_of_its_stages():
+    # Two groups, one after the other on the engine (2 s each: done at 2 and 4); the first trains from 2 to 4 while
+    # the second generates, the second from 4 to 6: 6 s, where the stages one after the other take 4 + 4 = 8 s.
+    p = predict(costs())
+    assert p.step_s == pytest.approx(6.0)
+    assert p.stage_busy_s["generate"] + p.stage_busy_s["train"] == pytest.approx(8.0)
+
+
+def test_the_weight_sync_on_the_plans_transport_precedes_the_generation():
+    p = predict(costs(weight_sync_s={"broadcast": 0.75, "ipc": 9.0, "object_store": 9.0}))
+    assert p.step_s == pytest.approx(6.75)
+
+
+def test_staleness_one_hides_the_generation_behind_training():
+    # One group a step: generation 2 s, training 3 s (200 tokens at 200/3 tokens/s). Without staleness
+    # each step is 2 + 3 = 5 s; with max_staleness 1 the next step's group generates while this one trains: 3 s.
+    c = costs(train_tokens_per_s=200 / 3)
+    assert predict(c, "data.rollout_batch_size=1").step_s == pytest.approx(5.0)
+    assert predict(c, "data.rollout_batch_size=1", "runner.max_staleness=1").step_s == pytest.approx(3.0)
+
+
+def test_collocated_phases_pay_their_switches_and_do_not_overlap():
+    # One GPU taken in turns: the engines wake (0.2) and generate both groups (4 s), sleep (0.2); the actor onloads
+    # (0.5), trains 4 s, offloads (0.5): 9.4 s.
+    c = costs(switch_s={"actor": 1.0, "rollout": 0.4, "inference": 0.0})
+    p = predict(c, "cluster.num_gpus_per_node=1", 'cluster.component_placement={"actor,rollout": 0}')
+    assert p.step_s == pytest.approx(9.4)
+    disaggregated = predict(c)  # the same work streaming on two GPUs
+    assert disaggregated.step_s == pytest.approx(6.0)
+
+
+def test_the_actor_computing_the_log_probs_trains_only_after_all_of_them():
+    # n_minibatches 2 needs old log-probs; no inference workers: the actor computes them (400 tokens/s: 0.5 s a
+    # group) as the groups arrive (at 2 and 4), the last done at 4.5; then both groups train (2 s each) in two
+    # mini-batches: 8.5 s.
+    p = predict(costs(), "algorithm.n_minibatches=2")
+    assert p.step_s == pytest.approx(8.5)
+
+
+def test_a_stage_the_simulator_does_not_know_is_an_error():
+    cfg = load_config(overrides=BASE)
+    from rlinf_pipe.planning.simulate import _Sim
+    import random
+
+    sim = _Sim(cfg, plan_run(cfg), costs(), random.Random(0), 1)
+    with pytest.raises(ValueError, match="no model of stage 'distill'"):
+        sim.run(StageGraph((Stage("distill", "actor", None, None),), ()))
