@@ -6,7 +6,8 @@ finer one; per component the parallel sizes the model allows). They are taken in
 refuse it or not), checked against the memory estimate (`estimate_memory`: any component that does not fit refuses
 it) and simulated (`planning.simulate`). The result keeps the K best placements, each with its best parallel
 sizes, and, where the config budgets micro-batches by tokens, the largest `actor.micro_batch_tokens` the memory
-estimate fits there. Once a candidate's bound passes the K-th best placement's predicted step time, it and
+estimate fits there. Sizes whose bound passes their placement's best prediction are pruned (they cannot change its
+entry); once a candidate's bound passes the K-th best placement's predicted step time, it and
 every later one are pruned unsimulated; past the budget of simulated samples the rest are left too (the result
 says so).
 """
@@ -165,7 +166,7 @@ def search(cfg: Config, costs: Costs, capacity_bytes: int, top: int = 5, seed: i
     capacity = capacity_bytes
     result = SearchResult([], costs.source)
     seen: set[tuple[Shape, Sizes]] = set()
-    transports: dict[str, float] = {}
+    best_of_shape: dict[Shape, float] = {}  # each placement's best prediction so far
 
     def sync_bound() -> float:
         return min(costs.weight_sync_s.values(), default=0.0)
@@ -179,6 +180,9 @@ def search(cfg: Config, costs: Costs, capacity_bytes: int, top: int = 5, seed: i
             if len(result.ranked) >= top and cand.bound >= result.ranked[top - 1].prediction.step_s:
                 result.pruned += len(candidates) - i
                 return
+            if cand.bound >= best_of_shape.get(cand.shape, float("inf")):
+                result.pruned += 1  # (it cannot beat its placement's best sizes, the placement's one entry)
+                continue
             if result.simulated >= simulations:
                 result.budget_hit = True
                 result.pruned += len(candidates) - i
@@ -196,9 +200,9 @@ def search(cfg: Config, costs: Costs, capacity_bytes: int, top: int = 5, seed: i
                 if not all(m.fits for m in memory.values()):
                     result.refused_memory += 1
                     continue
-            transports[plan.weight_transport] = costs.sync_s(plan.weight_transport)
             prediction = simulate(trial, plan, costs, seed=seed)
             result.simulated += 1
+            best_of_shape[cand.shape] = min(best_of_shape.get(cand.shape, float("inf")), prediction.step_s)
             same = next((r for r in result.ranked if r.candidate.shape == cand.shape), None)
             if same is not None and same.prediction.step_s <= prediction.step_s:
                 continue  # (one entry per placement: its best parallel sizes)
