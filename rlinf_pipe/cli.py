@@ -155,7 +155,11 @@ def _plan(args: argparse.Namespace) -> int:
     from rlinf_pipe.planning.plan_report import render_plan
     from rlinf_pipe.planning.stage_graph import stage_graph
 
-    cfg = load_cli_config(args)
+    from rlinf_pipe.planning.micro_batch_budget import resolve_micro_batch_tokens
+
+    loaded = load_cli_config(args)
+    cfg = resolve_micro_batch_tokens(loaded)
+    resolved = {"actor.micro_batch_tokens": cfg.actor.micro_batch_tokens} if cfg is not loaded else {}
     checked = preflight(cfg, files=False)
     if not args.no_files:
         try:
@@ -171,9 +175,11 @@ def _plan(args: argparse.Namespace) -> int:
     graph = stage_graph(plan)
     if args.json:
         print(json.dumps({**plan.placement.to_json(), "warnings": list(plan.warnings), "memory": memory.to_json(),
-                          "weight_sync": weights, "stages": graph.to_json(), "checks": checks}, indent=2))
+                          "weight_sync": weights, "stages": graph.to_json(), "checks": checks, "resolved": resolved},
+                         indent=2))
         return 0
-    notes = ["step (stage, component, reads -> writes):", *(f"  {line}" for line in graph.describe()),
+    notes = [*(f"{key}: auto -> {value} (the largest the memory estimate fits)" for key, value in resolved.items()),
+             "step (stage, component, reads -> writes):", *(f"  {line}" for line in graph.describe()),
              f"weight sync: {plan.weight_transport} to {', '.join(plan.weight_receivers)} "
              f"({plan.weight_transport_why})",
              f"checks passed: {', '.join(checked.passed)}"]

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rlinf_pipe.errors import ConfigError
+
 COMPONENTS = ("rollout", "inference", "actor", "reward")  # the names `cluster.component_placement` places
 
 
@@ -249,11 +251,12 @@ class ActorConfig:
     micro_batch_size: int = opt(
         16, "Sequences per micro-batch (the cap when micro_batch_tokens is set too; a larger group is split by rows).",
         min=1)
-    micro_batch_tokens: int | None = opt(
+    micro_batch_tokens: int | Literal["auto"] | None = opt(
         None,
         "Dynamic micro-batches: at most this many tokens per micro-batch (real tokens with pack_sequences, rows x "
         "longest row without); null: fixed micro_batch_size. A group over the budget is split by rows; a single row "
-        "over it trains alone.",
+        "over it trains alone. `auto`: the largest multiple of 1024 with which the actor fits the memory estimate "
+        "(`rlinf-pipe plan` prints it; docs/memory.md).",
         min=1,
     )
     max_micro_batch_size: int | None = opt(
@@ -296,6 +299,13 @@ class ActorConfig:
     weight_decay: float = opt(0.0, "AdamW weight decay.", min=0)
     clip_grad: float = opt(1.0, "Gradient-norm clipping threshold (0 disables it).", min=0)
     lr_warmup_steps: int = opt(0, "Linear warmup steps of the learning rate.", min=0)
+
+    def token_budget(self) -> int | None:
+        """`micro_batch_tokens` once `auto` was resolved (`planning.micro_batch_budget`, before the run starts)."""
+        if self.micro_batch_tokens == "auto":
+            raise ConfigError("actor.micro_batch_tokens=auto was not resolved before this use (resolve it with "
+                              "rlinf_pipe.planning.micro_batch_budget.resolve_micro_batch_tokens)")
+        return self.micro_batch_tokens
 
 
 @dataclass

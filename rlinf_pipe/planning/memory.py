@@ -203,7 +203,7 @@ def _actor(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, d
     distributed_optimizer = dp > 1
     master = 4 if dtype_bytes < 4 else 0
     rows = max(cfg.actor.max_micro_batch_size or 0, cfg.actor.micro_batch_size)  # (it grows to max when behind)
-    tokens = cfg.actor.micro_batch_tokens or rows * seq_len
+    tokens = cfg.actor.token_budget() or rows * seq_len
     return {
         "weights": params * dtype_bytes * (2 if with_ref else 1),
         "grads": params * 4,

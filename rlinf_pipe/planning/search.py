@@ -24,6 +24,7 @@ from rlinf_pipe.errors import RlinfPipeError
 from rlinf_pipe.planning.batching import max_running
 from rlinf_pipe.planning.costs import Costs
 from rlinf_pipe.planning.gpu_ids import NodeLayout, parse_gpu_ids
+from rlinf_pipe.planning.micro_batch_budget import largest_micro_batch_tokens
 from rlinf_pipe.planning.placement import CPU_ONLY
 from rlinf_pipe.planning.run_plan import plan_run
 from rlinf_pipe.planning.search_space import (
@@ -223,31 +224,6 @@ def search(cfg: Config, costs: Costs, capacity_bytes: int, top: int = 5, seed: i
         result.ranked = [with_micro_batch_tokens(cfg, r, arch, capacity) for r in result.ranked]  # tokens)
     result.seconds = time.perf_counter() - started
     return result
-
-
-MICRO_BATCH_STEP = 1024  # actor.micro_batch_tokens tried in steps of this many tokens
-
-
-def largest_micro_batch_tokens(cfg: Config, arch: Any, capacity_bytes: int) -> int | None:
-    """The largest `actor.micro_batch_tokens` (a multiple of `MICRO_BATCH_STEP`, from one whole sample up to 32 of
-    them) with which `cfg`'s actor fits the memory estimate; None when not even one sample does."""
-    from rlinf_pipe.planning.memory import estimate_memory
-
-    plan = plan_run(cfg)
-    sample = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-    step = MICRO_BATCH_STEP
-    lo, hi = -(-sample // step), 32 * -(-sample // step)  # (in steps)
-
-    def fits(steps: int) -> bool:
-        trial = replace(cfg, actor=replace(cfg.actor, micro_batch_tokens=steps * step))
-        return estimate_memory(trial, plan, arch, capacity_bytes)["actor"].fits
-
-    if not fits(lo):
-        return None
-    while lo < hi:  # (the actor's memory grows with its micro-batch: the largest that fits, by bisection)
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-    return lo * step
 
 
 def with_micro_batch_tokens(cfg: Config, ranked: Ranked, arch: Any, capacity_bytes: int) -> Ranked:

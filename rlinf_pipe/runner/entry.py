@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rlinf_pipe.config.schema import Config
+from rlinf_pipe.planning.micro_batch_budget import resolve_micro_batch_tokens
 from rlinf_pipe.runner.stop import StopSignals
 from rlinf_pipe.runtime.cluster import Cluster
 from rlinf_pipe.utils.tracing import LAUNCH_SPAN, Tracer, now
@@ -31,6 +32,7 @@ def run(cfg: Config, launched_at: float | None = None) -> Path:
     SIGTERM stop it cleanly (`rlinf_pipe.runner.stop`): `RunStopped` says where and how to resume. The launch's
     spans (`tracing.LAUNCH_SPAN`) go on the run's timeline from `launched_at` (the command's start; default now)."""
     launched_at = now() if launched_at is None else launched_at
+    cfg = resolve_micro_batch_tokens(cfg)  # (`auto`: the largest the memory estimate fits, before anything reads it)
     driver, helper = Tracer("driver"), Tracer("driver/prepare")
     with StopSignals(cfg.runner.stop_grace_s) as stop:
         checked: Future[Preflight] = Future()

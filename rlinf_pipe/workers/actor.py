@@ -91,7 +91,7 @@ class ActorWorker(Worker):
         self.loss_fn = make_loss_fn(cfg)
         self.routing = train_routing(cfg, self.ranks.dp_size)
         self.balancer = balancer  # (`ReplicaBalancer`: groups reach this replica by tokens, not by slot)
-        self.micro_batch_size, self.micro_batch_tokens = a.micro_batch_size, a.micro_batch_tokens
+        self.micro_batch_size, self.micro_batch_tokens = a.micro_batch_size, a.token_budget()
         self.max_micro_batch_size = a.max_micro_batch_size  # (MicroBatcher keeps it at least micro_batch_size)
         self.pad_token_id = pad_token_id(model_path, pad_id)
         self.bucket_bytes = cfg.runner.weight_bucket_mb << 20

@@ -88,7 +88,7 @@ def test_search_flags_without_search_are_refused(capsys):
 def test_the_largest_micro_batch_that_fits_is_found_by_bisection():
     from rlinf_pipe.models.arch import model_arch
     from rlinf_pipe.planning.memory import estimate_memory
-    from rlinf_pipe.planning.search import MICRO_BATCH_STEP, largest_micro_batch_tokens
+    from rlinf_pipe.planning.micro_batch_budget import MICRO_BATCH_STEP, largest_micro_batch_tokens
 
     cfg = load_config(".", SEED)
     arch, _ = model_arch(cfg.actor.model_path)
