@@ -1,6 +1,6 @@
 """`read_profile(run_dir)`: the costs a run measured, from its `timeline.json`, `metrics.jsonl` and `config.yaml`.
 
-The first step is left out when there are more (it warms up). Per figure:
+The first step (`warmup` steps) is left out when there are more (it warms up). Per figure:
 
 * response lengths: the reward spans' `response_tokens` (every sample's length); older runs: the default's shape
   scaled to `response_length/mean`;
@@ -54,10 +54,15 @@ def read_run_config(run_dir: Path) -> Config:
     return load_config(run_dir, "config")
 
 
-def measured_spans(spans: Sequence[Span]) -> list[Span]:
-    """The work spans inside the steps measured (every step but the first, when there are more)."""
-    steps = sorted((s for s in spans if s.name == STEP_SPAN), key=lambda s: s.start)
-    kept = steps[1:] if len(steps) > 1 else steps
+def kept_steps(steps: Sequence[Span], warmup: int = 1) -> list[Span]:
+    """The step spans measured: all but the first `warmup`, keeping at least the last."""
+    ordered = sorted(steps, key=lambda s: s.start)
+    return ordered[min(warmup, max(len(ordered) - 1, 0)):]
+
+
+def measured_spans(spans: Sequence[Span], warmup: int = 1) -> list[Span]:
+    """The work spans inside the steps measured (every step but the first `warmup`, keeping at least the last)."""
+    kept = kept_steps([s for s in spans if s.name == STEP_SPAN], warmup)
     numbers = {st.args.get("step") for st in kept}
 
     def inside(s: Span) -> bool:  # (a generation started, or a version pushed, during the step before counts in
@@ -105,9 +110,9 @@ def _parallel(plan: RunPlan, name: str | None) -> Parallel:
     return Parallel(comp.tp, comp.pp, comp.cp) if comp else Parallel()
 
 
-def read_profile(run_dir: str | Path, gpu: str | None = None) -> Costs:
+def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1) -> Costs:
     """The costs run `run_dir` measured (see the module docstring); `gpu` names the defaults' GPU (default:
-    `default_gpu` of the run's config)."""
+    `default_gpu` of the run's config); the first `warmup` steps are left out (at least one step is kept)."""
     from rlinf_pipe.utils.metrics import read_metrics
     from rlinf_pipe.utils.timeline import read_chrome_trace
 
@@ -118,7 +123,7 @@ def read_profile(run_dir: str | Path, gpu: str | None = None) -> Costs:
         raise ConfigError(f"{run_dir}/timeline.json does not exist; a profile needs a run that trained a step")
     spans = read_chrome_trace(run_dir / "timeline.json")
     metrics = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
-    work = measured_spans(spans)
+    work = measured_spans(spans, warmup)
     base = carried(default_costs(cfg, gpu or default_gpu(cfg)), _parallel(plan, "rollout"),
                    _parallel(plan, plan.logprob_component or "actor"), _parallel(plan, "actor"))
     missing: list[str] = []
