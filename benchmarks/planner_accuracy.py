@@ -191,20 +191,30 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     ray.init(address="local", num_cpus=len(cores), num_gpus=gpus, include_dashboard=False, log_to_driver=False)
     runs: dict[str, Path] = {}
+    failed: dict[str, str] = {}
+    settings: dict[str, Any] = {"steps": args.steps, "warmup": args.warmup, "cores_per_gpu": args.cores_per_gpu,
+                                "cores": len(cores), "config": f"examples/math/config/{CONFIG}.yaml"}
     try:
         for name in names:
             t0 = time.perf_counter()
-            runs[name] = train(BY_NAME[name], args, model, out)
+            try:
+                runs[name] = train(BY_NAME[name], args, model, out)
+            except Exception as exc:  # (one placement's failure is reported; the others still compare)
+                if name == args.profile_placement:
+                    raise
+                failed[name] = f"{type(exc).__name__}: {exc}"[:500]
+                print(f"{name:<26} FAILED: {failed[name]}", flush=True)
+                continue
             print(f"{name:<26} trained {args.steps} steps in {time.perf_counter() - t0:.0f} s: {runs[name]}",
                   flush=True)
+            settings |= {"runtime_s": round(time.perf_counter() - started), "failed": failed,
+                         "machine": f"{platform.machine()}, {os.cpu_count()} cores, load average "
+                                    f"{os.getloadavg()[0]:.2f} at the end"}
+            (out / "runs.json").write_text(json.dumps({  # (kept as it goes: --predict-only reads a partial one)
+                "runs": {k: str(v) for k, v in runs.items()}, "settings": settings,
+                "profiled": args.profile_placement, "warmup": args.warmup}))
     finally:
         ray.shutdown()
-    settings = {"steps": args.steps, "warmup": args.warmup, "cores_per_gpu": args.cores_per_gpu, "cores": len(cores),
-                "config": f"examples/math/config/{CONFIG}.yaml", "runtime_s": round(time.perf_counter() - started),
-                "machine": f"{platform.machine()}, {os.cpu_count()} cores, load average "
-                           f"{os.getloadavg()[0]:.2f} at the end"}
-    (out / "runs.json").write_text(json.dumps({"runs": {k: str(v) for k, v in runs.items()}, "settings": settings,
-                                               "profiled": args.profile_placement, "warmup": args.warmup}))
     summary = compare(runs, args.profile_placement, args.warmup)
     summary["settings"] = settings
     if tmp is not None:
