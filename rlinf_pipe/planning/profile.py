@@ -7,7 +7,8 @@ The first step (`warmup` steps) is left out when there are more (it warms up). P
 * prompt tokens: the reward spans' `prompt_tokens`; older runs: the default (half of `data.max_prompt_length`);
 * decode: each `generate` span (an engine's whole generation: its requests, response tokens and seconds) fixes the
   scale of the default curve's shape: the engine is simulated on the default curve (`planning.batching`) with its
-  requests' lengths, and the curve scaled by simulated / measured seconds (the median over spans). Concurrent
+  requests' lengths (in a seeded random order) and its backend's batching (`batching.engine_batching`), and the
+  curve scaled by simulated / measured seconds (the median over spans). Concurrent
   requests per engine over time are not recorded, so the curve's shape stays the default's;
 * log-prob and training tokens/s: each replica's sequence tokens over its spans' seconds (`tokens` of `logprob`
   spans, `sequence_tokens` of `train` spans; older runs: response tokens plus the prompts'); a run without a
@@ -23,6 +24,7 @@ Whatever is missing is named in `Costs.missing` and taken from `default_costs`.
 from __future__ import annotations
 
 import math
+import random
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -31,7 +33,7 @@ from pathlib import Path
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
-from rlinf_pipe.planning.batching import Request, max_running, quantile_lengths, run_engine
+from rlinf_pipe.planning.batching import Batching, Request, engine_batching, quantile_lengths, run_batched
 from rlinf_pipe.planning.costs import Costs, Parallel, carried, default_costs
 from rlinf_pipe.planning.run_plan import RunPlan, plan_run
 from rlinf_pipe.utils.tracing import LAUNCH_SPAN, STEP_SPAN, Span
@@ -91,16 +93,18 @@ def _lengths_like(lengths: Sequence[int], count: int, total: float) -> list[int]
     return [max(1, round(n * scale)) for n in picked]
 
 
-def _decode_scale(generate: Sequence[Span], costs: Costs, group_size: int, cap: float) -> float | None:
+def _decode_scale(generate: Sequence[Span], costs: Costs, group_size: int, batching: Batching) -> float | None:
     """The median over `generate` spans of simulated seconds on the default curve / measured seconds."""
     scales = []
     for span in generate:
         requests, tokens = int(span.args.get("prompts", 0)) * group_size, float(span.args.get("tokens", 0))
         if requests <= 0 or tokens <= 0 or span.duration <= 0:
             continue
-        reqs = [Request(0, costs.prompt_tokens, n) for n in _lengths_like(costs.response_lengths, requests, tokens)]
-        run = run_engine(reqs, 0.0, lambda n: costs.decode_rate(n, costs.rollout_parallel),
-                         costs.prefill_rate(costs.rollout_parallel), cap)
+        lengths = _lengths_like(costs.response_lengths, requests, tokens)
+        random.Random(0).shuffle(lengths)  # (sorted, a static batch would hold all the short ones)
+        reqs = [Request(0, costs.prompt_tokens, n) for n in lengths]
+        run = run_batched(reqs, 0.0, lambda n: costs.decode_rate(n, costs.rollout_parallel),
+                          costs.prefill_rate(costs.rollout_parallel), batching)
         scales.append(run.end / span.duration)
     return statistics.median(scales) if scales else None
 
@@ -149,7 +153,8 @@ def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1) -
         missing.append("prompt tokens (reward spans' prompt_tokens)")
     costs = replace(base, **figures)  # type: ignore[arg-type]
 
-    scale = _decode_scale(_by(work, "generate", "rollout"), costs, cfg.algorithm.group_size, max_running(cfg))
+    scale = _decode_scale(_by(work, "generate", "rollout"), costs, cfg.algorithm.group_size,
+                          engine_batching(cfg, plan))
     missing.append("concurrent requests per engine over time (the decode curve keeps the default's shape)")
     if scale is not None:
         figures["decode"] = costs.decode.scaled(scale)
