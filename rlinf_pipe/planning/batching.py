@@ -1,6 +1,9 @@
-"""One rollout engine's continuous batching, simulated: requests decode together, each at the engine's rate at its
-current concurrency divided among them, a finished request's place taken by the next waiting one (whose prompt
-is prefilled first, pausing the others). Used by `planning.simulate`."""
+"""One rollout engine's batching, simulated. SGLang batches continuously: requests decode together, each at the
+engine's rate at its current concurrency divided among them, a finished request's place taken by the next waiting one
+(whose prompt is prefilled first, pausing the others). The torch engine runs static batches
+(`engines/rollout/torch_engine.py`): a first batch of `rollout.first_batch_size` (or the actor's micro-batch) rows
+where its engines stream to an actor on other GPUs, then batches of `max_running` rows, each prefilled at once and
+decoded until its last row is done before the next starts. Used by `planning.simulate` and `planning.profile`."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from dataclasses import dataclass
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.planning.engine_sizes import TORCH_MAX_RUNNING
+from rlinf_pipe.planning.run_plan import RunPlan
 
 
 def max_running(cfg: Config) -> float:
@@ -19,6 +23,25 @@ def max_running(cfg: Config) -> float:
     if cfg.rollout.max_running_requests:
         return cfg.rollout.max_running_requests
     return TORCH_MAX_RUNNING if cfg.rollout.backend == "torch" else math.inf
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How an engine takes its requests: continuously up to `max_running` at once, or (`static`) in batches of
+    `first` rows, then `max_running` rows, each run to its end before the next."""
+
+    max_running: float
+    static: bool = False
+    first: int = 0
+
+
+def engine_batching(cfg: Config, plan: RunPlan) -> Batching:
+    """The batching of `cfg`'s engines (the torch engine's first batch as `runner/components.py` sizes it)."""
+    cap = max_running(cfg)
+    if cfg.rollout.backend != "torch":
+        return Batching(cap)
+    first = cap if plan.engines_share_actor else cfg.rollout.first_batch_size or cfg.actor.micro_batch_size
+    return Batching(cap, True, int(min(first, cap)))
 
 
 @dataclass(frozen=True)
@@ -69,6 +92,21 @@ def run_engine(requests: Sequence[Request], start: float, decode_rate: Callable[
         if waiting < len(requests):
             t += admit(waiting)
             waiting += 1
+    return EngineRun(tuple(finish), t)
+
+
+def run_batched(requests: Sequence[Request], start: float, decode_rate: Callable[[int], float],
+                prefill_rate: float, batching: Batching) -> EngineRun:
+    """`run_engine` under `batching`: continuous, or static batches one after the other (each a `run_engine` of its
+    rows from the end of the previous)."""
+    if not batching.static:
+        return run_engine(requests, start, decode_rate, prefill_rate, batching.max_running)
+    finish: list[float] = []
+    t, i, size = start, 0, max(1, batching.first)
+    while i < len(requests):
+        run = run_engine(requests[i:i + size], t, decode_rate, prefill_rate, math.inf)
+        finish += run.finish
+        t, i, size = run.end, i + size, max(1, int(batching.max_running))
     return EngineRun(tuple(finish), t)
 
 

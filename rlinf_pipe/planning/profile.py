@@ -1,13 +1,14 @@
 """`read_profile(run_dir)`: the costs a run measured, from its `timeline.json`, `metrics.jsonl` and `config.yaml`.
 
-The first step is left out when there are more (it warms up). Per figure:
+The first step (`warmup` steps) is left out when there are more (it warms up). Per figure:
 
 * response lengths: the reward spans' `response_tokens` (every sample's length); older runs: the default's shape
   scaled to `response_length/mean`;
 * prompt tokens: the reward spans' `prompt_tokens`; older runs: the default (half of `data.max_prompt_length`);
 * decode: each `generate` span (an engine's whole generation: its requests, response tokens and seconds) fixes the
   scale of the default curve's shape: the engine is simulated on the default curve (`planning.batching`) with its
-  requests' lengths, and the curve scaled by simulated / measured seconds (the median over spans). Concurrent
+  requests' lengths (in a seeded random order) and its backend's batching (`batching.engine_batching`), and the
+  curve scaled by simulated / measured seconds (the median over spans). Concurrent
   requests per engine over time are not recorded, so the curve's shape stays the default's;
 * log-prob and training tokens/s: each replica's sequence tokens over its spans' seconds (`tokens` of `logprob`
   spans, `sequence_tokens` of `train` spans; older runs: response tokens plus the prompts'); a run without a
@@ -23,6 +24,7 @@ Whatever is missing is named in `Costs.missing` and taken from `default_costs`.
 from __future__ import annotations
 
 import math
+import random
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -31,7 +33,7 @@ from pathlib import Path
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
-from rlinf_pipe.planning.batching import Request, max_running, quantile_lengths, run_engine
+from rlinf_pipe.planning.batching import Batching, Request, engine_batching, quantile_lengths, run_batched
 from rlinf_pipe.planning.costs import Costs, Parallel, carried, default_costs
 from rlinf_pipe.planning.run_plan import RunPlan, plan_run
 from rlinf_pipe.utils.tracing import LAUNCH_SPAN, STEP_SPAN, Span
@@ -54,10 +56,15 @@ def read_run_config(run_dir: Path) -> Config:
     return load_config(run_dir, "config")
 
 
-def measured_spans(spans: Sequence[Span]) -> list[Span]:
-    """The work spans inside the steps measured (every step but the first, when there are more)."""
-    steps = sorted((s for s in spans if s.name == STEP_SPAN), key=lambda s: s.start)
-    kept = steps[1:] if len(steps) > 1 else steps
+def kept_steps(steps: Sequence[Span], warmup: int = 1) -> list[Span]:
+    """The step spans measured: all but the first `warmup`, keeping at least the last."""
+    ordered = sorted(steps, key=lambda s: s.start)
+    return ordered[min(warmup, max(len(ordered) - 1, 0)):]
+
+
+def measured_spans(spans: Sequence[Span], warmup: int = 1) -> list[Span]:
+    """The work spans inside the steps measured (every step but the first `warmup`, keeping at least the last)."""
+    kept = kept_steps([s for s in spans if s.name == STEP_SPAN], warmup)
     numbers = {st.args.get("step") for st in kept}
 
     def inside(s: Span) -> bool:  # (a generation started, or a version pushed, during the step before counts in
@@ -86,16 +93,18 @@ def _lengths_like(lengths: Sequence[int], count: int, total: float) -> list[int]
     return [max(1, round(n * scale)) for n in picked]
 
 
-def _decode_scale(generate: Sequence[Span], costs: Costs, group_size: int, cap: float) -> float | None:
+def _decode_scale(generate: Sequence[Span], costs: Costs, group_size: int, batching: Batching) -> float | None:
     """The median over `generate` spans of simulated seconds on the default curve / measured seconds."""
     scales = []
     for span in generate:
         requests, tokens = int(span.args.get("prompts", 0)) * group_size, float(span.args.get("tokens", 0))
         if requests <= 0 or tokens <= 0 or span.duration <= 0:
             continue
-        reqs = [Request(0, costs.prompt_tokens, n) for n in _lengths_like(costs.response_lengths, requests, tokens)]
-        run = run_engine(reqs, 0.0, lambda n: costs.decode_rate(n, costs.rollout_parallel),
-                         costs.prefill_rate(costs.rollout_parallel), cap)
+        lengths = _lengths_like(costs.response_lengths, requests, tokens)
+        random.Random(0).shuffle(lengths)  # (sorted, a static batch would hold all the short ones)
+        reqs = [Request(0, costs.prompt_tokens, n) for n in lengths]
+        run = run_batched(reqs, 0.0, lambda n: costs.decode_rate(n, costs.rollout_parallel),
+                          costs.prefill_rate(costs.rollout_parallel), batching)
         scales.append(run.end / span.duration)
     return statistics.median(scales) if scales else None
 
@@ -105,9 +114,9 @@ def _parallel(plan: RunPlan, name: str | None) -> Parallel:
     return Parallel(comp.tp, comp.pp, comp.cp) if comp else Parallel()
 
 
-def read_profile(run_dir: str | Path, gpu: str | None = None) -> Costs:
+def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1) -> Costs:
     """The costs run `run_dir` measured (see the module docstring); `gpu` names the defaults' GPU (default:
-    `default_gpu` of the run's config)."""
+    `default_gpu` of the run's config); the first `warmup` steps are left out (at least one step is kept)."""
     from rlinf_pipe.utils.metrics import read_metrics
     from rlinf_pipe.utils.timeline import read_chrome_trace
 
@@ -118,7 +127,7 @@ def read_profile(run_dir: str | Path, gpu: str | None = None) -> Costs:
         raise ConfigError(f"{run_dir}/timeline.json does not exist; a profile needs a run that trained a step")
     spans = read_chrome_trace(run_dir / "timeline.json")
     metrics = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
-    work = measured_spans(spans)
+    work = measured_spans(spans, warmup)
     base = carried(default_costs(cfg, gpu or default_gpu(cfg)), _parallel(plan, "rollout"),
                    _parallel(plan, plan.logprob_component or "actor"), _parallel(plan, "actor"))
     missing: list[str] = []
@@ -144,7 +153,8 @@ def read_profile(run_dir: str | Path, gpu: str | None = None) -> Costs:
         missing.append("prompt tokens (reward spans' prompt_tokens)")
     costs = replace(base, **figures)  # type: ignore[arg-type]
 
-    scale = _decode_scale(_by(work, "generate", "rollout"), costs, cfg.algorithm.group_size, max_running(cfg))
+    scale = _decode_scale(_by(work, "generate", "rollout"), costs, cfg.algorithm.group_size,
+                          engine_batching(cfg, plan))
     missing.append("concurrent requests per engine over time (the decode curve keeps the default's shape)")
     if scale is not None:
         figures["decode"] = costs.decode.scaled(scale)

@@ -117,7 +117,8 @@ def enumerate_candidates(cfg: Config, costs: Costs, shape_list: list[Shape], log
                 {**{k: cfg.actor.context_parallel_size for k in ("actor", "actor_logprob", "actor_group",
                                                                    "actor_logprob_group")},
                  **{k: cfg.inference.context_parallel_size for k in ("inference", "inference_group")}},
-                max_running(cfg))
+                max_running(cfg), 0 if cfg.rollout.backend != "torch" else int(min(
+                    max_running(cfg), cfg.rollout.first_batch_size or cfg.actor.micro_batch_size)))
     cache: dict[tuple[str, int, Sizes], float] = {}
     reward = cfg.cluster.component_placement.get("reward")
     layout = NodeLayout(cfg.gpus_per_node())

@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rlinf_pipe.planning.batching import Request, quantile_lengths, run_engine
+from rlinf_pipe.planning.batching import Batching, Request, quantile_lengths, run_batched, run_engine
 from rlinf_pipe.planning.costs import Costs, Parallel, scale_rate
 
 Sizes = tuple[tuple[str, int], ...]  # (config key, value), e.g. ("actor.tensor_parallel_size", 2)
@@ -106,6 +106,7 @@ class Work:
     minibatches: int
     cp: dict[str, int]
     max_running: float  # an engine's requests in flight at most
+    first_batch: int = 0  # the torch engine's first static batch where it streams to an actor (0: SGLang)
 
     def samples(self) -> int:
         return self.prompts * self.group_size
@@ -123,8 +124,12 @@ def stage_bounds(costs: Costs, work: Work, component: str, gpus: int, sizes: Siz
         per_engine = -(-work.samples() // (gpus // par.gpus))
         requests = [Request(0, costs.prompt_tokens, n) for n in quantile_lengths(costs.response_lengths, per_engine)]
         factor = scale_rate(1.0, costs.rollout_parallel, par)
-        return run_engine(requests, 0.0, lambda n: costs.decode.at(n) * factor, costs.prefill_rate(par),
-                          work.max_running).end
+        decode, prefill = (lambda n: costs.decode.at(n) * factor), costs.prefill_rate(par)
+        ends = [run_engine(requests, 0.0, decode, prefill, work.max_running).end]
+        if work.first_batch:  # (the torch engine's static batches, with either first batch: the least of them)
+            ends += [run_batched(requests, 0.0, decode, prefill, Batching(work.max_running, True, first)).end
+                     for first in (work.first_batch, int(work.max_running))]
+        return min(ends)
     par = Parallel(values[f"{component}.tensor_parallel_size"], values[f"{component}.pipeline_parallel_size"],
                    work.cp.get(component, 1))
     replicas = gpus // par.gpus

@@ -3,8 +3,8 @@
 Each stage is simulated by the handler of its name, reading the arrival times of the groups in the channel it
 reads and writing their departure times into the one it writes:
 
-* **generate**: the prompts are split over the engines in order; each engine batches its requests continuously
-  (`planning.batching`), every sample's length drawn (seeded) from the costs' response lengths; a group leaves when
+* **generate**: the prompts are split over the engines in order; each engine batches its requests as its backend does
+  (`planning.batching`: SGLang continuously, the torch engine in static batches), every sample's length drawn (seeded) from the costs' response lengths; a group leaves when
   its last sample is done. Started once the engines hold the step's version: after the weight sync (the plan's
   transport, `Costs.sync_s`) that follows the previous version's training. With `runner.max_staleness` N the
   generations of the next N steps run back to back on the engines while earlier steps train
@@ -32,7 +32,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from rlinf_pipe.config.schema import Config
-from rlinf_pipe.planning.batching import Request, max_running, run_engine
+from rlinf_pipe.planning.batching import Request, engine_batching, run_batched
 from rlinf_pipe.planning.costs import Costs, Parallel, scale_rate
 from rlinf_pipe.planning.placement import ComponentPlacement, reward_placement
 from rlinf_pipe.planning.run_plan import RunPlan
@@ -153,13 +153,14 @@ class _Sim:
         self.lengths[step] = [drawn[i * g:(i + 1) * g] for i in range(self.prompts)]
         engines, par = comp.dp, _parallel(comp)
         factor = scale_rate(1.0, costs.rollout_parallel, par)
-        cap = max_running(self.cfg)
+        batching = engine_batching(self.cfg, self.plan)
         arrivals: Arrivals = []
         end = start
         for e in range(engines):
             groups = range(e * self.prompts // engines, (e + 1) * self.prompts // engines)
             requests = [Request(grp, costs.prompt_tokens, n) for grp in groups for n in self.lengths[step][grp]]
-            run = run_engine(requests, start, lambda n: costs.decode.at(n) * factor, costs.prefill_rate(par), cap)
+            run = run_batched(requests, start, lambda n: costs.decode.at(n) * factor, costs.prefill_rate(par),
+                              batching)
             done: dict[int, float] = {}
             for r, t in zip(requests, run.finish):
                 done[r.group] = max(done.get(r.group, 0.0), t)

@@ -15,8 +15,8 @@ from rlinf_pipe.planning.simulate import Prediction, simulate
 
 @dataclass(frozen=True)
 class Validation:
-    """The prediction of a run's placement and the run's measured means over its steps (the first left out when
-    there are more)."""
+    """The prediction of a run's placement and the run's measured means over its steps (the first `warmup` left out
+    when there are more)."""
 
     run_dir: str
     prediction: Prediction
@@ -36,8 +36,9 @@ class Validation:
                 "steps": self.steps, "error": self.error}
 
 
-def validate_run(run_dir: str | Path, costs: Costs) -> Validation:
-    """Predict `run_dir`'s placement from `costs` and read what the run measured (`utils.timeline.analyse`)."""
+def validate_run(run_dir: str | Path, costs: Costs, warmup: int = 1) -> Validation:
+    """Predict `run_dir`'s placement from `costs` and read what the run measured (`utils.timeline.analyse`) over
+    its steps after the first `warmup` (at least the last step)."""
     from rlinf_pipe.utils.metrics import read_metrics
     from rlinf_pipe.utils.timeline import analyse, read_chrome_trace
 
@@ -48,7 +49,7 @@ def validate_run(run_dir: str | Path, costs: Costs) -> Validation:
     steps = analyse(read_chrome_trace(run_dir / "timeline.json"))
     if not steps:
         raise ConfigError(f"{run_dir}/timeline.json holds no step; --validate needs a run that trained a step")
-    kept = steps[1:] if len(steps) > 1 else steps
+    kept = steps[min(warmup, len(steps) - 1):]
     numbers = {a.step for a in kept}
     metrics = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
     rates = [m["throughput/tokens_per_s"] for m in metrics

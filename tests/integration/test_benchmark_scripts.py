@@ -107,3 +107,24 @@ def test_logprob_pass_bench_reports_the_filler_it_saves():
     assert all(math.isfinite(summary[k]) and summary[k] > 0 for k in ("own_shape_s", "equal_shape_s"))
     assert summary["micro_batches"] > 1 and 0 < summary["filler_fraction"] < 1
     assert summary["max_abs_diff"] < 1e-5
+
+
+def test_planner_accuracy_compares_kept_runs_without_training(tmp_path):
+    """`planner_accuracy.py --predict-only DIR` re-predicts the runs a `runs.json` names (here one hand-written run
+    under two placements' names): its last line has the summary's keys, each run predicted from the profiled one."""
+    from tests.unit.test_planner_profile import write_run
+
+    run = write_run(tmp_path / "run")
+    (tmp_path / "runs.json").write_text(json.dumps({
+        "runs": {"disaggregated": str(run), "staleness-1": str(run)}, "profiled": "disaggregated", "warmup": 1,
+        "settings": {"steps": 3}}))
+    proc = subprocess.run([sys.executable, "benchmarks/planner_accuracy.py", "--predict-only", str(tmp_path), "--json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows = {r["name"]: r for r in summary["placements"]}
+    assert set(rows) == {"disaggregated", "staleness-1"} and rows["disaggregated"]["profiled"]
+    assert all(r["measured_step_s"] == 1.0 and math.isfinite(r["predicted_step_s"]) for r in rows.values())
+    error = rows["staleness-1"]["error"]  # (the same run: only the other one counts in the errors)
+    assert summary["median_abs_error"] == summary["max_abs_error"] == abs(error)
+    assert isinstance(summary["same_ranking"], bool) and sorted(summary["measured_ranking"]) == sorted(rows)

@@ -88,6 +88,15 @@ def test_validate_puts_the_prediction_beside_the_measurement(tmp_path):
     assert math.isfinite(v.prediction.step_s) and v.prediction.step_s > 0
 
 
+def test_warmup_leaves_out_more_steps_and_keeps_at_least_the_last(tmp_path):
+    run = write_run(tmp_path / "run")
+    assert sorted(read_profile(run, warmup=2).response_lengths) == [5, 8, 12, 15]  # step 2 only
+    assert sorted(read_profile(run, warmup=9).response_lengths) == [5, 8, 12, 15]  # (the last step stays)
+    assert sorted(read_profile(run, warmup=0).response_lengths) == [5] * 3 + [8] * 3 + [12] * 3 + [15] * 3
+    assert validate_run(run, read_profile(run), warmup=2).steps == 1
+    assert validate_run(run, read_profile(run), warmup=0).steps == 3
+
+
 def test_a_folder_without_a_config_is_a_clear_error(tmp_path):
     from rlinf_pipe.errors import ConfigError
 

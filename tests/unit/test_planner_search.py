@@ -8,7 +8,7 @@ from rlinf_pipe.config import load_config
 from rlinf_pipe.planning.costs import default_costs
 from rlinf_pipe.planning.run_plan import plan_run
 from rlinf_pipe.errors import RlinfPipeError
-from rlinf_pipe.planning.search import candidate_config, enumerate_candidates, search
+from rlinf_pipe.planning.search import _model, candidate_config, enumerate_candidates, search
 from rlinf_pipe.planning.simulate import simulate
 from rlinf_pipe.planning.search_space import neighbours, shapes, split_unit
 
@@ -38,7 +38,8 @@ def test_pruning_never_loses_the_best_a_full_search_finds():
     costs = default_costs(cfg, "cpu")
     # every candidate simulated, by hand: the best prediction of each placement
     best: dict = {}
-    candidates = enumerate_candidates(cfg, costs, shapes(6, 1, True), True, lambda tp, pp: [], 0.0)
+    # (the same space the search has: the tiny model's sizes, TP 4 refused by its 2 key/value heads)
+    candidates = enumerate_candidates(cfg, costs, shapes(6, 1, True), True, _model(cfg)[1], 0.0)
     for cand in candidates:
         trial = candidate_config(cfg, cand)
         try:

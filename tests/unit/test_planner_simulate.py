@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from rlinf_pipe.config import load_config
-from rlinf_pipe.planning.batching import Request, run_engine
+from rlinf_pipe.planning.batching import Batching, Request, engine_batching, run_batched, run_engine
 from rlinf_pipe.planning.costs import Costs, Curve
 from rlinf_pipe.planning.run_plan import plan_run
 from rlinf_pipe.planning.simulate import simulate
@@ -38,6 +38,31 @@ def test_an_engine_shares_its_rate_among_its_requests_and_the_long_tail_runs_alo
     assert run.finish == pytest.approx((1.0, 1.0, 1.0, 3.25))
     capped = run_engine(requests[:3], 0.0, lambda n: 100.0 * n, 1e12, max_running=1)  # one at a time, 1 s each
     assert capped.finish == pytest.approx((1.0, 2.0, 3.0))
+
+
+def test_the_torch_engines_static_batches_run_one_after_the_other():
+    # Each request decodes at 10 tokens/s, 10-token prompts prefill at 100 tokens/s. Static batches of 1, then 2:
+    # request 0 alone (0.1 s prefill + 1 s) ends at 1.1; requests 1 and 2 prefill (0.2 s) and decode together: the
+    # 10-token one ends at 2.3, the 20-token one goes on alone to 3.3. Continuously (2 at once) request 2 takes
+    # request 0's place at 1.2 (after its own 0.1 s prefill) and both end at 2.3.
+    requests = [Request(0, 10.0, 10), Request(0, 10.0, 20), Request(1, 10.0, 10)]
+    static = run_batched(requests, 0.0, lambda n: 10.0 * n, 100.0, Batching(2, static=True, first=1))
+    assert static.finish == pytest.approx((1.1, 3.3, 2.3)) and static.end == pytest.approx(3.3)
+    continuous = run_batched(requests, 0.0, lambda n: 10.0 * n, 100.0, Batching(2))
+    assert continuous.finish == pytest.approx((1.2, 2.3, 2.3)) and continuous.end == pytest.approx(2.3)
+
+
+def test_each_backend_batches_as_its_engine_does():
+    def batching(*overrides: str) -> Batching:
+        cfg = load_config(overrides=list(overrides))
+        return engine_batching(cfg, plan_run(cfg))
+
+    # the torch engine streaming to an actor of its own: a first batch of one micro-batch, then 64 at a time
+    assert batching("actor.micro_batch_size=32") == Batching(64, static=True, first=32)
+    assert batching("rollout.first_batch_size=8", "rollout.max_running_requests=16") == Batching(16, True, 8)
+    # taking turns with the actor: every batch full; SGLang: continuous
+    assert batching('cluster.component_placement={"actor,rollout": all}') == Batching(64, static=True, first=64)
+    assert not batching("rollout.backend=sglang", "rollout.max_running_requests=16").static
 
 
 def test_a_pure_chain_adds_up_by_hand():
