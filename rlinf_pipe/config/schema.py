@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rlinf_pipe.errors import ConfigError
-
 COMPONENTS = ("rollout", "inference", "actor", "reward")  # the names `cluster.component_placement` places
 
 
@@ -54,13 +52,10 @@ class ClusterConfig:
         "null: the GPU of the machine that plans, or 80 GB without one.",
         min=1,
     )
-    cores_per_gpu: int | None = opt(
-        None,
-        "Pin each GPU's worker processes to cores of their own, k per GPU (CPU rehearsals and profiling: stages on "
-        "different virtual GPUs never share a core); processes without GPUs take the cores left over, or all when "
-        "none is. Turns CPU lending between stages off. null: no pinning. See docs/placement.md#virtual-gpus-on-cores.",
-        min=1,
-    )
+    cores_per_gpu: int | None = opt(None, "Pin each GPU's worker processes to cores of their own, k per GPU (CPU "
+        "rehearsals and profiling: stages on different virtual GPUs never share a core); processes without GPUs take "
+        "the cores left over, or all when none is. Turns CPU lending between stages off. null: no pinning. See "
+        "docs/placement.md#virtual-gpus-on-cores.", min=1)
 
 
 @dataclass
@@ -299,13 +294,6 @@ class ActorConfig:
     weight_decay: float = opt(0.0, "AdamW weight decay.", min=0)
     clip_grad: float = opt(1.0, "Gradient-norm clipping threshold (0 disables it).", min=0)
     lr_warmup_steps: int = opt(0, "Linear warmup steps of the learning rate.", min=0)
-
-    def token_budget(self) -> int | None:
-        """`micro_batch_tokens` once `auto` was resolved (`planning.micro_batch_budget`, before the run starts)."""
-        if self.micro_batch_tokens == "auto":
-            raise ConfigError("actor.micro_batch_tokens=auto was not resolved before this use (resolve it with "
-                              "rlinf_pipe.planning.micro_batch_budget.resolve_micro_batch_tokens)")
-        return self.micro_batch_tokens
 
 
 @dataclass

@@ -9,7 +9,7 @@ import re
 from typing import Callable
 
 from rlinf_pipe.config.function_ref import absolute_function_ref
-from rlinf_pipe.config.schema import COMPONENTS, Config
+from rlinf_pipe.config.schema import COMPONENTS, ActorConfig, Config
 from rlinf_pipe.errors import ConfigError
 
 
@@ -163,3 +163,11 @@ def _check_bounds(section: object, source_of: Callable[[str], str], prefix: str 
                 raise ConfigError(f"{key}: must be >= {bound_text(low)}, got {item!r} (from {source_of(key)})")
             if high is not None and item >= high:
                 raise ConfigError(f"{key}: must be < {bound_text(high)}, got {item!r} (from {source_of(key)})")
+
+
+def token_budget(actor: ActorConfig) -> int | None:
+    """`actor.micro_batch_tokens` once `auto` was resolved (`planning.micro_batch_budget`, before the run starts)."""
+    if actor.micro_batch_tokens == "auto":
+        raise ConfigError("actor.micro_batch_tokens=auto was not resolved before this use (resolve it with "
+                          "rlinf_pipe.planning.micro_batch_budget.resolve_micro_batch_tokens)")
+    return actor.micro_batch_tokens

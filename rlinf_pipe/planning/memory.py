@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlinf_pipe.algorithms.logprob_needs import needs_ref
 from rlinf_pipe.config.schema import Config
+from rlinf_pipe.config.validate import token_budget
 from rlinf_pipe.planning.engine_sizes import PEER_CONTEXT_BYTES, TORCH_MAX_RUNNING, memory_fraction
 from rlinf_pipe.models.arch import SGLANG_SPARE_TOKENS
 from rlinf_pipe.planning.model_sizes import (
@@ -203,7 +204,7 @@ def _actor(cfg: Config, comp: ComponentPlacement, shape: HfArch, seq_len: int, d
     distributed_optimizer = dp > 1
     master = 4 if dtype_bytes < 4 else 0
     rows = max(cfg.actor.max_micro_batch_size or 0, cfg.actor.micro_batch_size)  # (it grows to max when behind)
-    tokens = cfg.actor.token_budget() or rows * seq_len
+    tokens = token_budget(cfg.actor) or rows * seq_len
     return {
         "weights": params * dtype_bytes * (2 if with_ref else 1),
         "grads": params * 4,

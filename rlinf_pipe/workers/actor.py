@@ -23,6 +23,7 @@ from rlinf_pipe.algorithms.logprob_needs import needs_ref, old_is_current, recom
 from rlinf_pipe.algorithms.losses import policy_loss
 from rlinf_pipe.algorithms.terms import LossTerms
 from rlinf_pipe.config.schema import Config
+from rlinf_pipe.config.validate import token_budget
 from rlinf_pipe.data.packing import MicroBatcher
 from rlinf_pipe.data.structs import ScoredGroup
 from rlinf_pipe.data.train_batch import TrainBatch
@@ -91,7 +92,7 @@ class ActorWorker(Worker):
         self.loss_fn = make_loss_fn(cfg)
         self.routing = train_routing(cfg, self.ranks.dp_size)
         self.balancer = balancer  # (`ReplicaBalancer`: groups reach this replica by tokens, not by slot)
-        self.micro_batch_size, self.micro_batch_tokens = a.micro_batch_size, a.token_budget()
+        self.micro_batch_size, self.micro_batch_tokens = a.micro_batch_size, token_budget(a)
         self.max_micro_batch_size = a.max_micro_batch_size  # (MicroBatcher keeps it at least micro_batch_size)
         self.pad_token_id = pad_token_id(model_path, pad_id)
         self.bucket_bytes = cfg.runner.weight_bucket_mb << 20

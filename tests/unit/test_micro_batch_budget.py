@@ -12,6 +12,7 @@ from rlinf_pipe.config import load_config
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.models.arch import model_arch
 from rlinf_pipe.planning.memory import estimate_memory
+from rlinf_pipe.config.validate import token_budget
 from rlinf_pipe.planning.micro_batch_budget import MICRO_BATCH_STEP, resolve_micro_batch_tokens
 from rlinf_pipe.planning.run_plan import plan_run
 
@@ -36,7 +37,7 @@ def test_auto_becomes_the_largest_budget_that_fits_and_a_number_stays():
     kept = seed("actor.micro_batch_tokens=4096")
     assert resolve_micro_batch_tokens(kept) is kept
     with pytest.raises(ConfigError, match="was not resolved"):
-        seed("actor.micro_batch_tokens=auto").actor.token_budget()  # (nothing reads it unresolved)
+        token_budget(seed("actor.micro_batch_tokens=auto").actor)  # (nothing reads it unresolved)
 
 
 def test_auto_that_cannot_be_sized_says_why():
