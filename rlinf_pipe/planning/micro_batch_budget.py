@@ -15,15 +15,22 @@ MICRO_BATCH_STEP = 1024  # actor.micro_batch_tokens tried in steps of this many 
 MAX_SAMPLES = 32  # the budget grows to at most this many whole samples
 
 
+def smallest_micro_batch_tokens(cfg: Config) -> int:
+    """The least budget `auto` may take: one whole sample (prompt and response at their limits), in whole steps of
+    `MICRO_BATCH_STEP`."""
+    sample = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    return -(-sample // MICRO_BATCH_STEP) * MICRO_BATCH_STEP
+
+
 def largest_micro_batch_tokens(cfg: Config, arch: Any, capacity_bytes: int, dtype_bytes: int = 2) -> int | None:
     """The largest `actor.micro_batch_tokens` (a multiple of `MICRO_BATCH_STEP`, from one whole sample up to
     `MAX_SAMPLES` of them) with which `cfg`'s actor fits the memory estimate; None when not even one sample does."""
     from rlinf_pipe.planning.memory import estimate_memory
 
     plan = plan_run(cfg)
-    sample = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
     step = MICRO_BATCH_STEP
-    lo, hi = -(-sample // step), MAX_SAMPLES * -(-sample // step)  # (in steps)
+    lo = smallest_micro_batch_tokens(cfg) // step  # (in steps)
+    hi = MAX_SAMPLES * lo
 
     def fits(steps: int) -> bool:
         trial = replace(cfg, actor=replace(cfg.actor, micro_batch_tokens=steps * step))

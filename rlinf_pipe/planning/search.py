@@ -24,7 +24,7 @@ from rlinf_pipe.errors import RlinfPipeError
 from rlinf_pipe.planning.batching import max_running
 from rlinf_pipe.planning.costs import Costs
 from rlinf_pipe.planning.gpu_ids import NodeLayout, parse_gpu_ids
-from rlinf_pipe.planning.micro_batch_budget import largest_micro_batch_tokens
+from rlinf_pipe.planning.micro_batch_budget import largest_micro_batch_tokens, smallest_micro_batch_tokens
 from rlinf_pipe.planning.placement import CPU_ONLY
 from rlinf_pipe.planning.run_plan import plan_run
 from rlinf_pipe.planning.search_space import (
@@ -162,6 +162,9 @@ def search(cfg: Config, costs: Costs, capacity_bytes: int, top: int = 5, seed: i
     from rlinf_pipe.planning.memory import estimate_memory
 
     started = time.perf_counter()
+    if cfg.actor.micro_batch_tokens == "auto":  # (the memory check refuses a candidate only where not even one
+        smallest = smallest_micro_batch_tokens(cfg)  # sample fits; each one kept gets the largest it fits below)
+        cfg = replace(cfg, actor=replace(cfg.actor, micro_batch_tokens=smallest))
     total = sum(cfg.gpus_per_node())
     logprob_stage = computes_logprobs(cfg)
     arch, problems = _model(cfg)

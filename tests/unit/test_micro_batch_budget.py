@@ -4,6 +4,7 @@ budget the memory estimate fits, shown by `plan`, refused with the reason where 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -56,3 +57,18 @@ def test_plan_shows_what_auto_became(capsys):
     assert main(["plan", "--config-name", SEED, "--no-files", "actor.micro_batch_tokens=auto",
                  "cluster.gpu_memory_gb=80"]) == 0
     assert f"actor.micro_batch_tokens: auto -> {tokens} (the largest the memory estimate fits)" in capsys.readouterr().out
+
+
+def test_a_search_of_an_auto_config_gives_each_candidate_the_largest_budget_it_fits():
+    from rlinf_pipe.planning.costs import default_costs
+    from rlinf_pipe.planning.search import candidate_config, search
+
+    cfg = seed("actor.micro_batch_tokens=auto")
+    result = search(cfg, default_costs(cfg, "H100"), 80 * 10**9, top=2)
+    assert result.ranked
+    for ranked in result.ranked:
+        budget = dict(ranked.candidate.sizes)["actor.micro_batch_tokens"]
+        fixed = candidate_config(cfg, ranked.candidate)
+        assert budget == resolve_micro_batch_tokens(
+            replace(fixed, actor=replace(fixed.actor, micro_batch_tokens="auto"),
+                    cluster=replace(fixed.cluster, gpu_memory_gb=80))).actor.micro_batch_tokens
