@@ -30,6 +30,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
@@ -37,6 +38,8 @@ from rlinf_pipe.planning.batching import Batching, Request, engine_batching, qua
 from rlinf_pipe.planning.costs import Costs, Parallel, carried, default_costs
 from rlinf_pipe.planning.run_plan import RunPlan, plan_run
 from rlinf_pipe.utils.tracing import LAUNCH_SPAN, STEP_SPAN, Span
+
+T = TypeVar("T")
 
 
 SYNC_SPANS = ("weight_sync", "publish_weights")  # a version's move: the actor's side and the receivers'
@@ -56,10 +59,14 @@ def read_run_config(run_dir: Path) -> Config:
     return load_config(run_dir, "config")
 
 
+def after_warmup(items: Sequence[T], warmup: int = 1) -> list[T]:
+    """The steps measured, of `items` in step order: all but the first `warmup`, keeping at least the last."""
+    return list(items[min(warmup, max(len(items) - 1, 0)):])
+
+
 def kept_steps(steps: Sequence[Span], warmup: int = 1) -> list[Span]:
-    """The step spans measured: all but the first `warmup`, keeping at least the last."""
-    ordered = sorted(steps, key=lambda s: s.start)
-    return ordered[min(warmup, max(len(ordered) - 1, 0)):]
+    """The step spans measured (`after_warmup` of them in time order)."""
+    return after_warmup(sorted(steps, key=lambda s: s.start), warmup)
 
 
 def measured_spans(spans: Sequence[Span], warmup: int = 1) -> list[Span]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.planning.costs import Costs
-from rlinf_pipe.planning.profile import read_run_config
+from rlinf_pipe.planning.profile import after_warmup, read_run_config
 from rlinf_pipe.planning.run_plan import plan_run
 from rlinf_pipe.planning.simulate import Prediction, simulate
 
@@ -49,7 +49,7 @@ def validate_run(run_dir: str | Path, costs: Costs, warmup: int = 1) -> Validati
     steps = analyse(read_chrome_trace(run_dir / "timeline.json"))
     if not steps:
         raise ConfigError(f"{run_dir}/timeline.json holds no step; --validate needs a run that trained a step")
-    kept = steps[min(warmup, len(steps) - 1):]
+    kept = after_warmup(steps, warmup)
     numbers = {a.step for a in kept}
     metrics = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
     rates = [m["throughput/tokens_per_s"] for m in metrics

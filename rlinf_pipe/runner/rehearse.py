@@ -43,8 +43,8 @@ def rehearse(cfg: Config, load: Callable[[Sequence[str]], Config], steps: int = 
     placement = checked.plan.placement
     model = model or _tiny_model(cfg)
     dataset_found = cfg.data.dataset in DATASETS or Path(cfg.data.dataset).is_file()
-    processes = sum(len(c.processes) for c in placement.components.values()) + 1  # (and the driver)
-    processes += 0 if "reward" in placement.components else len(reward_placement(placement).processes)
+    others = [c for name, c in placement.components.items() if name != "reward"]  # (the reward's, placed or not,
+    processes = sum(len(c.processes) for c in others) + len(reward_placement(placement).processes) + 1  # and driver)
     changes = scale_down(cfg, placement.components["actor"].dp, steps, model, output_dir, dataset_found, processes,
                          len(os.sched_getaffinity(0)))
     # every process of the rehearsal runs under this one (the local nodes' daemons, their workers)
