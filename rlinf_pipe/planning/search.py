@@ -101,12 +101,16 @@ def candidate_config(cfg: Config, cand: Candidate) -> Config:
                    **{s: replace(getattr(cfg, s), **v) for s, v in sections.items()})
 
 
-def _model(cfg: Config) -> tuple[Any, Any]:
-    """The model's architecture (None when its config.json cannot be read) and a `problems(tp, pp)` of it."""
-    from rlinf_pipe.models.arch import megatron_size_problems, model_arch
+def _model(cfg: Config) -> tuple[Any, Any, int]:
+    """The model's architecture (None when its config.json cannot be read), a `problems(tp, pp)` of it and the
+    bytes of a value of its folder's weights (`dtype_bytes_of`, as `plan`'s memory estimate reads them)."""
+    from rlinf_pipe.models.arch import megatron_size_problems, model_arch, model_config
+    from rlinf_pipe.planning.memory import dtype_bytes_of
 
     arch, _ = model_arch(cfg.actor.model_path)
-    return arch, (lambda tp, pp: megatron_size_problems(arch, tp, pp)) if arch else (lambda tp, pp: [])
+    config, _ = model_config(cfg.actor.model_path)
+    dtype_bytes = dtype_bytes_of(config) if config is not None else 2
+    return arch, (lambda tp, pp: megatron_size_problems(arch, tp, pp)) if arch else (lambda tp, pp: []), dtype_bytes
 
 
 def enumerate_candidates(cfg: Config, costs: Costs, shape_list: list[Shape], logprob_stage: bool,
@@ -167,7 +171,7 @@ def search(cfg: Config, costs: Costs, capacity_bytes: int, top: int = 5, seed: i
         cfg = replace(cfg, actor=replace(cfg.actor, micro_batch_tokens=smallest))
     total = sum(cfg.gpus_per_node())
     logprob_stage = computes_logprobs(cfg)
-    arch, problems = _model(cfg)
+    arch, problems, dtype_bytes = _model(cfg)
     capacity = capacity_bytes
     result = SearchResult([], costs.source)
     seen: set[tuple[Shape, Sizes]] = set()
@@ -201,7 +205,7 @@ def search(cfg: Config, costs: Costs, capacity_bytes: int, top: int = 5, seed: i
                     result.refusals.append(f"{cand.overrides()[0]}: {exc}")
                 continue
             if arch is not None:
-                memory = estimate_memory(trial, plan, arch, capacity)
+                memory = estimate_memory(trial, plan, arch, capacity, dtype_bytes)
                 if not all(m.fits for m in memory.values()):
                     result.refused_memory += 1
                     continue
@@ -225,15 +229,18 @@ def search(cfg: Config, costs: Costs, capacity_bytes: int, top: int = 5, seed: i
         near = {s for r in result.ranked[:2] for s in neighbours(r.candidate.shape, total, coarse, fine)}
         run(enumerate_candidates(cfg, costs, sorted(near, key=repr), logprob_stage, problems, sync_bound()))
     if cfg.actor.micro_batch_tokens is not None and arch is not None:  # (a config that budgets micro-batches by
-        result.ranked = [with_micro_batch_tokens(cfg, r, arch, capacity) for r in result.ranked]  # tokens)
+        result.ranked = [with_micro_batch_tokens(cfg, r, arch, capacity, dtype_bytes)  # tokens)
+                         for r in result.ranked]
     result.seconds = time.perf_counter() - started
     return result
 
 
-def with_micro_batch_tokens(cfg: Config, ranked: Ranked, arch: Any, capacity_bytes: int) -> Ranked:
+def with_micro_batch_tokens(cfg: Config, ranked: Ranked, arch: Any, capacity_bytes: int, dtype_bytes: int = 2
+                            ) -> Ranked:
     """`ranked` with the largest `actor.micro_batch_tokens` its placement fits among its sizes (the config's kept
     where none fits better)."""
-    tokens = largest_micro_batch_tokens(candidate_config(cfg, ranked.candidate), arch, capacity_bytes)
+    tokens = largest_micro_batch_tokens(candidate_config(cfg, ranked.candidate), arch, capacity_bytes,
+                                        dtype_bytes)
     if tokens is None:
         return ranked
     sizes = (*ranked.candidate.sizes, ("actor.micro_batch_tokens", tokens))

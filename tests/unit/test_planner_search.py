@@ -110,3 +110,18 @@ def test_with_staleness_the_rules_refuse_the_engines_taking_turns_with_the_actor
     result = search(cfg, default_costs(cfg, "cpu"), 80 * 10**9, top=10)
     assert result.ranked and result.refused_rules > 0
     assert all("actor,rollout" not in r.candidate.placement() for r in result.ranked)
+
+
+def test_the_search_sizes_memory_by_the_folders_dtype(tmp_path):
+    """A float32 model folder is searched with 4 bytes a weight value, as `plan` estimates it: its candidates get
+    smaller micro-batches than the same model in bfloat16."""
+    known = json.loads(open("rlinf_pipe/models/known/DeepSeek-R1-Distill-Qwen-1.5B/config.json").read())
+    chosen = {}
+    for dtype in ("bfloat16", "float32"):
+        folder = tmp_path / dtype
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({**known, "torch_dtype": dtype}))
+        cfg = load_config(".", SEED, [f"actor.model_path={folder}", "actor.params_dtype=float32"])
+        result = search(cfg, default_costs(cfg, "H100"), 80 * 10**9, top=1)
+        chosen[dtype] = dict(result.ranked[0].candidate.sizes)["actor.micro_batch_tokens"]
+    assert chosen["float32"] < chosen["bfloat16"]
