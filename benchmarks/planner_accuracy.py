@@ -1,8 +1,8 @@
 """How well `plan --validate`'s prediction of the step time holds across placements: one placement is trained and
 profiled, every other one is predicted from that profile and trained for real, on virtual GPUs pinned to cores.
 
-    python benchmarks/planner_accuracy.py [--json] [--steps 6] [--warmup 2] [--profile-placement disaggregated]
-        [--only NAME ...] [--cores-per-gpu 1] [--output-dir DIR] [--predict-only DIR]
+    python benchmarks/planner_accuracy.py [--json] [--steps 6] [--warmup 2] [--repeats 1]
+        [--profile-placement disaggregated] [--only NAME ...] [--cores-per-gpu 1] [--output-dir DIR] [--predict-only DIR]
 
 Every run trains examples/math/config/tiny-grpo-megatron-pipeline.yaml (the tiny model warm-started once, its data,
 seed and batch) with `cluster.cores_per_gpu=K` (each virtual GPU's workers on K cores of their own, 2 virtual GPUs
@@ -10,12 +10,15 @@ unless the placement needs 1) and the placement's overrides (`PLACEMENTS`), thro
 local Ray session that this script starts once. Only the placement differs between runs (one config, so the
 actor's micro-batches are the same in every run; the collocated example's smaller ones are not measured here).
 
-The profiled placement's run gives the costs (`planning.profile.read_profile`, its first `--warmup` steps left
-out); every run, the profiled one included, is then predicted from them exactly as
+Each placement is trained `--repeats` times, interleaved (a round trains every placement once, each round's order
+rotated), so that a busy minute of the host falls on every placement alike. The profiled placement's run whose mean
+step is its median gives the costs (`planning.profile.read_profile`, its first `--warmup` steps left out); every
+placement, the profiled one included, is then predicted from them exactly as
 `rlinf-pipe plan --validate RUN_DIR --profile PROFILE_RUN` does (`planning.validate.validate_run`) and compared with
-its measured mean step time (the timeline's step spans after the first `--warmup`).
+the median over its runs of their mean step time (the timeline's step spans after the first `--warmup`); `spread`
+is (slowest - fastest) / median of those runs.
 
-Reported: per placement its name, overrides, predicted and measured seconds per step and the error
+Reported: per placement its name, overrides, predicted and measured seconds per step, the spread and the error
 ((predicted - measured) / measured); over the placements other than the profiled one, `median_abs_error` and
 `max_abs_error`; over all of them, `same_ranking` (the placements sorted by predicted step time == sorted by
 measured step time). `--predict-only DIR` re-predicts the runs a previous `--output-dir DIR` kept (its
@@ -63,7 +66,7 @@ PLACEMENTS = (
     Placement("hybrid-actor-rollout", ("algorithm.compute_ref_logprobs=true",
                                        'cluster.component_placement={"actor,rollout": 0, inference: 1}')),
     Placement("staleness-1", (PIPELINE, "runner.max_staleness=1")),
-    Placement("long-responses", (PIPELINE, "rollout.max_new_tokens=64")),
+    Placement("short-responses", (PIPELINE, "rollout.max_new_tokens=10")),  # (the tiny model's run to ~14)
 )
 BY_NAME = {p.name: p for p in PLACEMENTS}
 
@@ -83,9 +86,10 @@ def load(placement: Placement, args: argparse.Namespace, model: str | None, out:
 
 
 def train(placement: Placement, args: argparse.Namespace, model: str, out: Path) -> Path:
-    """Train one placement for `args.steps` steps in this process; its run folder."""
+    """Train one placement for `args.steps` steps in this process, once the host is quiet; its run folder."""
     from rlinf_pipe.runner import Runner
 
+    wait_until_quiet()
     runner = Runner.start(load(placement, args, model, out))
     try:
         return Path(runner.run())
@@ -93,36 +97,75 @@ def train(placement: Placement, args: argparse.Namespace, model: str, out: Path)
         runner.shutdown()
 
 
-def compare(runs: dict[str, Path], profiled: str, warmup: int) -> dict[str, Any]:
-    """Every run predicted from the profiled run's costs (as `plan --validate RUN --profile PROFILED` does) beside
-    its measurement; the summary figures (see the module docstring)."""
+def busy_cores(window_s: float = 0.5) -> float:
+    """The host's cores busy over the next `window_s` (from /proc/stat)."""
+    def ticks() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields) - fields[3] - fields[4], sum(fields)  # (busy: all but idle and iowait)
+
+    (busy0, all0), _ = ticks(), time.sleep(window_s)
+    busy1, all1 = ticks()
+    return (busy1 - busy0) / max(all1 - all0, 1) * (os.cpu_count() or 1)
+
+
+def wait_until_quiet(limit_s: float = 30.0, busy: float = 0.25) -> None:
+    """Until the previous run's processes are gone (the host's busy cores under `busy`), at most `limit_s`: each
+    run starts on a quiet host, not beside the last one's exit."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and busy_cores() > busy:
+        pass
+
+
+def compare(runs: dict[str, list[Path]], profiled: str, warmup: int) -> dict[str, Any]:
+    """Every placement predicted from the profiled placement's costs (as `plan --validate RUN --profile PROFILED`
+    does; of its repeats, the run whose step time is the median) beside its measurement (the median over its
+    repeats of each run's mean step, with their range); the summary figures (see the module docstring)."""
     from rlinf_pipe.planning.profile import read_profile
     from rlinf_pipe.planning.validate import validate_run
 
-    costs = read_profile(runs[profiled], warmup=warmup)
+    profile_dir = sorted(runs[profiled], key=lambda d: mean_step_s(d, warmup))[(len(runs[profiled]) - 1) // 2]
+    costs = read_profile(profile_dir, warmup=warmup)
     rows = []
-    for name, run_dir in runs.items():
-        v = validate_run(run_dir, costs, warmup=warmup)
+    for name, dirs in runs.items():
+        checks = [validate_run(d, costs, warmup=warmup) for d in dirs]
+        measured = [v.measured_step_s for v in checks]
+        median = statistics.median(measured)
+        v = checks[0]
         rows.append({"name": name, "overrides": list(BY_NAME[name].overrides), "profiled": name == profiled,
-                     "predicted_step_s": round(v.prediction.step_s, 4), "measured_step_s": round(v.measured_step_s, 4),
-                     "error": round(v.error, 4), "predicted_bubble": round(v.prediction.bubble, 3),
-                     "measured_bubble": round(v.measured_bubble, 3), "steps_measured": v.steps,
+                     "predicted_step_s": round(v.prediction.step_s, 4), "measured_step_s": round(median, 4),
+                     "measured_runs_s": [round(m, 4) for m in measured],
+                     "spread": round((max(measured) - min(measured)) / median, 4),
+                     "error": round((v.prediction.step_s - median) / median, 4),
+                     "predicted_bubble": round(v.prediction.bubble, 3),
+                     "measured_bubble": round(statistics.median(c.measured_bubble for c in checks), 3),
+                     "steps_measured": v.steps,
                      "predicted_stage_busy_s": {k: round(b, 4) for k, b in v.prediction.stage_busy_s.items()},
-                     "run_dir": str(run_dir)})
+                     "run_dirs": [str(d) for d in dirs]})
     others = [abs(r["error"]) for r in rows if not r["profiled"]] or [abs(r["error"]) for r in rows]
     by_predicted = [r["name"] for r in sorted(rows, key=lambda r: r["predicted_step_s"])]
     by_measured = [r["name"] for r in sorted(rows, key=lambda r: r["measured_step_s"])]
-    return {"profiled": profiled, "costs": costs.to_json(),
+    return {"profiled": profiled, "profile_run": str(profile_dir), "costs": costs.to_json(),
             "median_abs_error": round(statistics.median(others), 4), "max_abs_error": round(max(others), 4),
             "same_ranking": by_predicted == by_measured, "predicted_ranking": by_predicted,
             "measured_ranking": by_measured, "placements": rows}
 
 
+def mean_step_s(run_dir: Path, warmup: int) -> float:
+    """A run's step time over its steps after the first `warmup`, as `validate_run` measures it."""
+    from rlinf_pipe.planning.profile import kept_steps
+    from rlinf_pipe.utils.timeline import read_chrome_trace
+    from rlinf_pipe.utils.tracing import STEP_SPAN
+
+    kept = kept_steps([s for s in read_chrome_trace(run_dir / "timeline.json") if s.name == STEP_SPAN], warmup)
+    return (kept[-1].end - kept[0].start) / len(kept)
+
+
 def print_table(summary: dict[str, Any]) -> None:
-    print(f"{'placement':<26}{'measured s':>11}{'predicted':>11}{'error':>9}")
+    print(f"{'placement':<26}{'measured s':>11}{'spread':>8}{'predicted':>11}{'error':>9}")
     for r in summary["placements"]:
         mark = " (profiled)" if r["profiled"] else ""
-        print(f"{r['name']:<26}{r['measured_step_s']:>11.3f}{r['predicted_step_s']:>11.3f}{r['error']:>+9.1%}{mark}")
+        print(f"{r['name']:<26}{r['measured_step_s']:>11.3f}{r.get('spread', 0.0):>8.0%}{r['predicted_step_s']:>11.3f}"
+              f"{r['error']:>+9.1%}{mark}")
     print(f"median |error| {summary['median_abs_error']:.1%}, worst {summary['max_abs_error']:.1%} (the "
           f"{len(summary['placements']) - 1} placements not profiled); same ranking: {summary['same_ranking']}")
     if not summary["same_ranking"]:
@@ -144,6 +187,9 @@ def parse_args() -> argparse.Namespace:
                         help="the placement whose run gives the costs")
     parser.add_argument("--only", nargs="+", choices=list(BY_NAME), default=None,
                         help="train only these placements besides the profiled one (a quick check)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs per placement, interleaved (every placement once per round); the measured step "
+                             "is the median of the runs' means")
     parser.add_argument("--cores-per-gpu", type=int, default=1, help="cluster.cores_per_gpu of every run")
     parser.add_argument("--output-dir", default=None, help="keep the run folders here (default: a temp folder)")
     parser.add_argument("--predict-only", metavar="DIR", default=None,
@@ -158,7 +204,8 @@ def main() -> None:
     args = parse_args()
     if args.predict_only:
         kept = json.loads((Path(args.predict_only) / "runs.json").read_text())
-        runs = {name: Path(path) for name, path in kept["runs"].items()}
+        runs = {name: [Path(d) for d in ([dirs] if isinstance(dirs, str) else dirs)]
+                for name, dirs in kept["runs"].items()}
         summary = compare(runs, kept["profiled"], kept["warmup"])
         summary["settings"] = kept["settings"]
     else:
@@ -190,29 +237,35 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     ray.init(address="local", num_cpus=len(cores), num_gpus=gpus, include_dashboard=False, log_to_driver=False)
-    runs: dict[str, Path] = {}
+    runs: dict[str, list[Path]] = {}
     failed: dict[str, str] = {}
     settings: dict[str, Any] = {"steps": args.steps, "warmup": args.warmup, "cores_per_gpu": args.cores_per_gpu,
-                                "cores": len(cores), "config": f"examples/math/config/{CONFIG}.yaml"}
+                                "repeats": args.repeats, "cores": len(cores),
+                                "config": f"examples/math/config/{CONFIG}.yaml"}
     try:
-        for name in names:
-            t0 = time.perf_counter()
-            try:
-                runs[name] = train(BY_NAME[name], args, model, out)
-            except Exception as exc:  # (one placement's failure is reported; the others still compare)
-                if name == args.profile_placement:
-                    raise
-                failed[name] = f"{type(exc).__name__}: {exc}"[:500]
-                print(f"{name:<26} FAILED: {failed[name]}", flush=True)
-                continue
-            print(f"{name:<26} trained {args.steps} steps in {time.perf_counter() - t0:.0f} s: {runs[name]}",
-                  flush=True)
-            settings |= {"runtime_s": round(time.perf_counter() - started), "failed": failed,
-                         "machine": f"{platform.machine()}, {os.cpu_count()} cores, load average "
-                                    f"{os.getloadavg()[0]:.2f} at the end"}
-            (out / "runs.json").write_text(json.dumps({  # (kept as it goes: --predict-only reads a partial one)
-                "runs": {k: str(v) for k, v in runs.items()}, "settings": settings,
-                "profiled": args.profile_placement, "warmup": args.warmup}))
+        for repeat in range(args.repeats):  # (interleaved: every placement once per round, the order rotated)
+            for name in names[repeat % len(names):] + names[:repeat % len(names)]:
+                if name in failed:
+                    continue
+                t0 = time.perf_counter()
+                try:
+                    run_dir = train(BY_NAME[name], args, model, out / f"r{repeat}")
+                except Exception as exc:  # (one placement's failure is reported; the others still compare)
+                    if name == args.profile_placement:
+                        raise
+                    failed[name] = f"{type(exc).__name__}: {exc}"[:500]
+                    runs.pop(name, None)
+                    print(f"{name:<26} FAILED: {failed[name]}", flush=True)
+                    continue
+                runs.setdefault(name, []).append(run_dir)
+                print(f"round {repeat + 1}/{args.repeats} {name:<26} trained {args.steps} steps in "
+                      f"{time.perf_counter() - t0:.0f} s: {run_dir}", flush=True)
+                settings |= {"runtime_s": round(time.perf_counter() - started), "failed": failed,
+                             "machine": f"{platform.machine()}, {os.cpu_count()} cores, load average "
+                                        f"{os.getloadavg()[0]:.2f} at the end"}
+                (out / "runs.json").write_text(json.dumps({  # (kept as it goes: --predict-only reads a partial one)
+                    "runs": {k: [str(d) for d in v] for k, v in runs.items()}, "settings": settings,
+                    "profiled": args.profile_placement, "warmup": args.warmup}))
     finally:
         ray.shutdown()
     summary = compare(runs, args.profile_placement, args.warmup)

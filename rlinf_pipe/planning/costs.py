@@ -86,7 +86,7 @@ class Costs:
     prompt_tokens: float  # mean prompt tokens
     logprob_tokens_per_s: float  # a log-prob replica's sequence tokens/s (forward)
     train_tokens_per_s: float  # an actor data-parallel replica's sequence tokens/s (forward + backward)
-    optimizer_step_s: float  # one optimizer step on `train_parallel`
+    optimizer_step_s: float  # one optimizer step on `train_parallel`, less its data-parallel reduction
     weight_sync_s: dict[str, float]  # seconds to move one weight version, per transport
     reward_s_per_sample: float  # one reward process scoring one sample
     switch_s: dict[str, float]  # a component's onload + offload (or wake + sleep) around one phase
@@ -95,6 +95,11 @@ class Costs:
     rollout_parallel: Parallel = Parallel()
     logprob_parallel: Parallel = Parallel()
     train_parallel: Parallel = Parallel()
+    collective_s: float = 2e-5  # one hop of a collective between two GPUs' processes (its latency)
+    collective_bytes_per_s: float = 50e9  # a collective's bandwidth between GPUs
+    grad_bytes: float = 0.0  # the model's gradient bytes, summed over the data-parallel ranks every optimizer step
+    call_s: float = 0.0  # a driver call's round trip to a worker, paid where a phase starts by the driver's call
+    step_gap_s: float = 0.0  # the driver's work between one step's end and the next step's start
     missing: tuple[str, ...] = ()  # figures the source did not have (each taken from the default, labelled)
     notes: dict[str, str] = field(default_factory=dict)  # per figure, where it came from when not from `source`
 
@@ -110,8 +115,20 @@ class Costs:
     def train_rate(self, target: Parallel) -> float:
         return scale_rate(self.train_tokens_per_s, self.train_parallel, target)
 
-    def optimizer_s(self, target: Parallel) -> float:
-        return self.optimizer_step_s / scale_rate(1.0, self.train_parallel, target)
+    def optimizer_s(self, target: Parallel, reduce_ranks: int = 1) -> float:
+        """An optimizer step of a replica of `target`'s size, its gradients summed over `reduce_ranks` (DP x CP)."""
+        return self.optimizer_step_s / scale_rate(1.0, self.train_parallel, target) + self.reduce_s(target,
+                                                                                                  reduce_ranks)
+
+    def reduce_s(self, target: Parallel, ranks: int) -> float:
+        """The data-parallel part of an optimizer step over `ranks` ranks: `OPTIMIZER_COLLECTIVES` collectives of
+        `2 x ceil(log2 ranks)` hops each (latency), and a ring all-reduce of the replica's share of the gradients,
+        `2 (ranks - 1) / ranks x grad_bytes / (tp x pp)` bytes at `collective_bytes_per_s`. 0 for one rank."""
+        if ranks <= 1:
+            return 0.0
+        hops = OPTIMIZER_COLLECTIVES * 2 * math.ceil(math.log2(ranks))
+        shard = self.grad_bytes / (target.tp * target.pp)
+        return hops * self.collective_s + 2 * (ranks - 1) / ranks * shard / self.collective_bytes_per_s
 
     def sync_s(self, transport: str) -> float:
         return self.weight_sync_s.get(transport, max(self.weight_sync_s.values(), default=0.0))
@@ -126,6 +143,7 @@ class Costs:
                 "prefill_tokens_per_s": self.prefill_tokens_per_s,
                 "logprob_tokens_per_s": self.logprob_tokens_per_s, "train_tokens_per_s": self.train_tokens_per_s,
                 "optimizer_step_s": self.optimizer_step_s, "weight_sync_s": self.weight_sync_s,
+                "collective_s": self.collective_s, "call_s": self.call_s, "step_gap_s": self.step_gap_s,
                 "reward_s_per_sample": self.reward_s_per_sample, "switch_s": self.switch_s,
                 "launch_s": self.launch_s}
 
@@ -133,13 +151,14 @@ class Costs:
 @dataclass(frozen=True)
 class GpuSpec:
     """What the default costs read of a GPU: dense bf16 FLOP/s, memory bandwidth, the link a broadcast crosses and
-    the host link an offload crosses (bytes/s)."""
+    the host link an offload crosses (bytes/s), memory, and one hop of a small collective between GPUs (s)."""
 
     flops: float
     memory_bw: float
     link_bw: float
     host_bw: float
     memory_bytes: float
+    collective_s: float = 2e-5  # NCCL within a node, of the usual order
 
 
 GPUS = {
@@ -147,12 +166,17 @@ GPUS = {
     "H200": GpuSpec(989e12, 4.8e12, 50e9, 25e9, 141e9),
     "A100": GpuSpec(312e12, 2.0e12, 25e9, 16e9, 80e9),
     # A virtual GPU of a CPU machine: a share of a few cores (all virtual GPUs share them; see docs/planning.md).
-    "cpu": GpuSpec(50e9, 10e9, 5e9, 10e9, 80e9),
+    "cpu": GpuSpec(50e9, 10e9, 5e9, 10e9, 80e9, collective_s=1e-3),  # (gloo between processes: a thread's wake-up)
 }
 # Model FLOP utilisation of each pass, and of the memory bandwidth while decoding; guesses of the usual order.
 PREFILL_MFU, FORWARD_MFU, TRAIN_MFU, DECODE_MFU, DECODE_BW_UTIL = 0.5, 0.4, 0.35, 0.3, 0.6
 REWARD_S_PER_SAMPLE = 0.005  # a math-verify check of one answer
 LAUNCH_S = 120.0
+CALL_S = 2e-3  # a Ray actor call's round trip between processes of one cluster
+STEP_GAP_S = 5e-3  # the driver's bookkeeping between steps (metrics, progress)
+# Collectives among the data-parallel ranks at every optimizer step: the replicas' vote, the gradients' sum and the
+# step's metrics (an all-gather of their sizes, then of them).
+OPTIMIZER_COLLECTIVES = 4
 OBJECT_STORE_BW = 2e9  # bytes/s through Ray's object store (a copy in and a copy out through host memory)
 CONCURRENCY_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 LENGTH_SAMPLES = 64
@@ -206,7 +230,9 @@ def default_costs(cfg: Config, gpu: str = "H100", params: float | None = None) -
     * prefill: `flops x PREFILL_MFU / 2P`; log-probs: `flops x FORWARD_MFU / 2P`; training (forward + backward):
       `flops x TRAIN_MFU / 6P` sequence tokens/s;
     * optimizer step: Adam reads and writes about 36 bytes per parameter (fp32 master, moments, gradient, the bf16
-      copy) at the memory bandwidth;
+      copy) at the memory bandwidth; over DP, `Costs.reduce_s` of `4P` gradient bytes (fp32) at the link's
+      bandwidth and `GpuSpec.collective_s` a hop;
+    * a driver call `CALL_S`, the driver's work between steps `STEP_GAP_S`;
     * weight sync of `2P` bytes: broadcast over `link_bw`; ipc: a device copy at a quarter of the bandwidth; object
       store: `OBJECT_STORE_BW`;
     * phase switch: the actor's 18 bytes per parameter (bf16 weights, fp32 grads, master and moments) out and back
@@ -225,7 +251,8 @@ def default_costs(cfg: Config, gpu: str = "H100", params: float | None = None) -
         response_lengths=lengths, prompt_tokens=prompt,
         logprob_tokens_per_s=spec.flops * FORWARD_MFU / (2 * p),
         train_tokens_per_s=spec.flops * TRAIN_MFU / (6 * p),
-        optimizer_step_s=36 * p / spec.memory_bw,
+        optimizer_step_s=36 * p / spec.memory_bw, collective_s=spec.collective_s,
+        collective_bytes_per_s=spec.link_bw, grad_bytes=4 * p, call_s=CALL_S, step_gap_s=STEP_GAP_S,
         weight_sync_s={"broadcast": weights / spec.link_bw, "ipc": weights / (spec.memory_bw / 4),
                        "object_store": weights / OBJECT_STORE_BW},
         reward_s_per_sample=REWARD_S_PER_SAMPLE,

@@ -12,7 +12,8 @@ The first step (`warmup` steps) is left out when there are more (it warms up). P
   requests per engine over time are not recorded, so the curve's shape stays the default's;
 * log-prob and training tokens/s: each replica's sequence tokens over its spans' seconds (`tokens` of `logprob`
   spans, `sequence_tokens` of `train` spans; older runs: response tokens plus the prompts'); a run without a
-  log-prob stage gives log-probs at 3 x its training rate (a forward pass is about a third of forward + backward);
+  log-prob stage gives log-probs at its training passes' forward rate (`forward_s` of `train` spans: from a pass's
+  start to its loss), older runs at 3 x the training rate (a forward is about a third of forward + backward);
 * the optimizer step, reward seconds per sample (the reward spans' seconds over their rounds of `reward.num_workers`:
   a mean, as a few slow answers take most of the time), the
   driver's `weight_sync` seconds for the run's transport (the other transports in the default's proportion),
@@ -183,13 +184,26 @@ def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1) -
         figures["train_tokens_per_s"] = train
     else:
         missing.append("train spans")
+    timed = [s for s in _by(work, "train", "actor") if "forward_s" in s.args and "sequence_tokens" in s.args]
+    forward_s = sum(s.args["forward_s"] for s in timed)
+    forward = sum(s.args["sequence_tokens"] for s in timed) / forward_s if timed and forward_s > 0 else None
     if logprob is not None:
         figures["logprob_tokens_per_s"] = logprob
+    elif forward is not None:  # (the training passes' forwards: a log-prob pass is one, without the graph kept)
+        figures["logprob_tokens_per_s"] = forward
     elif train is not None:
         figures["logprob_tokens_per_s"] = 3 * train
-        missing.append("log-prob spans (3 x the training rate)")
-    if opt := [s.duration for s in _by(work, "optimizer_step")]:
-        figures["optimizer_step_s"] = statistics.median(opt)
+        missing.append("log-prob spans or the forward seconds of training passes (3 x the training rate)")
+    figures |= _driver_figures(spans, metrics, warmup, missing)
+    collective = _collective_s(work, metrics, plan, base)
+    if collective is not None:
+        figures["collective_s"] = collective
+    else:
+        missing.append("a collective's latency (receivers' weight_sync spans of a broadcast)")
+    if opt := [s.duration for s in _by(work, "optimizer_step")]:  # (less its data-parallel reduction)
+        actor = plan.placement.components["actor"]
+        reduce = replace(base, **figures).reduce_s(_parallel(plan, "actor"), actor.dp * actor.cp)  # type: ignore
+        figures["optimizer_step_s"] = max(0.0, statistics.median(opt) - reduce)
     workers = cfg.reward.num_workers
     rounds = sum(math.ceil(max(int(s.args.get("samples", 1)), 1) / workers) for s in reward)
     if rounds:  # (the mean: a few slow answers take most of the scoring's time)
@@ -209,6 +223,33 @@ def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1) -
         figures["launch_s"] = launch[0]
     missing.append("bytes per weight version per transport (seconds only, for the run's transport)")
     return replace(costs, **figures, source=f"profile of {run_dir}", missing=tuple(missing))  # type: ignore[arg-type]
+
+
+def _driver_figures(spans: Sequence[Span], metrics: Sequence[dict], warmup: int, missing: list[str]
+                    ) -> dict[str, float]:
+    """The driver's costs: a call's round trip (the heartbeat's pings, `timing/call_round_trip`) and its work
+    between steps (the median gap between the measured steps' spans)."""
+    out: dict[str, float] = {}
+    trips = [m["timing/call_round_trip"] for m in after_warmup(metrics, warmup) if "timing/call_round_trip" in m]
+    if trips:
+        out["call_s"] = statistics.median(trips)
+    else:
+        missing.append("a driver call's round trip (metrics' timing/call_round_trip)")
+    steps = kept_steps([s for s in spans if s.name == STEP_SPAN], warmup)
+    if gaps := [b.start - a.end for a, b in zip(steps, steps[1:])]:
+        out["step_gap_s"] = max(0.0, statistics.median(gaps))
+    return out
+
+
+def _collective_s(work: Sequence[Span], metrics: Sequence[dict], plan: RunPlan, base: Costs) -> float | None:
+    """One hop of a collective between two GPUs' processes: a broadcast's receiver's `weight_sync` seconds (the
+    median) less its bytes' time at the link's bandwidth; None where the run's transport is not a broadcast."""
+    received = [s.duration for s in work if s.name == "weight_sync" and s.track.split("/")[0] != "driver"]
+    if plan.weight_transport != "broadcast" or not received:
+        return None
+    sizes = [m["weight_sync/bytes"] for m in metrics if m.get("weight_sync/bytes")]
+    moved = statistics.median(sizes) / base.collective_bytes_per_s if sizes else 0.0
+    return max(statistics.median(received) - moved, base.collective_s / 100)
 
 
 def _switches(work: Sequence[Span], default: dict[str, float]) -> dict[str, float]:

@@ -124,7 +124,7 @@ class _Sim:
             return ready
         switch = self.costs.switch_s.get(comp.name, 0.0) / 2
         self.busy[self.current]["switch"] += switch * 2 * len(comp.gpus)
-        return max(ready, self.set_free[comp.gpus]) + switch
+        return max(ready, self.set_free[comp.gpus]) + self.costs.call_s + switch
 
     def end_turn(self, stage: Stage, comp: ComponentPlacement, end: float) -> float:
         if not stage.turns_with:
@@ -149,7 +149,8 @@ class _Sim:
     def run_generation(self, stage: Stage, step: int, ready: float) -> float:
         comp, costs, g = self.rollout, self.costs, self.group_size
         start = self.take_turn(stage, comp, ready)
-        drawn = self.rng.choices(costs.response_lengths, k=self.prompts * g)
+        longest = self.cfg.rollout.max_new_tokens  # (a profile of a higher limit: its lengths cut at this one)
+        drawn = [min(n, longest) for n in self.rng.choices(costs.response_lengths, k=self.prompts * g)]
         self.lengths[step] = [drawn[i * g:(i + 1) * g] for i in range(self.prompts)]
         engines, par = comp.dp, _parallel(comp)
         factor = scale_rate(1.0, costs.rollout_parallel, par)
@@ -205,7 +206,7 @@ class _Sim:
     def train(self, stage: Stage, arrivals: Arrivals) -> Arrivals:
         comp, costs = self.actor, self.costs
         par = _parallel(comp)
-        rate, opt = costs.train_rate(par), costs.optimizer_s(par)
+        rate, opt = costs.train_rate(par), costs.optimizer_s(par, comp.dp * comp.cp)
         if self.actor_phase_open:  # (the log-prob stage took the turn)
             start = min((t for t, _ in arrivals), default=self.step_start)
             self.actor_phase_open = False
@@ -239,6 +240,7 @@ class _Sim:
         """Every step's end time."""
         handlers = {"generate": self.generate, "score": self.score, "logprob": self.logprob, "train": self.train}
         ends = []
+        self.step_start = self.costs.step_gap_s  # (every step after the driver's work between steps)
         for step in range(self.steps):
             self.current = step
             channels: dict[str | None, Arrivals] = {None: []}
@@ -248,7 +250,7 @@ class _Sim:
                 channels[stage.writes] = handlers[stage.name](stage, channels[stage.reads])
             end = max(t for t, _ in channels[None])
             ends.append(end)
-            self.step_start = end
+            self.step_start = end + self.costs.step_gap_s
         return ends
 
 

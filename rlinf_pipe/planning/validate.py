@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.planning.costs import Costs
-from rlinf_pipe.planning.profile import after_warmup, read_run_config
+from rlinf_pipe.planning.profile import after_warmup, kept_steps, read_run_config
 from rlinf_pipe.planning.run_plan import plan_run
 from rlinf_pipe.planning.simulate import Prediction, simulate
 
@@ -16,7 +16,8 @@ from rlinf_pipe.planning.simulate import Prediction, simulate
 @dataclass(frozen=True)
 class Validation:
     """The prediction of a run's placement and the run's measured means over its steps (the first `warmup` left out
-    when there are more)."""
+    when there are more): its step time is the wall time from the first measured step's start to the last one's
+    end over their count, the driver's work between steps included, as the prediction counts it."""
 
     run_dir: str
     prediction: Prediction
@@ -41,20 +42,24 @@ def validate_run(run_dir: str | Path, costs: Costs, warmup: int = 1) -> Validati
     its steps after the first `warmup` (at least the last step)."""
     from rlinf_pipe.utils.metrics import read_metrics
     from rlinf_pipe.utils.timeline import analyse, read_chrome_trace
+    from rlinf_pipe.utils.tracing import STEP_SPAN
 
     run_dir = Path(run_dir)
     cfg = read_run_config(run_dir)
     if not (run_dir / "timeline.json").is_file():
         raise ConfigError(f"{run_dir}/timeline.json does not exist; --validate needs a run that trained a step")
-    steps = analyse(read_chrome_trace(run_dir / "timeline.json"))
+    trace = read_chrome_trace(run_dir / "timeline.json")
+    steps = analyse(trace)
     if not steps:
         raise ConfigError(f"{run_dir}/timeline.json holds no step; --validate needs a run that trained a step")
     kept = after_warmup(steps, warmup)
     numbers = {a.step for a in kept}
+    spans = kept_steps([s for s in trace if s.name == STEP_SPAN], warmup)
     metrics = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
     rates = [m["throughput/tokens_per_s"] for m in metrics
              if m.get("step") in numbers and m.get("throughput/tokens_per_s") is not None]
     total = sum(a.duration for a in kept)
-    return Validation(str(run_dir), simulate(cfg, plan_run(cfg), costs), total / len(kept),
+    cadence = (spans[-1].end - spans[0].start) / len(spans)  # (the driver's work between steps included)
+    return Validation(str(run_dir), simulate(cfg, plan_run(cfg), costs), cadence,
                       sum(a.bubble_fraction * a.duration for a in kept) / total,
                       statistics.fmean(rates) if rates else 0.0, len(kept))

@@ -26,11 +26,18 @@ class Health:
     def __init__(self, groups: Callable[[], list[WorkerGroup[Worker]]], timeout_s: float):
         self.groups, self.timeout_s = groups, timeout_s
         self.interval_s = max(0.5, min(5.0, timeout_s / 4))
+        self.round_trips: list[float] = []  # the answered pings' seconds since `take_round_trip_s`
 
     async def find_lost(self) -> list[WorkerLost]:
         """The workers that are gone or hung right now."""
-        found = await asyncio.gather(*(group.unhealthy(self.timeout_s) for group in self.groups()))
+        found = await asyncio.gather(*(group.unhealthy(self.timeout_s, self.round_trips) for group in self.groups()))
         return [lost for group_lost in found for lost in group_lost]
+
+    def take_round_trip_s(self) -> float | None:
+        """The median seconds of a ping's round trip to a worker since the last call (None: no ping answered), a
+        driver call's cost on this cluster under the run's load (the planner's profile reads it)."""
+        trips, self.round_trips = sorted(self.round_trips), []
+        return trips[len(trips) // 2] if trips else None
 
     async def _heartbeat(self) -> None:
         while True:

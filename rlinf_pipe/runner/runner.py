@@ -169,6 +169,8 @@ class Runner:
                     self.sampler_at_step = self.schedule.sampler_state()  # (before prompts drawn ahead)
                     metrics = await self.stop.or_abandon(self.health.guard(self.validate(step)))
                     metrics |= await self.stop.or_abandon(self.health.guard(self.step(step)))
+                    if (round_trip := self.health.take_round_trip_s()) is not None:
+                        metrics["timing/call_round_trip"] = round_trip
                     writer.write(step, metrics)
                     progress.update(step, metrics)
                     step += 1

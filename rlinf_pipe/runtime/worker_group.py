@@ -337,14 +337,18 @@ class WorkerGroup(Generic[W_co]):
                 status.append(False)
         return status
 
-    async def unhealthy(self, timeout_s: float) -> list[WorkerLost]:
+    async def unhealthy(self, timeout_s: float, round_trips: list[float] | None = None) -> list[WorkerLost]:
         """The ranks that are gone (their ping fails) or hung (no answer within `timeout_s`; the ping runs in the
-        control thread, so a rank busy with a long method still answers)."""
+        control thread, so a rank busy with a long method still answers). Each answered ping's seconds are
+        appended to `round_trips` (a call's round trip to a worker, which the planner's profile reads)."""
 
         async def probe(member: Member) -> WorkerLost | None:
             where = f"{self.name} rank {member.rank} ({member.where()})"
             try:
+                sent = time.perf_counter()
                 await asyncio.wait_for(member.actor.ping.remote(), timeout_s)
+                if round_trips is not None:
+                    round_trips.append(time.perf_counter() - sent)
             except asyncio.TimeoutError:
                 return WorkerLost(member.name, where, "hung",
                                   f"alive but no answer to a heartbeat within {timeout_s:g} s (stopped, or stuck "

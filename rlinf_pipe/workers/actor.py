@@ -125,7 +125,9 @@ class ActorWorker(Worker):
             batch = op.batch
             args.update(version=batch.version, sequences=batch.num_sequences, tokens=batch.num_tokens,
                         sequence_tokens=int(batch.attention_mask.sum()))
-            self.policy.train_micro_batch(batch, self.loss_fn)
+            forward_s = self.policy.train_micro_batch(batch, self.loss_fn)
+            if forward_s is not None:  # (the planner's log-prob speed where a run has no log-prob stage)
+                args["forward_s"] = round(forward_s, 6)
 
     def _optimizer_step(self, step: int, minibatch: int) -> dict[str, float] | None:
         with self.tracer.span("optimizer_step", step=step, minibatch=minibatch):

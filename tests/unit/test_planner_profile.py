@@ -20,11 +20,14 @@ from rlinf_pipe.utils.tracing import Span
 OVERRIDES = ["data.rollout_batch_size=2", "algorithm.group_size=2", "reward.num_workers=2"]
 
 
-def step_spans(step: int, t: float, new_args: bool) -> list[Span]:
+def step_spans(step: int, t: float, new_args: bool, forward_s: float | None = None) -> list[Span]:
     """Step `step` from `t`, 1 s long: the engine's 0.2 s generation of 2 prompts (4 samples, 40 tokens), two 0.1 s
-    reward spans, two 0.25 s train spans of 60 sequence tokens, a 0.05 s optimizer step, a 0.02 s weight sync."""
+    reward spans, two 0.25 s train spans of 60 sequence tokens (with `forward_s`: their forwards' seconds), a 0.05 s
+    optimizer step, a 0.02 s weight sync."""
     reward_args = lambda lengths: ({"prompt_tokens": 20, "response_tokens": lengths} if new_args else {})  # noqa: E731
     train_args = {"sequence_tokens": 60} if new_args else {}
+    if forward_s is not None:
+        train_args["forward_s"] = forward_s
     return [
         Span("step", "driver", t, t + 1.0, (), {"step": step}),
         Span("weight_sync", "rollout/0", t, t + 0.02, (0,), {"version": step}),
@@ -37,17 +40,19 @@ def step_spans(step: int, t: float, new_args: bool) -> list[Span]:
     ]
 
 
-def write_run(folder: Path, new_args: bool = True) -> Path:
-    cfg = load_config(overrides=OVERRIDES)
+def write_run(folder: Path, new_args: bool = True, gap: float = 0.0, forward_s: float | None = None,
+              extra_metrics: dict | None = None, overrides: tuple[str, ...] = ()) -> Path:
+    """A 3-step run of `step_spans`, each step `gap` s after the one before."""
+    cfg = load_config(overrides=OVERRIDES + list(overrides))
     folder.mkdir()
     (folder / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
     spans = [Span("launch", "driver", -30.0, -0.5, (), {"phase": "job"})]
-    spans += [s for step in range(3) for s in step_spans(step, float(step), new_args)]
+    spans += [s for step in range(3) for s in step_spans(step, step * (1.0 + gap), new_args, forward_s)]
     spans.append(Span("generate", "rollout/0", 0.02, 5.0, (0,), {"step": 0, "prompts": 2, "tokens": 40}))  # warm-up
     write_chrome_trace(spans, folder / "timeline.json")
     (folder / "metrics.jsonl").write_text("".join(
-        json.dumps({"step": s, "response_length/mean": 10.0, "throughput/tokens_per_s": 40.0}) + "\n"
-        for s in range(3)))
+        json.dumps({"step": s, "response_length/mean": 10.0, "throughput/tokens_per_s": 40.0,
+                    **(extra_metrics or {})}) + "\n" for s in range(3)))
     return folder
 
 
@@ -114,3 +119,33 @@ def test_plan_validate_prints_the_prediction_beside_the_measurement(tmp_path, ca
     assert main(["plan", "--validate", str(run), "--json", "--costs", "1,2,0.5"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["measured_step_s"] == pytest.approx(1.0) and data["source"].startswith("RLinf-style --costs")
+
+
+def test_the_driver_the_collectives_and_the_forward_passes_are_read_from_the_run(tmp_path):
+    """A run whose train spans time their forwards, whose metrics have the heartbeat's round trips and the weight
+    version's bytes, with 0.1 s between steps and a broadcast's receiver taking 0.02 s a version."""
+    run = write_run(tmp_path / "run", gap=0.1, forward_s=0.1,
+                    extra_metrics={"timing/call_round_trip": 0.004, "weight_sync/bytes": 0})
+    costs = read_profile(run)
+    assert costs.logprob_tokens_per_s == pytest.approx(120 / 0.2)  # two 60-token forwards of 0.1 s
+    assert not any("log-prob spans" in m for m in costs.missing)
+    assert costs.call_s == pytest.approx(0.004) and costs.step_gap_s == pytest.approx(0.1)
+    assert costs.collective_s == pytest.approx(0.02)  # the receiver's sync, no bytes to move
+    v = validate_run(run, costs)
+    assert v.measured_step_s == pytest.approx((3.2 - 1.1) / 2)  # steps 1 and 2, the gap between them counted
+    assert validate_run(run, costs, warmup=0).measured_step_s == pytest.approx(3.2 / 3)
+
+
+def test_a_profile_at_two_replicas_keeps_the_optimizer_step_without_its_reduction(tmp_path):
+    """The actor on 2 GPUs (DP 2): the measured optimizer step less `reduce_s` at 2 ranks is kept, and a prediction
+    at DP 2 adds it back."""
+    run = write_run(tmp_path / "run", extra_metrics={"weight_sync/bytes": 0},
+                    overrides=("cluster.num_gpus_per_node=3", "cluster.component_placement={rollout: 0, actor: 1-2}"))
+    costs = read_profile(run)
+    from rlinf_pipe.planning.costs import Parallel
+
+    reduce = costs.reduce_s(Parallel(), 2)
+    assert reduce == pytest.approx(4 * 2 * 0.02 + costs.grad_bytes / costs.collective_bytes_per_s)
+    assert costs.optimizer_step_s == pytest.approx(max(0.0, 0.05 - reduce))
+    assert costs.optimizer_s(Parallel(), 2) == pytest.approx(max(0.05, reduce))
+    assert costs.optimizer_s(Parallel(), 1) == pytest.approx(costs.optimizer_step_s)

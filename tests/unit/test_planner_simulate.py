@@ -14,7 +14,8 @@ from rlinf_pipe.planning.run_plan import plan_run
 from rlinf_pipe.planning.simulate import simulate
 from rlinf_pipe.planning.stage_graph import Stage, StageGraph
 
-BASE = ["data.rollout_batch_size=2", "algorithm.group_size=2", "rollout.max_running_requests=2"]
+BASE = ["data.rollout_batch_size=2", "algorithm.group_size=2", "rollout.max_running_requests=2",
+        "rollout.max_new_tokens=1000"]  # (responses are cut at the limit: 100 tokens need one above it)
 
 
 def costs(**changes: object) -> Costs:
@@ -123,3 +124,28 @@ def test_a_stage_the_simulator_does_not_know_is_an_error():
     sim = _Sim(cfg, plan_run(cfg), costs(), random.Random(0), 1)
     with pytest.raises(ValueError, match="no model of stage 'distill'"):
         sim.run(StageGraph((Stage("distill", "actor", None, None),), ()))
+
+
+def test_each_phase_the_driver_starts_pays_a_call_and_each_step_the_drivers_work_between_steps():
+    # The collocated step above (9.4 s) with a 0.3 s call before each of its two phases and 0.5 s between steps:
+    # 9.4 + 2 x 0.3 + 0.5 = 10.5 s. Streaming on two GPUs, no phase starts by a call: 6 + 0.5 s.
+    c = costs(switch_s={"actor": 1.0, "rollout": 0.4, "inference": 0.0}, call_s=0.3, step_gap_s=0.5)
+    p = predict(c, "cluster.num_gpus_per_node=1", 'cluster.component_placement={"actor,rollout": 0}')
+    assert p.step_s == pytest.approx(10.5)
+    assert predict(c).step_s == pytest.approx(6.5)
+
+
+def test_a_data_parallel_actor_pays_its_gradient_reduction_at_every_optimizer_step():
+    # One group a step per replica: the two groups generate one after the other on the engine (done at 2 and 4);
+    # the actor's 2 replicas train one each (2 s), the second ending at 6; then the optimizer step: 0.5 s of its
+    # own, plus 4 collectives of 2 hops of 0.1 s, plus 2 x 1/2 x 400 bytes at 1,000 bytes/s: 6 + 0.5 + 0.8 + 0.4.
+    c = costs(optimizer_step_s=0.5, collective_s=0.1, grad_bytes=400.0, collective_bytes_per_s=1000.0)
+    dp2 = ["cluster.num_gpus_per_node=3", "cluster.component_placement={rollout: 0, actor: 1-2}"]
+    assert predict(c, *dp2).step_s == pytest.approx(7.7)
+    assert predict(c).step_s == pytest.approx(6.5)  # one replica: no reduction
+
+
+def test_responses_are_cut_at_the_configs_limit():
+    # The profile's 100-token responses at max_new_tokens 50: each group 2 x 50 tokens (1 s), trained in 1 s: the
+    # first group generates 0-1 and trains 1-2 while the second generates 1-2, then trains 2-3.
+    assert predict(costs(), "rollout.max_new_tokens=50").step_s == pytest.approx(3.0)

@@ -20,6 +20,7 @@ only; Megatron sums the gradients over the DP x CP ranks, and the denominator is
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal, overload
@@ -122,10 +123,8 @@ class MegatronPolicy:
         from rlinf_pipe.models.megatron_sdpa import model_supports_packing
 
         if not dist.is_initialized() or not ps.model_parallel_is_initialized():
-            raise RuntimeError(
-                "MegatronPolicy needs torch.distributed and Megatron's parallel state initialised first "
-                "(dist.init_process_group, then rlinf_pipe.models.megatron_gpt.init_model_parallel)"
-            )
+            raise RuntimeError("MegatronPolicy needs torch.distributed and Megatron's parallel state initialised first "
+                               "(dist.init_process_group, then rlinf_pipe.models.megatron_gpt.init_model_parallel)")
         self.model_path = path
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else (
             torch.device("cpu"))
@@ -231,14 +230,8 @@ class MegatronPolicy:
             return inputs.run(model), loss_func_factory(next(counter))
 
         return get_forward_backward_func()(
-            forward_step_func=forward_step,
-            data_iterator=iter(micro_batches),
-            model=[self.model],
-            num_microbatches=len(micro_batches),
-            seq_length=length,
-            micro_batch_size=b,
-            forward_only=forward_only,
-        )
+            forward_step_func=forward_step, data_iterator=iter(micro_batches), model=[self.model],
+            num_microbatches=len(micro_batches), seq_length=length, micro_batch_size=b, forward_only=forward_only)
 
     # ------------------------------------------------------------------ log-probs
 
@@ -294,8 +287,9 @@ class MegatronPolicy:
     def train_micro_batch(
         self, batch: TrainBatch, loss_fn: LossFn, *, temperature: float | None = None,
         with_entropy: bool | None = None,
-    ) -> None:
-        """Forward + backward of one micro-batch; gradients accumulate until `optimizer_step`.
+    ) -> float | None:
+        """Forward + backward of one micro-batch; gradients accumulate until `optimizer_step`. Returns the forward's
+        seconds (to the loss; None with PP > 1, where passes interleave): the planner's log-prob speed.
 
         `loss_fn(logprobs, entropy, batch)` runs on the last pipeline stage with device tensors; its NUMERATOR is
         backpropagated unscaled, its denominator and detached terms are kept for `optimizer_step`. May be called
@@ -309,15 +303,14 @@ class MegatronPolicy:
             raise ValueError(f"response_mask {tuple(batch.response_mask.shape)} must match input_ids "
                              f"{tuple(batch.input_ids.shape)}")
         if not bool(batch.response_mask.any()):
-            raise ValueError(
-                "train_micro_batch: the micro-batch has no response tokens (response_mask is all False); "
-                "drop such rows before training"
-            )
+            raise ValueError("train_micro_batch: the micro-batch has no response tokens (response_mask is all "
+                             "False); drop such rows before training")
         temperature = self.temperature if temperature is None else temperature
         entropy_on = self.train_entropy if with_entropy is None else with_entropy
         dev_batch = batch_to_device(batch, self.device)
         inputs = self.model_inputs(batch)
         kept: list[LossTerms] = []
+        forward_end: list[float] = []
 
         def factory(index: int) -> Callable:
             def loss_func(logits: Tensor) -> tuple[Tensor, Tensor, dict[str, Any]]:
@@ -328,13 +321,16 @@ class MegatronPolicy:
                 if terms.numerator.dim() != 0:
                     raise ValueError(f"loss numerator must be a scalar, got shape {tuple(terms.numerator.shape)}")
                 kept.append(terms.detach())
+                forward_end.append(time.perf_counter())
                 # calculate_per_token_loss=True: the schedule backpropagates this numerator as it is.
                 return terms.numerator, torch.tensor(0, dtype=torch.int), {}
 
             return loss_func
 
+        started = time.perf_counter()
         self._run_schedule([inputs], forward_only=False, loss_func_factory=factory)
         optimizer.accumulate(kept, int(batch.response_mask.sum()))
+        return forward_end[0] - started if forward_end and self.pp_size == 1 else None
 
     def optimizer_step(self, expected_micro_batches: int | None = None, allow_empty: bool = False
                        ) -> dict[str, float] | None:
@@ -347,9 +343,8 @@ class MegatronPolicy:
         otherwise. `expected_micro_batches`: how many micro-batches this rank should have trained since the last
         step; another count raises `RuntimeError` before anything changes.
         """
-        return self.require_optimizer().step(
-            self.dp_size, self.is_last_stage, self.pp_size, expected_micro_batches, allow_empty
-        )
+        return self.require_optimizer().step(self.dp_size, self.is_last_stage, self.pp_size, expected_micro_batches,
+                                             allow_empty)
 
     # ------------------------------------------------------------------ weights in and out
 
