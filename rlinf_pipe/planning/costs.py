@@ -6,8 +6,9 @@ seconds (`planning.rlinf_costs`), or the default here, derived from the model's 
 bandwidth (`default_costs`). A rate measured on one replica size is carried to another by one function,
 `scale_rate`, which every use goes through.
 
-Token counts: decode and prefill rates count response and prompt tokens; log-prob and training rates count whole
-sequences (prompt + response) -- what a forward or forward + backward pass processes.
+Token counts: decode and prefill rates count response and prompt tokens; log-prob and training rates count the
+tokens a pass runs (`pass_tokens`: the responses, and a group's prompt once where its rows share it) -- what a
+forward (one log-prob pass: old or reference) or a forward + backward processes.
 """
 
 from __future__ import annotations
@@ -180,6 +181,30 @@ OPTIMIZER_COLLECTIVES = 4
 OBJECT_STORE_BW = 2e9  # bytes/s through Ray's object store (a copy in and a copy out through host memory)
 CONCURRENCY_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 LENGTH_SAMPLES = 64
+
+
+def shares_prompts(cfg: Config) -> bool:
+    """Whether the actor's and the log-prob workers' passes run each group's prompt once (packed rows sharing it,
+    `actor.share_prompts`)."""
+    return cfg.actor.pack_sequences and cfg.actor.share_prompts
+
+
+def logprob_passes(cfg: Config) -> int:
+    """Forward passes of the log-prob stage per sample: the old log-probs where recomputed, the reference's."""
+    from rlinf_pipe.algorithms.logprob_needs import needs_ref, recomputes_old
+
+    return int(recomputes_old(cfg)) + int(needs_ref(cfg))
+
+
+def pass_tokens(response_tokens: float, prompt_tokens: float, group_size: int, shared: bool) -> float:
+    """The tokens a pass runs for whole groups of rows whose prompts hold `prompt_tokens` in all: the responses,
+    and each group's prompt once where `shared`, every row's otherwise. Rates count these tokens."""
+    return response_tokens + (prompt_tokens / group_size if shared else prompt_tokens)
+
+
+def cut_at(costs: Costs, longest: int) -> Costs:
+    """`costs` with its response lengths cut at `longest` (a config's `rollout.max_new_tokens`)."""
+    return replace(costs, response_lengths=tuple(min(n, longest) for n in costs.response_lengths))
 
 
 def gpu_spec(gpu: str) -> GpuSpec:

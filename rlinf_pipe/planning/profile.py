@@ -36,7 +36,8 @@ from typing import TypeVar
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.planning.batching import Batching, Request, engine_batching, quantile_lengths, run_batched
-from rlinf_pipe.planning.costs import Costs, Parallel, carried, default_costs
+from rlinf_pipe.planning.costs import (Costs, Parallel, carried, default_costs, logprob_passes, pass_tokens,
+                                       shares_prompts)
 from rlinf_pipe.planning.run_plan import RunPlan, plan_run
 from rlinf_pipe.utils.tracing import LAUNCH_SPAN, STEP_SPAN, Span
 
@@ -170,23 +171,33 @@ def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1) -
     else:
         missing.append("generate spans (decode and prefill rates)")
 
-    prompt = costs.prompt_tokens
-    train = _rate(_by(work, "train", "actor"), lambda s: s.args.get(
-        "sequence_tokens", s.args.get("tokens", 0) + s.args.get("sequences", 0) * prompt))
-    if not any("sequence_tokens" in s.args for s in _by(work, "train")):
+    prompt, g, shared = costs.prompt_tokens, cfg.algorithm.group_size, shares_prompts(cfg)
+
+    def run_tokens(s: Span) -> float:  # (the tokens a train span's pass ran: `pass_tokens`)
+        sequence = s.args.get("sequence_tokens", s.args.get("tokens", 0) + s.args.get("sequences", 0) * prompt)
+        return pass_tokens(s.args.get("tokens", 0), sequence - s.args.get("tokens", 0), g, shared)
+
+    trained = _by(work, "train", "actor")
+    train = _rate(trained, run_tokens)
+    if not any("sequence_tokens" in s.args for s in trained):
         missing.append("sequence tokens per train span (response tokens plus the mean prompt)")
-    logprob_spans = _by(work, "logprob")
-    logprob = _rate(logprob_spans, lambda s: s.args.get("tokens", s.args.get("sequences", 0)
-                                                        * (prompt + costs.mean_response)))
+    logprob_spans, passes = _by(work, "logprob"), max(logprob_passes(cfg), 1)
+
+    def logprob_tokens(s: Span) -> float:  # (every pass of the span: old and reference log-probs where both)
+        n = s.args.get("sequences", 0)
+        sequence = s.args.get("tokens", n * (prompt + costs.mean_response))
+        return passes * pass_tokens(sequence - n * prompt, n * prompt, g, shared)
+
+    logprob = _rate(logprob_spans, logprob_tokens)
     if logprob_spans and not any("tokens" in s.args for s in logprob_spans):
         missing.append("tokens per log-prob span (sequences x the mean sequence)")
     if train is not None:
         figures["train_tokens_per_s"] = train
     else:
         missing.append("train spans")
-    timed = [s for s in _by(work, "train", "actor") if "forward_s" in s.args and "sequence_tokens" in s.args]
+    timed = [s for s in trained if "forward_s" in s.args and "sequence_tokens" in s.args]
     forward_s = sum(s.args["forward_s"] for s in timed)
-    forward = sum(s.args["sequence_tokens"] for s in timed) / forward_s if timed and forward_s > 0 else None
+    forward = sum(run_tokens(s) for s in timed) / forward_s if timed and forward_s > 0 else None
     if logprob is not None:
         figures["logprob_tokens_per_s"] = logprob
     elif forward is not None:  # (the training passes' forwards: a log-prob pass is one, without the graph kept)

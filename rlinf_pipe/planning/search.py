@@ -22,7 +22,7 @@ from typing import Any
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import RlinfPipeError
 from rlinf_pipe.planning.batching import max_running
-from rlinf_pipe.planning.costs import Costs
+from rlinf_pipe.planning.costs import Costs, cut_at, logprob_passes, shares_prompts
 from rlinf_pipe.planning.gpu_ids import NodeLayout, parse_gpu_ids
 from rlinf_pipe.planning.micro_batch_budget import largest_micro_batch_tokens, smallest_micro_batch_tokens
 from rlinf_pipe.planning.placement import CPU_ONLY
@@ -117,12 +117,14 @@ def enumerate_candidates(cfg: Config, costs: Costs, shape_list: list[Shape], log
                          problems: Any, sync_s: float) -> list[Candidate]:
     """Every candidate of `shape_list` (each shape with every combination of its components' sizes), bounded."""
     per_node = max(cfg.gpus_per_node())
+    costs = cut_at(costs, cfg.rollout.max_new_tokens)  # (as `simulate` draws them)
     work = Work(cfg.data.rollout_batch_size, cfg.algorithm.group_size, cfg.algorithm.n_minibatches,
                 {**{k: cfg.actor.context_parallel_size for k in ("actor", "actor_logprob", "actor_group",
                                                                    "actor_logprob_group")},
                  **{k: cfg.inference.context_parallel_size for k in ("inference", "inference_group")}},
                 max_running(cfg), 0 if cfg.rollout.backend != "torch" else int(min(
-                    max_running(cfg), cfg.rollout.first_batch_size or cfg.actor.micro_batch_size)))
+                    max_running(cfg), cfg.rollout.first_batch_size or cfg.actor.micro_batch_size)),
+                shares_prompts(cfg), max(logprob_passes(cfg), 1))
     cache: dict[tuple[str, int, Sizes], float] = {}
     reward = cfg.cluster.component_placement.get("reward")
     layout = NodeLayout(cfg.gpus_per_node())

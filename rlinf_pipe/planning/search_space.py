@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlinf_pipe.planning.batching import Batching, Request, quantile_lengths, run_batched, run_engine
-from rlinf_pipe.planning.costs import Costs, Parallel, scale_rate
+from rlinf_pipe.planning.costs import Costs, Parallel, pass_tokens, scale_rate
 
 Sizes = tuple[tuple[str, int], ...]  # (config key, value), e.g. ("actor.tensor_parallel_size", 2)
 ROLLOUT_TP = (1, 2, 4, 8)
@@ -107,6 +107,8 @@ class Work:
     cp: dict[str, int]
     max_running: float  # an engine's requests in flight at most
     first_batch: int = 0  # the torch engine's first static batch where it streams to an actor (0: SGLang)
+    shared: bool = False  # whether a group's rows run its prompt once (`costs.shares_prompts`)
+    passes: int = 1  # forward passes of the log-prob stage (`costs.logprob_passes`)
 
     def samples(self) -> int:
         return self.prompts * self.group_size
@@ -133,10 +135,11 @@ def stage_bounds(costs: Costs, work: Work, component: str, gpus: int, sizes: Siz
     par = Parallel(values[f"{component}.tensor_parallel_size"], values[f"{component}.pipeline_parallel_size"],
                    work.cp.get(component, 1))
     replicas = gpus // par.gpus
-    tokens = work.samples() * (costs.prompt_tokens + costs.mean_response) / replicas
+    tokens = pass_tokens(work.samples() * costs.mean_response, work.samples() * costs.prompt_tokens,
+                         work.group_size, work.shared) / replicas
     if component in ("inference", "actor_logprob", "inference_group", "actor_logprob_group"):
         one_group = component.endswith("_group")
-        return tokens / costs.logprob_rate(par) / (replicas * work.prompts if one_group else 1)
+        return work.passes * tokens / costs.logprob_rate(par) / (replicas * work.prompts if one_group else 1)
     if component == "actor_group":  # the last group's training and the last optimizer step
         return tokens / costs.train_rate(par) / (replicas * work.prompts) + costs.optimizer_s(par)
     return tokens / costs.train_rate(par) + work.minibatches * costs.optimizer_s(par)

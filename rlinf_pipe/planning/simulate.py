@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.planning.batching import Request, engine_batching, run_batched
-from rlinf_pipe.planning.costs import Costs, Parallel, scale_rate
+from rlinf_pipe.planning.costs import (Costs, Parallel, cut_at, logprob_passes, pass_tokens, scale_rate,
+                                       shares_prompts)
 from rlinf_pipe.planning.placement import ComponentPlacement, reward_placement
 from rlinf_pipe.planning.run_plan import RunPlan
 from rlinf_pipe.planning.stage_graph import Stage, StageGraph, stage_graph
@@ -109,13 +110,14 @@ class _Sim:
         if self.logprob_comp is not None and logprob == "inference":
             self.logprob_pool = _Pool([0.0] * self.logprob_comp.dp)
         self.sync = self.costs.sync_s(self.plan.weight_transport)
+        self.shared, self.passes = shares_prompts(self.cfg), logprob_passes(self.cfg)
         self.receiver_gpus = sum(len(comps[n].gpus) for n in self.plan.weight_receivers if n in comps)
 
     # --- helpers ---------------------------------------------------------------------------------------------
     def group_tokens(self, step: int, group: int) -> float:
-        """Sequence tokens (prompt + response) of one group."""
+        """The tokens a pass runs for one group (`pass_tokens`)."""
         lengths = self.lengths[step][group]
-        return sum(lengths) + len(lengths) * self.costs.prompt_tokens
+        return pass_tokens(sum(lengths), len(lengths) * self.costs.prompt_tokens, len(lengths), self.shared)
 
     def take_turn(self, stage: Stage, comp: ComponentPlacement, ready: float) -> float:
         """When `stage`'s phase may start on its GPUs (after the set is free and its switch-in); `ready` for a
@@ -149,8 +151,7 @@ class _Sim:
     def run_generation(self, stage: Stage, step: int, ready: float) -> float:
         comp, costs, g = self.rollout, self.costs, self.group_size
         start = self.take_turn(stage, comp, ready)
-        longest = self.cfg.rollout.max_new_tokens  # (a profile of a higher limit: its lengths cut at this one)
-        drawn = [min(n, longest) for n in self.rng.choices(costs.response_lengths, k=self.prompts * g)]
+        drawn = self.rng.choices(costs.response_lengths, k=self.prompts * g)
         self.lengths[step] = [drawn[i * g:(i + 1) * g] for i in range(self.prompts)]
         engines, par = comp.dp, _parallel(comp)
         factor = scale_rate(1.0, costs.rollout_parallel, par)
@@ -189,7 +190,7 @@ class _Sim:
             start = self.take_turn(stage, comp, ready)
             pool = _Pool([start] * comp.dp)
         before = pool.busy
-        out = sorted((pool.serve(max(t, start), self.group_tokens(self.current, grp) / rate), grp)
+        out = sorted((pool.serve(max(t, start), self.passes * self.group_tokens(self.current, grp) / rate), grp)
                      for t, grp in arrivals)
         self.busy[self.current]["logprob"] += (pool.busy - before) * par.gpus
         if comp.name == "actor":  # training starts once every log-prob is computed
@@ -258,7 +259,8 @@ def simulate(cfg: Config, plan: RunPlan, costs: Costs, seed: int = 0, steps: int
     """The predicted steady step of `plan` (see the module docstring)."""
     warm = plan.staleness + 1 if plan.staleness else 0  # (without staleness every step drains: each is steady)
     steps = steps or warm + 2
-    sim = _Sim(cfg, plan, costs, random.Random(seed), steps)
+    sim = _Sim(cfg, plan, cut_at(costs, cfg.rollout.max_new_tokens), random.Random(seed), steps)  # (a profile
+    # of a higher limit has its lengths cut at this config's)
     ends = sim.run(stage_graph(plan))
     measured = range(min(warm, steps - 1), steps)
     first = ends[measured[0] - 1] if measured[0] > 0 else 0.0

@@ -61,12 +61,13 @@ def test_a_profile_reads_the_rates_of_the_steps_after_the_first(tmp_path):
     assert costs.source == f"profile of {tmp_path / 'run'}"
     assert sorted(costs.response_lengths) == [5, 5, 8, 8, 12, 12, 15, 15]  # steps 1 and 2 (step 0 left out)
     assert costs.prompt_tokens == 20
-    assert costs.train_tokens_per_s == pytest.approx(120 / 0.5)  # two 60-token spans of 0.25 s
+    # two spans of 0.25 s, each one group of 2 rows (20 response tokens, 40 prompt tokens): its prompt run once
+    assert costs.train_tokens_per_s == pytest.approx(2 * (20 + 40 / 2) / 0.5)
     assert costs.optimizer_step_s == pytest.approx(0.05)
     assert costs.reward_s_per_sample == pytest.approx(0.1)  # 2 samples on 2 pool workers: one round of 0.1 s
     assert costs.sync_s("broadcast") == pytest.approx(0.02)
     assert costs.launch_s == pytest.approx(29.5)
-    assert costs.logprob_tokens_per_s == pytest.approx(3 * 240)  # no log-prob stage: 3 x training
+    assert costs.logprob_tokens_per_s == pytest.approx(3 * 160)  # no log-prob stage: 3 x training
     assert any("log-prob spans" in m for m in costs.missing)
     assert not any("reward spans" in m or "train span" in m for m in costs.missing)
     # the decode curve is the default's shape, scaled so that the engine's 4 requests of 40 tokens take 0.2 s
@@ -79,7 +80,7 @@ def test_an_old_run_without_token_args_falls_back_and_says_so(tmp_path):
     costs = read_profile(write_run(tmp_path / "old", new_args=False))
     assert costs.prompt_tokens == 64  # half of data.max_prompt_length (128)
     assert costs.mean_response == pytest.approx(10.0, rel=0.05)  # the default shape scaled to the metrics' mean
-    assert costs.train_tokens_per_s == pytest.approx((20 + 2 * 64) * 2 / 0.5)  # response + the prompts'
+    assert costs.train_tokens_per_s == pytest.approx((20 + 2 * 64 / 2) * 2 / 0.5)  # response + the prompt
     missing = " ".join(costs.missing)
     for figure in ("response length of each sample", "prompt tokens", "sequence tokens per train span"):
         assert figure in missing
@@ -127,7 +128,7 @@ def test_the_driver_the_collectives_and_the_forward_passes_are_read_from_the_run
     run = write_run(tmp_path / "run", gap=0.1, forward_s=0.1,
                     extra_metrics={"timing/call_round_trip": 0.004, "weight_sync/bytes": 0})
     costs = read_profile(run)
-    assert costs.logprob_tokens_per_s == pytest.approx(120 / 0.2)  # two 60-token forwards of 0.1 s
+    assert costs.logprob_tokens_per_s == pytest.approx(80 / 0.2)  # two 40-token forwards of 0.1 s
     assert not any("log-prob spans" in m for m in costs.missing)
     assert costs.call_s == pytest.approx(0.004) and costs.step_gap_s == pytest.approx(0.1)
     assert costs.collective_s == pytest.approx(0.02)  # the receiver's sync, no bytes to move
@@ -149,3 +150,9 @@ def test_a_profile_at_two_replicas_keeps_the_optimizer_step_without_its_reductio
     assert costs.optimizer_step_s == pytest.approx(max(0.0, 0.05 - reduce))
     assert costs.optimizer_s(Parallel(), 2) == pytest.approx(max(0.05, reduce))
     assert costs.optimizer_s(Parallel(), 1) == pytest.approx(costs.optimizer_step_s)
+
+
+def test_rows_that_do_not_share_their_prompt_run_it_each(tmp_path):
+    """Without `actor.share_prompts` every row runs its prompt: the same spans are 60 tokens each."""
+    costs = read_profile(write_run(tmp_path / "run", overrides=("actor.share_prompts=false",)))
+    assert costs.train_tokens_per_s == pytest.approx(120 / 0.5)

@@ -149,3 +149,11 @@ def test_responses_are_cut_at_the_configs_limit():
     # The profile's 100-token responses at max_new_tokens 50: each group 2 x 50 tokens (1 s), trained in 1 s: the
     # first group generates 0-1 and trains 1-2 while the second generates 1-2, then trains 2-3.
     assert predict(costs(), "rollout.max_new_tokens=50").step_s == pytest.approx(3.0)
+
+
+def test_a_groups_rows_sharing_their_prompt_train_it_once():
+    # One group of 2 rows with 50-token prompts (prefill free): 2 s of generation, then 200 response tokens and the
+    # prompt once (250 at 100/s: 2.5 s) where the rows share it, twice (300: 3 s) where they do not.
+    c = costs(prompt_tokens=50.0)
+    assert predict(c, "data.rollout_batch_size=1").step_s == pytest.approx(4.5)
+    assert predict(c, "data.rollout_batch_size=1", "actor.share_prompts=false").step_s == pytest.approx(5.0)
