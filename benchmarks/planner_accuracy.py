@@ -1,7 +1,7 @@
 """How well `plan --validate`'s prediction of the step time holds across placements: one placement is trained and
 profiled, every other one is predicted from that profile and trained for real, on virtual GPUs pinned to cores.
 
-    python benchmarks/planner_accuracy.py [--json] [--steps 6] [--warmup 2] [--repeats 1]
+    python benchmarks/planner_accuracy.py [--json] [--steps 6] [--warmup 2] [--repeats 1] [--no-ref]
         [--profile-placement disaggregated] [--only NAME ...] [--cores-per-gpu 1] [--output-dir DIR] [--predict-only DIR]
 
 Every run trains examples/math/config/tiny-grpo-megatron-pipeline.yaml (the tiny model warm-started once, its data,
@@ -9,6 +9,10 @@ seed and batch) with `cluster.cores_per_gpu=K` (each virtual GPU's workers on K 
 unless the placement needs 1) and the placement's overrides (`PLACEMENTS`), through `Runner.start(cfg).run()` in one
 local Ray session that this script starts once. Only the placement differs between runs (one config, so the
 actor's micro-batches are the same in every run; the collocated example's smaller ones are not measured here).
+Every run computes reference log-probs (`algorithm.compute_ref_logprobs=true`, `--no-ref` leaves them out): where no
+inference workers are placed the actor computes them, so the profiled run measures the log-prob stage that the
+hybrid placements move to GPUs of their own (without it, the log-prob rate comes from the training passes'
+forwards, whose larger batches run faster per token than a log-prob pass of one group).
 
 Each placement is trained `--repeats` times, interleaved (a round trains every placement once, each round's order
 rotated), so that a busy minute of the host falls on every placement alike. The profiled placement's run whose mean
@@ -61,10 +65,8 @@ PLACEMENTS = (
     Placement("disaggregated", (PIPELINE,)),
     Placement("collocated-2", ('cluster.component_placement={"actor,rollout": all}',)),
     Placement("collocated-1", ("cluster.num_gpus_per_node=1", 'cluster.component_placement={"actor,rollout": all}')),
-    Placement("hybrid-rollout-inference", ("algorithm.compute_ref_logprobs=true",
-                                           'cluster.component_placement={"rollout,inference": 0, actor: 1}')),
-    Placement("hybrid-actor-rollout", ("algorithm.compute_ref_logprobs=true",
-                                       'cluster.component_placement={"actor,rollout": 0, inference: 1}')),
+    Placement("hybrid-rollout-inference", ('cluster.component_placement={"rollout,inference": 0, actor: 1}',)),
+    Placement("hybrid-actor-rollout", ('cluster.component_placement={"actor,rollout": 0, inference: 1}',)),
     Placement("staleness-1", (PIPELINE, "runner.max_staleness=1")),
     Placement("short-responses", (PIPELINE, "rollout.max_new_tokens=10")),  # (the tiny model's run to ~14)
 )
@@ -80,6 +82,8 @@ def load(placement: Placement, args: argparse.Namespace, model: str | None, out:
         f"runner.output_dir={out}", f"runner.experiment_name=accuracy-{placement.name}", "cluster.ray_address=local",
         f"cluster.cores_per_gpu={args.cores_per_gpu}", *placement.overrides,
     ]
+    if args.ref:
+        overrides.append("algorithm.compute_ref_logprobs=true")
     if model is not None:
         overrides.append(f"actor.model_path={model}")
     return load_config(CONFIGS, CONFIG, overrides)
@@ -194,6 +198,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output-dir", default=None, help="keep the run folders here (default: a temp folder)")
     parser.add_argument("--predict-only", metavar="DIR", default=None,
                         help="no training: re-predict the runs an earlier --output-dir DIR kept")
+    parser.add_argument("--no-ref", dest="ref", action="store_false",
+                        help="no reference log-probs (the profile then has no log-prob stage)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     args.warmup = min(args.warmup, args.steps - 1)
@@ -240,7 +246,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     runs: dict[str, list[Path]] = {}
     failed: dict[str, str] = {}
     settings: dict[str, Any] = {"steps": args.steps, "warmup": args.warmup, "cores_per_gpu": args.cores_per_gpu,
-                                "repeats": args.repeats, "cores": len(cores),
+                                "repeats": args.repeats, "ref_logprobs": args.ref, "cores": len(cores),
                                 "config": f"examples/math/config/{CONFIG}.yaml"}
     try:
         for repeat in range(args.repeats):  # (interleaved: every placement once per round, the order rotated)

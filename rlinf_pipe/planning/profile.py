@@ -14,10 +14,16 @@ The first step (`warmup` steps) is left out when there are more (it warms up). P
   spans, `sequence_tokens` of `train` spans; older runs: response tokens plus the prompts'); a run without a
   log-prob stage gives log-probs at its training passes' forward rate (`forward_s` of `train` spans: from a pass's
   start to its loss), older runs at 3 x the training rate (a forward is about a third of forward + backward);
-* the optimizer step, reward seconds per sample (the reward spans' seconds over their rounds of `reward.num_workers`:
-  a mean, as a few slow answers take most of the time), the
-  driver's `weight_sync` seconds for the run's transport (the other transports in the default's proportion),
-  the actor's onload + offload and the engines' wake + sleep per step, the launch span.
+* the optimizer step less its data-parallel reduction (`Costs.reduce_s` at the run's DP x CP), reward seconds per
+  sample (the reward spans' seconds over their rounds of `reward.num_workers`: a mean, as a few slow answers take
+  most of the time), the driver's `weight_sync` seconds for the run's transport (the other transports in the
+  default's proportion), the actor's onload + offload and the engines' wake + sleep per step, the launch span;
+* one hop of a collective: a broadcast's receiver's `weight_sync` seconds less its bytes' time; a driver call's
+  round trip: the metrics' `timing/call_round_trip` (the heartbeat's pings); the driver's work between steps: the
+  median gap between the measured step spans.
+
+Token rates count what a pass runs (`costs.pass_tokens`: a group's prompt once where its rows share it), and each
+log-prob pass of a span (old and reference log-probs) on its own.
 
 Whatever is missing is named in `Costs.missing` and taken from `default_costs`.
 """

@@ -15,8 +15,9 @@ reads and writing their departure times into the one it writes:
   driver calls them then); the actor computes the log-probs of the whole step before it trains; training follows
   the mini-batches: every replica trains its share of mini-batch m (groups by slot, or to the replica with the
   fewest tokens under `replica_routing: tokens`), then one optimizer step on all, then mini-batch m + 1.
-* **turns**: a stage that takes turns on its GPUs (`Stage.turns_with`) starts once the set is free, pays its
-  component's switch (onload + offload, wake + sleep) around its phase, and holds the set until its last group.
+* **turns**: a stage that takes turns on its GPUs (`Stage.turns_with`) starts once the set is free and a driver
+  call later, pays its component's switch (onload + offload, wake + sleep) around its phase, and holds the set until
+  its last group; log-prob workers on a shared set hold it group by group, a round trip to the lock table each.
 
 The steady step time is the mean over the steps after the first N + 1 (N: staleness; without staleness every step
 drains the pipeline, and the first is as steady as any). Not modelled: the channels'
@@ -189,10 +190,12 @@ class _Sim:
             ready = max(self.step_start, self.generated_end(arrivals) if stage.turns_with else self.step_start)
             start = self.take_turn(stage, comp, ready)
             pool = _Pool([start] * comp.dp)
+        # log-prob workers on a shared set hold its GPUs group by group: each hold a round trip to the lock table
+        hold = self.costs.call_s if stage.turns_with and comp.name != "actor" else 0.0
         before = pool.busy
-        out = sorted((pool.serve(max(t, start), self.passes * self.group_tokens(self.current, grp) / rate), grp)
-                     for t, grp in arrivals)
-        self.busy[self.current]["logprob"] += (pool.busy - before) * par.gpus
+        out = sorted((pool.serve(max(t, start), hold + self.passes * self.group_tokens(self.current, grp) / rate),
+                      grp) for t, grp in arrivals)
+        self.busy[self.current]["logprob"] += (pool.busy - before - hold * len(arrivals)) * par.gpus
         if comp.name == "actor":  # training starts once every log-prob is computed
             done = max((t for t, _ in out), default=start)
             self.actor_phase_open = True

@@ -157,3 +157,15 @@ def test_a_groups_rows_sharing_their_prompt_train_it_once():
     c = costs(prompt_tokens=50.0)
     assert predict(c, "data.rollout_batch_size=1").step_s == pytest.approx(4.5)
     assert predict(c, "data.rollout_batch_size=1", "actor.share_prompts=false").step_s == pytest.approx(5.0)
+
+
+def test_log_prob_workers_sharing_the_engines_gpus_hold_them_group_by_group():
+    # Reference log-probs (400 tokens/s: 0.5 s a group) on the engines' GPU, the actor on its own. With no call cost:
+    # generation ends at 4 (groups at 2 and 4), log-probs 4-4.5 and 4.5-5, training 4.5-6.5 and 6.5-8.5. With a
+    # 0.25 s round trip: the engines' turn starts 0.25 later (their groups at 2.25, 4.25), the log-prob turn 0.25
+    # after that (4.5) and every group holds the GPU a round trip first (done at 5.25 and 6.0); training 5.25-7.25,
+    # 7.25-9.25.
+    hybrid = ["cluster.num_gpus_per_node=2", 'cluster.component_placement={"rollout,inference": 0, actor: 1}',
+              "algorithm.compute_ref_logprobs=true"]
+    assert predict(costs(), *hybrid).step_s == pytest.approx(8.5)
+    assert predict(costs(call_s=0.25), *hybrid).step_s == pytest.approx(9.25)
