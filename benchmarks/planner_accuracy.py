@@ -2,7 +2,8 @@
 profiled, every other one is predicted from that profile and trained for real, on virtual GPUs pinned to cores.
 
     python benchmarks/planner_accuracy.py [--json] [--steps 6] [--warmup 2] [--repeats 1] [--no-ref]
-        [--profile-placement disaggregated] [--only NAME ...] [--cores-per-gpu 1] [--output-dir DIR] [--predict-only DIR]
+        [--profile-placement disaggregated] [--only NAME ...] [--cores-per-gpu 1] [--output-dir DIR]
+        [--predict-only DIR]
 
 Every run trains examples/math/config/tiny-grpo-megatron-pipeline.yaml (the tiny model warm-started once, its data,
 seed and batch) with `cluster.cores_per_gpu=K` (each virtual GPU's workers on K cores of their own, 2 virtual GPUs

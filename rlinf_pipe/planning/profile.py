@@ -16,8 +16,9 @@ The first step (`warmup` steps) is left out when there are more (it warms up). P
   start to its loss), older runs at 3 x the training rate (a forward is about a third of forward + backward);
 * the optimizer step less its data-parallel reduction (`Costs.reduce_s` at the run's DP x CP), reward seconds per
   sample (the reward spans' seconds over their rounds of `reward.num_workers`: a mean, as a few slow answers take
-  most of the time), the driver's `weight_sync` seconds for the run's transport (the other transports in the
-  default's proportion), the actor's onload + offload and the engines' wake + sleep per step, the launch span;
+  most of the time), the `weight_sync` seconds of a version on the run's transport less its driver calls
+  (`run_plan.sync_calls`; the other transports in the default's proportion), the actor's onload + offload and the
+  engines' wake + sleep per step, the launch span;
 * one hop of a collective: a broadcast's receiver's `weight_sync` seconds less its bytes' time; a driver call's
   round trip: the metrics' `timing/call_round_trip` (the heartbeat's pings); the driver's work between steps: the
   median gap between the measured step spans.
@@ -44,7 +45,7 @@ from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.planning.batching import Batching, Request, engine_batching, quantile_lengths, run_batched
 from rlinf_pipe.planning.costs import (Costs, Parallel, carried, default_costs, logprob_passes, pass_tokens,
                                        shares_prompts)
-from rlinf_pipe.planning.run_plan import RunPlan, plan_run
+from rlinf_pipe.planning.run_plan import RunPlan, plan_run, sync_calls
 from rlinf_pipe.utils.tracing import LAUNCH_SPAN, STEP_SPAN, Span
 
 T = TypeVar("T")
@@ -229,7 +230,8 @@ def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1) -
     for s in (s for s in work if s.name in SYNC_SPANS):  # receiver: the driver's only collects a pushed version)
         versions[s.args.get("version")] = max(versions[s.args.get("version")], s.duration)
     if versions:
-        measured = statistics.median(versions.values())
+        calls = sync_calls(plan) * float(figures.get("call_s", base.call_s))  # (the driver's, counted apart)
+        measured = max(statistics.median(versions.values()) - calls, 0.0)
         default = base.sync_s(plan.weight_transport) or 1.0
         figures["weight_sync_s"] = {k: v * measured / default for k, v in base.weight_sync_s.items()}
     else:

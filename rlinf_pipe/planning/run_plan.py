@@ -114,6 +114,17 @@ class RunPlan:
         return (*self.placement.warnings, *((self.idle_inference,) if self.idle_inference else ()))
 
 
+def sync_calls(plan: RunPlan) -> int:
+    """The driver's round trips on a weight version's way (`runner/weight_sync.py`): none where a group transport
+    pushes it to receivers on GPUs of their own, one where it moves at the end of the actor's phase (receivers on
+    the actor's GPUs), two through the object store (publish, then fetch)."""
+    if plan.weight_transport == "object_store":
+        return 2
+    comps = plan.placement.components
+    actor = set(comps["actor"].gpus)
+    return int(any(actor & set(comps[n].gpus) for n in plan.weight_receivers if n in comps))
+
+
 def runs_inference(placement: Placement, logprob_stage: bool) -> bool:
     """Inference workers run: placed, and the algorithm needs a log-prob pass (`logprob_stage`)."""
     return logprob_stage and "inference" in placement.components

@@ -3,10 +3,12 @@
 Each stage is simulated by the handler of its name, reading the arrival times of the groups in the channel it
 reads and writing their departure times into the one it writes:
 
-* **generate**: the prompts are split over the engines in order; each engine batches its requests as its backend does
-  (`planning.batching`: SGLang continuously, the torch engine in static batches), every sample's length drawn (seeded) from the costs' response lengths; a group leaves when
-  its last sample is done. Started once the engines hold the step's version: after the weight sync (the plan's
-  transport, `Costs.sync_s`) that follows the previous version's training. With `runner.max_staleness` N the
+* **generate**: the prompts are split over the engines in order; each engine batches its requests as its backend
+  does (`planning.batching`: SGLang continuously, the torch engine in static batches), every sample's length drawn
+  (seeded) from the costs' response lengths, cut at `rollout.max_new_tokens`; a group leaves when its last sample
+  is done. Started once the engines hold the step's version: after the weight sync (the plan's transport,
+  `Costs.sync_s`, and the driver's calls on its way, `run_plan.sync_calls`) that follows the previous version's
+  training. With `runner.max_staleness` N the
   generations of the next N steps run back to back on the engines while earlier steps train
   (`runner.generation.RolloutSchedule`): a step's sync waits until the engines finished those started on older
   versions, then the step after the last one started ahead is begun.
@@ -37,7 +39,7 @@ from rlinf_pipe.planning.batching import Request, engine_batching, run_batched
 from rlinf_pipe.planning.costs import (Costs, Parallel, cut_at, logprob_passes, pass_tokens, scale_rate,
                                        shares_prompts)
 from rlinf_pipe.planning.placement import ComponentPlacement, reward_placement
-from rlinf_pipe.planning.run_plan import RunPlan
+from rlinf_pipe.planning.run_plan import RunPlan, sync_calls
 from rlinf_pipe.planning.stage_graph import Stage, StageGraph, stage_graph
 
 Arrivals = list[tuple[float, int]]  # (time, group) in a channel, for one step
@@ -110,7 +112,7 @@ class _Sim:
         self.logprob_comp = comps[logprob] if logprob else None
         if self.logprob_comp is not None and logprob == "inference":
             self.logprob_pool = _Pool([0.0] * self.logprob_comp.dp)
-        self.sync = self.costs.sync_s(self.plan.weight_transport)
+        self.sync = self.costs.sync_s(self.plan.weight_transport) + sync_calls(self.plan) * self.costs.call_s
         self.shared, self.passes = shares_prompts(self.cfg), logprob_passes(self.cfg)
         self.receiver_gpus = sum(len(comps[n].gpus) for n in self.plan.weight_receivers if n in comps)
 

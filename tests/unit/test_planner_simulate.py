@@ -127,11 +127,12 @@ def test_a_stage_the_simulator_does_not_know_is_an_error():
 
 
 def test_each_phase_the_driver_starts_pays_a_call_and_each_step_the_drivers_work_between_steps():
-    # The collocated step above (9.4 s) with a 0.3 s call before each of its two phases and 0.5 s between steps:
-    # 9.4 + 2 x 0.3 + 0.5 = 10.5 s. Streaming on two GPUs, no phase starts by a call: 6 + 0.5 s.
+    # The collocated step above (9.4 s) with a 0.3 s call before each of its two phases and before its weight sync
+    # (ipc, at the end of the actor's phase), and 0.5 s between steps: 9.4 + 3 x 0.3 + 0.5 = 10.8 s. Streaming on
+    # two GPUs, no phase starts by a call and the version is pushed: 6 + 0.5 s.
     c = costs(switch_s={"actor": 1.0, "rollout": 0.4, "inference": 0.0}, call_s=0.3, step_gap_s=0.5)
     p = predict(c, "cluster.num_gpus_per_node=1", 'cluster.component_placement={"actor,rollout": 0}')
-    assert p.step_s == pytest.approx(10.5)
+    assert p.step_s == pytest.approx(10.8)
     assert predict(c).step_s == pytest.approx(6.5)
 
 
@@ -164,8 +165,26 @@ def test_log_prob_workers_sharing_the_engines_gpus_hold_them_group_by_group():
     # generation ends at 4 (groups at 2 and 4), log-probs 4-4.5 and 4.5-5, training 4.5-6.5 and 6.5-8.5. With a
     # 0.25 s round trip: the engines' turn starts 0.25 later (their groups at 2.25, 4.25), the log-prob turn 0.25
     # after that (4.5) and every group holds the GPU a round trip first (done at 5.25 and 6.0); training 5.25-7.25,
-    # 7.25-9.25.
+    # 7.25-9.25; and the version's way through the object store (two receivers on one GPU) two round trips: 9.75.
     hybrid = ["cluster.num_gpus_per_node=2", 'cluster.component_placement={"rollout,inference": 0, actor: 1}',
               "algorithm.compute_ref_logprobs=true"]
     assert predict(costs(), *hybrid).step_s == pytest.approx(8.5)
-    assert predict(costs(call_s=0.25), *hybrid).step_s == pytest.approx(9.25)
+    assert predict(costs(call_s=0.25), *hybrid).step_s == pytest.approx(9.75)
+
+
+def test_the_driver_calls_on_a_weight_versions_way_are_counted_by_route():
+    from rlinf_pipe.planning.run_plan import sync_calls
+
+    def calls(*overrides: str) -> int:
+        cfg = load_config(overrides=[*BASE, *overrides])
+        return sync_calls(plan_run(cfg))
+
+    assert calls() == 0  # pushed to engines on a GPU of their own
+    assert calls("cluster.num_gpus_per_node=1", 'cluster.component_placement={"actor,rollout": 0}') == 1
+    assert calls("runner.weight_sync=object_store") == 2
+    # the chain above with a 0.75 s sync of which 0.25 s is the driver's call at the end of a collocated actor phase
+    c = costs(weight_sync_s={"broadcast": 0.5, "ipc": 0.5, "object_store": 0.5}, call_s=0.25)
+    collocated = predict(c, "cluster.num_gpus_per_node=1", 'cluster.component_placement={"actor,rollout": 0}')
+    no_call = predict(dataclasses.replace(c, call_s=0.0), "cluster.num_gpus_per_node=1",
+                      'cluster.component_placement={"actor,rollout": 0}')
+    assert collocated.step_s - no_call.step_s == pytest.approx(3 * 0.25)  # the sync's call and both phases' turns
