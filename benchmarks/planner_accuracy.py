@@ -26,13 +26,16 @@ is (slowest - fastest) / median of those runs.
 Reported: per placement its name, overrides, predicted and measured seconds per step, the spread and the error
 ((predicted - measured) / measured); over the placements other than the profiled one, `median_abs_error` and
 `max_abs_error`; over all of them, `same_ranking` (the placements sorted by predicted step time == sorted by
-measured step time). `--predict-only DIR` re-predicts the runs a previous `--output-dir DIR` kept (its
+measured step time), and over the pairs of placements whose runs do not overlap (every run of one faster than every
+run of the other: those the measurement can tell apart on a noisy host) how many the prediction orders alike
+(`distinguishable_pairs`, `distinguishable_pairs_ordered_alike`). `--predict-only DIR` re-predicts the runs a previous `--output-dir DIR` kept (its
 `runs.json`) without training. With --json the last printed line is one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -149,10 +152,15 @@ def compare(runs: dict[str, list[Path]], profiled: str, warmup: int) -> dict[str
     others = [abs(r["error"]) for r in rows if not r["profiled"]] or [abs(r["error"]) for r in rows]
     by_predicted = [r["name"] for r in sorted(rows, key=lambda r: r["predicted_step_s"])]
     by_measured = [r["name"] for r in sorted(rows, key=lambda r: r["measured_step_s"])]
+    told_apart = [(a, b) for a, b in itertools.combinations(rows, 2) if max(a["measured_runs_s"]) < min(
+        b["measured_runs_s"]) or max(b["measured_runs_s"]) < min(a["measured_runs_s"])]
+    alike = [(a, b) for a, b in told_apart if (a["measured_step_s"] < b["measured_step_s"]) == (
+        a["predicted_step_s"] < b["predicted_step_s"])]
     return {"profiled": profiled, "profile_run": str(profile_dir), "costs": costs.to_json(),
             "median_abs_error": round(statistics.median(others), 4), "max_abs_error": round(max(others), 4),
             "same_ranking": by_predicted == by_measured, "predicted_ranking": by_predicted,
-            "measured_ranking": by_measured, "placements": rows}
+            "measured_ranking": by_measured, "distinguishable_pairs": len(told_apart),
+            "distinguishable_pairs_ordered_alike": len(alike), "placements": rows}
 
 
 def mean_step_s(run_dir: Path, warmup: int) -> float:
@@ -176,6 +184,9 @@ def print_table(summary: dict[str, Any]) -> None:
     if not summary["same_ranking"]:
         print(f"  predicted order: {', '.join(summary['predicted_ranking'])}")
         print(f"  measured order:  {', '.join(summary['measured_ranking'])}")
+    print(f"pairs of placements the runs tell apart (every run of one faster than every run of the other): "
+          f"{summary['distinguishable_pairs']}, of which predicted in the same order: "
+          f"{summary['distinguishable_pairs_ordered_alike']}")
 
 
 def commit() -> str:
