@@ -230,7 +230,8 @@ def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1) -
     for s in (s for s in work if s.name in SYNC_SPANS):  # receiver: the driver's only collects a pushed version)
         versions[s.args.get("version")] = max(versions[s.args.get("version")], s.duration)
     if versions:
-        calls = sync_calls(plan) * float(figures.get("call_s", base.call_s))  # (the driver's, counted apart)
+        call_s = figures.get("call_s", base.call_s)
+        calls = sync_calls(plan) * (call_s if isinstance(call_s, float) else base.call_s)  # (the driver's, apart)
         measured = max(statistics.median(versions.values()) - calls, 0.0)
         default = base.sync_s(plan.weight_transport) or 1.0
         figures["weight_sync_s"] = {k: v * measured / default for k, v in base.weight_sync_s.items()}

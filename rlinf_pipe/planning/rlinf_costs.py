@@ -17,7 +17,8 @@ from dataclasses import replace
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.planning.batching import Request, max_running, quantile_lengths, run_engine
-from rlinf_pipe.planning.costs import RLINF_SOURCE, Costs, Parallel, carried, default_costs
+from rlinf_pipe.planning.costs import (RLINF_SOURCE, Costs, Parallel, carried, default_costs, logprob_passes,
+                                       pass_tokens, shares_prompts)
 
 
 def parse_costs(text: str) -> tuple[float, float, float]:
@@ -48,10 +49,12 @@ def rlinf_costs(actor_s: float, rollout_s: float, inference_s: float, gpus: int,
     simulated = run_engine(requests, 0.0, lambda n: base.decode.at(n), base.prefill_tokens_per_s,
                            max_running(cfg)).end
     scale = simulated / rollout_s
-    tokens = samples * (base.prompt_tokens + base.mean_response)
+    tokens = pass_tokens(samples * base.mean_response, samples * base.prompt_tokens, cfg.algorithm.group_size,
+                         shares_prompts(cfg))  # (as the simulator counts a pass's tokens)
+    passes = max(logprob_passes(cfg), 1)
     return replace(
         base, decode=base.decode.scaled(scale), prefill_tokens_per_s=base.prefill_tokens_per_s * scale,
-        logprob_tokens_per_s=tokens / (max(1, gpus // inference.gpus) * inference_s),
+        logprob_tokens_per_s=passes * tokens / (max(1, gpus // inference.gpus) * inference_s),
         train_tokens_per_s=tokens / (max(1, gpus // actor.gpus) * actor_s), optimizer_step_s=0.0,
         source=f"{RLINF_SOURCE} ({actor_s:g} s actor, {rollout_s:g} s rollout, {inference_s:g} s inference per "
                f"step, measured collocated on {gpus} GPUs)",

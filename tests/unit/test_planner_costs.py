@@ -41,9 +41,12 @@ def test_the_default_follows_its_stated_formulas():
 def test_rlinf_numbers_become_rates_that_reproduce_them():
     cfg = load_config(overrides=["data.rollout_batch_size=8", "algorithm.group_size=4"])
     c = rlinf_costs(10.0, 20.0, 2.0, 4, cfg, "cpu")
-    tokens = 32 * (c.prompt_tokens + c.mean_response)
+    tokens = 32 * c.mean_response + 8 * c.prompt_tokens  # (a pass's: each group's prompt once, share_prompts)
     assert c.train_tokens_per_s == pytest.approx(tokens / (4 * 10.0))  # 4 one-GPU replicas take 10 s
     assert c.logprob_tokens_per_s == pytest.approx(tokens / (4 * 2.0))
+    both = load_config(overrides=["data.rollout_batch_size=8", "algorithm.group_size=4", "algorithm.n_minibatches=2",
+                                  "algorithm.compute_ref_logprobs=true"])  # (old and reference: two passes in 2 s)
+    assert rlinf_costs(10.0, 20.0, 2.0, 4, both, "cpu").logprob_tokens_per_s == pytest.approx(2 * tokens / (4 * 2.0))
     assert c.optimizer_step_s == 0.0 and c.source.startswith("RLinf-style --costs")
     assert parse_costs("101,224,10") == (101.0, 224.0, 10.0)
     with pytest.raises(ConfigError, match="ACTOR_S,ROLLOUT_S,INFERENCE_S"):
