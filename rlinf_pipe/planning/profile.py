@@ -5,11 +5,12 @@ The first step (`warmup` steps) is left out when there are more (it warms up). P
 * response lengths: the reward spans' `response_tokens` (every sample's length); older runs: the default's shape
   scaled to `response_length/mean`;
 * prompt tokens: the reward spans' `prompt_tokens`; older runs: the default (half of `data.max_prompt_length`);
-* decode: each `generate` span (an engine's whole generation: its requests, response tokens and seconds) fixes the
-  scale of the default curve's shape: the engine is simulated on the default curve (`planning.batching`) with its
-  requests' lengths (in a seeded random order) and its backend's batching (`batching.engine_batching`), and the
-  curve scaled by simulated / measured seconds (the median over spans). Concurrent
-  requests per engine over time are not recorded, so the curve's shape stays the default's;
+* decode: the torch engine's `generate` spans record its decode steps by batch size (`decode_steps`: rows, steps,
+  seconds) and its prefills (`prefill`: prompt tokens, seconds), which give the curve and the prefill rate
+  (`_decode_curve`). SGLang's record neither: each span (an engine's whole generation: its requests, response
+  tokens and seconds) then fixes the scale of the default curve's shape: the engine is simulated on the default
+  curve (`planning.batching`) with its requests' lengths (in a seeded random order) and its backend's batching
+  (`batching.engine_batching`), and the curve scaled by simulated / measured seconds (the median over spans);
 * log-prob and training tokens/s: each replica's sequence tokens over its spans' seconds (`tokens` of `logprob`
   spans, `sequence_tokens` of `train` spans; older runs: response tokens plus the prompts'); a run without a
   log-prob stage gives log-probs at its training passes' forward rate (`forward_s` of `train` spans: from a pass's
@@ -43,8 +44,8 @@ from typing import TypeVar
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.planning.batching import Batching, Request, engine_batching, quantile_lengths, run_batched
-from rlinf_pipe.planning.costs import (Costs, Parallel, carried, default_costs, logprob_passes, pass_tokens,
-                                       shares_prompts)
+from rlinf_pipe.planning.costs import (Costs, Curve, Parallel, carried, default_costs, logprob_passes,
+                                       pass_tokens, shares_prompts)
 from rlinf_pipe.planning.run_plan import RunPlan, plan_run, sync_calls
 from rlinf_pipe.utils.tracing import LAUNCH_SPAN, STEP_SPAN, Span
 
@@ -125,6 +126,26 @@ def _decode_scale(generate: Sequence[Span], costs: Costs, group_size: int, batch
     return statistics.median(scales) if scales else None
 
 
+def _decode_curve(generate: Sequence[Span]) -> tuple[Curve, float] | None:
+    """An engine's decode tokens/s against its rows decoding together, and its prefill tokens/s, from the
+    `generate` spans' `decode_steps` ([rows, steps, seconds]) and `prefill` ([tokens, seconds]): the rows binned by
+    powers of two, each bin's point at its step-weighted rows, `rows x steps / seconds`; None where no span has them
+    (SGLang's engine records none)."""
+    bins: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # bin -> [rows x steps, steps, seconds]
+    prefill = [0.0, 0.0]
+    for span in generate:
+        for rows, steps, seconds in span.args.get("decode_steps", ()):
+            entry = bins[int(math.log2(rows))]
+            entry[0], entry[1], entry[2] = entry[0] + rows * steps, entry[1] + steps, entry[2] + seconds
+        tokens, seconds = span.args.get("prefill", (0, 0.0))
+        prefill[0], prefill[1] = prefill[0] + tokens, prefill[1] + seconds
+    points = tuple((work / steps, work / seconds) for work, steps, seconds in (bins[b] for b in sorted(bins))
+                   if steps > 0 and seconds > 0)
+    if not points or prefill[1] <= 0:
+        return None
+    return Curve(points), prefill[0] / prefill[1]
+
+
 def _parallel(plan: RunPlan, name: str | None) -> Parallel:
     comp = plan.placement.components.get(name or "")
     return Parallel(comp.tp, comp.pp, comp.cp) if comp else Parallel()
@@ -169,14 +190,20 @@ def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1) -
         missing.append("prompt tokens (reward spans' prompt_tokens)")
     costs = replace(base, **figures)  # type: ignore[arg-type]
 
-    scale = _decode_scale(_by(work, "generate", "rollout"), costs, cfg.algorithm.group_size,
-                          engine_batching(cfg, plan))
-    missing.append("concurrent requests per engine over time (the decode curve keeps the default's shape)")
-    if scale is not None:
-        figures["decode"] = costs.decode.scaled(scale)
-        figures["prefill_tokens_per_s"] = costs.prefill_tokens_per_s * scale
+    generated = _by(work, "generate", "rollout")
+    measured_curve = _decode_curve(generated)
+    scale = None if measured_curve else _decode_scale(generated, costs, cfg.algorithm.group_size,
+                                                      engine_batching(cfg, plan))
+    if measured_curve:
+        figures["decode"], figures["prefill_tokens_per_s"] = measured_curve
     else:
-        missing.append("generate spans (decode and prefill rates)")
+        missing.append("an engine's decode steps by batch size (generate spans' decode_steps; the decode curve keeps "
+                       "the default's shape)")
+        if scale is not None:
+            figures["decode"] = costs.decode.scaled(scale)
+            figures["prefill_tokens_per_s"] = costs.prefill_tokens_per_s * scale
+        else:
+            missing.append("generate spans (decode and prefill rates)")
 
     prompt, g, shared = costs.prompt_tokens, cfg.algorithm.group_size, shares_prompts(cfg)
 

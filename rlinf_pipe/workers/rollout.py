@@ -79,6 +79,8 @@ class RolloutWorker(WeightReceiverWorker):
         tokens = groups = 0
         async with self._on_devices(step):
             with self.tracer.span("generate", step=step, version=version, prompts=len(prompts)) as args:
+                if (timing := getattr(self.engine, "timing", None)) is not None:
+                    timing.take()  # (an evaluation's steps before this generation are not its own)
                 async for result in self.engine.generate(requests):
                     group = RolloutGroup.of(prompts[int(result.request_id)],
                                             to_rollout_samples(result, self.engine.tokenizer))
@@ -86,6 +88,8 @@ class RolloutWorker(WeightReceiverWorker):
                     tokens += group.num_tokens
                     groups += 1
                 args.update(tokens=tokens)
+                if timing is not None:  # (the torch engine's decode steps by batch size, for the planner's decode
+                    args.update(timing.take())  # curve; SGLang's engine records none)
         dst.end_step()
         return {"groups": groups, "tokens": tokens}
 

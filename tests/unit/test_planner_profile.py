@@ -156,3 +156,21 @@ def test_rows_that_do_not_share_their_prompt_run_it_each(tmp_path):
     """Without `actor.share_prompts` every row runs its prompt: the same spans are 60 tokens each."""
     costs = read_profile(write_run(tmp_path / "run", overrides=("actor.share_prompts=false",)))
     assert costs.train_tokens_per_s == pytest.approx(120 / 0.5)
+
+
+def test_the_torch_engines_decode_steps_give_the_decode_curve(tmp_path):
+    """Generate spans with decode steps by batch size: the curve's points are rows x steps / seconds per bin of
+    rows (powers of two), the prefill rate the prompts' tokens over their seconds; nothing said missing of them."""
+    run = write_run(tmp_path / "run")
+    spans = json.loads((run / "timeline.json").read_text())
+    for event in spans["traceEvents"]:
+        if event.get("name") == "generate":
+            event["args"] |= {"decode_steps": [[1, 5, 0.008], [2, 5, 0.01], [3, 10, 0.04], [4, 10, 0.04]],
+                              "prefill": [80, 0.02]}
+    (run / "timeline.json").write_text(json.dumps(spans))
+    costs = read_profile(run)
+    # bins: 1 row (5 / 0.008), 2-3 rows (10 + 30 rows x steps over 15 steps, 0.05 s), 4 rows (40 / 0.04)
+    assert [v for point in costs.decode.points for v in point] == pytest.approx([1, 625, 40 / 15, 800, 4, 1000])
+    assert costs.prefill_tokens_per_s == pytest.approx(4000.0)
+    assert not any("decode steps" in m for m in costs.missing)
+    assert any("decode steps" in m for m in read_profile(write_run(tmp_path / "old")).missing)

@@ -248,3 +248,19 @@ async def test_a_small_first_batch_finishes_its_requests_first_and_samples_the_s
     assert tokens({r.request_id: r for r in whole}) == tokens({r.request_id: r for r in first})
     with pytest.raises(ValueError, match="first_batch_size"):
         TorchEngine(model_path, first_batch_size=0)
+
+
+async def test_the_decode_steps_and_prefills_are_timed_by_batch_size(model_path: Path) -> None:
+    """Every step samples a token for each row decoding: the rows x steps recorded add up to the tokens generated;
+    each distinct prompt is prefilled once (a request's samples share it)."""
+    engine = TorchEngine(model_path, max_batch_size=4, first_batch_size=2)
+    requests = [req(str(i), p, n=3, max_new_tokens=6 + 3 * i, temperature=1.0, seed=i) for i, p in enumerate(PROMPTS)]
+    results = await run(engine, requests)
+    timing = engine.timing.take()
+    generated = sum(len(s.response_ids) for r in results.values() for s in r.samples)
+    assert sum(rows * steps for rows, steps, _ in timing["decode_steps"]) == generated
+    assert all(1 <= rows <= 4 and seconds > 0 for rows, _, seconds in timing["decode_steps"])
+    # batches of 2, 4, 3 rows (9 samples): prompt 0's; 0's and 1's; 2's: each prefilled once per batch
+    assert timing["prefill"][0] == len(PROMPTS[0]) + (len(PROMPTS[0]) + len(PROMPTS[1])) + len(PROMPTS[2])
+    assert timing["prefill"][1] > 0
+    assert engine.timing.take() == {"decode_steps": [], "prefill": [0, 0.0]}  # (taken: started again)

@@ -17,6 +17,7 @@ import gc
 import os
 import random
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -27,6 +28,7 @@ import torch
 from transformers import AutoTokenizer
 
 from rlinf_pipe.engines.rollout.batch import DecodeBatch, SampleState
+from rlinf_pipe.engines.rollout.decode_timing import DecodeTiming
 from rlinf_pipe.engines.rollout.lean_model import load_lean_model
 from rlinf_pipe.engines.rollout.llama_forward import LlamaForward
 from rlinf_pipe.engines.rollout.engine import (
@@ -111,6 +113,7 @@ class TorchEngine:
         self._abort_epoch = 0
         self._asleep = False
         self._seeds = random.Random(seed)
+        self.timing = DecodeTiming()  # decode steps and prefills, taken by the worker into its generate span
 
     def _find_eos_ids(self, model_path: str) -> set[int]:
         return (_as_id_set(self.tokenizer.eos_token_id) | _as_id_set(self.model.config.eos_token_id)
@@ -170,13 +173,32 @@ class TorchEngine:
                 self.model, [self._new_row(requests[i], i, k, seeds[i]) for i, k in chunk], self.pad_id, self.device,
                 self.lean,
             )
-            await self._run(batch.prefill)
+            prompts = sum(map(len, {tuple(r.prompt_ids) for r in batch.rows}))  # (a prompt is prefilled once)
+            self.timing.add_prefill(prompts, await self._run(self._timed(batch.prefill)))
             while batch.active:
-                finished = (batch.abort_all() if aborted()
-                            else await self._run(lambda: batch.step_until_a_row_finishes(aborted)))
+                finished = batch.abort_all() if aborted() else await self._run(self._decode_steps(batch, aborted))
                 for row in finished:
                     if (result := finish(row)) is not None:
                         yield result
+
+    @staticmethod
+    def _timed(fn: Callable[[], object]) -> Callable[[], float]:
+        def run() -> float:
+            started = time.perf_counter()
+            fn()
+            return time.perf_counter() - started
+
+        return run
+
+    def _decode_steps(self, batch: DecodeBatch, aborted: Callable[[], bool]) -> Callable[[], list[SampleState]]:
+        """`batch.step_until_a_row_finishes`, its steps and seconds recorded by the rows it started with."""
+        def run() -> list[SampleState]:
+            rows, steps, started = len(batch.rows), batch.steps, time.perf_counter()
+            finished = batch.step_until_a_row_finishes(aborted)
+            self.timing.add_steps(rows, batch.steps - steps, time.perf_counter() - started)
+            return finished
+
+        return run
 
     def _new_row(self, request: GenerateRequest, index: int, sample: int, seed: int) -> SampleState:
         sp = request.sampling
