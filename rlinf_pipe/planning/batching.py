@@ -44,9 +44,16 @@ def engine_batching(cfg: Config, plan: RunPlan) -> Batching:
     return Batching(cap, True, int(min(first, cap)))
 
 
+def prefill_share(prompt_tokens: float, group_size: int) -> float:
+    """A sample's share of its prompt's prefill: a group's samples prefill their prompt once (the torch engine's rows
+    of one prompt share it within a batch, SGLang's prefix cache)."""
+    return prompt_tokens / group_size
+
+
 @dataclass(frozen=True)
 class Request:
-    """One sample to generate: its group, its prompt and response tokens."""
+    """One sample to generate: its group, its share of its prompt's prefill (`prefill_share`) and its response
+    tokens."""
 
     group: int
     prompt_tokens: float
@@ -62,10 +69,10 @@ class EngineRun:
 
 
 def run_engine(requests: Sequence[Request], start: float, decode_rate: Callable[[int], float],
-               prefill_rate: float, max_running: float) -> EngineRun:
+               prefill_rate: float, max_running: float, finish_s: float = 0.0) -> EngineRun:
     """Simulate one engine from `start`: at most `max_running` requests run at once (the first ones admitted at
     `start` after their prefill), `decode_rate(n)` is the engine's decode tokens/s with `n` requests running,
-    shared evenly among them."""
+    shared evenly among them; every moment requests finish costs `finish_s` (the torch engine hands them on)."""
     if not requests:
         return EngineRun((), start)
     most = int(min(max_running, len(requests)))
@@ -85,7 +92,8 @@ def run_engine(requests: Sequence[Request], start: float, decode_rate: Callable[
         waiting += 1
     while running:
         done_at, i = running[0]
-        t += (done_at - progress) / per_request[len(running)]
+        if done_at > progress:  # (requests done at the same step leave in one call)
+            t += (done_at - progress) / per_request[len(running)] + finish_s
         progress = done_at
         heapq.heappop(running)
         finish[i] = t
@@ -96,15 +104,15 @@ def run_engine(requests: Sequence[Request], start: float, decode_rate: Callable[
 
 
 def run_batched(requests: Sequence[Request], start: float, decode_rate: Callable[[int], float],
-                prefill_rate: float, batching: Batching) -> EngineRun:
+                prefill_rate: float, batching: Batching, finish_s: float = 0.0) -> EngineRun:
     """`run_engine` under `batching`: continuous, or static batches one after the other (each a `run_engine` of its
-    rows from the end of the previous)."""
+    rows from the end of the previous, `finish_s` at every moment rows finish)."""
     if not batching.static:
         return run_engine(requests, start, decode_rate, prefill_rate, batching.max_running)
     finish: list[float] = []
     t, i, size = start, 0, max(1, batching.first)
     while i < len(requests):
-        run = run_engine(requests[i:i + size], t, decode_rate, prefill_rate, math.inf)
+        run = run_engine(requests[i:i + size], t, decode_rate, prefill_rate, math.inf, finish_s)
         finish += run.finish
         t, i, size = run.end, i + size, max(1, int(batching.max_running))
     return EngineRun(tuple(finish), t)

@@ -7,10 +7,12 @@ The first step (`warmup` steps) is left out when there are more (it warms up). P
 * prompt tokens: the reward spans' `prompt_tokens`; older runs: the default (half of `data.max_prompt_length`);
 * decode: the torch engine's `generate` spans record its decode steps by batch size (`decode_steps`: rows, steps,
   seconds) and its prefills (`prefill`: prompt tokens, seconds), which give the curve and the prefill rate
-  (`_decode_curve`). SGLang's record neither: each span (an engine's whole generation: its requests, response
-  tokens and seconds) then fixes the scale of the default curve's shape: the engine is simulated on the default
-  curve (`planning.batching`) with its requests' lengths (in a seeded random order) and its backend's batching
-  (`batching.engine_batching`), and the curve scaled by simulated / measured seconds (the median over spans);
+  (`_decode_curve`), and its decode calls (`decode_calls`): the span's seconds outside steps and prefills over them
+  are each call's hand-off (`Costs.decode_call_s`). SGLang's record none of these: each span (an engine's whole
+  generation: its requests, response tokens and seconds) then fixes the scale of the default curve's shape: the
+  engine is simulated on the default curve (`planning.batching`) with its requests' lengths (in a seeded random
+  order) and its backend's batching (`batching.engine_batching`), and the curve scaled by simulated / measured
+  seconds (the median over spans);
 * log-prob and training tokens/s: each replica's sequence tokens over its spans' seconds (`tokens` of `logprob`
   spans, `sequence_tokens` of `train` spans; older runs: response tokens plus the prompts'); a run without a
   log-prob stage gives log-probs at its training passes' forward rate (`forward_s` of `train` spans: from a pass's
@@ -43,7 +45,8 @@ from typing import TypeVar
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
-from rlinf_pipe.planning.batching import Batching, Request, engine_batching, quantile_lengths, run_batched
+from rlinf_pipe.planning.batching import (Batching, Request, engine_batching, prefill_share, quantile_lengths,
+                                          run_batched)
 from rlinf_pipe.planning.costs import (Costs, Curve, Parallel, carried, default_costs, logprob_passes,
                                        pass_tokens, shares_prompts)
 from rlinf_pipe.planning.run_plan import RunPlan, plan_run, sync_calls
@@ -119,7 +122,7 @@ def _decode_scale(generate: Sequence[Span], costs: Costs, group_size: int, batch
             continue
         lengths = _lengths_like(costs.response_lengths, requests, tokens)
         random.Random(0).shuffle(lengths)  # (sorted, a static batch would hold all the short ones)
-        reqs = [Request(0, costs.prompt_tokens, n) for n in lengths]
+        reqs = [Request(0, prefill_share(costs.prompt_tokens, group_size), n) for n in lengths]
         run = run_batched(reqs, 0.0, lambda n: costs.decode_rate(n, costs.rollout_parallel),
                           costs.prefill_rate(costs.rollout_parallel), batching)
         scales.append(run.end / span.duration)
@@ -196,6 +199,9 @@ def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1) -
                                                       engine_batching(cfg, plan))
     if measured_curve:
         figures["decode"], figures["prefill_tokens_per_s"] = measured_curve
+        timed = [s for s in generated if s.args.get("decode_calls")]
+        outside = sum(s.duration - sum(t for _, _, t in s.args["decode_steps"]) - s.args["prefill"][1] for s in timed)
+        figures["decode_call_s"] = max(0.0, outside) / max(1, sum(s.args["decode_calls"] for s in timed))
     else:
         missing.append("an engine's decode steps by batch size (generate spans' decode_steps; the decode curve keeps "
                        "the default's shape)")

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
-from rlinf_pipe.planning.batching import Request, max_running, quantile_lengths, run_engine
+from rlinf_pipe.planning.batching import Request, max_running, prefill_share, quantile_lengths, run_engine
 from rlinf_pipe.planning.costs import (RLINF_SOURCE, Costs, Parallel, carried, default_costs, logprob_passes,
                                        pass_tokens, shares_prompts)
 
@@ -45,7 +45,8 @@ def rlinf_costs(actor_s: float, rollout_s: float, inference_s: float, gpus: int,
     base = carried(default_costs(cfg, gpu), rollout, inference, actor)
     samples = cfg.data.rollout_batch_size * cfg.algorithm.group_size
     per_engine = -(-samples // max(1, gpus // rollout.gpus))
-    requests = [Request(0, base.prompt_tokens, n) for n in quantile_lengths(base.response_lengths, per_engine)]
+    share = prefill_share(base.prompt_tokens, cfg.algorithm.group_size)
+    requests = [Request(0, share, n) for n in quantile_lengths(base.response_lengths, per_engine)]
     simulated = run_engine(requests, 0.0, lambda n: base.decode.at(n), base.prefill_tokens_per_s,
                            max_running(cfg)).end
     scale = simulated / rollout_s

@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rlinf_pipe.planning.batching import Batching, Request, quantile_lengths, run_batched, run_engine
+from rlinf_pipe.planning.batching import Batching, Request, prefill_share, quantile_lengths, run_batched, run_engine
 from rlinf_pipe.planning.costs import Costs, Parallel, pass_tokens, scale_rate
 
 Sizes = tuple[tuple[str, int], ...]  # (config key, value), e.g. ("actor.tensor_parallel_size", 2)
@@ -124,7 +124,8 @@ def stage_bounds(costs: Costs, work: Work, component: str, gpus: int, sizes: Siz
     if component == "rollout":
         par = Parallel(values["rollout.tensor_parallel_size"])
         per_engine = -(-work.samples() // (gpus // par.gpus))
-        requests = [Request(0, costs.prompt_tokens, n) for n in quantile_lengths(costs.response_lengths, per_engine)]
+        share = prefill_share(costs.prompt_tokens, work.group_size)
+        requests = [Request(0, share, n) for n in quantile_lengths(costs.response_lengths, per_engine)]
         factor = scale_rate(1.0, costs.rollout_parallel, par)
         decode, prefill = (lambda n: costs.decode.at(n) * factor), costs.prefill_rate(par)
         ends = [run_engine(requests, 0.0, decode, prefill, work.max_running).end]

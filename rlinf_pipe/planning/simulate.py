@@ -35,7 +35,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from rlinf_pipe.config.schema import Config
-from rlinf_pipe.planning.batching import Request, engine_batching, run_batched
+from rlinf_pipe.planning.batching import Request, engine_batching, prefill_share, run_batched
 from rlinf_pipe.planning.costs import (Costs, Parallel, cut_at, logprob_passes, pass_tokens, scale_rate,
                                        shares_prompts)
 from rlinf_pipe.planning.placement import ComponentPlacement, reward_placement
@@ -163,9 +163,10 @@ class _Sim:
         end = start
         for e in range(engines):
             groups = range(e * self.prompts // engines, (e + 1) * self.prompts // engines)
-            requests = [Request(grp, costs.prompt_tokens, n) for grp in groups for n in self.lengths[step][grp]]
+            share = prefill_share(costs.prompt_tokens, g)
+            requests = [Request(grp, share, n) for grp in groups for n in self.lengths[step][grp]]
             run = run_batched(requests, start, lambda n: costs.decode.at(n) * factor, costs.prefill_rate(par),
-                              batching)
+                              batching, costs.decode_call_s)
             done: dict[int, float] = {}
             for r, t in zip(requests, run.finish):
                 done[r.group] = max(done.get(r.group, 0.0), t)

@@ -166,11 +166,12 @@ def test_the_torch_engines_decode_steps_give_the_decode_curve(tmp_path):
     for event in spans["traceEvents"]:
         if event.get("name") == "generate":
             event["args"] |= {"decode_steps": [[1, 5, 0.008], [2, 5, 0.01], [3, 10, 0.04], [4, 10, 0.04]],
-                              "prefill": [80, 0.02]}
+                              "prefill": [80, 0.02], "decode_calls": 4}
     (run / "timeline.json").write_text(json.dumps(spans))
     costs = read_profile(run)
     # bins: 1 row (5 / 0.008), 2-3 rows (10 + 30 rows x steps over 15 steps, 0.05 s), 4 rows (40 / 0.04)
     assert [v for point in costs.decode.points for v in point] == pytest.approx([1, 625, 40 / 15, 800, 4, 1000])
     assert costs.prefill_tokens_per_s == pytest.approx(4000.0)
+    assert costs.decode_call_s == pytest.approx((0.2 - 0.098 - 0.02) / 4)  # each 0.2 s span outside its steps
     assert not any("decode steps" in m for m in costs.missing)
     assert any("decode steps" in m for m in read_profile(write_run(tmp_path / "old")).missing)

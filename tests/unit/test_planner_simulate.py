@@ -188,3 +188,11 @@ def test_the_driver_calls_on_a_weight_versions_way_are_counted_by_route():
     no_call = predict(dataclasses.replace(c, call_s=0.0), "cluster.num_gpus_per_node=1",
                       'cluster.component_placement={"actor,rollout": 0}')
     assert collocated.step_s - no_call.step_s == pytest.approx(3 * 0.25)  # the sync's call and both phases' turns
+
+
+def test_the_torch_engine_pays_a_hand_off_each_time_rows_finish():
+    # Static batches of 2 rows; requests of 10, 10 and 20 tokens at 10 tokens/s a row: the first batch's two rows
+    # finish together at 1 s (one hand-off), the second's one row at 3 s: with 0.25 s a hand-off, 1.25 and 3.5.
+    requests = [Request(0, 0.0, 10), Request(0, 0.0, 10), Request(1, 0.0, 20)]
+    run = run_batched(requests, 0.0, lambda n: 10.0 * n, 1e12, Batching(2, static=True, first=2), finish_s=0.25)
+    assert run.finish == pytest.approx((1.25, 1.25, 3.5))
