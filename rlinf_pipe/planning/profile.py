@@ -22,7 +22,7 @@ The first step (`warmup` steps) is left out when there are more (it warms up). P
   most of the time), the `weight_sync` seconds of a version on the run's transport less its driver calls
   (`run_plan.sync_calls`; the other transports in the default's proportion), the actor's onload + offload and the
   engines' wake + sleep per step, the launch span;
-* one hop of a collective: a broadcast's receiver's `weight_sync` seconds less its bytes' time; a driver call's
+* one hop of a collective: a pushed broadcast's seconds (its longest span) less its bytes' time; a driver call's
   round trip: the metrics' `timing/call_round_trip` (the heartbeat's pings); the driver's work between steps: the
   median gap between the measured step spans.
 
@@ -250,7 +250,7 @@ def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1) -
     if collective is not None:
         figures["collective_s"] = collective
     else:
-        missing.append("a collective's latency (receivers' weight_sync spans of a broadcast)")
+        missing.append("a collective's latency (the spans of a pushed broadcast)")
     if opt := [s.duration for s in _by(work, "optimizer_step")]:  # (less its data-parallel reduction)
         actor = plan.placement.components["actor"]
         reduce = replace(base, **figures).reduce_s(_parallel(plan, "actor"), actor.dp * actor.cp)  # type: ignore
@@ -295,14 +295,19 @@ def _driver_figures(spans: Sequence[Span], metrics: Sequence[dict], warmup: int,
 
 
 def _collective_s(work: Sequence[Span], metrics: Sequence[dict], plan: RunPlan, base: Costs) -> float | None:
-    """One hop of a collective between two GPUs' processes: a broadcast's receiver's `weight_sync` seconds (the
-    median) less its bytes' time at the link's bandwidth; None where the run's transport is not a broadcast."""
-    received = [s.duration for s in work if s.name == "weight_sync" and s.track.split("/")[0] != "driver"]
-    if plan.weight_transport != "broadcast" or not received:
+    """One hop of a collective between two GPUs' processes: a pushed broadcast of a weight version (the median over
+    versions of its longest span, the actor's `publish_weights` or a receiver's `weight_sync`: the sender's covers
+    the collective from its start, a receiver that joins late sees only its tail) less its bytes' time at the
+    link's bandwidth; None where the run's transport is not a broadcast or its versions are not pushed."""
+    versions: dict[object, float] = defaultdict(float)
+    for s in work:
+        if s.name in SYNC_SPANS and s.track.split("/")[0] != "driver":
+            versions[s.args.get("version")] = max(versions[s.args.get("version")], s.duration)
+    if plan.weight_transport != "broadcast" or sync_calls(plan) or not versions:
         return None
     sizes = [m["weight_sync/bytes"] for m in metrics if m.get("weight_sync/bytes")]
     moved = statistics.median(sizes) / base.collective_bytes_per_s if sizes else 0.0
-    return max(statistics.median(received) - moved, base.collective_s / 100)
+    return max(statistics.median(versions.values()) - moved, base.collective_s / 100)
 
 
 def _switches(work: Sequence[Span], default: dict[str, float]) -> dict[str, float]:
