@@ -28,8 +28,9 @@ Reported: per placement its name, overrides, predicted and measured seconds per 
 `max_abs_error`; over all of them, `same_ranking` (the placements sorted by predicted step time == sorted by
 measured step time), and over the pairs of placements whose runs do not overlap (every run of one faster than every
 run of the other: those the measurement can tell apart on a noisy host) how many the prediction orders alike
-(`distinguishable_pairs`, `distinguishable_pairs_ordered_alike`). `--predict-only DIR` re-predicts the runs a previous `--output-dir DIR` kept (its
-`runs.json`) without training. With --json the last printed line is one JSON object.
+(`distinguishable_pairs`, `distinguishable_pairs_ordered_alike`). `--predict-only DIR` re-predicts the runs a
+previous `--output-dir DIR` kept (its `runs.json`) without training. With --json the last printed line is one JSON
+object.
 """
 
 from __future__ import annotations
@@ -165,12 +166,10 @@ def compare(runs: dict[str, list[Path]], profiled: str, warmup: int) -> dict[str
 
 def mean_step_s(run_dir: Path, warmup: int) -> float:
     """A run's step time over its steps after the first `warmup`, as `validate_run` measures it."""
-    from rlinf_pipe.planning.profile import kept_steps
+    from rlinf_pipe.planning.profile import step_cadence
     from rlinf_pipe.utils.timeline import read_chrome_trace
-    from rlinf_pipe.utils.tracing import STEP_SPAN
 
-    kept = kept_steps([s for s in read_chrome_trace(run_dir / "timeline.json") if s.name == STEP_SPAN], warmup)
-    return (kept[-1].end - kept[0].start) / len(kept)
+    return step_cadence(read_chrome_trace(run_dir / "timeline.json"), warmup)
 
 
 def print_table(summary: dict[str, Any]) -> None:

@@ -192,10 +192,11 @@ def shares_prompts(cfg: Config) -> bool:
 
 
 def logprob_passes(cfg: Config) -> int:
-    """Forward passes of the log-prob stage per sample: the old log-probs where recomputed, the reference's."""
+    """Forward passes of a log-prob stage per sample: the old log-probs where recomputed, the reference's; at least
+    one (the rate of a stage the config does not run is that of one pass)."""
     from rlinf_pipe.algorithms.logprob_needs import needs_ref, recomputes_old
 
-    return int(recomputes_old(cfg)) + int(needs_ref(cfg))
+    return max(int(recomputes_old(cfg)) + int(needs_ref(cfg)), 1)
 
 
 def pass_tokens(response_tokens: float, prompt_tokens: float, group_size: int, shared: bool) -> float:

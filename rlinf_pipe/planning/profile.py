@@ -82,6 +82,13 @@ def kept_steps(steps: Sequence[Span], warmup: int = 1) -> list[Span]:
     return after_warmup(sorted(steps, key=lambda s: s.start), warmup)
 
 
+def step_cadence(spans: Sequence[Span], warmup: int = 1) -> float:
+    """A run's step time over its measured steps (`kept_steps` of `spans`' step spans): the wall time from the first
+    one's start to the last one's end over their count, the driver's work between steps included."""
+    kept = kept_steps([s for s in spans if s.name == STEP_SPAN], warmup)
+    return (kept[-1].end - kept[0].start) / len(kept)
+
+
 def measured_spans(spans: Sequence[Span], warmup: int = 1) -> list[Span]:
     """The work spans inside the steps measured (every step but the first `warmup`, keeping at least the last)."""
     kept = kept_steps([s for s in spans if s.name == STEP_SPAN], warmup)
@@ -129,24 +136,39 @@ def _decode_scale(generate: Sequence[Span], costs: Costs, group_size: int, batch
     return statistics.median(scales) if scales else None
 
 
-def _decode_curve(generate: Sequence[Span]) -> tuple[Curve, float] | None:
-    """An engine's decode tokens/s against its rows decoding together, and its prefill tokens/s, from the
-    `generate` spans' `decode_steps` ([rows, steps, seconds]) and `prefill` ([tokens, seconds]): the rows binned by
-    powers of two, each bin's point at its step-weighted rows, `rows x steps / seconds`; None where no span has them
-    (SGLang's engine records none)."""
+def _decode_curve(generate: Sequence[Span]) -> tuple[Curve, float, float] | None:
+    """An engine's decode tokens/s against its rows decoding together, its prefill tokens/s and the hand-off of
+    each of its decode calls, from the `generate` spans' `decode_steps` ([rows, steps, seconds]), `prefill`
+    ([tokens, seconds]) and `decode_calls`: the rows binned by powers of two, each bin's point at its step-weighted
+    rows, `rows x steps / seconds`; the spans' seconds outside their steps and prefills over their calls. None where
+    no span has them (SGLang's engine records none)."""
     bins: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # bin -> [rows x steps, steps, seconds]
-    prefill = [0.0, 0.0]
+    prefill, outside, calls = [0.0, 0.0], 0.0, 0
     for span in generate:
+        timed = 0.0
         for rows, steps, seconds in span.args.get("decode_steps", ()):
             entry = bins[int(math.log2(rows))]
             entry[0], entry[1], entry[2] = entry[0] + rows * steps, entry[1] + steps, entry[2] + seconds
+            timed += seconds
         tokens, seconds = span.args.get("prefill", (0, 0.0))
         prefill[0], prefill[1] = prefill[0] + tokens, prefill[1] + seconds
+        if span.args.get("decode_calls"):
+            outside, calls = outside + span.duration - timed - seconds, calls + span.args["decode_calls"]
     points = tuple((work / steps, work / seconds) for work, steps, seconds in (bins[b] for b in sorted(bins))
                    if steps > 0 and seconds > 0)
     if not points or prefill[1] <= 0:
         return None
-    return Curve(points), prefill[0] / prefill[1]
+    return Curve(points), prefill[0] / prefill[1], max(0.0, outside) / max(1, calls)
+
+
+def _longest_per_version(work: Sequence[Span], driver: bool) -> dict[object, float]:
+    """Per weight version, its longest sync span: the actor's `publish_weights` or a receiver's `weight_sync`, and
+    with `driver` the driver's `weight_sync` (which only collects a pushed version)."""
+    versions: dict[object, float] = defaultdict(float)
+    for s in work:
+        if s.name in SYNC_SPANS and (driver or s.track.split("/")[0] != "driver"):
+            versions[s.args.get("version")] = max(versions[s.args.get("version")], s.duration)
+    return versions
 
 
 def _parallel(plan: RunPlan, name: str | None) -> Parallel:
@@ -194,17 +216,12 @@ def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1) -
     costs = replace(base, **figures)  # type: ignore[arg-type]
 
     generated = _by(work, "generate", "rollout")
-    measured_curve = _decode_curve(generated)
-    scale = None if measured_curve else _decode_scale(generated, costs, cfg.algorithm.group_size,
-                                                      engine_batching(cfg, plan))
-    if measured_curve:
-        figures["decode"], figures["prefill_tokens_per_s"] = measured_curve
-        timed = [s for s in generated if s.args.get("decode_calls")]
-        outside = sum(s.duration - sum(t for _, _, t in s.args["decode_steps"]) - s.args["prefill"][1] for s in timed)
-        figures["decode_call_s"] = max(0.0, outside) / max(1, sum(s.args["decode_calls"] for s in timed))
+    if measured_curve := _decode_curve(generated):
+        figures["decode"], figures["prefill_tokens_per_s"], figures["decode_call_s"] = measured_curve
     else:
         missing.append("an engine's decode steps by batch size (generate spans' decode_steps; the decode curve keeps "
                        "the default's shape)")
+        scale = _decode_scale(generated, costs, cfg.algorithm.group_size, engine_batching(cfg, plan))
         if scale is not None:
             figures["decode"] = costs.decode.scaled(scale)
             figures["prefill_tokens_per_s"] = costs.prefill_tokens_per_s * scale
@@ -221,7 +238,7 @@ def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1) -
     train = _rate(trained, run_tokens)
     if not any("sequence_tokens" in s.args for s in trained):
         missing.append("sequence tokens per train span (response tokens plus the mean prompt)")
-    logprob_spans, passes = _by(work, "logprob"), max(logprob_passes(cfg), 1)
+    logprob_spans, passes = _by(work, "logprob"), logprob_passes(cfg)
 
     def logprob_tokens(s: Span) -> float:  # (every pass of the span: old and reference log-probs where both)
         n = s.args.get("sequences", 0)
@@ -245,7 +262,8 @@ def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1) -
     elif train is not None:
         figures["logprob_tokens_per_s"] = 3 * train
         missing.append("log-prob spans or the forward seconds of training passes (3 x the training rate)")
-    figures |= _driver_figures(spans, metrics, warmup, missing)
+    driver = _driver_figures(spans, metrics, warmup, missing)
+    figures |= driver
     collective = _collective_s(work, metrics, plan, base)
     if collective is not None:
         figures["collective_s"] = collective
@@ -253,18 +271,15 @@ def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1) -
         missing.append("a collective's latency (the spans of a pushed broadcast)")
     if opt := [s.duration for s in _by(work, "optimizer_step")]:  # (less its data-parallel reduction)
         actor = plan.placement.components["actor"]
-        reduce = replace(base, **figures).reduce_s(_parallel(plan, "actor"), actor.dp * actor.cp)  # type: ignore
-        figures["optimizer_step_s"] = max(0.0, statistics.median(opt) - reduce)
+        hop = replace(base, collective_s=base.collective_s if collective is None else collective)
+        figures["optimizer_step_s"] = max(0.0, statistics.median(opt) - hop.reduce_s(_parallel(plan, "actor"),
+                                                                                    actor.dp * actor.cp))
     workers = cfg.reward.num_workers
     rounds = sum(math.ceil(max(int(s.args.get("samples", 1)), 1) / workers) for s in reward)
     if rounds:  # (the mean: a few slow answers take most of the scoring's time)
         figures["reward_s_per_sample"] = sum(s.duration for s in reward) / rounds
-    versions: dict[object, float] = defaultdict(float)  # per version, its longest weight_sync span (driver or a
-    for s in (s for s in work if s.name in SYNC_SPANS):  # receiver: the driver's only collects a pushed version)
-        versions[s.args.get("version")] = max(versions[s.args.get("version")], s.duration)
-    if versions:
-        call_s = figures.get("call_s", base.call_s)
-        calls = sync_calls(plan) * (call_s if isinstance(call_s, float) else base.call_s)  # (the driver's, apart)
+    if versions := _longest_per_version(work, driver=True):
+        calls = sync_calls(plan) * driver.get("call_s", base.call_s)  # (the driver's round trips, counted apart)
         measured = max(statistics.median(versions.values()) - calls, 0.0)
         default = base.sync_s(plan.weight_transport) or 1.0
         figures["weight_sync_s"] = {k: v * measured / default for k, v in base.weight_sync_s.items()}
@@ -299,10 +314,7 @@ def _collective_s(work: Sequence[Span], metrics: Sequence[dict], plan: RunPlan, 
     versions of its longest span, the actor's `publish_weights` or a receiver's `weight_sync`: the sender's covers
     the collective from its start, a receiver that joins late sees only its tail) less its bytes' time at the
     link's bandwidth; None where the run's transport is not a broadcast or its versions are not pushed."""
-    versions: dict[object, float] = defaultdict(float)
-    for s in work:
-        if s.name in SYNC_SPANS and s.track.split("/")[0] != "driver":
-            versions[s.args.get("version")] = max(versions[s.args.get("version")], s.duration)
+    versions = _longest_per_version(work, driver=False)
     if plan.weight_transport != "broadcast" or sync_calls(plan) or not versions:
         return None
     sizes = [m["weight_sync/bytes"] for m in metrics if m.get("weight_sync/bytes")]

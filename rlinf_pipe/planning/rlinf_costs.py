@@ -52,7 +52,7 @@ def rlinf_costs(actor_s: float, rollout_s: float, inference_s: float, gpus: int,
     scale = simulated / rollout_s
     tokens = pass_tokens(samples * base.mean_response, samples * base.prompt_tokens, cfg.algorithm.group_size,
                          shares_prompts(cfg))  # (as the simulator counts a pass's tokens)
-    passes = max(logprob_passes(cfg), 1)
+    passes = logprob_passes(cfg)
     return replace(
         base, decode=base.decode.scaled(scale), prefill_tokens_per_s=base.prefill_tokens_per_s * scale,
         logprob_tokens_per_s=passes * tokens / (max(1, gpus // inference.gpus) * inference_s),

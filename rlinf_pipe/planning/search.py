@@ -124,7 +124,7 @@ def enumerate_candidates(cfg: Config, costs: Costs, shape_list: list[Shape], log
                  **{k: cfg.inference.context_parallel_size for k in ("inference", "inference_group")}},
                 max_running(cfg), 0 if cfg.rollout.backend != "torch" else int(min(
                     max_running(cfg), cfg.rollout.first_batch_size or cfg.actor.micro_batch_size)),
-                shares_prompts(cfg), max(logprob_passes(cfg), 1))
+                shares_prompts(cfg), logprob_passes(cfg))
     cache: dict[tuple[str, int, Sizes], float] = {}
     reward = cfg.cluster.component_placement.get("reward")
     layout = NodeLayout(cfg.gpus_per_node())

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.planning.costs import Costs
-from rlinf_pipe.planning.profile import after_warmup, kept_steps, read_run_config
+from rlinf_pipe.planning.profile import after_warmup, read_run_config, step_cadence
 from rlinf_pipe.planning.run_plan import plan_run
 from rlinf_pipe.planning.simulate import Prediction, simulate
 
@@ -42,7 +42,6 @@ def validate_run(run_dir: str | Path, costs: Costs, warmup: int = 1) -> Validati
     its steps after the first `warmup` (at least the last step)."""
     from rlinf_pipe.utils.metrics import read_metrics
     from rlinf_pipe.utils.timeline import analyse, read_chrome_trace
-    from rlinf_pipe.utils.tracing import STEP_SPAN
 
     run_dir = Path(run_dir)
     cfg = read_run_config(run_dir)
@@ -54,12 +53,10 @@ def validate_run(run_dir: str | Path, costs: Costs, warmup: int = 1) -> Validati
         raise ConfigError(f"{run_dir}/timeline.json holds no step; --validate needs a run that trained a step")
     kept = after_warmup(steps, warmup)
     numbers = {a.step for a in kept}
-    spans = kept_steps([s for s in trace if s.name == STEP_SPAN], warmup)
     metrics = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
     rates = [m["throughput/tokens_per_s"] for m in metrics
              if m.get("step") in numbers and m.get("throughput/tokens_per_s") is not None]
     total = sum(a.duration for a in kept)
-    cadence = (spans[-1].end - spans[0].start) / len(spans)  # (the driver's work between steps included)
-    return Validation(str(run_dir), simulate(cfg, plan_run(cfg), costs), cadence,
+    return Validation(str(run_dir), simulate(cfg, plan_run(cfg), costs), step_cadence(trace, warmup),
                       sum(a.bubble_fraction * a.duration for a in kept) / total,
                       statistics.fmean(rates) if rates else 0.0, len(kept))
