@@ -102,6 +102,7 @@ class Costs:
     call_s: float = 0.0  # a driver call's round trip to a worker, paid where a phase starts by the driver's call
     step_gap_s: float = 0.0  # the driver's work between one step's end and the next step's start
     decode_call_s: float = 0.0  # the torch engine's work between its decode calls (one ends where rows finish)
+    co_run_slowdown: float = 0.0  # work x (1 + this x the share of its time another GPU of its host computes)
     missing: tuple[str, ...] = ()  # figures the source did not have (each taken from the default, labelled)
     notes: dict[str, str] = field(default_factory=dict)  # per figure, where it came from when not from `source`
 
@@ -146,7 +147,7 @@ class Costs:
                 "logprob_tokens_per_s": self.logprob_tokens_per_s, "train_tokens_per_s": self.train_tokens_per_s,
                 "optimizer_step_s": self.optimizer_step_s, "weight_sync_s": self.weight_sync_s,
                 "collective_s": self.collective_s, "call_s": self.call_s, "step_gap_s": self.step_gap_s,
-                "decode_call_s": self.decode_call_s,
+                "decode_call_s": self.decode_call_s, "co_run_slowdown": self.co_run_slowdown,
                 "reward_s_per_sample": self.reward_s_per_sample, "switch_s": self.switch_s,
                 "launch_s": self.launch_s}
 

@@ -22,6 +22,8 @@ The first step (`warmup` steps) is left out when there are more (it warms up). P
   most of the time), the `weight_sync` seconds of a version on the run's transport less its driver calls
   (`run_plan.sync_calls`; the other transports in the default's proportion), the actor's onload + offload and the
   engines' wake + sleep per step, the launch span;
+* the co-run slowdown (`planning.co_run`): how much longer work takes while another GPU of its host computes,
+  fitted from the compute spans' overlap with other GPUs' work; the rates above are carried to work alone;
 * one hop of a collective: a pushed broadcast's seconds (its longest span) less its bytes' time; a driver call's
   round trip: the metrics' `timing/call_round_trip` (the heartbeat's pings); the driver's work between steps: the
   median gap between the measured step spans.
@@ -47,8 +49,10 @@ from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.planning.batching import (Batching, Request, engine_batching, prefill_share, quantile_lengths,
                                           run_batched)
+from rlinf_pipe.planning.co_run import alone_figures, measured_slowdown
 from rlinf_pipe.planning.costs import (Costs, Curve, Parallel, carried, default_costs, logprob_passes,
                                        pass_tokens, shares_prompts)
+from rlinf_pipe.planning.gpu_ids import NodeLayout
 from rlinf_pipe.planning.run_plan import RunPlan, plan_run, sync_calls
 from rlinf_pipe.utils.tracing import LAUNCH_SPAN, STEP_SPAN, Span
 
@@ -262,6 +266,11 @@ def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1) -
     elif train is not None:
         figures["logprob_tokens_per_s"] = 3 * train
         missing.append("log-prob spans or the forward seconds of training passes (3 x the training rate)")
+    slowdown, faster = measured_slowdown(work, NodeLayout(plan.placement.gpus_per_node).node_of)
+    if slowdown is None:
+        missing.append("the co-run slowdown (the compute spans' overlap with other GPUs' work varies too little)")
+    else:
+        figures |= alone_figures(figures, slowdown, faster, "logprob" if logprob is not None else "train")
     driver = _driver_figures(spans, metrics, warmup, missing)
     figures |= driver
     collective = _collective_s(work, metrics, plan, base)

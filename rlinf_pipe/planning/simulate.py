@@ -21,6 +21,10 @@ reads and writing their departure times into the one it writes:
   call later, pays its component's switch (onload + offload, wake + sleep) around its phase, and holds the set until
   its last group; log-prob workers on a shared set hold it group by group, a round trip to the lock table each.
 
+* **co-run**: with a co-run slowdown (`Costs.co_run_slowdown`, virtual GPUs sharing a CPU host) the step is
+  simulated `CO_RUN_ROUNDS` times, each slowing every replica's work of a stage by the share of its time other GPUs
+  of its host computed in the round before (`planning.co_run`).
+
 The steady step time is the mean over the steps after the first N + 1 (N: staleness; without staleness every step
 drains the pipeline, and the first is as steady as any). Not modelled: the channels'
 bounds (producers never wait for a full channel), dynamic sampling's extra rounds, the driver's own calls.
@@ -35,14 +39,17 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from rlinf_pipe.config.schema import Config
+from rlinf_pipe.planning.co_run import MIN_SLOWDOWN, Busy, alone_factor, overlap_fractions
 from rlinf_pipe.planning.batching import Request, engine_batching, prefill_share, run_batched
 from rlinf_pipe.planning.costs import (Costs, Parallel, cut_at, logprob_passes, pass_tokens, scale_rate,
                                        shares_prompts)
+from rlinf_pipe.planning.gpu_ids import NodeLayout
 from rlinf_pipe.planning.placement import ComponentPlacement, reward_placement
 from rlinf_pipe.planning.run_plan import RunPlan, sync_calls
 from rlinf_pipe.planning.stage_graph import Stage, StageGraph, stage_graph
 
 Arrivals = list[tuple[float, int]]  # (time, group) in a channel, for one step
+WorkKey = tuple[int, str, int]  # (step, stage, replica): the work one co-run slowdown factor applies to
 
 
 @dataclass(frozen=True)
@@ -71,14 +78,23 @@ def _parallel(comp: ComponentPlacement) -> Parallel:
 class _Pool:
     """Identical servers; each item goes to the first free one, in arrival order."""
 
-    free: list[float]
+    free: list[tuple[float, int]]  # (free from, server)
     busy: float = 0.0
 
-    def serve(self, arrival: float, seconds: float) -> float:
-        start = max(arrival, heapq.heappop(self.free))
-        heapq.heappush(self.free, start + seconds)
+    @classmethod
+    def of(cls, servers: int, free: float = 0.0) -> _Pool:
+        return cls([(free, i) for i in range(servers)])
+
+    def next_server(self) -> int:
+        return self.free[0][1]
+
+    def serve(self, arrival: float, seconds: float) -> tuple[float, float]:
+        """The item's (start, end) on the first free server (`next_server`)."""
+        free, server = heapq.heappop(self.free)
+        start = max(arrival, free)
+        heapq.heappush(self.free, (start + seconds, server))
         self.busy += seconds
-        return start + seconds
+        return start, start + seconds
 
 
 @dataclass
@@ -101,22 +117,35 @@ class _Sim:
     logprob_pool: _Pool | None = None
     current: int = 0  # the step being simulated
     actor_phase_open: bool = False  # the actor's log-prob stage took its turn; training goes on in that phase
+    slow: dict[WorkKey, float] = field(default_factory=dict)  # per piece of work, its co-run slowdown factor
+    work: list[Busy[WorkKey]] = field(default_factory=list)  # the GPUs' work, as simulated
 
     def __post_init__(self) -> None:
         self.prompts, self.group_size = self.cfg.data.rollout_batch_size, self.cfg.algorithm.group_size
         comps = self.plan.placement.components
         self.rollout, self.actor = comps["rollout"], comps["actor"]
         processes = len(reward_placement(self.plan.placement).processes)
-        self.reward = _Pool([0.0] * processes)
+        self.reward = _Pool.of(processes)
         logprob = self.plan.logprob_component
         self.logprob_comp = comps[logprob] if logprob else None
         if self.logprob_comp is not None and logprob == "inference":
-            self.logprob_pool = _Pool([0.0] * self.logprob_comp.dp)
+            self.logprob_pool = _Pool.of(self.logprob_comp.dp)
         self.sync = self.costs.sync_s(self.plan.weight_transport) + sync_calls(self.plan) * self.costs.call_s
         self.shared, self.passes = shares_prompts(self.cfg), logprob_passes(self.cfg)
         self.receiver_gpus = sum(len(comps[n].gpus) for n in self.plan.weight_receivers if n in comps)
 
     # --- helpers ---------------------------------------------------------------------------------------------
+    def factor(self, stage: str, replica: int) -> float:
+        """How much longer this step's work of `stage`'s replica takes beside other GPUs' (`planning.co_run`)."""
+        return self.slow.get((self.current, stage, replica), 1.0)
+
+    def record(self, stage: str, replica: int, comp: ComponentPlacement, start: float, end: float,
+               step: int | None = None) -> None:
+        """Record a replica's work (its GPUs: the `replica`-th slice of `comp.gpus`)."""
+        size = len(comp.gpus) // max(comp.dp, 1)
+        self.work.append(Busy((self.current if step is None else step, stage, replica), start, end,
+                              tuple(comp.gpus[replica * size:(replica + 1) * size])))
+
     def group_tokens(self, step: int, group: int) -> float:
         """The tokens a pass runs for one group (`pass_tokens`)."""
         lengths = self.lengths[step][group]
@@ -165,8 +194,10 @@ class _Sim:
             groups = range(e * self.prompts // engines, (e + 1) * self.prompts // engines)
             share = prefill_share(costs.prompt_tokens, g)
             requests = [Request(grp, share, n) for grp in groups for n in self.lengths[step][grp]]
-            run = run_batched(requests, start, lambda n: costs.decode.at(n) * factor, costs.prefill_rate(par),
-                              batching, costs.decode_call_s)
+            slow = self.slow.get((step, "generate", e), 1.0)
+            run = run_batched(requests, start, lambda n: costs.decode.at(n) * factor / slow,
+                              costs.prefill_rate(par) / slow, batching, costs.decode_call_s)
+            self.record("generate", e, comp, start, run.end, step)
             done: dict[int, float] = {}
             for r, t in zip(requests, run.finish):
                 done[r.group] = max(done.get(r.group, 0.0), t)
@@ -180,7 +211,7 @@ class _Sim:
     def score(self, stage: Stage, arrivals: Arrivals) -> Arrivals:
         assert self.reward is not None
         per_group = math.ceil(self.group_size / self.cfg.reward.num_workers) * self.costs.reward_s_per_sample
-        return sorted((self.reward.serve(t, per_group), grp) for t, grp in arrivals)
+        return sorted((self.reward.serve(t, per_group)[1], grp) for t, grp in arrivals)
 
     def logprob(self, stage: Stage, arrivals: Arrivals) -> Arrivals:
         comp = self.logprob_comp
@@ -192,12 +223,18 @@ class _Sim:
         else:  # the actor before it trains, or inference between the engines' generations: a phase of its own
             ready = max(self.step_start, self.generated_end(arrivals) if stage.turns_with else self.step_start)
             start = self.take_turn(stage, comp, ready)
-            pool = _Pool([start] * comp.dp)
+            pool = _Pool.of(comp.dp, start)
         # log-prob workers on a shared set hold its GPUs group by group: each hold a round trip to the lock table
         hold = self.costs.call_s if stage.turns_with and comp.name != "actor" else 0.0
         before = pool.busy
-        out = sorted((pool.serve(max(t, start), hold + self.passes * self.group_tokens(self.current, grp) / rate),
-                      grp) for t, grp in arrivals)
+        out = []
+        for t, grp in sorted(arrivals):
+            replica = pool.next_server()
+            seconds = self.passes * self.group_tokens(self.current, grp) / rate * self.factor("logprob", replica)
+            began, end = pool.serve(max(t, start), hold + seconds)
+            self.record("logprob", replica, comp, began + hold, end)
+            out.append((end, grp))
+        out.sort()
         self.busy[self.current]["logprob"] += (pool.busy - before - hold * len(arrivals)) * par.gpus
         if comp.name == "actor":  # training starts once every log-prob is computed
             done = max((t for t, _ in out), default=start)
@@ -230,16 +267,19 @@ class _Sim:
             r = min(range(dp), key=loads[mb].__getitem__) if self.plan.token_balance else slot % dp
             loads[mb][r] += self.group_tokens(self.current, grp)
             batches[mb][r].append((t, grp))
-        t_mb = start
+        t_mb, trained = start, 0.0
         for mb in range(m):
             ends = []
             for r in range(dp):
-                t = t_mb
+                t, slow = t_mb, self.factor("train", r)
                 for arrival, grp in sorted(batches[mb][r]):
-                    t = max(t, arrival) + self.group_tokens(self.current, grp) / rate
+                    began = max(t, arrival)
+                    t = began + self.group_tokens(self.current, grp) / rate * slow
+                    self.record("train", r, comp, began, t)
+                    trained += t - began
                 ends.append(t)
             t_mb = max(ends) + opt
-        self.busy[self.current]["train"] += (sum(sum(lo) for lo in loads) / rate + m * opt * dp) * par.gpus
+        self.busy[self.current]["train"] += (trained + m * opt * dp) * par.gpus
         return [(self.end_turn(stage, comp, t_mb), -1)]
 
     # --- the run -----------------------------------------------------------------------------------------------
@@ -261,13 +301,23 @@ class _Sim:
         return ends
 
 
+CO_RUN_ROUNDS = 3  # simulations with a co-run slowdown: each slows the work by the overlap of the one before
+
+
 def simulate(cfg: Config, plan: RunPlan, costs: Costs, seed: int = 0, steps: int | None = None) -> Prediction:
     """The predicted steady step of `plan` (see the module docstring)."""
     warm = plan.staleness + 1 if plan.staleness else 0  # (without staleness every step drains: each is steady)
     steps = steps or warm + 2
-    sim = _Sim(cfg, plan, cut_at(costs, cfg.rollout.max_new_tokens), random.Random(seed), steps)  # (a profile
-    # of a higher limit has its lengths cut at this config's)
-    ends = sim.run(stage_graph(plan))
+    cut = cut_at(costs, cfg.rollout.max_new_tokens)  # (a profile of a higher limit has its lengths cut at this one's)
+    graph, host_of = stage_graph(plan), NodeLayout(plan.placement.gpus_per_node).node_of
+    slow: dict[WorkKey, float] = {}
+    rounds = CO_RUN_ROUNDS if costs.co_run_slowdown >= MIN_SLOWDOWN else 1
+    for done in range(1, rounds + 1):
+        sim = _Sim(cfg, plan, cut, random.Random(seed), steps, slow=slow)
+        ends = sim.run(graph)
+        if done < rounds:
+            slow = {k: alone_factor(costs.co_run_slowdown, f)
+                    for k, f in overlap_fractions(sim.work, host_of).items()}
     measured = range(min(warm, steps - 1), steps)
     first = ends[measured[0] - 1] if measured[0] > 0 else 0.0
     step_s = (ends[-1] - first) / len(measured)

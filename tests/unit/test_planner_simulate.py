@@ -196,3 +196,17 @@ def test_the_torch_engine_pays_a_hand_off_each_time_rows_finish():
     requests = [Request(0, 0.0, 10), Request(0, 0.0, 10), Request(1, 0.0, 20)]
     run = run_batched(requests, 0.0, lambda n: 10.0 * n, 1e12, Batching(2, static=True, first=2), finish_s=0.25)
     assert run.finish == pytest.approx((1.25, 1.25, 3.5))
+
+
+def test_work_beside_another_gpus_work_is_slowed_by_the_co_run_slowdown():
+    # Disaggregated (rollout 0, actor 1): the engine runs 2 requests at a time, group 0 done at 2 s, group 1 at 4 s;
+    # training takes 2 s a group: group 0 over [2, 4] beside the generation, group 1 over [4, 6] alone. With a
+    # slowdown of 0.5 both stages spend half their time beside the other: 1.25 x as long. Generation then ends at 5
+    # (group 0 at 2.5), training runs [2.5, 5] and [5, 7.5]; the overlaps stay half: 7.5 s a step.
+    assert predict(costs()).step_s == pytest.approx(6.0)
+    slowed = predict(costs(co_run_slowdown=0.5))
+    assert slowed.step_s == pytest.approx(7.5)
+    assert slowed.stage_busy_s["generate"] == pytest.approx(5.0) and slowed.stage_busy_s["train"] == pytest.approx(5.0)
+    # one GPU taking turns: nothing runs beside anything
+    one = ("cluster.num_gpus_per_node=1", 'cluster.component_placement={"actor,rollout": all}')
+    assert predict(costs(co_run_slowdown=0.5), *one).step_s == pytest.approx(predict(costs(), *one).step_s)

@@ -1,0 +1,142 @@
+"""Work slowed by other GPUs' work on the same host: the co-run slowdown, measured from a run and simulated.
+
+Virtual GPUs pinned to the cores of one CPU machine (`cluster.cores_per_gpu`) are not independent devices: a core
+computes more slowly while the host's other cores compute too (shared caches and memory bandwidth; on a cloud VM
+its vCPUs may be hyperthreads of the same physical cores). On the 2-core test machine a decode step took about
+1.4x as long while the other core decoded too (docs/benchmarks.md#planner-accuracy). Real GPUs barely slow each
+other; a GPU run measures a slowdown near 0.
+
+The model: work that runs while another GPU of its host computes for a fraction `f` of its time takes
+`1 + c x f` times its time alone. `c` (`Costs.co_run_slowdown`) is fitted from a run's compute spans
+(`fit_slowdown`: each span's seconds against its work and its `f`, per stage); the profile's rates are carried to
+work alone (`measured_slowdown`, `alone_figures`), and the simulator (`planning.simulate`) slows each stage's
+work by the `f` its own simulated timeline gives (`overlap_fractions`, the same function the profile uses).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from rlinf_pipe.planning.costs import Curve
+from rlinf_pipe.utils.tracing import Span
+
+K = TypeVar("K", bound=Hashable)
+
+COMPUTE_WORK = {"generate": "tokens", "logprob": "tokens", "train": "sequence_tokens"}  # span -> its work's arg
+
+MIN_SLOWDOWN = 0.02  # a fitted slowdown below this is noise: the simulation runs once, without it
+MIN_SPREAD = 0.05  # the spans' overlap must vary this much (summed squared deviation per span) to fit a slowdown
+
+
+@dataclass(frozen=True)
+class Busy(Generic[K]):
+    """One piece of work: its key, its interval and the global GPU ids it computes on."""
+
+    key: K
+    start: float
+    end: float
+    gpus: tuple[int, ...]
+
+
+def _union(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def _covered(start: float, end: float, union: Sequence[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(end, b) - max(start, a)) for a, b in union if a < end and b > start)
+
+
+def overlap_fractions(work: Sequence[Busy[K]], host_of: Callable[[int], int]) -> dict[K, float]:
+    """Per key, the share of its work's time during which another GPU of its host (one that is not among its own
+    GPUs) computes, over all its intervals. Keys whose work has no GPU or no duration get 0."""
+    per_gpu: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for w in work:
+        for g in w.gpus:
+            per_gpu[g].append((w.start, w.end))
+    busy = {g: _union(iv) for g, iv in per_gpu.items()}
+    others_of: dict[tuple[int, ...], list[tuple[float, float]]] = {}
+    covered: dict[K, float] = defaultdict(float)
+    total: dict[K, float] = defaultdict(float)
+    for w in work:
+        total[w.key] += max(w.end - w.start, 0.0)
+        if not w.gpus or w.end <= w.start:
+            continue
+        if w.gpus not in others_of:
+            hosts = {host_of(g) for g in w.gpus}
+            others_of[w.gpus] = _union([iv for g, ivs in busy.items() if g not in w.gpus and host_of(g) in hosts
+                                        for iv in ivs])
+        covered[w.key] += _covered(w.start, w.end, others_of[w.gpus])
+    return {k: covered[k] / t if t > 0 else 0.0 for k, t in total.items()}
+
+
+def fit_slowdown(samples: Sequence[tuple[str, float, float, float]]) -> float | None:
+    """`c` of the model above from compute spans, each `(stage, work, seconds, f)` (`work`: its tokens): a least-
+    squares fit of `log(seconds) = a[stage] + b[stage] x log(work) + s x f` (each stage its own rate and its own
+    dependence on the pass's size; one slowdown for all), `c = exp(s) - 1`; 0 below `MIN_SLOWDOWN`. None where the spans'
+    overlap does not vary enough within a stage to tell (`MIN_SPREAD`)."""
+    import numpy as np
+
+    kept = [(st, math.log(w), math.log(sec), f) for st, w, sec, f in samples if w > 0 and sec > 0]
+    stages = sorted({st for st, *_ in kept})
+    spread = 0.0
+    for st in stages:
+        fs = [f for s, _, _, f in kept if s == st]
+        mean = sum(fs) / len(fs)
+        spread += sum((f - mean) ** 2 for f in fs)
+    if not kept or spread < MIN_SPREAD:
+        return None
+    columns = 2 * len(stages) + 1
+    x = np.zeros((len(kept), columns))
+    y = np.array([sec for _, _, sec, _ in kept])
+    for row, (st, work, _, f) in enumerate(kept):
+        i = stages.index(st)
+        x[row, 2 * i], x[row, 2 * i + 1], x[row, -1] = 1.0, work, f
+    solution, *_ = np.linalg.lstsq(x, y, rcond=None)
+    slowdown = math.exp(float(solution[-1])) - 1.0
+    return slowdown if slowdown >= MIN_SLOWDOWN else 0.0
+
+
+def alone_factor(slowdown: float, fraction: float) -> float:
+    """How much longer work takes with other GPUs of its host computing `fraction` of its time: `1 + c x f`."""
+    return 1.0 + slowdown * fraction
+
+
+def measured_slowdown(work: Sequence[Span], host_of: Callable[[int], int]) -> tuple[float | None, dict[str, float]]:
+    """A run's co-run slowdown (`fit_slowdown` over its compute spans on GPUs: `COMPUTE_WORK`) and, per stage, by how
+    much its work alone runs faster than its spans did: their seconds over their seconds each divided by
+    `alone_factor` of its overlap (1 where no slowdown was fitted)."""
+    spans = [s for s in work if s.name in COMPUTE_WORK and s.devices and s.duration > 0]
+    shares = overlap_fractions([Busy(i, s.start, s.end, s.devices) for i, s in enumerate(spans)], host_of)
+    slowdown = fit_slowdown([(s.name, float(s.args.get(COMPUTE_WORK[s.name], 0)), s.duration, shares[i])
+                             for i, s in enumerate(spans)])
+    seconds: dict[str, float] = defaultdict(float)
+    alone: dict[str, float] = defaultdict(float)
+    for i, s in enumerate(spans):
+        seconds[s.name] += s.duration
+        alone[s.name] += s.duration / alone_factor(slowdown or 0.0, shares[i])
+    return slowdown, {name: seconds[name] / alone[name] for name in seconds}
+
+
+def alone_figures(figures: dict[str, object], slowdown: float, faster: dict[str, float], logprob_from: str
+                  ) -> dict[str, object]:
+    """A profile's measured rates carried to work alone on its host, each times its stage's factor
+    (`measured_slowdown`): the decode curve and the prefill rate the generation's, the training rate the
+    training's, the log-prob rate that of `logprob_from` (the stage it was measured on); with `co_run_slowdown`."""
+    out: dict[str, object] = {"co_run_slowdown": slowdown}
+    if isinstance(decode := figures.get("decode"), Curve):
+        out["decode"] = decode.scaled(faster.get("generate", 1.0))
+    for key, stage in (("prefill_tokens_per_s", "generate"), ("train_tokens_per_s", "train"),
+                       ("logprob_tokens_per_s", logprob_from)):
+        if isinstance(rate := figures.get(key), float):
+            out[key] = rate * faster.get(stage, 1.0)
+    return out

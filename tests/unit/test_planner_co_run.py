@@ -1,0 +1,78 @@
+"""The co-run slowdown (`planning.co_run`) on cases worked out by hand: overlaps, the fit, the profile's carry to
+work alone."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlinf_pipe.config import load_config
+from rlinf_pipe.planning.co_run import Busy, alone_figures, fit_slowdown, measured_slowdown, overlap_fractions
+from rlinf_pipe.planning.costs import Curve
+from rlinf_pipe.planning.profile import read_profile
+from rlinf_pipe.utils.timeline import write_chrome_trace
+from rlinf_pipe.utils.tracing import Span
+
+
+def test_overlap_counts_other_gpus_of_the_same_host_only():
+    # hosts of 2 GPUs. "a" on GPU 0 over [0, 4] meets GPU 1's work over [2, 4] (half its time); "b" on GPU 1 is
+    # covered by "a" over [2, 4] of its [2, 4] + [7, 8] (2 of 3 s); "c" on GPU 2 (the next host) overlaps both in
+    # time but shares no host with them; "d" on GPUs 0 and 1 has no other GPU on its host.
+    work = [Busy("a", 0.0, 4.0, (0,)), Busy("b", 2.0, 4.0, (1,)), Busy("b", 7.0, 8.0, (1,)),
+            Busy("c", 0.0, 10.0, (2,)), Busy("d", 20.0, 21.0, (0, 1))]
+    shares = overlap_fractions(work, lambda g: g // 2)
+    assert shares == pytest.approx({"a": 0.5, "b": 2 / 3, "c": 0.0, "d": 0.0})
+
+
+def test_the_fit_recovers_the_slowdown_across_stages_of_different_rates_and_pass_sizes():
+    # seconds = work / rate x (1 + 0.3 f): two stages of other rates, a pass's seconds not proportional to its size
+    samples = []
+    for stage, rate in (("train", 100.0), ("logprob", 400.0)):
+        for work in (50.0, 100.0, 200.0):
+            for f in (0.0, 0.5, 1.0):
+                samples.append((stage, work, (work / rate) ** 0.9 * (1 + 0.3 * f), f))
+    assert fit_slowdown(samples) == pytest.approx(0.3, rel=0.05)
+    # faster while overlapped is no slowdown; an overlap that never varies cannot tell one
+    assert fit_slowdown([(st, w, s / (1 + 2 * f), f) for st, w, s, f in samples]) == 0.0
+    assert fit_slowdown([(st, w, s, 0.5) for st, w, s, _ in samples]) is None
+
+
+def run_spans(step: int, t: float) -> list[Span]:
+    """Step `step` from `t`: a 0.58 s generation on GPU 0; on GPU 1 two train passes of the same 40 sequence
+    tokens, the first wholly beside the generation (0.375 s), the second alone after it (0.25 s): a slowdown of
+    0.5."""
+    return [
+        Span("step", "driver", t, t + 1.0, (), {"step": step}),
+        Span("generate", "rollout/0", t + 0.02, t + 0.6, (0,), {"step": step, "prompts": 2, "tokens": 40}),
+        Span("train", "actor/0", t + 0.1, t + 0.475, (1,), {"tokens": 20, "sequences": 2, "sequence_tokens": 40}),
+        Span("train", "actor/0", t + 0.6, t + 0.85, (1,), {"tokens": 20, "sequences": 2, "sequence_tokens": 40}),
+    ]
+
+
+def test_a_profile_fits_the_slowdown_and_carries_its_rates_to_work_alone(tmp_path: Path):
+    spans = [s for step in range(3) for s in run_spans(step, float(step))]
+    slowdown, faster = measured_slowdown(spans, lambda g: 0)
+    assert slowdown == pytest.approx(0.5)
+    # train: 0.625 s measured, 0.25 + 0.375 / 1.5 = 0.5 s alone; the generation spent 0.375 of its 0.58 s beside
+    # the training: alone it takes 1 / (1 + 0.5 x 0.375 / 0.58) of its time
+    assert faster["train"] == pytest.approx(0.625 / 0.5)
+    assert faster["generate"] == pytest.approx(1 + 0.5 * 0.375 / 0.58)
+    carried = alone_figures({"train_tokens_per_s": 128.0, "decode": Curve(((1.0, 10.0),)), "launch_s": 1.0},
+                            0.5, faster, "train")
+    assert carried["train_tokens_per_s"] == pytest.approx(160.0) and carried["co_run_slowdown"] == 0.5
+    assert carried["decode"] == Curve(((1.0, 10.0 * faster["generate"]),)) and "launch_s" not in carried
+
+    cfg = load_config(overrides=["data.rollout_batch_size=2", "algorithm.group_size=2"])
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+    write_chrome_trace(spans, run / "timeline.json")
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 0}) + "\n")
+    costs = read_profile(run)
+    assert costs.co_run_slowdown == pytest.approx(0.5)
+    assert costs.train_tokens_per_s == pytest.approx(2 * (20 + 20 / 2) / 0.5)  # (a group's prompt run once)
+    assert not any("co-run" in m for m in costs.missing)
