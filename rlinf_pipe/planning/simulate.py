@@ -13,10 +13,12 @@ reads and writing their departure times into the one it writes:
   (`runner.generation.RolloutSchedule`): a step's sync waits until the engines finished those started on older
   versions, then the step after the last one started ahead is begun.
 * **score**: each reward process scores a group's samples on its pool (`reward.num_workers` at once), in arrival order.
-* **logprob** / **train**: replicas (`dp` of them) take the groups as they arrive, from the step's start (the
-  driver calls them then); the actor computes the log-probs of the whole step before it trains; training follows
-  the mini-batches: every replica trains its share of mini-batch m (groups by slot, or to the replica with the
-  fewest tokens under `replica_routing: tokens`), then one optimizer step on all, then mini-batch m + 1.
+* **logprob** / **train**: replicas (`dp` of them) take the groups as they arrive, from the driver's call (a round
+  trip after the engines finished the generations started on older versions, and their sync where the driver
+  waits for it); the actor computes the log-probs of the whole step before it trains (the driver calls
+  its training once they returned: a round trip); training follows the mini-batches: every replica trains its
+  share of mini-batch m (groups by slot, or to the replica with the fewest tokens under `replica_routing:
+  tokens`), then one optimizer step on all, then mini-batch m + 1.
 * **turns**: a stage that takes turns on its GPUs (`Stage.turns_with`) starts once the set is free and a driver
   call later, pays its component's switch (onload + offload, wake + sleep) around its phase, and holds the set until
   its last group; log-prob workers on a shared set hold it group by group, a round trip to the lock table each.
@@ -109,6 +111,7 @@ class _Sim:
     lengths: dict[int, list[list[int]]] = field(default_factory=dict)  # per step, per group, its samples' lengths
     generated: dict[int, Arrivals] = field(default_factory=dict)
     step_start: float = 0.0
+    calls_at: float = 0.0  # when the driver's calls of this step's log-prob and training stages reach the workers
     engines_free: float = 0.0
     next_generation: int = 0
     set_free: dict[tuple[int, ...], float] = field(default_factory=lambda: defaultdict(float))
@@ -118,7 +121,8 @@ class _Sim:
     current: int = 0  # the step being simulated
     actor_phase_open: bool = False  # the actor's log-prob stage took its turn; training goes on in that phase
     slow: dict[WorkKey, float] = field(default_factory=dict)  # per piece of work, its co-run slowdown factor
-    work: list[Busy[WorkKey]] = field(default_factory=list)  # the GPUs' work, as simulated
+    work: list[Busy[WorkKey]] = field(default_factory=list)  # the GPUs' work, as simulated (when `track`)
+    track: bool = False  # record `work` (for the next co-run round)
 
     def __post_init__(self) -> None:
         self.prompts, self.group_size = self.cfg.data.rollout_batch_size, self.cfg.algorithm.group_size
@@ -141,7 +145,9 @@ class _Sim:
 
     def record(self, stage: str, replica: int, comp: ComponentPlacement, start: float, end: float,
                step: int | None = None) -> None:
-        """Record a replica's work (its GPUs: the `replica`-th slice of `comp.gpus`)."""
+        """Record a replica's work (its GPUs: the `replica`-th slice of `comp.gpus`) when tracking."""
+        if not self.track:
+            return
         size = len(comp.gpus) // max(comp.dp, 1)
         self.work.append(Busy((self.current if step is None else step, stage, replica), start, end,
                               tuple(comp.gpus[replica * size:(replica + 1) * size])))
@@ -173,6 +179,9 @@ class _Sim:
         sync_at = max(self.step_start, self.engines_free)
         self.busy[self.current]["weight_sync"] += self.sync * self.receiver_gpus
         start = sync_at + self.sync
+        # the driver's calls to the log-prob workers and the actor go out once the generation is asked for: at once
+        # where the engines may take it while their sync loads, after the sync where inference workers load beside
+        self.calls_at = (start if self.plan.inference_shares_rollout else sync_at) + self.costs.call_s
         last = min(self.current + self.plan.staleness, self.steps - 1)
         while self.next_generation <= last:
             start = self.run_generation(stage, self.next_generation, start)
@@ -219,9 +228,9 @@ class _Sim:
         par = _parallel(comp)
         rate = self.costs.logprob_rate(par)
         if self.logprob_pool is not None and not stage.turns_with:  # inference workers on GPUs of their own
-            pool, start = self.logprob_pool, self.step_start
+            pool, start = self.logprob_pool, self.calls_at
         else:  # the actor before it trains, or inference between the engines' generations: a phase of its own
-            ready = max(self.step_start, self.generated_end(arrivals) if stage.turns_with else self.step_start)
+            ready = max(self.step_start, self.generated_end(arrivals) if stage.turns_with else self.calls_at)
             start = self.take_turn(stage, comp, ready)
             pool = _Pool.of(comp.dp, start)
         # log-prob workers on a shared set hold its GPUs group by group: each hold a round trip to the lock table
@@ -251,11 +260,11 @@ class _Sim:
         comp, costs = self.actor, self.costs
         par = _parallel(comp)
         rate, opt = costs.train_rate(par), costs.optimizer_s(par, comp.dp * comp.cp)
-        if self.actor_phase_open:  # (the log-prob stage took the turn)
-            start = min((t for t, _ in arrivals), default=self.step_start)
+        if self.actor_phase_open:  # (the log-prob stage took the turn; the driver calls training once it returned)
+            start = min((t for t, _ in arrivals), default=self.step_start) + costs.call_s
             self.actor_phase_open = False
         else:
-            ready = self.generated_end([]) if stage.turns_with else self.step_start
+            ready = self.generated_end([]) if stage.turns_with else self.calls_at
             start = self.take_turn(stage, comp, max(self.step_start, ready))
         dp, m = comp.dp, self.cfg.algorithm.n_minibatches
         per_mb = max(1, self.prompts // m)
@@ -313,7 +322,7 @@ def simulate(cfg: Config, plan: RunPlan, costs: Costs, seed: int = 0, steps: int
     slow: dict[WorkKey, float] = {}
     rounds = CO_RUN_ROUNDS if costs.co_run_slowdown >= MIN_SLOWDOWN else 1
     for done in range(1, rounds + 1):
-        sim = _Sim(cfg, plan, cut, random.Random(seed), steps, slow=slow)
+        sim = _Sim(cfg, plan, cut, random.Random(seed), steps, slow=slow, track=done < rounds)
         ends = sim.run(graph)
         if done < rounds:
             slow = {k: alone_factor(costs.co_run_slowdown, f)

@@ -210,3 +210,14 @@ def test_work_beside_another_gpus_work_is_slowed_by_the_co_run_slowdown():
     # one GPU taking turns: nothing runs beside anything
     one = ("cluster.num_gpus_per_node=1", 'cluster.component_placement={"actor,rollout": all}')
     assert predict(costs(co_run_slowdown=0.5), *one).step_s == pytest.approx(predict(costs(), *one).step_s)
+
+
+def test_the_actor_starts_on_the_drivers_call_and_trains_on_another_after_its_log_probs():
+    # Staleness 1 (the step above, 3 s): the group generated ahead waits for the driver's call, which goes out once
+    # the step began (the engines already finished it): 0.25 + 3 s. Without staleness the group arrives at 2 s,
+    # long after the call: 5 s still. The actor computing the log-probs (8.5 s above) is called again to train once
+    # they returned: 0.25 s more.
+    c = costs(train_tokens_per_s=200 / 3, call_s=0.25)
+    assert predict(c, "data.rollout_batch_size=1", "runner.max_staleness=1").step_s == pytest.approx(3.25)
+    assert predict(c, "data.rollout_batch_size=1").step_s == pytest.approx(5.0)
+    assert predict(costs(call_s=0.25), "algorithm.n_minibatches=2").step_s == pytest.approx(8.75)
