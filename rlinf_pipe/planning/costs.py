@@ -103,8 +103,16 @@ class Costs:
     step_gap_s: float = 0.0  # the driver's work between one step's end and the next step's start
     decode_call_s: float = 0.0  # the torch engine's work between its decode calls (one ends where rows finish)
     co_run_slowdown: float = 0.0  # work x (1 + this x the share of its time another GPU of its host computes)
+    phase_call_s: float = 0.0  # a stage call's latency, the driver's call to the worker's first work (`phase_call`)
+    logprob_handoff_s: float = 0.0  # a log-prob worker's time between its passes of one step (reading the next group)
     missing: tuple[str, ...] = ()  # figures the source did not have (each taken from the default, labelled)
     notes: dict[str, str] = field(default_factory=dict)  # per figure, where it came from when not from `source`
+
+    @property
+    def phase_call(self) -> float:
+        """The latency of a driver's call that starts a stage: `phase_call_s` where measured, at least a round trip
+        (`call_s`)."""
+        return max(self.phase_call_s, self.call_s)
 
     def decode_rate(self, concurrent: float, target: Parallel) -> float:
         return scale_rate(self.decode.at(concurrent), self.rollout_parallel, target)
@@ -148,6 +156,7 @@ class Costs:
                 "optimizer_step_s": self.optimizer_step_s, "weight_sync_s": self.weight_sync_s,
                 "collective_s": self.collective_s, "call_s": self.call_s, "step_gap_s": self.step_gap_s,
                 "decode_call_s": self.decode_call_s, "co_run_slowdown": self.co_run_slowdown,
+                "phase_call_s": self.phase_call, "logprob_handoff_s": self.logprob_handoff_s,
                 "reward_s_per_sample": self.reward_s_per_sample, "switch_s": self.switch_s,
                 "launch_s": self.launch_s}
 

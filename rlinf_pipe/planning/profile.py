@@ -26,7 +26,9 @@ The first step (`warmup` steps) is left out when there are more (it warms up). P
   fitted from the compute spans' overlap with other GPUs' work; the rates above are carried to work alone;
 * one hop of a collective: a pushed broadcast's seconds (its longest span) less its bytes' time; a driver call's
   round trip: the metrics' `timing/call_round_trip` (the heartbeat's pings); the driver's work between steps: the
-  median gap between the measured step spans.
+  median gap between the measured step spans; a log-prob worker's reading of its next group (the lower quartile
+  of the gaps between its passes of one step) and, where the actor computes the log-probs, the latency of the call
+  that starts its training (from its last log-prob pass to its first training pass: `_stage_calls`).
 
 Token rates count what a pass runs (`costs.pass_tokens`: a group's prompt once where its rows share it), and each
 log-prob pass of a span (old and reference log-probs) on its own.
@@ -272,7 +274,7 @@ def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1) -
     else:
         figures |= alone_figures(figures, slowdown, faster, "logprob" if logprob is not None else "train")
     driver = _driver_figures(spans, metrics, warmup, missing)
-    figures |= driver
+    figures |= driver | _stage_calls(work, plan)
     collective = _collective_s(work, metrics, plan, base)
     if collective is not None:
         figures["collective_s"] = collective
@@ -315,6 +317,33 @@ def _driver_figures(spans: Sequence[Span], metrics: Sequence[dict], warmup: int,
     steps = kept_steps([s for s in spans if s.name == STEP_SPAN], warmup)
     if gaps := [b.start - a.end for a, b in zip(steps, steps[1:])]:
         out["step_gap_s"] = max(0.0, statistics.median(gaps))
+    return out
+
+
+def _stage_calls(work: Sequence[Span], plan: RunPlan) -> dict[str, float]:
+    """What a stage's calls cost beyond its passes: a log-prob worker's time between its passes of one step (the
+    median gap between consecutive `logprob` spans of a worker and step: reading the next group), and, where the
+    actor computes the log-probs, the latency of the driver's call that starts its training (the median per step
+    of its first `train` span's start less its last `logprob` span's end: the call returns, the next goes out)."""
+    out: dict[str, float] = {}
+    passes: dict[tuple[str, object], list[Span]] = defaultdict(list)
+    for s in _by(work, "logprob"):
+        passes[(s.track, s.args.get("step"))].append(s)
+    gaps: list[float] = []
+    for group in passes.values():
+        ordered = sorted(group, key=lambda s: s.start)
+        gaps += [b.start - a.end for a, b in zip(ordered, ordered[1:]) if b.start >= a.end]
+    if gaps:
+        out["logprob_handoff_s"] = statistics.quantiles(gaps, n=4)[0] if len(gaps) > 1 else gaps[0]
+    if plan.actor_logprobs:
+        trains: dict[tuple[str, object], float] = {}
+        for s in _by(work, "train", "actor"):
+            key = (s.track, s.args.get("version"))
+            trains[key] = min(trains.get(key, math.inf), s.start)
+        calls = [trains[key] - max(s.end for s in group) for key, group in passes.items()
+                 if key[0].split("/")[0] == "actor" and key in trains and trains[key] > max(s.end for s in group)]
+        if calls:
+            out["phase_call_s"] = statistics.median(calls)
     return out
 
 

@@ -164,7 +164,7 @@ class _Sim:
             return ready
         switch = self.costs.switch_s.get(comp.name, 0.0) / 2
         self.busy[self.current]["switch"] += switch * 2 * len(comp.gpus)
-        return max(ready, self.set_free[comp.gpus]) + self.costs.call_s + switch
+        return max(ready, self.set_free[comp.gpus]) + self.costs.phase_call + switch
 
     def end_turn(self, stage: Stage, comp: ComponentPlacement, end: float) -> float:
         if not stage.turns_with:
@@ -181,7 +181,7 @@ class _Sim:
         start = sync_at + self.sync
         # the driver's calls to the log-prob workers and the actor go out once the generation is asked for: at once
         # where the engines may take it while their sync loads, after the sync where inference workers load beside
-        self.calls_at = (start if self.plan.inference_shares_rollout else sync_at) + self.costs.call_s
+        self.calls_at = (start if self.plan.inference_shares_rollout else sync_at) + self.costs.phase_call
         last = min(self.current + self.plan.staleness, self.steps - 1)
         while self.next_generation <= last:
             start = self.run_generation(stage, self.next_generation, start)
@@ -235,6 +235,7 @@ class _Sim:
             pool = _Pool.of(comp.dp, start)
         # log-prob workers on a shared set hold its GPUs group by group: each hold a round trip to the lock table
         hold = self.costs.call_s if stage.turns_with and comp.name != "actor" else 0.0
+        hold += self.costs.logprob_handoff_s  # (and each pass reads its group first)
         before = pool.busy
         out = []
         for t, grp in sorted(arrivals):
@@ -261,7 +262,7 @@ class _Sim:
         par = _parallel(comp)
         rate, opt = costs.train_rate(par), costs.optimizer_s(par, comp.dp * comp.cp)
         if self.actor_phase_open:  # (the log-prob stage took the turn; the driver calls training once it returned)
-            start = min((t for t, _ in arrivals), default=self.step_start) + costs.call_s
+            start = min((t for t, _ in arrivals), default=self.step_start) + costs.phase_call
             self.actor_phase_open = False
         else:
             ready = self.generated_end([]) if stage.turns_with else self.calls_at

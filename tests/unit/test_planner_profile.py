@@ -175,3 +175,29 @@ def test_the_torch_engines_decode_steps_give_the_decode_curve(tmp_path):
     assert costs.decode_call_s == pytest.approx((0.2 - 0.098 - 0.02) / 4)  # each 0.2 s span outside its steps
     assert not any("decode steps" in m for m in costs.missing)
     assert any("decode steps" in m for m in read_profile(write_run(tmp_path / "old")).missing)
+
+
+def test_a_log_prob_workers_reading_and_the_call_that_starts_training_are_read_from_the_run(tmp_path):
+    """The actor computes the log-probs (`algorithm.n_minibatches=2`): per step three passes 0.02, 0.01 and 0.04 s
+    apart (the lower quartile of the gaps, 0.01 s, is a group read while the next waited), then its training starts
+    0.03 s after the last (the driver's call)."""
+    cfg = load_config(overrides=OVERRIDES + ["algorithm.n_minibatches=2"])
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+    spans = []
+    for step in range(3):
+        t = float(step)
+        spans += [Span("step", "driver", t, t + 1.0, (), {"step": step}),
+                  Span("generate", "rollout/0", t, t + 0.2, (0,), {"step": step, "prompts": 2, "tokens": 40})]
+        for start in (0.3, 0.37, 0.43, 0.52):
+            spans.append(Span("logprob", "actor/0", t + start, t + start + 0.05, (1,),
+                              {"step": step, "sequences": 2, "tokens": 60}))
+        spans.append(Span("train", "actor/0", t + 0.6, t + 0.8, (1,),
+                          {"version": step, "tokens": 20, "sequences": 2, "sequence_tokens": 60}))
+    write_chrome_trace(spans, run / "timeline.json")
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 0, "timing/call_round_trip": 0.004}) + "\n")
+    costs = read_profile(run)
+    assert costs.logprob_handoff_s == pytest.approx(0.01)
+    assert costs.phase_call_s == pytest.approx(0.03) and costs.phase_call == pytest.approx(0.03)
+    assert read_profile(write_run(tmp_path / "plain")).phase_call_s == 0.0  # (no log-prob stage: not measured)

@@ -221,3 +221,13 @@ def test_the_actor_starts_on_the_drivers_call_and_trains_on_another_after_its_lo
     assert predict(c, "data.rollout_batch_size=1", "runner.max_staleness=1").step_s == pytest.approx(3.25)
     assert predict(c, "data.rollout_batch_size=1").step_s == pytest.approx(5.0)
     assert predict(costs(call_s=0.25), "algorithm.n_minibatches=2").step_s == pytest.approx(8.75)
+
+
+def test_a_log_prob_pass_reads_its_group_first_and_a_stage_call_costs_its_measured_latency():
+    # The actor computing the log-probs (8.5 s above): reading a group takes 0.1 s before its 0.5 s pass (the
+    # groups arrive at 2 and 4: passes over [2.1, 2.6] and [4.1, 4.6]): 8.6 s; the call that starts its training
+    # 0.25 s where measured (`phase_call_s`), at least a round trip (`call_s`).
+    assert predict(costs(logprob_handoff_s=0.1), "algorithm.n_minibatches=2").step_s == pytest.approx(8.6)
+    assert predict(costs(logprob_handoff_s=0.1, phase_call_s=0.25),
+                   "algorithm.n_minibatches=2").step_s == pytest.approx(8.85)
+    assert predict(costs(phase_call_s=0.25, call_s=0.3), "algorithm.n_minibatches=2").step_s == pytest.approx(8.8)
