@@ -3,7 +3,7 @@ profiled, every other one is predicted from that profile and trained for real, o
 
     python benchmarks/planner_accuracy.py [--json] [--steps 6] [--warmup 2] [--repeats 1] [--no-ref]
         [--profile-placement disaggregated] [--only NAME ...] [--cores-per-gpu 1] [--output-dir DIR]
-        [--predict-only DIR]
+        [--predict-only DIR [DIR ...]]
 
 Every run trains examples/math/config/tiny-grpo-megatron-pipeline.yaml (the tiny model warm-started once, its data,
 seed and batch) with `cluster.cores_per_gpu=K` (each virtual GPU's workers on K cores of their own, 2 virtual GPUs
@@ -29,8 +29,11 @@ Reported: per placement its name, overrides, predicted and measured seconds per 
 measured step time), and over the pairs of placements whose runs do not overlap (every run of one faster than every
 run of the other: those the measurement can tell apart on a noisy host) how many the prediction orders alike
 (`distinguishable_pairs`, `distinguishable_pairs_ordered_alike`). `--predict-only DIR` re-predicts the runs a
-previous `--output-dir DIR` kept (its `runs.json`) without training. With --json the last printed line is one JSON
-object.
+previous `--output-dir DIR` kept (its `runs.json`) without training. Given several DIRs (invocations, each with its
+own profile) it pools them (`pooled`): per placement the median of all their runs against the median of the
+invocations' predictions, and the pairs of placements their runs tell apart by how often a run of one is faster
+than a run of the other, over every pairing of their runs (`told_apart`: at least `TOLD_APART`). With --json the
+last printed line is one JSON object.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ PLACEMENTS = (
     Placement("short-responses", (PIPELINE, "rollout.max_new_tokens=10")),  # (the tiny model's run to ~14)
 )
 BY_NAME = {p.name: p for p in PLACEMENTS}
+TOLD_APART = 0.75  # pooled: two placements are told apart where a run of one beats a run of the other this often
 
 
 def load(placement: Placement, args: argparse.Namespace, model: str | None, out: Path) -> Any:
@@ -164,6 +168,64 @@ def compare(runs: dict[str, list[Path]], profiled: str, warmup: int) -> dict[str
             "distinguishable_pairs_ordered_alike": len(alike), "placements": rows}
 
 
+def pooled(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several invocations' summaries together (see the module docstring): each placement's runs pooled, its
+    prediction the median of the invocations'; the errors over the placements not profiled; `same_ranking`; and of
+    the pairs of placements, those whose runs one wins in at least `TOLD_APART` of their pairings (`win`: how often
+    a run of the faster by median is faster than a run of the other), and how many of them the prediction orders
+    alike."""
+    names = [r["name"] for r in summaries[0]["placements"]]
+    rows = {n: [r for s in summaries for r in s["placements"] if r["name"] == n] for n in names}
+    runs = {n: [m for r in rs for m in r["measured_runs_s"]] for n, rs in rows.items()}
+    measured = {n: statistics.median(v) for n, v in runs.items()}
+    predicted = {n: statistics.median(r["predicted_step_s"] for r in rs) for n, rs in rows.items()}
+    error = {n: (predicted[n] - measured[n]) / measured[n] for n in names}
+    others = [abs(error[n]) for n in names if not rows[n][0]["profiled"]] or [abs(e) for e in error.values()]
+    pairs = []
+    for a, b in itertools.combinations(sorted(names, key=measured.__getitem__), 2):
+        win = sum(x < y for x in runs[a] for y in runs[b]) / (len(runs[a]) * len(runs[b]))
+        pairs.append({"faster": a, "slower": b, "gap": round((measured[b] - measured[a]) / measured[a], 4),
+                      "win": round(win, 3), "told_apart": win >= TOLD_APART,
+                      "predicted_alike": predicted[a] < predicted[b]})
+    told = [p for p in pairs if p["told_apart"]]
+    by_predicted, by_measured = sorted(names, key=predicted.__getitem__), sorted(names, key=measured.__getitem__)
+    return {"invocations": len(summaries), "median_abs_error": round(statistics.median(others), 4),
+            "max_abs_error": round(max(others), 4), "same_ranking": by_predicted == by_measured,
+            "predicted_ranking": by_predicted, "measured_ranking": by_measured, "told_apart_pairs": len(told),
+            "told_apart_pairs_ordered_alike": sum(p["predicted_alike"] for p in told), "pairs": pairs,
+            "placements": [{"name": n, "profiled": rows[n][0]["profiled"], "measured_step_s": round(measured[n], 4),
+                            "runs": len(runs[n]), "predicted_step_s": round(predicted[n], 4),
+                            "error": round(error[n], 4)} for n in names]}
+
+
+def print_pooled(summary: dict[str, Any]) -> None:
+    print(f"pooled over {summary['invocations']} invocations")
+    print(f"{'placement':<26}{'runs':>5}{'measured s':>11}{'predicted':>11}{'error':>9}")
+    for r in summary["placements"]:
+        mark = " (profiled)" if r["profiled"] else ""
+        print(f"{r['name']:<26}{r['runs']:>5}{r['measured_step_s']:>11.3f}{r['predicted_step_s']:>11.3f}"
+              f"{r['error']:>+9.1%}{mark}")
+    print(f"median |error| {summary['median_abs_error']:.1%}, worst {summary['max_abs_error']:.1%}; same ranking: "
+          f"{summary['same_ranking']}")
+    for p in summary["pairs"]:
+        if not p["predicted_alike"]:
+            print(f"  predicted in the other order: {p['faster']} < {p['slower']} ({p['gap']:+.1%}, a run of the "
+                  f"first faster in {p['win']:.0%} of pairings)")
+    print(f"pairs told apart (a run of one faster in at least {TOLD_APART:.0%} of pairings): "
+          f"{summary['told_apart_pairs']}, of which predicted in the same order: "
+          f"{summary['told_apart_pairs_ordered_alike']}")
+
+
+def repredict(folder: str) -> dict[str, Any]:
+    """An earlier invocation's kept runs (`--output-dir`'s `runs.json`) compared again."""
+    kept = json.loads((Path(folder) / "runs.json").read_text())
+    runs = {name: [Path(d) for d in ([dirs] if isinstance(dirs, str) else dirs)]
+            for name, dirs in kept["runs"].items()}
+    summary = compare(runs, kept["profiled"], kept["warmup"])
+    summary["settings"] = kept["settings"]
+    return summary
+
+
 def mean_step_s(run_dir: Path, warmup: int) -> float:
     """A run's step time over its steps after the first `warmup`, as `validate_run` measures it."""
     from rlinf_pipe.planning.profile import step_cadence
@@ -207,8 +269,8 @@ def parse_args() -> argparse.Namespace:
                              "is the median of the runs' means")
     parser.add_argument("--cores-per-gpu", type=int, default=1, help="cluster.cores_per_gpu of every run")
     parser.add_argument("--output-dir", default=None, help="keep the run folders here (default: a temp folder)")
-    parser.add_argument("--predict-only", metavar="DIR", default=None,
-                        help="no training: re-predict the runs an earlier --output-dir DIR kept")
+    parser.add_argument("--predict-only", metavar="DIR", nargs="+", default=None,
+                        help="no training: re-predict the runs an earlier --output-dir DIR kept (several: pooled)")
     parser.add_argument("--no-ref", dest="ref", action="store_false",
                         help="no reference log-probs (the profile then has no log-prob stage)")
     parser.add_argument("--json", action="store_true")
@@ -219,12 +281,19 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    if args.predict_only and len(args.predict_only) > 1:
+        summaries = [repredict(folder) for folder in args.predict_only]
+        for folder, one in zip(args.predict_only, summaries):
+            print(f"\n{folder}:")
+            print_table(one)
+        summary = pooled(summaries) | {"commit": commit(), "folders": args.predict_only}
+        print()
+        print_pooled(summary)
+        if args.json:
+            print(json.dumps(summary))
+        return
     if args.predict_only:
-        kept = json.loads((Path(args.predict_only) / "runs.json").read_text())
-        runs = {name: [Path(d) for d in ([dirs] if isinstance(dirs, str) else dirs)]
-                for name, dirs in kept["runs"].items()}
-        summary = compare(runs, kept["profiled"], kept["warmup"])
-        summary["settings"] = kept["settings"]
+        summary = repredict(args.predict_only[0])
     else:
         summary = measure(args)
     summary["commit"] = commit()

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,3 +129,33 @@ def test_planner_accuracy_compares_kept_runs_without_training(tmp_path):
     error = rows["staleness-1"]["error"]  # (the same run: only the other one counts in the errors)
     assert summary["median_abs_error"] == summary["max_abs_error"] == abs(error)
     assert isinstance(summary["same_ranking"], bool) and sorted(summary["measured_ranking"]) == sorted(rows)
+
+
+def test_planner_accuracy_pools_invocations_and_tells_pairs_apart_by_their_runs():
+    """`pooled`: runs pooled per placement, predictions by their median; a pair is told apart where a run of the
+    faster beats a run of the other in at least 3 of 4 pairings. Here "b" beats "c" in 3 of 4 (told apart,
+    predicted in the other order), "a" beats "b" in every pairing (told apart, predicted alike)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_accuracy", ROOT / "benchmarks" / "planner_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_accuracy"] = module  # (its dataclass looks its module up)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules["bench_accuracy"]
+
+    def summary(measured: dict[str, list[float]], predicted: dict[str, float]) -> dict:
+        return {"placements": [{"name": n, "profiled": n == "a", "measured_runs_s": runs,
+                                "predicted_step_s": predicted[n]} for n, runs in measured.items()]}
+
+    pooled = module.pooled([summary({"a": [1.0], "b": [2.0], "c": [2.5]}, {"a": 1.0, "b": 2.2, "c": 2.1}),
+                            summary({"a": [1.2], "b": [2.4], "c": [2.2]}, {"a": 1.1, "b": 2.4, "c": 2.3})])
+    rows = {r["name"]: r for r in pooled["placements"]}
+    assert rows["b"]["measured_step_s"] == pytest.approx(2.2) and rows["b"]["predicted_step_s"] == pytest.approx(2.3)
+    assert rows["c"]["error"] == pytest.approx((2.2 - 2.35) / 2.35, abs=1e-4) and rows["c"]["runs"] == 2
+    pairs = {(p["faster"], p["slower"]): p for p in pooled["pairs"]}
+    assert pairs[("a", "b")]["win"] == 1.0 and pairs[("a", "b")]["predicted_alike"]
+    assert pairs[("b", "c")]["win"] == 0.75 and not pairs[("b", "c")]["predicted_alike"]
+    assert pooled["told_apart_pairs"] == 3 and pooled["told_apart_pairs_ordered_alike"] == 2
+    assert pooled["same_ranking"] is False and pooled["max_abs_error"] == pytest.approx(abs(rows["c"]["error"]))
