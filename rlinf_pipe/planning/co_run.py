@@ -2,8 +2,8 @@
 
 Virtual GPUs pinned to the cores of one CPU machine (`cluster.cores_per_gpu`) are not independent devices: a core
 computes more slowly while the host's other cores compute too (shared caches and memory bandwidth; on a cloud VM
-its vCPUs may be hyperthreads of the same physical cores). On the 2-core test machine a decode step took about
-1.4x as long while the other core decoded too (docs/benchmarks.md#planner-accuracy). Real GPUs barely slow each
+its vCPUs may be hyperthreads of the same physical cores). On the 2-core test machine a decode step took 1.2-1.4x
+as long while the other core decoded too (docs/planning.md). Real GPUs barely slow each
 other; a GPU run measures a slowdown near 0.
 
 The model: work that runs while another GPU of its host computes for a fraction `f` of its time takes
