@@ -131,7 +131,8 @@ def alone_figures(figures: dict[str, object], slowdown: float, faster: dict[str,
                   ) -> dict[str, object]:
     """A profile's measured rates carried to work alone on its host, each times its stage's factor
     (`measured_slowdown`): the decode curve and the prefill rate the generation's, the training rate the
-    training's, the log-prob rate that of `logprob_from` (the stage it was measured on); with `co_run_slowdown`."""
+    training's, the log-prob rate that of `logprob_from` (the stage it was measured on); a pass's fixed seconds
+    divided likewise; with `co_run_slowdown`."""
     out: dict[str, object] = {"co_run_slowdown": slowdown}
     if isinstance(decode := figures.get("decode"), Curve):
         out["decode"] = decode.scaled(faster.get("generate", 1.0))
@@ -139,4 +140,7 @@ def alone_figures(figures: dict[str, object], slowdown: float, faster: dict[str,
                        ("logprob_tokens_per_s", logprob_from)):
         if isinstance(rate := figures.get(key), float):
             out[key] = rate * faster.get(stage, 1.0)
+    for key, stage in (("train_pass_s", "train"), ("logprob_pass_s", logprob_from)):  # (a pass's fixed seconds)
+        if isinstance(seconds := figures.get(key), float):
+            out[key] = seconds / faster.get(stage, 1.0)
     return out

@@ -85,8 +85,9 @@ class Costs:
     prefill_tokens_per_s: float  # an engine's prompt tokens/s
     response_lengths: tuple[int, ...]  # sampled response lengths (tokens); the simulator draws from them
     prompt_tokens: float  # mean prompt tokens
-    logprob_tokens_per_s: float  # a log-prob replica's sequence tokens/s (forward)
-    train_tokens_per_s: float  # an actor data-parallel replica's sequence tokens/s (forward + backward)
+    logprob_tokens_per_s: float  # a log-prob replica's sequence tokens/s (forward), beyond `logprob_pass_s`
+    train_tokens_per_s: float  # an actor data-parallel replica's sequence tokens/s (forward + backward), beyond
+    # `train_pass_s`
     optimizer_step_s: float  # one optimizer step on `train_parallel`, less its data-parallel reduction
     weight_sync_s: dict[str, float]  # seconds to move one weight version, per transport
     reward_s_per_sample: float  # one reward process scoring one sample
@@ -105,6 +106,8 @@ class Costs:
     co_run_slowdown: float = 0.0  # work x (1 + this x the share of its time another GPU of its host computes)
     phase_call_s: float = 0.0  # a stage call's latency, the driver's call to the worker's first work (`phase_call`)
     logprob_handoff_s: float = 0.0  # a log-prob worker's time between its passes of one step (reading the next group)
+    logprob_pass_s: float = 0.0  # a log-prob pass's fixed seconds, whatever its tokens (where measured)
+    train_pass_s: float = 0.0  # a training pass's (micro-batch's) fixed seconds, whatever its tokens (where measured)
     missing: tuple[str, ...] = ()  # figures the source did not have (each taken from the default, labelled)
     notes: dict[str, str] = field(default_factory=dict)  # per figure, where it came from when not from `source`
 
@@ -157,6 +160,7 @@ class Costs:
                 "collective_s": self.collective_s, "call_s": self.call_s, "step_gap_s": self.step_gap_s,
                 "decode_call_s": self.decode_call_s, "co_run_slowdown": self.co_run_slowdown,
                 "phase_call_s": self.phase_call, "logprob_handoff_s": self.logprob_handoff_s,
+                "logprob_pass_s": self.logprob_pass_s, "train_pass_s": self.train_pass_s,
                 "reward_s_per_sample": self.reward_s_per_sample, "switch_s": self.switch_s,
                 "launch_s": self.launch_s}
 

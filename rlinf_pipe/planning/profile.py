@@ -14,7 +14,8 @@ The first step (`warmup` steps) is left out when there are more (it warms up). P
   order) and its backend's batching (`batching.engine_batching`), and the curve scaled by simulated / measured
   seconds (the median over spans);
 * log-prob and training tokens/s: each replica's sequence tokens over its spans' seconds (`tokens` of `logprob`
-  spans, `sequence_tokens` of `train` spans; older runs: response tokens plus the prompts'); a run without a
+  spans, `sequence_tokens` of `train` spans; older runs: response tokens plus the prompts'); where the passes'
+  sizes vary enough, a pass's fixed seconds and the tokens/s beyond them (`planning.pass_cost`); a run without a
   log-prob stage gives log-probs at its training passes' forward rate (`forward_s` of `train` spans: from a pass's
   start to its loss), older runs at 3 x the training rate (a forward is about a third of forward + backward);
 * the optimizer step less its data-parallel reduction (`Costs.reduce_s` at the run's DP x CP), reward seconds per
@@ -55,6 +56,7 @@ from rlinf_pipe.planning.co_run import alone_figures, measured_slowdown
 from rlinf_pipe.planning.costs import (Costs, Curve, Parallel, carried, default_costs, logprob_passes,
                                        pass_tokens, shares_prompts)
 from rlinf_pipe.planning.gpu_ids import NodeLayout
+from rlinf_pipe.planning.pass_cost import fit_pass_cost
 from rlinf_pipe.planning.run_plan import RunPlan, plan_run, sync_calls
 from rlinf_pipe.utils.tracing import LAUNCH_SPAN, STEP_SPAN, Span
 
@@ -268,6 +270,13 @@ def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1) -
     elif train is not None:
         figures["logprob_tokens_per_s"] = 3 * train
         missing.append("log-prob spans or the forward seconds of training passes (3 x the training rate)")
+    for key, fit in (("train", fit_pass_cost([(run_tokens(s), s.duration) for s in trained])),
+                     ("logprob", fit_pass_cost([(logprob_tokens(s) / passes, s.duration / passes)
+                                                for s in logprob_spans]))):
+        if fit is not None:
+            figures[f"{key}_pass_s"], figures[f"{key}_tokens_per_s"] = fit
+        elif key == "train" or logprob_spans:
+            missing.append(f"a {key} pass's fixed cost (its passes are all about one size: tokens/s alone)")
     slowdown, faster = measured_slowdown(work, NodeLayout(plan.placement.gpus_per_node).node_of)
     if slowdown is None:
         missing.append("the co-run slowdown (the compute spans' overlap with other GPUs' work varies too little)")

@@ -240,7 +240,8 @@ class _Sim:
         out = []
         for t, grp in sorted(arrivals):
             replica = pool.next_server()
-            seconds = self.passes * self.group_tokens(self.current, grp) / rate * self.factor("logprob", replica)
+            seconds = self.passes * (self.costs.logprob_pass_s + self.group_tokens(self.current, grp) / rate)
+            seconds *= self.factor("logprob", replica)
             began, end = pool.serve(max(t, start), hold + seconds)
             self.record("logprob", replica, comp, began + hold, end)
             out.append((end, grp))
@@ -281,16 +282,37 @@ class _Sim:
         for mb in range(m):
             ends = []
             for r in range(dp):
-                t, slow = t_mb, self.factor("train", r)
-                for arrival, grp in sorted(batches[mb][r]):
-                    began = max(t, arrival)
-                    t = began + self.group_tokens(self.current, grp) / rate * slow
-                    self.record("train", r, comp, began, t)
-                    trained += t - began
-                ends.append(t)
+                end, busy = self.train_replica(sorted(batches[mb][r]), t_mb, r, rate)
+                ends.append(end)
+                trained += busy
             t_mb = max(ends) + opt
         self.busy[self.current]["train"] += (trained + m * opt * dp) * par.gpus
         return [(self.end_turn(stage, comp, t_mb), -1)]
+
+    def train_replica(self, queue: Arrivals, t: float, replica: int, rate: float) -> tuple[float, float]:
+        """One replica's passes over its groups of a mini-batch (`queue`, in arrival order) from `t`, in micro-batches
+        as the actor's `MicroBatcher` forms them: a pass takes groups until it holds `actor.micro_batch_size` rows
+        (waiting for them), and more that have already arrived up to `actor.max_micro_batch_size`, never past
+        `actor.micro_batch_tokens` (where a number); the last takes what is left. Each pass costs
+        `Costs.train_pass_s` and its tokens at `rate`. Returns (end, busy seconds)."""
+        actor, slow = self.cfg.actor, self.factor("train", replica)
+        least = actor.micro_batch_size
+        most = max(actor.max_micro_batch_size or least, least)
+        budget = actor.micro_batch_tokens if isinstance(actor.micro_batch_tokens, int) else math.inf
+        busy, i = 0.0, 0
+        while i < len(queue):
+            t, rows, tokens = max(t, queue[i][0]), 0, 0.0
+            while i < len(queue):
+                arrival, grp = queue[i]
+                more = self.group_tokens(self.current, grp)
+                if rows and (rows + self.group_size > most or tokens + more > budget
+                             or (rows >= least and arrival > t)):
+                    break
+                t, rows, tokens, i = max(t, arrival), rows + self.group_size, tokens + more, i + 1
+            began, t = t, t + (self.costs.train_pass_s + tokens / rate) * slow
+            self.record("train", replica, self.actor, began, t)
+            busy += t - began
+        return t, busy
 
     # --- the run -----------------------------------------------------------------------------------------------
     def run(self, graph: StageGraph) -> list[float]:

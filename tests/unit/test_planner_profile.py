@@ -201,3 +201,32 @@ def test_a_log_prob_workers_reading_and_the_call_that_starts_training_are_read_f
     assert costs.logprob_handoff_s == pytest.approx(0.01)
     assert costs.phase_call_s == pytest.approx(0.03) and costs.phase_call == pytest.approx(0.03)
     assert read_profile(write_run(tmp_path / "plain")).phase_call_s == 0.0  # (no log-prob stage: not measured)
+
+
+def test_passes_of_different_sizes_give_a_passs_fixed_cost_and_one_size_does_not(tmp_path):
+    from rlinf_pipe.planning.pass_cost import fit_pass_cost
+
+    # 0.01 s + 1,000 tokens/s, passes of 100 to 400 tokens
+    assert fit_pass_cost([(100, 0.11), (200, 0.21), (400, 0.41)]) == pytest.approx((0.01, 1000.0))
+    assert fit_pass_cost([(300, 0.31), (400, 0.41)]) is None  # (less than 2x apart)
+    assert fit_pass_cost([(100, 0.2), (400, 0.1)]) is None  # (larger passes faster: no fit)
+    # write_run's train spans are all one size: its rate alone, and `missing` says so
+    costs = read_profile(write_run(tmp_path / "one"))
+    assert costs.train_pass_s == 0.0 and any("train pass's fixed cost" in m for m in costs.missing)
+    # a run training passes of 60 and 180 tokens (rows each running their prompt) in 0.07 and 0.19 s
+    cfg = load_config(overrides=OVERRIDES + ["actor.share_prompts=false"])
+    run = tmp_path / "two"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+    spans = []
+    for step in range(3):
+        t = float(step)
+        spans += [Span("step", "driver", t, t + 1.0, (), {"step": step}),
+                  Span("train", "actor/0", t + 0.3, t + 0.37, (1,), {"tokens": 20, "sequences": 2,
+                                                                     "sequence_tokens": 60}),
+                  Span("train", "actor/0", t + 0.4, t + 0.59, (1,), {"tokens": 60, "sequences": 6,
+                                                                     "sequence_tokens": 180})]
+    write_chrome_trace(spans, run / "timeline.json")
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 0}) + "\n")
+    costs = read_profile(run)
+    assert costs.train_pass_s == pytest.approx(0.01) and costs.train_tokens_per_s == pytest.approx(1000.0)

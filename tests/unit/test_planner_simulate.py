@@ -15,7 +15,8 @@ from rlinf_pipe.planning.simulate import simulate
 from rlinf_pipe.planning.stage_graph import Stage, StageGraph
 
 BASE = ["data.rollout_batch_size=2", "algorithm.group_size=2", "rollout.max_running_requests=2",
-        "rollout.max_new_tokens=1000"]  # (responses are cut at the limit: 100 tokens need one above it)
+        "rollout.max_new_tokens=1000",  # (responses are cut at the limit: 100 tokens need one above it)
+        "actor.micro_batch_size=2"]  # (a group a training pass: the actor trains each as it arrives)
 
 
 def costs(**changes: object) -> Costs:
@@ -231,3 +232,21 @@ def test_a_log_prob_pass_reads_its_group_first_and_a_stage_call_costs_its_measur
     assert predict(costs(logprob_handoff_s=0.1, phase_call_s=0.25),
                    "algorithm.n_minibatches=2").step_s == pytest.approx(8.85)
     assert predict(costs(phase_call_s=0.25, call_s=0.3), "algorithm.n_minibatches=2").step_s == pytest.approx(8.8)
+
+
+def test_the_actor_trains_in_micro_batches_as_its_batcher_forms_them_each_pass_at_its_fixed_cost():
+    # 4 groups done at 2, 4, 6, 8 s. Passes of 4 rows (2 groups): the first waits for group 1 and trains both over
+    # [4, 8], the second [8, 12]; at 0.5 s a pass, 13 s.
+    four = ("data.rollout_batch_size=4",)
+    assert predict(costs(), *four, "actor.micro_batch_size=4").step_s == pytest.approx(12.0)
+    assert predict(costs(train_pass_s=0.5), *four, "actor.micro_batch_size=4").step_s == pytest.approx(13.0)
+    # a token budget of one group's 200 tokens: a group a pass, each trained as it arrives (the last over [8, 10])
+    assert predict(costs(), *four, "actor.micro_batch_size=4", "actor.pack_sequences=true",
+                   "actor.micro_batch_tokens=200").step_s == pytest.approx(10.0)
+    # Training at 50 tokens/s (4 s a group) and 1 s a pass: group 0 alone over [2, 7]; groups 1 and 2 have arrived
+    # by then and train together (up to 8 rows) over [7, 16]; group 3 over [16, 21]. One group a pass: 22 s.
+    slow = costs(train_tokens_per_s=50.0, train_pass_s=1.0)
+    assert predict(slow, *four, "actor.max_micro_batch_size=8").step_s == pytest.approx(21.0)
+    assert predict(slow, *four).step_s == pytest.approx(22.0)
+    # a log-prob pass's fixed cost: the actor's passes (8.5 s above) each 0.25 s longer, the last one's counted
+    assert predict(costs(logprob_pass_s=0.25), "algorithm.n_minibatches=2").step_s == pytest.approx(8.75)
