@@ -18,18 +18,19 @@ reads and writing their departure times into the one it writes:
   waits for it); the actor computes the log-probs of the whole step before it trains (the driver calls
   its training once they returned: a round trip); training follows the mini-batches: every replica trains its
   share of mini-batch m (groups by slot, or to the replica with the fewest tokens under `replica_routing:
-  tokens`), then one optimizer step on all, then mini-batch m + 1.
+  tokens`), then one optimizer step on all, then mini-batch m + 1; a replica trains in micro-batches as the
+  actor's batcher forms them (`train_replica`), each pass at `Costs.train_pass_s` plus its tokens at the rate.
 * **turns**: a stage that takes turns on its GPUs (`Stage.turns_with`) starts once the set is free and a driver
   call later, pays its component's switch (onload + offload, wake + sleep) around its phase, and holds the set until
   its last group; log-prob workers on a shared set hold it group by group, a round trip to the lock table each.
-
 * **co-run**: with a co-run slowdown (`Costs.co_run_slowdown`, virtual GPUs sharing a CPU host) the step is
   simulated `CO_RUN_ROUNDS` times, each slowing every replica's work of a stage by the share of its time other GPUs
   of its host computed in the round before (`planning.co_run`).
 
 The steady step time is the mean over the steps after the first N + 1 (N: staleness; without staleness every step
 drains the pipeline, and the first is as steady as any). Not modelled: the channels'
-bounds (producers never wait for a full channel), dynamic sampling's extra rounds, the driver's own calls.
+bounds (producers never wait for a full channel), dynamic sampling's extra rounds, the driver's work inside a step
+beyond its calls.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from rlinf_pipe.config.schema import Config
-from rlinf_pipe.planning.co_run import MIN_SLOWDOWN, Busy, alone_factor, overlap_fractions
 from rlinf_pipe.planning.batching import Request, engine_batching, prefill_share, run_batched
+from rlinf_pipe.planning.co_run import MIN_SLOWDOWN, Busy, alone_factor, overlap_fractions
 from rlinf_pipe.planning.costs import (Costs, Parallel, cut_at, logprob_passes, pass_tokens, scale_rate,
                                        shares_prompts)
 from rlinf_pipe.planning.gpu_ids import NodeLayout
