@@ -3,19 +3,16 @@ work alone."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from pathlib import Path
 
 import pytest
-import yaml
 
-from rlinf_pipe.config import load_config
 from rlinf_pipe.planning.co_run import Busy, alone_figures, fit_slowdown, measured_slowdown, overlap_fractions
 from rlinf_pipe.planning.costs import Curve
 from rlinf_pipe.planning.profile import read_profile
-from rlinf_pipe.utils.timeline import write_chrome_trace
 from rlinf_pipe.utils.tracing import Span
+
+from tests.unit.test_planner_profile import write_spans
 
 
 def test_overlap_counts_other_gpus_of_the_same_host_only():
@@ -66,13 +63,7 @@ def test_a_profile_fits_the_slowdown_and_carries_its_rates_to_work_alone(tmp_pat
     assert carried["train_tokens_per_s"] == pytest.approx(160.0) and carried["co_run_slowdown"] == 0.5
     assert carried["decode"] == Curve(((1.0, 10.0 * faster["generate"]),)) and "launch_s" not in carried
 
-    cfg = load_config(overrides=["data.rollout_batch_size=2", "algorithm.group_size=2"])
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
-    write_chrome_trace(spans, run / "timeline.json")
-    (run / "metrics.jsonl").write_text(json.dumps({"step": 0}) + "\n")
-    costs = read_profile(run)
+    costs = read_profile(write_spans(tmp_path / "run", spans))
     assert costs.co_run_slowdown == pytest.approx(0.5)
     assert costs.train_tokens_per_s == pytest.approx(2 * (20 + 20 / 2) / 0.5)  # (a group's prompt run once)
     assert not any("co-run" in m for m in costs.missing)

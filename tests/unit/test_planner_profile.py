@@ -40,20 +40,26 @@ def step_spans(step: int, t: float, new_args: bool, forward_s: float | None = No
     ]
 
 
-def write_run(folder: Path, new_args: bool = True, gap: float = 0.0, forward_s: float | None = None,
-              extra_metrics: dict | None = None, overrides: tuple[str, ...] = ()) -> Path:
-    """A 3-step run of `step_spans`, each step `gap` s after the one before."""
+def write_spans(folder: Path, spans: list[Span], overrides: tuple[str, ...] = (),
+                metrics: list[dict] | None = None) -> Path:
+    """A run folder: the config of `OVERRIDES` and `overrides`, `spans` as its timeline, `metrics` (one row)."""
     cfg = load_config(overrides=OVERRIDES + list(overrides))
     folder.mkdir()
     (folder / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+    write_chrome_trace(spans, folder / "timeline.json")
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in (metrics or [{"step": 0}])))
+    return folder
+
+
+def write_run(folder: Path, new_args: bool = True, gap: float = 0.0, forward_s: float | None = None,
+              extra_metrics: dict | None = None, overrides: tuple[str, ...] = ()) -> Path:
+    """A 3-step run of `step_spans`, each step `gap` s after the one before."""
     spans = [Span("launch", "driver", -30.0, -0.5, (), {"phase": "job"})]
     spans += [s for step in range(3) for s in step_spans(step, step * (1.0 + gap), new_args, forward_s)]
     spans.append(Span("generate", "rollout/0", 0.02, 5.0, (0,), {"step": 0, "prompts": 2, "tokens": 40}))  # warm-up
-    write_chrome_trace(spans, folder / "timeline.json")
-    (folder / "metrics.jsonl").write_text("".join(
-        json.dumps({"step": s, "response_length/mean": 10.0, "throughput/tokens_per_s": 40.0,
-                    **(extra_metrics or {})}) + "\n" for s in range(3)))
-    return folder
+    return write_spans(folder, spans, overrides, [
+        {"step": s, "response_length/mean": 10.0, "throughput/tokens_per_s": 40.0, **(extra_metrics or {})}
+        for s in range(3)])
 
 
 def test_a_profile_reads_the_rates_of_the_steps_after_the_first(tmp_path):
@@ -181,10 +187,6 @@ def test_a_log_prob_workers_reading_and_the_call_that_starts_training_are_read_f
     """The actor computes the log-probs (`algorithm.n_minibatches=2`): per step three passes 0.02, 0.01 and 0.04 s
     apart (the lower quartile of the gaps, 0.01 s, is a group read while the next waited), then its training starts
     0.03 s after the last (the driver's call)."""
-    cfg = load_config(overrides=OVERRIDES + ["algorithm.n_minibatches=2"])
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
     spans = []
     for step in range(3):
         t = float(step)
@@ -195,9 +197,8 @@ def test_a_log_prob_workers_reading_and_the_call_that_starts_training_are_read_f
                               {"step": step, "sequences": 2, "tokens": 60}))
         spans.append(Span("train", "actor/0", t + 0.6, t + 0.8, (1,),
                           {"version": step, "tokens": 20, "sequences": 2, "sequence_tokens": 60}))
-    write_chrome_trace(spans, run / "timeline.json")
-    (run / "metrics.jsonl").write_text(json.dumps({"step": 0, "timing/call_round_trip": 0.004}) + "\n")
-    costs = read_profile(run)
+    costs = read_profile(write_spans(tmp_path / "run", spans, ("algorithm.n_minibatches=2",),
+                                     [{"step": 0, "timing/call_round_trip": 0.004}]))
     assert costs.logprob_handoff_s == pytest.approx(0.01)
     assert costs.phase_call_s == pytest.approx(0.03) and costs.phase_call == pytest.approx(0.03)
     assert read_profile(write_run(tmp_path / "plain")).phase_call_s == 0.0  # (no log-prob stage: not measured)
@@ -214,10 +215,6 @@ def test_passes_of_different_sizes_give_a_passs_fixed_cost_and_one_size_does_not
     costs = read_profile(write_run(tmp_path / "one"))
     assert costs.train_pass_s == 0.0 and any("train pass's fixed cost" in m for m in costs.missing)
     # a run training passes of 60 and 180 tokens (rows each running their prompt) in 0.07 and 0.19 s
-    cfg = load_config(overrides=OVERRIDES + ["actor.share_prompts=false"])
-    run = tmp_path / "two"
-    run.mkdir()
-    (run / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
     spans = []
     for step in range(3):
         t = float(step)
@@ -226,7 +223,5 @@ def test_passes_of_different_sizes_give_a_passs_fixed_cost_and_one_size_does_not
                                                                      "sequence_tokens": 60}),
                   Span("train", "actor/0", t + 0.4, t + 0.59, (1,), {"tokens": 60, "sequences": 6,
                                                                      "sequence_tokens": 180})]
-    write_chrome_trace(spans, run / "timeline.json")
-    (run / "metrics.jsonl").write_text(json.dumps({"step": 0}) + "\n")
-    costs = read_profile(run)
+    costs = read_profile(write_spans(tmp_path / "two", spans, ("actor.share_prompts=false",)))
     assert costs.train_pass_s == pytest.approx(0.01) and costs.train_tokens_per_s == pytest.approx(1000.0)
