@@ -7,12 +7,14 @@ The first step (`warmup` steps) is left out when there are more (it warms up). P
 * prompt tokens: the reward spans' `prompt_tokens`; older runs: the default (half of `data.max_prompt_length`);
 * decode: the torch engine's `generate` spans record its decode steps by batch size (`decode_steps`: rows, steps,
   seconds) and its prefills (`prefill`: prompt tokens, seconds), which give the curve and the prefill rate
-  (`_decode_curve`), and its decode calls (`decode_calls`): the span's seconds outside steps and prefills over them
-  are each call's hand-off (`Costs.decode_call_s`). SGLang's record none of these: each span (an engine's whole
-  generation: its requests, response tokens and seconds) then fixes the scale of the default curve's shape: the
-  engine is simulated on the default curve (`planning.batching`) with its requests' lengths (in a seeded random
-  order) and its backend's batching (`batching.engine_batching`), and the curve scaled by simulated / measured
-  seconds (the median over spans);
+  (`decode_profile.decode_curve_of_steps`), and its decode calls (`decode_calls`): the span's seconds outside steps and prefills over them
+  are each call's hand-off (`Costs.decode_call_s`). SGLang's record each sample's send and return times and
+  tokens (`requests`), whose overlap gives its decode rate against the requests in flight (`decode_profile.decode_curve_of_requests`); and
+  each span (an engine's whole generation: its requests, response tokens and seconds) fixes the scale of the
+  default curve's shape, for SGLang's prefill rate and for an older run's decode curve too: the engine is
+  simulated on the default curve (`planning.batching`) with its requests' lengths (in a seeded random order) and
+  its backend's batching (`batching.engine_batching`), and the curve scaled by simulated / measured seconds (the
+  median over spans);
 * log-prob and training tokens/s: each replica's sequence tokens over its spans' seconds (`tokens` of `logprob`
   spans, `sequence_tokens` of `train` spans; older runs: response tokens plus the prompts'); where the passes'
   sizes vary enough, a pass's fixed seconds and the tokens/s beyond them (`planning.pass_cost`); a run without a
@@ -40,7 +42,6 @@ Whatever is missing is named in `Costs.missing` and taken from `default_costs`.
 from __future__ import annotations
 
 import math
-import random
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -50,11 +51,11 @@ from typing import TypeVar
 
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
-from rlinf_pipe.planning.batching import (Batching, Request, engine_batching, prefill_share, quantile_lengths,
-                                          run_batched)
+from rlinf_pipe.planning.batching import engine_batching, max_running
 from rlinf_pipe.planning.co_run import alone_figures, measured_slowdown
-from rlinf_pipe.planning.costs import (Costs, Curve, Parallel, carried, default_costs, logprob_passes,
-                                       pass_tokens, shares_prompts)
+from rlinf_pipe.planning.costs import (Costs, Parallel, carried, default_costs, logprob_passes, pass_tokens,
+                                       shares_prompts)
+from rlinf_pipe.planning.decode_profile import decode_curve_of_requests, decode_curve_of_steps, decode_scale
 from rlinf_pipe.planning.gpu_ids import NodeLayout
 from rlinf_pipe.planning.pass_cost import fit_pass_cost
 from rlinf_pipe.planning.run_plan import RunPlan, plan_run, sync_calls
@@ -121,54 +122,6 @@ def _rate(spans: Sequence[Span], tokens_of: Callable[[Span], float]) -> float | 
     return sum(tokens_of(s) for s in spans) / seconds if spans and seconds > 0 else None
 
 
-def _lengths_like(lengths: Sequence[int], count: int, total: float) -> list[int]:
-    """`count` lengths at evenly spaced quantiles of `lengths`, scaled to sum to `total`."""
-    picked = quantile_lengths(lengths, count)
-    scale = total / max(sum(picked), 1)
-    return [max(1, round(n * scale)) for n in picked]
-
-
-def _decode_scale(generate: Sequence[Span], costs: Costs, group_size: int, batching: Batching) -> float | None:
-    """The median over `generate` spans of simulated seconds on the default curve / measured seconds."""
-    scales = []
-    for span in generate:
-        requests, tokens = int(span.args.get("prompts", 0)) * group_size, float(span.args.get("tokens", 0))
-        if requests <= 0 or tokens <= 0 or span.duration <= 0:
-            continue
-        lengths = _lengths_like(costs.response_lengths, requests, tokens)
-        random.Random(0).shuffle(lengths)  # (sorted, a static batch would hold all the short ones)
-        reqs = [Request(0, prefill_share(costs.prompt_tokens, group_size), n) for n in lengths]
-        run = run_batched(reqs, 0.0, lambda n: costs.decode_rate(n, costs.rollout_parallel),
-                          costs.prefill_rate(costs.rollout_parallel), batching)
-        scales.append(run.end / span.duration)
-    return statistics.median(scales) if scales else None
-
-
-def _decode_curve(generate: Sequence[Span]) -> tuple[Curve, float, float] | None:
-    """An engine's decode tokens/s against its rows decoding together, its prefill tokens/s and the hand-off of
-    each of its decode calls, from the `generate` spans' `decode_steps` ([rows, steps, seconds]), `prefill`
-    ([tokens, seconds]) and `decode_calls`: the rows binned by powers of two, each bin's point at its step-weighted
-    rows, `rows x steps / seconds`; the spans' seconds outside their steps and prefills over their calls. None where
-    no span has them (SGLang's engine records none)."""
-    bins: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # bin -> [rows x steps, steps, seconds]
-    prefill, outside, calls = [0.0, 0.0], 0.0, 0
-    for span in generate:
-        timed = 0.0
-        for rows, steps, seconds in span.args.get("decode_steps", ()):
-            entry = bins[int(math.log2(rows))]
-            entry[0], entry[1], entry[2] = entry[0] + rows * steps, entry[1] + steps, entry[2] + seconds
-            timed += seconds
-        tokens, seconds = span.args.get("prefill", (0, 0.0))
-        prefill[0], prefill[1] = prefill[0] + tokens, prefill[1] + seconds
-        if span.args.get("decode_calls"):
-            outside, calls = outside + span.duration - timed - seconds, calls + span.args["decode_calls"]
-    points = tuple((work / steps, work / seconds) for work, steps, seconds in (bins[b] for b in sorted(bins))
-                   if steps > 0 and seconds > 0)
-    if not points or prefill[1] <= 0:
-        return None
-    return Curve(points), prefill[0] / prefill[1], max(0.0, outside) / max(1, calls)
-
-
 def _longest_per_version(work: Sequence[Span], driver: bool) -> dict[object, float]:
     """Per weight version, its longest sync span: the actor's `publish_weights` or a receiver's `weight_sync`, and
     with `driver` the driver's `weight_sync` (which only collects a pushed version)."""
@@ -224,14 +177,16 @@ def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1) -
     costs = replace(base, **figures)  # type: ignore[arg-type]
 
     generated = _by(work, "generate", "rollout")
-    if measured_curve := _decode_curve(generated):
+    if measured_curve := decode_curve_of_steps(generated):
         figures["decode"], figures["prefill_tokens_per_s"], figures["decode_call_s"] = measured_curve
     else:
-        missing.append("an engine's decode steps by batch size (generate spans' decode_steps; the decode curve keeps "
-                       "the default's shape)")
-        scale = _decode_scale(generated, costs, cfg.algorithm.group_size, engine_batching(cfg, plan))
-        if scale is not None:
-            figures["decode"] = costs.decode.scaled(scale)
+        requests_curve = decode_curve_of_requests(generated, max_running(cfg))
+        if requests_curve is None:
+            missing.append("an engine's decode steps by batch size or its requests' times (generate spans' "
+                           "decode_steps or requests; the decode curve keeps the default's shape)")
+        scale = decode_scale(generated, costs, cfg.algorithm.group_size, engine_batching(cfg, plan))
+        if scale is not None:  # (the prefill rate, and the decode curve where no request was timed, scaled)
+            figures["decode"] = requests_curve or costs.decode.scaled(scale)
             figures["prefill_tokens_per_s"] = costs.prefill_tokens_per_s * scale
         else:
             missing.append("generate spans (decode and prefill rates)")

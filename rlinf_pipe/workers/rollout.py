@@ -88,8 +88,8 @@ class RolloutWorker(WeightReceiverWorker):
                     tokens += group.num_tokens
                     groups += 1
                 args.update(tokens=tokens)
-                if timing is not None:  # (the torch engine's decode steps by batch size, for the planner's decode
-                    args.update(timing.take())  # curve; SGLang's engine records none)
+                if timing is not None:  # (the planner's decode curve: the torch engine's decode steps by batch
+                    args.update(timing.take())  # size, SGLang's requests' send and return times)
         dst.end_step()
         return {"groups": groups, "tokens": tokens}
 

@@ -110,6 +110,14 @@ def test_the_pipeline_generates_with_sglang_and_loads_each_version_through_its_r
     assert {"generate", "weight_sync"} <= {s.name for s in spans if s.track == "rollout/0"}
     generated = sorted((s for s in spans if s.name == "generate"), key=lambda s: s.start)
     assert [s.args["version"] for s in generated] == [0, 1]  # step k generates with version k
+    # every sample's send and return, within its generation, and its tokens: the planner's decode curve of SGLang
+    for s in generated:
+        timed = s.args["requests"]
+        assert len(timed) == 16 and sum(r[3] for r in timed) == s.args["tokens"]
+        assert all(0 <= sent <= returned <= s.duration for sent, returned, _, _ in timed)
+    from rlinf_pipe.planning.profile import read_profile
+
+    assert not any("decode steps" in m for m in read_profile(pipeline_run).missing)
     # at the end the engine was shut down before its worker was killed (its schedulers free their GPUs at once),
     # though the shutdown took longer than the other workers' exit grace (sglang waits up to 60 s for its processes)
     records = shut_down(shutdowns)

@@ -225,3 +225,27 @@ def test_passes_of_different_sizes_give_a_passs_fixed_cost_and_one_size_does_not
                                                                      "sequence_tokens": 180})]
     costs = read_profile(write_spans(tmp_path / "two", spans, ("actor.share_prompts=false",)))
     assert costs.train_pass_s == pytest.approx(0.01) and costs.train_tokens_per_s == pytest.approx(1000.0)
+
+
+def test_sglangs_requests_give_its_decode_curve_by_how_many_run_at_once(tmp_path):
+    """Two samples: one in flight over [0, 2] s with 20 tokens (10 tokens/s), one over [1, 2] with 10 (10 tokens/s):
+    alone over [0, 1] the engine decodes 10 tokens/s, two together 20; at most one running (the other queued),
+    one point of 30 tokens in 2 s."""
+    from rlinf_pipe.planning.decode_profile import decode_curve_of_requests
+
+    span = Span("generate", "rollout/0", 0.0, 2.0, (0,), {"requests": [[0.0, 2.0, 5, 20], [1.0, 2.0, 5, 10]]})
+    flat = lambda curve: [v for point in curve.points for v in point]  # noqa: E731
+    assert flat(decode_curve_of_requests([span], cap=64)) == pytest.approx([1.0, 10.0, 2.0, 20.0])
+    assert flat(decode_curve_of_requests([span], cap=1)) == pytest.approx([1.0, 15.0])
+    assert decode_curve_of_requests([Span("generate", "rollout/0", 0.0, 2.0, (0,), {})], cap=64) is None
+    # a run of SGLang engines whose spans have them: the decode curve is theirs, not the default's shape
+    spans = []
+    for step in range(3):
+        t = float(step)
+        spans += [Span("step", "driver", t, t + 1.0, (), {"step": step}),
+                  Span("generate", "rollout/0", t, t + 0.2, (0,), {"step": step, "prompts": 2, "tokens": 40,
+                       "requests": [[0.0, 0.2, 20, 20], [0.0, 0.1, 20, 10], [0.1, 0.2, 20, 5], [0.1, 0.2, 20, 5]]})]
+    costs = read_profile(write_spans(tmp_path / "run", spans, ("rollout.backend=sglang",)))
+    # two in flight (100 + 100 tokens/s), then three (100 + 50 + 50): one bin (2-3), 2.5 on average, 200 tokens/s
+    assert flat(costs.decode) == pytest.approx([2.5, 200.0])
+    assert not any("decode steps" in m for m in costs.missing)

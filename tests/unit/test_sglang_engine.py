@@ -307,6 +307,12 @@ async def test_results_stream_as_each_finishes(model_path: Path) -> None:
         if result.request_id == "short":
             assert standin(engine).scheduler.running  # the long one is still decoding
     assert order == [("short", 2), ("long", 40)]
+    # each sample's send and return and its tokens, for the planner (the short one returned first, both sent at once)
+    timed = engine.timing.take()["requests"]
+    assert sorted((r[3], r[2]) for r in timed) == sorted([(2, len(PROMPTS[1])), (40, len(PROMPTS[0]))])
+    (short, long_) = sorted(timed, key=lambda r: r[3])
+    assert 0 <= short[0] <= short[1] <= long_[1] and long_[0] <= short[1]
+    assert engine.timing.take() == {"requests": []}  # (taken: the next span starts empty)
 
 
 async def test_samples_fan_out_with_unambiguous_rids_and_seeds_only_when_deterministic(model_path: Path) -> None:

@@ -1,7 +1,9 @@
-"""`DecodeTiming`: what an engine's decoding cost, by how many rows decoded together (the planner's decode curve)."""
+"""What an engine's decoding cost, for the planner's decode curve: `DecodeTiming` (the torch engine's decode steps by
+how many rows decoded together) and `RequestTiming` (SGLang's requests, whose overlap gives its concurrency)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 
@@ -32,4 +34,26 @@ class DecodeTiming:
         out = {"decode_steps": [[rows, int(s), round(t, 6)] for rows, (s, t) in sorted(self.steps.items())],
                "prefill": [int(self.prefill[0]), round(self.prefill[1], 6)], "decode_calls": self.calls}
         self.steps, self.prefill, self.calls = {}, [0.0, 0.0], 0
+        return out
+
+
+@dataclass
+class RequestTiming:
+    """Per sample an engine ran to its end: when it was sent and when it returned (seconds since the last `take`),
+    its prompt and response tokens. SGLang's adapter records these (its engine reports no decode steps): how many
+    ran at once, and how fast each decoded, give the engine's decode rate against its concurrency
+    (`planning.profile`)."""
+
+    origin: float = field(default_factory=time.perf_counter)
+    requests: list[tuple[float, float, int, int]] = field(default_factory=list)
+
+    def add(self, sent: float, returned: float, prompt_tokens: int, response_tokens: int) -> None:
+        """A sample's `time.perf_counter()` times and its tokens."""
+        self.requests.append((sent - self.origin, returned - self.origin, prompt_tokens, response_tokens))
+
+    def take(self) -> dict[str, object]:
+        """`{"requests": [[sent, returned, prompt tokens, response tokens], ...]}` since the last take (which the
+        times count from)."""
+        out: dict[str, object] = {"requests": [[round(a, 6), round(b, 6), p, r] for a, b, p, r in self.requests]}
+        self.requests, self.origin = [], time.perf_counter()
         return out

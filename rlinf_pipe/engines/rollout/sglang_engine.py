@@ -38,6 +38,7 @@ import asyncio
 import logging
 import os
 import random
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -45,6 +46,7 @@ from typing import Any
 
 import torch
 
+from rlinf_pipe.engines.rollout.decode_timing import RequestTiming
 from rlinf_pipe.engines.rollout.engine import (
     EngineAsleepError,
     GenerateRequest,
@@ -121,6 +123,7 @@ class SGLangEngine:
         self._no_update.set()
         self._held_back = 0
         self._flush: asyncio.Future | None = None  # the last `flush_cache(timeout_s)` (shielded: it may outlive us)
+        self.timing = RequestTiming()  # each sample's send and return, taken by the worker into its generate span
 
     def _build(self, api: Any, model_path: str, *, first_gpu: int | None, **args: Any) -> None:
         """Build the Engine in its thread (`EngineThread`), noting the processes it starts."""
@@ -216,6 +219,7 @@ class SGLangEngine:
             params = self._sampling_params(requests[i], sample_seed(seeds[i], k))
             self._inflight.add(rid)
             mine.add(rid)
+            sent = time.perf_counter()
             try:
                 out = await generate_one(self.tm, self.requests.GenerateReqInput(
                     input_ids=list(requests[i].prompt_ids), sampling_params=params, return_logprob=True, stream=False,
@@ -227,7 +231,10 @@ class SGLangEngine:
             finally:
                 self._inflight.discard(rid)
                 mine.discard(rid)
-            return i, k, self.to_sample(out, version)
+            sample = self.to_sample(out, version)
+            if sample.finish_reason != "abort":
+                self.timing.add(sent, time.perf_counter(), len(requests[i].prompt_ids), len(sample.response_ids))
+            return i, k, sample
 
         tasks = [asyncio.ensure_future(run_sample(i, k)) for i, r in enumerate(requests) for k in range(r.sampling.n)]
         try:
