@@ -9,7 +9,8 @@ other; a GPU run measures a slowdown near 0.
 The model: work that runs while another GPU of its host computes for a fraction `f` of its time takes
 `1 + c x f` times its time alone. `c` (`Costs.co_run_slowdown`) is fitted from a run's compute spans
 (`fit_slowdown`: each span's seconds against its work and its `f`, per stage); the profile's rates are carried to
-work alone (`measured_slowdown`, `alone_figures`), and the simulator (`planning.simulate`) slows each stage's
+work alone (`measured_slowdown`, `alone_figures`: where enough of a stage's spans ran alone, their own speed;
+partial overlaps, where the other GPU's work starts or ends, slow a span more than the line says), and the simulator (`planning.simulate`) slows each stage's
 work by the `f` its own simulated timeline gives (`overlap_fractions`, the same function the profile uses).
 """
 
@@ -30,6 +31,8 @@ COMPUTE_WORK = {"generate": "tokens", "logprob": "tokens", "train": "sequence_to
 
 MIN_SLOWDOWN = 0.02  # a fitted slowdown below this is noise: the simulation runs once, without it
 MIN_SPREAD = 0.05  # the spans' overlap must vary this much (summed squared deviation per span) to fit a slowdown
+ALONE_SHARE = 0.05  # a span that another GPU of its host computed beside for less of its time than this ran alone
+ALONE_SPANS = 0.2  # the share of a stage's spans that must have run alone to measure its speed alone directly
 
 
 @dataclass(frozen=True)
@@ -113,18 +116,26 @@ def alone_factor(slowdown: float, fraction: float) -> float:
 
 def measured_slowdown(work: Sequence[Span], host_of: Callable[[int], int]) -> tuple[float | None, dict[str, float]]:
     """A run's co-run slowdown (`fit_slowdown` over its compute spans on GPUs: `COMPUTE_WORK`) and, per stage, by how
-    much its work alone runs faster than its spans did: their seconds over their seconds each divided by
-    `alone_factor` of its overlap (1 where no slowdown was fitted)."""
-    spans = [s for s in work if s.name in COMPUTE_WORK and s.devices and s.duration > 0]
+    much its work alone runs faster than its spans did on average (per unit of work): measured directly where at
+    least `ALONE_SPANS` of the stage's spans ran alone (overlap under `ALONE_SHARE`), otherwise their seconds over
+    their seconds each divided by `alone_factor` of its overlap (1 where no slowdown was fitted). Never below 1."""
+    spans = [s for s in work if s.name in COMPUTE_WORK and s.devices and s.duration > 0
+             and float(s.args.get(COMPUTE_WORK[s.name], 0)) > 0]
     shares = overlap_fractions([Busy(i, s.start, s.end, s.devices) for i, s in enumerate(spans)], host_of)
-    slowdown = fit_slowdown([(s.name, float(s.args.get(COMPUTE_WORK[s.name], 0)), s.duration, shares[i])
+    slowdown = fit_slowdown([(s.name, float(s.args[COMPUTE_WORK[s.name]]), s.duration, shares[i])
                              for i, s in enumerate(spans)])
-    seconds: dict[str, float] = defaultdict(float)
-    alone: dict[str, float] = defaultdict(float)
-    for i, s in enumerate(spans):
-        seconds[s.name] += s.duration
-        alone[s.name] += s.duration / alone_factor(slowdown or 0.0, shares[i])
-    return slowdown, {name: seconds[name] / alone[name] for name in seconds}
+    faster = {}
+    for name in {s.name for s in spans}:
+        mine = [(s.duration, float(s.args[COMPUTE_WORK[name]]), shares[i]) for i, s in enumerate(spans)
+                if s.name == name]
+        alone = [(sec, w) for sec, w, f in mine if f < ALONE_SHARE]
+        per_work = sum(sec for sec, _, _ in mine) / sum(w for _, w, _ in mine)
+        if len(alone) >= max(3, ALONE_SPANS * len(mine)):
+            factor = per_work / (sum(sec for sec, _ in alone) / sum(w for _, w in alone))
+        else:
+            factor = sum(sec for sec, _, _ in mine) / sum(sec / alone_factor(slowdown or 0.0, f) for sec, _, f in mine)
+        faster[name] = max(1.0, factor)
+    return slowdown, faster
 
 
 def alone_figures(figures: dict[str, object], slowdown: float, faster: dict[str, float], logprob_from: str

@@ -67,3 +67,17 @@ def test_a_profile_fits_the_slowdown_and_carries_its_rates_to_work_alone(tmp_pat
     assert costs.co_run_slowdown == pytest.approx(0.5)
     assert costs.train_tokens_per_s == pytest.approx(2 * (20 + 20 / 2) / 0.5)  # (a group's prompt run once)
     assert not any("co-run" in m for m in costs.missing)
+
+
+def test_where_enough_spans_ran_alone_their_speed_is_the_speed_alone():
+    # Per step on GPU 1: a 40-token pass alone in 0.25 s, and one of 40 tokens in 0.5 s whose first half the
+    # generation on GPU 0 covers (twice as slow: more than any line through the alone ones says). Half the spans
+    # ran alone: work alone takes 0.25 s a pass, on average 0.375: 1.5x faster.
+    spans = []
+    for step in range(3):
+        t = float(step)
+        spans += [Span("generate", "rollout/0", t, t + 0.25, (0,), {"step": step, "tokens": 40}),
+                  Span("train", "actor/0", t, t + 0.5, (1,), {"sequence_tokens": 40}),
+                  Span("train", "actor/0", t + 0.6, t + 0.85, (1,), {"sequence_tokens": 40})]
+    _, faster = measured_slowdown(spans, lambda g: 0)
+    assert faster["train"] == pytest.approx(1.5)
