@@ -16,6 +16,7 @@ work by the `f` its own simulated timeline gives (`overlap_fractions`, the same 
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
@@ -55,8 +56,13 @@ def _union(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]
     return out
 
 
-def _covered(start: float, end: float, union: Sequence[tuple[float, float]]) -> float:
-    return sum(max(0.0, min(end, b) - max(start, a)) for a, b in union if a < end and b > start)
+def _covered(start: float, end: float, union: Sequence[tuple[float, float]], starts: Sequence[float]) -> float:
+    """The time of [start, end] inside `union` (sorted, disjoint; `starts` its intervals' starts)."""
+    total, i = 0.0, bisect.bisect_left(starts, end) - 1
+    while i >= 0 and union[i][1] > start:
+        total += min(end, union[i][1]) - max(start, union[i][0])
+        i -= 1
+    return total
 
 
 def overlap_fractions(work: Sequence[Busy[K]], host_of: Callable[[int], int]) -> dict[K, float]:
@@ -67,7 +73,7 @@ def overlap_fractions(work: Sequence[Busy[K]], host_of: Callable[[int], int]) ->
         for g in w.gpus:
             per_gpu[g].append((w.start, w.end))
     busy = {g: _union(iv) for g, iv in per_gpu.items()}
-    others_of: dict[tuple[int, ...], list[tuple[float, float]]] = {}
+    others_of: dict[tuple[int, ...], tuple[list[tuple[float, float]], list[float]]] = {}
     covered: dict[K, float] = defaultdict(float)
     total: dict[K, float] = defaultdict(float)
     for w in work:
@@ -76,9 +82,9 @@ def overlap_fractions(work: Sequence[Busy[K]], host_of: Callable[[int], int]) ->
             continue
         if w.gpus not in others_of:
             hosts = {host_of(g) for g in w.gpus}
-            others_of[w.gpus] = _union([iv for g, ivs in busy.items() if g not in w.gpus and host_of(g) in hosts
-                                        for iv in ivs])
-        covered[w.key] += _covered(w.start, w.end, others_of[w.gpus])
+            union = _union([iv for g, ivs in busy.items() if g not in w.gpus and host_of(g) in hosts for iv in ivs])
+            others_of[w.gpus] = (union, [a for a, _ in union])
+        covered[w.key] += _covered(w.start, w.end, *others_of[w.gpus])
     return {k: covered[k] / t if t > 0 else 0.0 for k, t in total.items()}
 
 
