@@ -3,14 +3,14 @@
 Virtual GPUs pinned to the cores of one CPU machine (`cluster.cores_per_gpu`) are not independent devices: a core
 computes more slowly while the host's other cores compute too (shared caches and memory bandwidth; on a cloud VM
 its vCPUs may be hyperthreads of the same physical cores). On the 2-core test machine a decode step took 1.2-1.4x
-as long while the other core decoded too (docs/planning.md). Real GPUs barely slow each
-other; a GPU run measures a slowdown near 0.
+as long while the other core decoded too (docs/planning.md). Real GPUs barely slow each other; a GPU run measures a
+slowdown near 0.
 
-The model: work that runs while another GPU of its host computes for a fraction `f` of its time takes
-`1 + c x f` times its time alone. `c` (`Costs.co_run_slowdown`) is fitted from a run's compute spans
-(`fit_slowdown`: each span's seconds against its work and its `f`, per stage); the profile's rates are carried to
-work alone (`measured_slowdown`, `alone_figures`: where enough of a stage's spans ran alone, their own speed;
-partial overlaps, where the other GPU's work starts or ends, slow a span more than the line says), and the simulator (`planning.simulate`) slows each stage's
+The model: work that runs while another GPU of its host computes for a fraction `f` of its time takes `1 + c x f`
+times its time alone. `c` (`Costs.co_run_slowdown`) is fitted from a run's compute spans (`fit_slowdown`: each span's
+seconds against its work and its `f`, per stage); the profile's rates are carried to work alone (`measured_slowdown`,
+`alone_figures`: where enough of a stage's spans ran alone, their own speed; partial overlaps, where the other GPU's
+work starts or ends, slow a span more than the line says), and the simulator (`planning.simulate`) slows each stage's
 work by the `f` its own simulated timeline gives (`overlap_fractions`, the same function the profile uses).
 """
 
@@ -91,8 +91,8 @@ def overlap_fractions(work: Sequence[Busy[K]], host_of: Callable[[int], int]) ->
 def fit_slowdown(samples: Sequence[tuple[str, float, float, float]]) -> float | None:
     """`c` of the model above from compute spans, each `(stage, work, seconds, f)` (`work`: its tokens): a least-
     squares fit of `log(seconds) = a[stage] + b[stage] x log(work) + s x f` (each stage its own rate and its own
-    dependence on the pass's size; one slowdown for all), `c = exp(s) - 1`; 0 below `MIN_SLOWDOWN`. None where the spans'
-    overlap does not vary enough within a stage to tell (`MIN_SPREAD`)."""
+    dependence on the pass's size; one slowdown for all), `c = exp(s) - 1`; 0 below `MIN_SLOWDOWN`. None where the
+    spans' overlap does not vary enough within a stage to tell (`MIN_SPREAD`)."""
     import numpy as np
 
     kept = [(st, math.log(w), math.log(sec), f) for st, w, sec, f in samples if w > 0 and sec > 0]

@@ -7,14 +7,14 @@ The first step (`warmup` steps) is left out when there are more (it warms up). P
 * prompt tokens: the reward spans' `prompt_tokens`; older runs: the default (half of `data.max_prompt_length`);
 * decode: the torch engine's `generate` spans record its decode steps by batch size (`decode_steps`: rows, steps,
   seconds) and its prefills (`prefill`: prompt tokens, seconds), which give the curve and the prefill rate
-  (`decode_profile.decode_curve_of_steps`), and its decode calls (`decode_calls`): the span's seconds outside steps and prefills over them
-  are each call's hand-off (`Costs.decode_call_s`). SGLang's record each sample's send and return times and
-  tokens (`requests`), whose overlap gives its decode rate against the requests in flight (`decode_profile.decode_curve_of_requests`); and
-  each span (an engine's whole generation: its requests, response tokens and seconds) fixes the scale of the
-  default curve's shape, for SGLang's prefill rate and for an older run's decode curve too: the engine is
-  simulated on the default curve (`planning.batching`) with its requests' lengths (in a seeded random order) and
-  its backend's batching (`batching.engine_batching`), and the curve scaled by simulated / measured seconds (the
-  median over spans);
+  (`decode_profile.decode_curve_of_steps`), and its decode calls (`decode_calls`): the span's seconds outside steps
+  and prefills over them are each call's hand-off (`Costs.decode_call_s`). SGLang's record each sample's send and
+  return times and tokens (`requests`), whose overlap gives its decode rate against the requests in flight
+  (`decode_profile.decode_curve_of_requests`); and each span (an engine's whole generation: its requests, response
+  tokens and seconds) fixes the scale of the default curve's shape, for SGLang's prefill rate and for an older run's
+  decode curve too: the engine is simulated on the default curve (`planning.batching`) with its requests' lengths (in
+  a seeded random order) and its backend's batching (`batching.engine_batching`), and the curve scaled by simulated /
+  measured seconds (the median over spans);
 * log-prob and training tokens/s: each replica's sequence tokens over its spans' seconds (`tokens` of `logprob`
   spans, `sequence_tokens` of `train` spans; older runs: response tokens plus the prompts'); where the passes'
   sizes vary enough, a pass's fixed seconds and the tokens/s beyond them (`planning.pass_cost`); a run without a
@@ -286,9 +286,10 @@ def _driver_figures(spans: Sequence[Span], metrics: Sequence[dict], warmup: int,
 
 def _stage_calls(work: Sequence[Span], plan: RunPlan) -> dict[str, float]:
     """What a stage's calls cost beyond its passes: a log-prob worker's time between its passes of one step (the
-    median gap between consecutive `logprob` spans of a worker and step: reading the next group), and, where the
-    actor computes the log-probs, the latency of the driver's call that starts its training (the median per step
-    of its first `train` span's start less its last `logprob` span's end: the call returns, the next goes out)."""
+    lower quartile of the gaps between consecutive `logprob` spans of a worker and step: a group read while the
+    next waited, not a wait for it to arrive), and, where the actor computes the log-probs, the latency of the
+    driver's call that starts its training (the median per step of its first `train` span's start less its last
+    `logprob` span's end: the call returns, the next goes out)."""
     out: dict[str, float] = {}
     passes: dict[tuple[str, object], list[Span]] = defaultdict(list)
     for s in _by(work, "logprob"):
