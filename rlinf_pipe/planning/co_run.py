@@ -16,7 +16,6 @@ work by the `f` its own simulated timeline gives (`overlap_fractions`, the same 
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from rlinf_pipe.planning.costs import Curve
+from rlinf_pipe.utils.intervals import IntervalUnion
 from rlinf_pipe.utils.tracing import Span
 
 K = TypeVar("K", bound=Hashable)
@@ -46,25 +46,6 @@ class Busy(Generic[K]):
     gpus: tuple[int, ...]
 
 
-def _union(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[tuple[float, float]] = []
-    for start, end in sorted(intervals):
-        if out and start <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        else:
-            out.append((start, end))
-    return out
-
-
-def _covered(start: float, end: float, union: Sequence[tuple[float, float]], starts: Sequence[float]) -> float:
-    """The time of [start, end] inside `union` (sorted, disjoint; `starts` its intervals' starts)."""
-    total, i = 0.0, bisect.bisect_left(starts, end) - 1
-    while i >= 0 and union[i][1] > start:
-        total += min(end, union[i][1]) - max(start, union[i][0])
-        i -= 1
-    return total
-
-
 def overlap_fractions(work: Sequence[Busy[K]], host_of: Callable[[int], int]) -> dict[K, float]:
     """Per key, the share of its work's time during which another GPU of its host (one that is not among its own
     GPUs) computes, over all its intervals. Keys whose work has no GPU or no duration get 0."""
@@ -72,8 +53,7 @@ def overlap_fractions(work: Sequence[Busy[K]], host_of: Callable[[int], int]) ->
     for w in work:
         for g in w.gpus:
             per_gpu[g].append((w.start, w.end))
-    busy = {g: _union(iv) for g, iv in per_gpu.items()}
-    others_of: dict[tuple[int, ...], tuple[list[tuple[float, float]], list[float]]] = {}
+    others_of: dict[tuple[int, ...], IntervalUnion] = {}  # per GPU set, the other GPUs' of its host
     covered: dict[K, float] = defaultdict(float)
     total: dict[K, float] = defaultdict(float)
     for w in work:
@@ -82,9 +62,9 @@ def overlap_fractions(work: Sequence[Busy[K]], host_of: Callable[[int], int]) ->
             continue
         if w.gpus not in others_of:
             hosts = {host_of(g) for g in w.gpus}
-            union = _union([iv for g, ivs in busy.items() if g not in w.gpus and host_of(g) in hosts for iv in ivs])
-            others_of[w.gpus] = (union, [a for a, _ in union])
-        covered[w.key] += _covered(w.start, w.end, *others_of[w.gpus])
+            others_of[w.gpus] = IntervalUnion(iv for g, ivs in per_gpu.items()
+                                              if g not in w.gpus and host_of(g) in hosts for iv in ivs)
+        covered[w.key] += others_of[w.gpus].covered(w.start, w.end)
     return {k: covered[k] / t if t > 0 else 0.0 for k, t in total.items()}
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlinf_pipe.utils.intervals import IntervalUnion
 from rlinf_pipe.utils.tracing import LAUNCH_SPAN, STEP_SPAN, Span
 
 
@@ -30,18 +31,7 @@ def _is_step_work(span: Span) -> bool:
 
 def _union_length(intervals: Iterable[tuple[float, float]], lo: float, hi: float) -> float:
     """Total length of the union of intervals clipped to [lo, hi]."""
-    clipped = sorted((max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi)
-    total, cur_a, cur_b = 0.0, None, None
-    for a, b in clipped:
-        if cur_b is None or a > cur_b:
-            if cur_b is not None:
-                total += cur_b - cur_a
-            cur_a, cur_b = a, b
-        else:
-            cur_b = max(cur_b, b)
-    if cur_b is not None:
-        total += cur_b - cur_a
-    return total
+    return IntervalUnion(intervals).covered(lo, hi)
 
 
 def overlaps(spans: Sequence[Span]) -> list[tuple[Span, Span]]:
