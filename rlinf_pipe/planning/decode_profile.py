@@ -72,17 +72,17 @@ def decode_curve_of_requests(generate: Sequence[Span], cap: float) -> Curve | No
     point at its time-weighted number), the tokens decoded over the time. None where no span has them."""
     bins: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # bin -> [running x s, tokens, seconds]
     for span in generate:
-        requests = [(a, b, r) for a, b, _, r in span.args.get("requests", ()) if b > a]
-        events = sorted({t for a, b, _ in requests for t in (a, b)})
-        for lo, hi in zip(events, events[1:]):
-            flying = [r / (b - a) for a, b, r in requests if a <= lo and b >= hi]
-            if not flying:
-                continue
-            running = min(len(flying), cap)
-            entry = bins[int(math.log2(running))]
-            entry[0] += running * (hi - lo)
-            entry[1] += sum(flying) * (hi - lo)
-            entry[2] += hi - lo
+        changes = sorted(change for a, b, _, r in span.args.get("requests", ()) if b > a
+                         for change in ((a, 1, r / (b - a)), (b, -1, r / (b - a))))  # (time, +-1, its rate)
+        flying, rate = 0, 0.0  # (a sweep over the sends and returns: the requests in flight, their decode rates)
+        for (t, step, r), following in zip(changes, changes[1:]):
+            flying, rate = flying + step, rate + step * r
+            if flying and following[0] > t:  # (every change at `t` applied: [t, next change] as they stand)
+                running, seconds = min(flying, cap), following[0] - t
+                entry = bins[int(math.log2(running))]
+                entry[0] += running * seconds
+                entry[1] += rate * seconds
+                entry[2] += seconds
     points = tuple((n_s / seconds, tokens / seconds) for n_s, tokens, seconds in (bins[b] for b in sorted(bins))
                    if seconds > 0 and tokens > 0)
     return Curve(points) if points else None
