@@ -218,6 +218,8 @@ def print_pooled(summary: dict[str, Any]) -> None:
 
 def repredict(folder: str) -> dict[str, Any]:
     """An earlier invocation's kept runs (`--output-dir`'s `runs.json`) compared again."""
+    if not (Path(folder) / "runs.json").is_file():
+        raise SystemExit(f"--predict-only {folder}: no runs.json there; give a folder an earlier --output-dir kept")
     kept = json.loads((Path(folder) / "runs.json").read_text())
     runs = {name: [Path(d) for d in ([dirs] if isinstance(dirs, str) else dirs)]
             for name, dirs in kept["runs"].items()}

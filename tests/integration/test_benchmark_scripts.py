@@ -129,6 +129,9 @@ def test_planner_accuracy_compares_kept_runs_without_training(tmp_path):
     error = rows["staleness-1"]["error"]  # (the same run: only the other one counts in the errors)
     assert summary["median_abs_error"] == summary["max_abs_error"] == abs(error)
     assert isinstance(summary["same_ranking"], bool) and sorted(summary["measured_ranking"]) == sorted(rows)
+    missing = subprocess.run([sys.executable, "benchmarks/planner_accuracy.py", "--predict-only", str(tmp_path / "no")],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert missing.returncode != 0 and "no runs.json there" in missing.stderr and "Traceback" not in missing.stderr
 
 
 def test_planner_accuracy_pools_invocations_and_tells_pairs_apart_by_their_runs():
