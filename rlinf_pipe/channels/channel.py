@@ -177,10 +177,12 @@ class Channel(Generic[T]):
             self._producer.begin_close()
         return self._producer
 
-    def _stop_ends(self) -> None:
-        for end in (self._consumer_end, self._producer):
-            if end is not None:
-                end.stop()
+    def _stop_ends(self, confirm: bool = False) -> None:
+        """Stop this process's ends; with `confirm`, the consuming end waits until its producers heard it leave."""
+        if self._consumer_end is not None:
+            self._consumer_end.stop(confirm)
+        if self._producer is not None:
+            self._producer.stop()
 
     def close(self, timeout: float | None = None) -> None:
         """Producer end: end the current step if it has items, wait until every item was taken by a consumer,
@@ -192,7 +194,7 @@ class Channel(Generic[T]):
             if (producer := self._draining_producer()) is not None:
                 producer._waiter.wait(producer.try_finish_close, timeout, f"channel {self.name!r} close")
         finally:
-            self._stop_ends()
+            self._stop_ends(confirm=True)
 
     async def aclose(self, timeout: float | None = None) -> None:
         """`close()` for asyncio code: the producer's drain is awaited instead of blocking the loop."""
@@ -202,7 +204,7 @@ class Channel(Generic[T]):
             if (producer := self._draining_producer()) is not None:
                 await producer._waiter.await_(producer.try_finish_close, timeout, f"channel {self.name!r} close")
         finally:
-            self._stop_ends()
+            self._stop_ends(confirm=True)  # (a few milliseconds: the producers answer at once)
 
     def abort(self) -> None:
         """Tear this process's ends down at once, without draining (error paths, teardown). Items this producer

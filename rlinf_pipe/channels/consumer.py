@@ -29,7 +29,7 @@ from rlinf_pipe.channels.buffer import Entry, StepBuffer
 from rlinf_pipe.channels.ready import Doorbell, SocketWaiter
 from rlinf_pipe.channels.registry import ChannelSpec, ProducerRecord, registry, track_end
 from rlinf_pipe.utils.worker_death import GONE
-from rlinf_pipe.channels.upstream import ProducerLink
+from rlinf_pipe.channels.upstream import ProducerLink, await_goodbyes
 from rlinf_pipe.channels.wire import endpoint_id
 
 REFRESH_S = 1.0  # how often the registry is asked for new producers
@@ -38,6 +38,7 @@ ANSWER_POLL_S = 0.01  # how often the housekeeping thread looks for the registry
 REPORT_DELAY_S = 0.005  # takes the app left unreported go out this long after the first of them
 STREAMING_S = 0.05  # while the app took an item this recently, the housekeeping thread wakes every ...
 STREAMING_WAKE_S = 0.02  # ... this often (a take rings it only when it would report later than this past due)
+LEAVE_WAIT_S = 2.0  # how long a leaving consumer waits for each producer to confirm it heard the last takes
 log = logging.getLogger(__name__)
 
 
@@ -68,6 +69,7 @@ class ConsumerEnd:
         self._registry = registry()
         self._ray_alive: Callable[[], bool] = ray.is_initialized  # (a test stands in for Ray going away)
         self._stopping = False
+        self._confirm_leave = False  # (`stop`)
         self._error: BaseException | None = None
         self._bell = Doorbell()  # wakes the housekeeping thread (to stop)
         self._refresh()
@@ -348,23 +350,42 @@ class ConsumerEnd:
             if not self._stopping and self._error is None:  # the loop ended because Ray did
                 self._error = ChannelClosed(f"channel {self.spec.name!r}: Ray shut down under this process")
             self._flush_updates()  # takes not yet reported: the producers must not hand them to other consumers
-            for link in self._links.values():
+            listening = {}
+            for producer, link in self._links.items():
                 try:
                     link.sock.send(wire.BYE, zmq.NOBLOCK)
                 except zmq.ZMQError:
-                    pass
-                link.sock.close(linger=100)
+                    continue
+                if not self.buffer.producer(producer).gone:
+                    listening[producer] = link
+            if self._confirm_leave and self._error is None:
+                self._await_goodbyes(listening)
+            for link in self._links.values():
+                link.sock.close(linger=0)
             self._arenas.clear()  # (each lease keeps the mapping it views)
             self._links.clear()  # (what the app asks afterwards finds no socket to read)
             self._fds = ()
             self._waiter.notify()
 
-    def stop(self) -> None:
-        """Idempotent. Leave the channel: producers hand this consumer's untaken items to the other consumers."""
+    def _await_goodbyes(self, listening: dict[str, ProducerLink]) -> None:
+        """Wait until each producer still reading heard this consumer leave (closing a socket drops what it has
+        not sent yet: an I/O thread starved for a moment would lose the last takes, and their items would reach
+        another consumer too)."""
+        wait_s = min(LEAVE_WAIT_S, self.spec.peer_timeout_s)
+        for producer in await_goodbyes(self.spec.name, listening, wait_s):
+            log.warning("channel %r: producer %s did not answer this consumer's leaving within %.1f s; the items "
+                        "taken here since its last report may be sent again to another consumer",
+                        self.spec.name, producer, wait_s)
+
+    def stop(self, confirm: bool = False) -> None:
+        """Idempotent. Leave the channel: producers hand this consumer's untaken items to the other consumers.
+        With `confirm` (a close), wait until each producer heard it (at most `LEAVE_WAIT_S`); without (an abort,
+        Ray shutting down), go at once."""
         with self._waiter.lock:
             if self._stopping:
                 return
             self._stopping = True
+            self._confirm_leave = confirm
             self._bell.ring()
             self._waiter.notify()  # a get waiting here raises ChannelClosed at once
         self._thread.join(timeout=5)

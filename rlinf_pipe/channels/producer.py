@@ -269,6 +269,11 @@ class ProducerEnd:
             proof = gate.proof(self.spec.key, self.id, cid, nonce)  # (its first message: `wire.py`)
             self._send(cid, wire.STATE, wire.pack([self._ended_through, self._closed, proof]))
             return
+        if kind == wire.BYE:  # (answered even when given up: the consumer waits for the answer, not its content)
+            if link is not None and not link.dead:  # its buffer's items were never handed out: their regions are free
+                self._drop(cid, link, "closed its end", reclaim=True)
+            self._send(cid, wire.BYE)
+            return
         if link is None or link.dead:
             return  # a consumer we gave up on; it will see itself dropped by our silence
         link.last_seen = time.monotonic()
@@ -284,8 +289,6 @@ class ProducerEnd:
                     self._outstanding[item.step] -= 1
             for seq in delivered:  # in the app's hands: the copy kept for redelivery can go
                 link.inflight.pop(seq, None)
-        elif kind == wire.BYE:  # (its buffer's items were never handed out: their regions are free again)
-            self._drop(cid, link, "closed its end", reclaim=True)
 
     def _expire_consumers(self, now: float) -> None:
         """Give up consumers silent for `peer_timeout_s`, and free the regions of given-up ones whose process is

@@ -74,3 +74,26 @@ class ProducerLink:
                         self.record.id)
         self.unproven += not proven
         return proven
+
+
+def await_goodbyes(channel: str, links: dict[str, ProducerLink], timeout_s: float) -> list[str]:
+    """Wait at most `timeout_s` for each producer of `links`, sent BYE, to answer BYE (or say it closed): then
+    everything sent to it before (the last takes) reached it, and no item taken here goes to another consumer. What
+    else arrives meanwhile is dropped (the producer sends those items again). Returns the producers that did not
+    answer."""
+    poller = zmq.Poller()
+    by_sock: dict[zmq.Socket, str] = {}
+    for producer, link in links.items():
+        poller.register(link.sock, zmq.POLLIN)
+        by_sock[link.sock] = producer
+    deadline = time.monotonic() + timeout_s
+    while by_sock and (left_s := deadline - time.monotonic()) > 0:
+        for sock, _ in poller.poll(left_s * 1000):
+            link = links[by_sock[sock]]
+            for frames in wire.waiting(sock):
+                if link.proof is not None:  # (its STATE may come first, or a stranger's words)
+                    link.proves_key(channel, frames)
+                elif frames[0].bytes in (wire.BYE, wire.CLOSED) and sock in by_sock:  # (closed: it had them all)
+                    poller.unregister(sock)
+                    del by_sock[sock]
+    return list(by_sock.values())

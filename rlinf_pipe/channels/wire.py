@@ -7,7 +7,8 @@ producer -> consumer: ITEM [metas, then the items' frames] (metas: one (seq, ste
                       [offset, length] for a region of the arena; several items to one consumer share a message),
                       STEP_END [step],
                       STATE [ended, closed],
-                      CLOSED [ended], HEARTBEAT
+                      CLOSED [ended], HEARTBEAT,
+                      BYE (the answer to a consumer's BYE: all it sent before reached the producer)
 consumer -> producer: HELLO [credit, reader: the pid and start (`arena.process_start`) of a process that mapped
                       the arena, or None, nonce], CREDIT [taken seqs, delivered seqs, released arena
                       offsets, extra credit], BYE, HEARTBEAT

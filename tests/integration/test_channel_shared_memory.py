@@ -5,6 +5,7 @@ back to the socket, consumers that leave or die, and no sharing across nodes."""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 import ray
@@ -24,6 +25,7 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 class Producer:
     def __init__(self, channel: Channel):
         self.channel = channel
+        self.resume = threading.Event()
 
     def put(self, seqs: list[int], close: bool = False) -> None:
         for seq in seqs:
@@ -46,6 +48,25 @@ class Producer:
 
     def consumers(self) -> int:
         return len(self.channel._producer._consumers)
+
+    def given_up(self) -> list[str]:
+        """Why each consumer the producing end gave up went."""
+        return [link.dead for link in self.channel._producer._consumers.values() if link.dead]
+
+    def pause_io(self) -> None:
+        """Hold the producing end's lock (in a thread of its own) until `resume_io`: its I/O thread reads nothing."""
+        held, self.resume = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with self.channel._producer._waiter.lock:
+                held.set()
+                self.resume.wait()
+
+        threading.Thread(target=hold, daemon=True).start()
+        held.wait()
+
+    def resume_io(self) -> None:
+        self.resume.set()
 
 
 @ray.remote(num_cpus=0)
@@ -173,6 +194,29 @@ def test_a_consumer_that_leaves_frees_its_regions_and_its_untaken_items_reach_an
         assert_exact(item)
     del rest, item
     wait_until(lambda: ray.get(producer.shared_bytes_used.remote()) == 0, "every region was freed")
+
+
+def test_a_consumers_close_returns_once_its_producer_heard_its_last_takes(nodes):
+    """Closing a socket drops what it has not sent: a close that did not wait for the producer's answer lost the
+    last takes whenever the consumer's I/O thread was starved for a moment, and the producer, once it gave the silent
+    consumer up, sent the items it had taken to another consumer as well."""
+    ch = channel(maxsize=16, prefetch=8)
+    leaving = on_node(Consumer, nodes[0]).remote(ch)
+    ray.get(leaving.open.remote())
+    producer = on_node(Producer, nodes[0]).remote(ch)
+    ray.get(producer.put.remote(list(range(3))))
+    assert ray.get(leaving.take_and_hold.remote(2)) == [0, 1]
+    ray.get(producer.pause_io.remote())
+    closed = leaving.drop_and_close.remote()
+    ready, _ = ray.wait([closed], timeout=1.0)  # (the close waits up to LEAVE_WAIT_S, 2 s)
+    assert not ready, "the consumer's close returned before its producer read a word of it"
+    ray.get(producer.resume_io.remote())
+    ray.get(closed)
+    assert ray.get(producer.given_up.remote()) == ["closed its end"]
+    assert ray.get(producer.untaken.remote()) == 1  # only item 2 went back to the queue
+    rest = ch.get(timeout=60)
+    assert rest.seq == 2
+    assert_exact(rest)
 
 
 def test_a_killed_consumers_regions_are_freed_once_its_process_is_gone_and_its_items_reach_another_exactly(nodes):
