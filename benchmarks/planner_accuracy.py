@@ -3,12 +3,12 @@ profiled, every other one is predicted from that profile and trained for real, o
 
     python benchmarks/planner_accuracy.py [--json] [--steps 6] [--warmup 2] [--repeats 1] [--no-ref]
         [--profile-placement disaggregated] [--only NAME ...] [--cores-per-gpu 1] [--output-dir DIR]
-        [--predict-only DIR [DIR ...]]
+        [--set KEY=VALUE ...] [--predict-only DIR [DIR ...]]
 
 Every run trains examples/math/config/tiny-grpo-megatron-pipeline.yaml (the tiny model warm-started once, its data,
 seed and batch) with `cluster.cores_per_gpu=K` (each virtual GPU's workers on K cores of their own, 2 virtual GPUs
-unless the placement needs 1) and the placement's overrides (`PLACEMENTS`), through `Runner.start(cfg).run()` in one
-local Ray session that this script starts once. Only the placement differs between runs (one config, so the
+unless the placement needs 1), the `--set` overrides and the placement's overrides (`PLACEMENTS`), through
+`Runner.start(cfg).run()` in one local Ray session that this script starts once. Only the placement differs between runs (one config, so the
 actor's micro-batches are the same in every run; the collocated example's smaller ones are not measured here).
 Every run computes reference log-probs (`algorithm.compute_ref_logprobs=true`, `--no-ref` leaves them out): where no
 inference workers are placed the actor computes them, so the profiled run measures the log-prob stage that the
@@ -89,7 +89,7 @@ def load(placement: Placement, args: argparse.Namespace, model: str | None, out:
     overrides = [
         f"runner.max_steps={args.steps}", "runner.progress=false", "runner.tensorboard=false",
         f"runner.output_dir={out}", f"runner.experiment_name=accuracy-{placement.name}", "cluster.ray_address=local",
-        f"cluster.cores_per_gpu={args.cores_per_gpu}", *placement.overrides,
+        f"cluster.cores_per_gpu={args.cores_per_gpu}", *args.extra, *placement.overrides,
     ]
     if args.ref:
         overrides.append("algorithm.compute_ref_logprobs=true")
@@ -275,6 +275,8 @@ def parse_args() -> argparse.Namespace:
                         help="no training: re-predict the runs an earlier --output-dir DIR kept (several: pooled)")
     parser.add_argument("--no-ref", dest="ref", action="store_false",
                         help="no reference log-probs (the profile then has no log-prob stage)")
+    parser.add_argument("--set", dest="extra", metavar="KEY=VALUE", action="append", default=[],
+                        help="a config override for every run (repeatable), e.g. data.rollout_batch_size=64")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     args.warmup = min(args.warmup, args.steps - 1)
@@ -329,6 +331,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     failed: dict[str, str] = {}
     settings: dict[str, Any] = {"steps": args.steps, "warmup": args.warmup, "cores_per_gpu": args.cores_per_gpu,
                                 "repeats": args.repeats, "ref_logprobs": args.ref, "cores": len(cores),
+                                "overrides": args.extra,
                                 "config": f"examples/math/config/{CONFIG}.yaml"}
     try:
         for repeat in range(args.repeats):  # (interleaved: every placement once per round, the order rotated)
