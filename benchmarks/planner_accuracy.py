@@ -8,8 +8,9 @@ profiled, every other one is predicted from that profile and trained for real, o
 Every run trains examples/math/config/tiny-grpo-megatron-pipeline.yaml (the tiny model warm-started once, its data,
 seed and batch) with `cluster.cores_per_gpu=K` (each virtual GPU's workers on K cores of their own, 2 virtual GPUs
 unless the placement needs 1), the `--set` overrides and the placement's overrides (`PLACEMENTS`), through
-`Runner.start(cfg).run()` in one local Ray session that this script starts once. Only the placement differs between runs (one config, so the
-actor's micro-batches are the same in every run; the collocated example's smaller ones are not measured here).
+`Runner.start(cfg).run()` in one local Ray session that this script starts once. Only the placement differs between
+runs (one config, so the actor's micro-batches are the same in every run; the collocated example's smaller ones are
+not measured here).
 Every run computes reference log-probs (`algorithm.compute_ref_logprobs=true`, `--no-ref` leaves them out): where no
 inference workers are placed the actor computes them, so the profiled run measures the log-prob stage that the
 hybrid placements move to GPUs of their own (without it, the log-prob rate comes from the training passes'
