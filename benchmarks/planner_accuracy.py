@@ -3,7 +3,7 @@ profiled, every other one is predicted from that profile and trained for real, o
 
     python benchmarks/planner_accuracy.py [--json] [--steps 6] [--warmup 2] [--repeats 1] [--no-ref]
         [--profile-placement disaggregated] [--only NAME ...] [--cores-per-gpu 1] [--output-dir DIR]
-        [--set KEY=VALUE ...] [--predict-only DIR [DIR ...]]
+        [--set KEY=VALUE ...] [--pool-profile] [--predict-only DIR [DIR ...]]
 
 Every run trains examples/math/config/tiny-grpo-megatron-pipeline.yaml (the tiny model warm-started once, its data,
 seed and batch) with `cluster.cores_per_gpu=K` (each virtual GPU's workers on K cores of their own, 2 virtual GPUs
@@ -130,15 +130,18 @@ def wait_until_quiet(limit_s: float = 30.0, busy: float = 0.25) -> None:
         pass
 
 
-def compare(runs: dict[str, list[Path]], profiled: str, warmup: int) -> dict[str, Any]:
+def compare(runs: dict[str, list[Path]], profiled: str, warmup: int, pool: bool = False) -> dict[str, Any]:
     """Every placement predicted from the profiled placement's costs (as `plan --validate RUN --profile PROFILED`
-    does; of its repeats, the run whose step time is the median) beside its measurement (the median over its
-    repeats of each run's mean step, with their range); the summary figures (see the module docstring)."""
-    from rlinf_pipe.planning.profile import read_profile
+    does; of its repeats, the run whose step time is the median, or with `pool` all of them: `--profile RUN RUN
+    ...`) beside its measurement (the median over its repeats of each run's mean step, with their range); the
+    summary figures (see the module docstring)."""
+    from rlinf_pipe.planning.profile_pool import read_profiles
     from rlinf_pipe.planning.validate import validate_run
 
-    profile_dir = sorted(runs[profiled], key=lambda d: mean_step_s(d, warmup))[(len(runs[profiled]) - 1) // 2]
-    costs = read_profile(profile_dir, warmup=warmup)
+    profile_dirs = sorted(runs[profiled], key=lambda d: mean_step_s(d, warmup))
+    if not pool:
+        profile_dirs = [profile_dirs[(len(profile_dirs) - 1) // 2]]
+    costs = read_profiles(profile_dirs, warmup=warmup)
     rows = []
     for name, dirs in runs.items():
         checks = [validate_run(d, costs, warmup=warmup) for d in dirs]
@@ -162,7 +165,7 @@ def compare(runs: dict[str, list[Path]], profiled: str, warmup: int) -> dict[str
         b["measured_runs_s"]) or max(b["measured_runs_s"]) < min(a["measured_runs_s"])]
     alike = [(a, b) for a, b in told_apart if (a["measured_step_s"] < b["measured_step_s"]) == (
         a["predicted_step_s"] < b["predicted_step_s"])]
-    return {"profiled": profiled, "profile_run": str(profile_dir), "costs": costs.to_json(),
+    return {"profiled": profiled, "profile_runs": [str(d) for d in profile_dirs], "costs": costs.to_json(),
             "median_abs_error": round(statistics.median(others), 4), "max_abs_error": round(max(others), 4),
             "same_ranking": by_predicted == by_measured, "predicted_ranking": by_predicted,
             "measured_ranking": by_measured, "distinguishable_pairs": len(told_apart),
@@ -217,14 +220,14 @@ def print_pooled(summary: dict[str, Any]) -> None:
           f"{summary['told_apart_pairs_ordered_alike']}")
 
 
-def repredict(folder: str) -> dict[str, Any]:
+def repredict(folder: str, pool: bool = False) -> dict[str, Any]:
     """An earlier invocation's kept runs (`--output-dir`'s `runs.json`) compared again."""
     if not (Path(folder) / "runs.json").is_file():
         raise SystemExit(f"--predict-only {folder}: no runs.json there; give a folder an earlier --output-dir kept")
     kept = json.loads((Path(folder) / "runs.json").read_text())
     runs = {name: [Path(d) for d in ([dirs] if isinstance(dirs, str) else dirs)]
             for name, dirs in kept["runs"].items()}
-    summary = compare(runs, kept["profiled"], kept["warmup"])
+    summary = compare(runs, kept["profiled"], kept["warmup"], pool)
     summary["settings"] = kept["settings"]
     return summary
 
@@ -278,6 +281,8 @@ def parse_args() -> argparse.Namespace:
                         help="no reference log-probs (the profile then has no log-prob stage)")
     parser.add_argument("--set", dest="extra", metavar="KEY=VALUE", action="append", default=[],
                         help="a config override for every run (repeatable), e.g. data.rollout_batch_size=64")
+    parser.add_argument("--pool-profile", action="store_true", help="profile every run of the profiled placement "
+                        "(the median of each figure, as `plan --profile RUN RUN ...`), not only its median run")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     args.warmup = min(args.warmup, args.steps - 1)
@@ -287,7 +292,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     if args.predict_only and len(args.predict_only) > 1:
-        summaries = [repredict(folder) for folder in args.predict_only]
+        summaries = [repredict(folder, args.pool_profile) for folder in args.predict_only]
         for folder, one in zip(args.predict_only, summaries):
             print(f"\n{folder}:")
             print_table(one)
@@ -298,7 +303,7 @@ def main() -> None:
             print(json.dumps(summary))
         return
     if args.predict_only:
-        summary = repredict(args.predict_only[0])
+        summary = repredict(args.predict_only[0], args.pool_profile)
     else:
         summary = measure(args)
     summary["commit"] = commit()
@@ -360,7 +365,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     "profiled": args.profile_placement, "warmup": args.warmup}))
     finally:
         ray.shutdown()
-    summary = compare(runs, args.profile_placement, args.warmup)
+    summary = compare(runs, args.profile_placement, args.warmup, args.pool_profile)
     summary["settings"] = settings
     if tmp is not None:
         tmp.cleanup()

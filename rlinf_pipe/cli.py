@@ -85,7 +85,8 @@ def load_cli_config(args: argparse.Namespace) -> Any:
 def _planning_costs(args: argparse.Namespace, cfg: Any) -> Any:
     """The costs `--costs`, `--profile` or the default give (`--gpu`: the defaults' GPU)."""
     from rlinf_pipe.planning.costs import default_costs
-    from rlinf_pipe.planning.profile import default_gpu, read_profile
+    from rlinf_pipe.planning.profile import default_gpu
+    from rlinf_pipe.planning.profile_pool import read_profiles
     from rlinf_pipe.planning.rlinf_costs import parse_costs, rlinf_costs
 
     gpu = args.gpu or default_gpu(cfg)
@@ -93,7 +94,7 @@ def _planning_costs(args: argparse.Namespace, cfg: Any) -> Any:
         actor_s, rollout_s, inference_s = parse_costs(args.costs)
         return rlinf_costs(actor_s, rollout_s, inference_s, sum(cfg.gpus_per_node()), cfg, gpu)
     if args.profile:
-        return read_profile(args.profile, gpu)
+        return read_profiles(args.profile, gpu)
     return default_costs(cfg, gpu)
 
 
@@ -134,7 +135,7 @@ def _plan_validate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     if not args.profile and not args.costs:
-        args.profile = args.validate  # (the run profiles itself)
+        args.profile = [args.validate]  # (the run profiles itself)
     costs = _planning_costs(args, read_run_config(Path(args.validate)))
     validation = validate_run(args.validate, costs)
     print(json.dumps(validation.to_json(), indent=2) if args.json else render_validation(validation, costs))
@@ -311,8 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "cluster by predicted step time (docs/planning.md)")
     plan.add_argument("--validate", metavar="RUN_DIR", default=None, help="predict a run's own placement beside "
                       "its measured step time, bubble and tokens/s (profiled from itself unless --profile)")
-    plan.add_argument("--profile", metavar="RUN_DIR", default=None, help="the costs a run measured (its "
-                      "timeline.json and metrics.jsonl); default: derived from the model's size and the GPU")
+    plan.add_argument("--profile", metavar="RUN_DIR", nargs="+", default=None, help="the costs a run measured (its "
+                      "timeline.json and metrics.jsonl), or the median of several runs'; default: derived from the "
+                      "model's size and the GPU")
     plan.add_argument("--costs", metavar="ACTOR_S,ROLLOUT_S,INFERENCE_S", default=None, help="RLinf-style "
                       "seconds per step of each, measured collocated on every GPU")
     plan.add_argument("--gpus", type=int, default=None, help="search a cluster of N GPUs (nodes of 8) instead of "

@@ -1,0 +1,74 @@
+"""One profile from several runs (`plan --profile RUN_DIR RUN_DIR ...`): a single run's figures move with its
+host's noise (on this 2-core machine one run fitted a co-run slowdown of 0.11 where four others of the same
+placement fitted 0.21-0.26), and the median over runs does not.
+
+Each figure is the median of the runs' (a rate, a latency, each transport's sync seconds, each component's switch
+seconds); the decode curve, the median of the runs' curves at every concurrency any of them measured; the response
+lengths, every run's samples together; `missing`, what any run missed. The runs must share the replica sizes their
+rates were measured on (the parallel sizes of rollout, log-prob and actor replicas), so that a median compares
+like with like.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import fields, replace
+from pathlib import Path
+
+from rlinf_pipe.errors import ConfigError
+from rlinf_pipe.planning.costs import Costs, Curve, Parallel
+from rlinf_pipe.planning.profile import read_profile
+
+PARALLEL_FIELDS = ("rollout_parallel", "logprob_parallel", "train_parallel")
+
+
+def _median_curve(curves: Sequence[Curve]) -> Curve:
+    xs = sorted({x for c in curves for x, _ in c.points})
+    return Curve(tuple((x, statistics.median(c.at(x) for c in curves)) for x in xs))
+
+
+def _median_by_key(maps: Sequence[dict[str, float]]) -> dict[str, float]:
+    keys = list(dict.fromkeys(k for m in maps for k in m))
+    return {k: statistics.median(m[k] for m in maps if k in m) for k in keys}
+
+
+def pool_costs(profiles: Sequence[Costs], sources: Sequence[str]) -> Costs:
+    """The median profile of `profiles` (see the module docstring), named after `sources` (one per profile)."""
+    if not profiles:
+        raise ValueError("pool_costs needs at least one profile")
+    if len(profiles) == 1:
+        return profiles[0]
+    first = profiles[0]
+    for costs, source in zip(profiles[1:], sources[1:]):
+        for name in PARALLEL_FIELDS:
+            if getattr(costs, name) != getattr(first, name):
+                raise ConfigError(
+                    f"--profile {sources[0]} and {source} measured {name.split('_')[0]} replicas of different sizes "
+                    f"({getattr(first, name)} and {getattr(costs, name)}); profile runs that share their parallel "
+                    "sizes, or give one run")
+    pooled: dict[str, object] = {}
+    for f in fields(Costs):
+        values = [getattr(c, f.name) for c in profiles]
+        if f.name in PARALLEL_FIELDS or isinstance(values[0], Parallel):
+            continue
+        if f.name == "decode":
+            pooled[f.name] = _median_curve(values)
+        elif f.name == "response_lengths":
+            pooled[f.name] = tuple(n for v in values for n in v)
+        elif f.name == "missing":
+            pooled[f.name] = tuple(dict.fromkeys(m for v in values for m in v))
+        elif f.name == "notes":
+            pooled[f.name] = {k: n for v in values for k, n in v.items()}
+        elif f.name == "source":
+            pooled[f.name] = f"profile of {len(profiles)} runs (the median of each figure): {', '.join(sources)}"
+        elif isinstance(values[0], dict):
+            pooled[f.name] = _median_by_key(values)
+        elif isinstance(values[0], (int, float)):
+            pooled[f.name] = statistics.median(values)
+    return replace(first, **pooled)  # type: ignore[arg-type]
+
+
+def read_profiles(run_dirs: Sequence[str | Path], gpu: str | None = None, warmup: int = 1) -> Costs:
+    """`read_profile` of each run, pooled (`pool_costs`); one run's profile as it is."""
+    return pool_costs([read_profile(d, gpu, warmup) for d in run_dirs], [str(d) for d in run_dirs])
