@@ -350,7 +350,7 @@ class ConsumerEnd:
             if not self._stopping and self._error is None:  # the loop ended because Ray did
                 self._error = ChannelClosed(f"channel {self.spec.name!r}: Ray shut down under this process")
             self._flush_updates()  # takes not yet reported: the producers must not hand them to other consumers
-            listening = {}
+            listening: dict[str, ProducerLink] = {}
             for producer, link in self._links.items():
                 try:
                     link.sock.send(wire.BYE, zmq.NOBLOCK)
@@ -361,7 +361,7 @@ class ConsumerEnd:
             if self._confirm_leave and self._error is None:
                 self._await_goodbyes(listening)
             for link in self._links.values():
-                link.sock.close(linger=0)
+                link.sock.close(linger=100)  # (an abort does not wait: its BYE gets a moment to leave)
             self._arenas.clear()  # (each lease keeps the mapping it views)
             self._links.clear()  # (what the app asks afterwards finds no socket to read)
             self._fds = ()
