@@ -28,7 +28,8 @@ reads and writing their departure times into the one it writes:
   of its host computed in the round before (`planning.co_run`).
 
 The steady step time is the mean over the steps after the first N + 1 (N: staleness; without staleness every step
-drains the pipeline, and the first is as steady as any). Not modelled: the channels'
+drains the pipeline, and the first is as steady as any), each of which starts its generation N steps ahead: N more
+steps follow them, not measured. Not modelled: the channels'
 bounds (producers never wait for a full channel), dynamic sampling's extra rounds, the driver's work inside a step
 beyond its calls.
 """
@@ -341,19 +342,22 @@ def simulate(cfg: Config, plan: RunPlan, costs: Costs, seed: int = 0, steps: int
     """The predicted steady step of `plan` (see the module docstring)."""
     warm = plan.staleness + 1 if plan.staleness else 0  # (without staleness every step drains: each is steady)
     steps = steps or warm + 2
+    # the measured steps generate ahead as a long run's do: `staleness` more steps follow them, not measured (the
+    # last steps of a run start no generation: counted, they would make a step whose engines lead look short)
+    simulated = steps + plan.staleness
     cut = cut_at(costs, cfg.rollout.max_new_tokens)  # (a profile of a higher limit has its lengths cut at this one's)
     graph, host_of = stage_graph(plan), NodeLayout(plan.placement.gpus_per_node).node_of
     slow: dict[WorkKey, float] = {}
     rounds = CO_RUN_ROUNDS if costs.co_run_slowdown >= MIN_SLOWDOWN else 1
     for done in range(1, rounds + 1):
-        sim = _Sim(cfg, plan, cut, random.Random(seed), steps, slow=slow, track=done < rounds)
+        sim = _Sim(cfg, plan, cut, random.Random(seed), simulated, slow=slow, track=done < rounds)
         ends = sim.run(graph)
         if done < rounds:
             slow = {k: alone_factor(costs.co_run_slowdown, f)
                     for k, f in overlap_fractions(sim.work, host_of).items()}
     measured = range(min(warm, steps - 1), steps)
     first = ends[measured[0] - 1] if measured[0] > 0 else 0.0
-    step_s = (ends[-1] - first) / len(measured)
+    step_s = (ends[measured[-1]] - first) / len(measured)
     comps = plan.placement.components
     used = {g for name in ("rollout", "inference", "actor") if name in comps
             and (name != "inference" or plan.inference_workers) for g in comps[name].gpus}

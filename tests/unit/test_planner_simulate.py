@@ -99,6 +99,16 @@ def test_staleness_one_hides_the_generation_behind_training():
     assert predict(c, "data.rollout_batch_size=1", "runner.max_staleness=1").step_s == pytest.approx(3.0)
 
 
+def test_a_steady_step_with_staleness_counts_the_generation_it_starts_ahead():
+    # Rollout and reference log-probs taking turns on GPU 0, the actor on GPU 1, one group a step: generation 2 s,
+    # log-probs 0.5 s (200 tokens at 400/s), training 2 s. With staleness 1 a step generates the next step's group
+    # first (the engines hold GPU 0 until it is done), then its log-probs, then training: 4.5 s. A run's last step
+    # generates nothing ahead (2.5 s): counted in, it made the steady step look 3.5 s.
+    hybrid = ["cluster.num_gpus_per_node=2", 'cluster.component_placement={"rollout,inference": 0, actor: 1}',
+              "algorithm.compute_ref_logprobs=true", "data.rollout_batch_size=1"]
+    assert predict(costs(), *hybrid, "runner.max_staleness=1").step_s == pytest.approx(4.5)
+
+
 def test_collocated_phases_pay_their_switches_and_do_not_overlap():
     # One GPU taken in turns: the engines wake (0.2) and generate both groups (4 s), sleep (0.2); the actor onloads
     # (0.5), trains 4 s, offloads (0.5): 9.4 s.
