@@ -57,7 +57,7 @@ from rlinf_pipe.planning.costs import (Costs, Parallel, carried, default_costs, 
                                        shares_prompts)
 from rlinf_pipe.planning.decode_profile import decode_curve_of_requests, decode_curve_of_steps, decode_scale
 from rlinf_pipe.planning.gpu_ids import NodeLayout
-from rlinf_pipe.planning.pass_cost import fit_pass_cost
+from rlinf_pipe.planning.pass_cost import fit_pass_cost, fixed_cost_beside
 from rlinf_pipe.planning.run_plan import RunPlan, plan_run, sync_calls
 from rlinf_pipe.utils.tracing import LAUNCH_SPAN, STEP_SPAN, Span
 
@@ -225,9 +225,10 @@ def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1) -
     elif train is not None:
         figures["logprob_tokens_per_s"] = 3 * train
         missing.append("log-prob spans or the forward seconds of training passes (3 x the training rate)")
+    logprob_runs = [(logprob_tokens(s) / passes, s.duration / passes) for s in logprob_spans]
+    beside = fixed_cost_beside(logprob_runs, [(run_tokens(s), s.args["forward_s"]) for s in timed])
     for key, fit in (("train", fit_pass_cost([(run_tokens(s), s.duration) for s in trained])),
-                     ("logprob", fit_pass_cost([(logprob_tokens(s) / passes, s.duration / passes)
-                                                for s in logprob_spans]))):
+                     ("logprob", fit_pass_cost(logprob_runs) or beside)):
         if fit is not None:
             figures[f"{key}_pass_s"], figures[f"{key}_tokens_per_s"] = fit
         elif key == "train" or logprob_spans:

@@ -227,6 +227,28 @@ def test_passes_of_different_sizes_give_a_passs_fixed_cost_and_one_size_does_not
     assert costs.train_pass_s == pytest.approx(0.01) and costs.train_tokens_per_s == pytest.approx(1000.0)
 
 
+def test_log_prob_passes_of_one_size_take_their_fixed_cost_from_the_line_through_the_training_forwards(tmp_path):
+    from rlinf_pipe.planning.pass_cost import fixed_cost_beside
+
+    # every pass 0.01 s + 1,000 tokens/s: log-prob passes of 60 tokens (0.07 s), forwards of 180 and 300 tokens
+    assert fixed_cost_beside([(60, 0.07)] * 3, [(180, 0.19), (300, 0.31)]) == pytest.approx((0.01, 1000.0))
+    assert fixed_cost_beside([(60, 0.07)], [(61, 0.5)]) is None  # (no line: sizes too close)
+    assert fixed_cost_beside([(60, 0.001)], [(180, 0.19), (300, 0.31)]) is None  # (nothing beyond the fixed cost)
+    spans = []
+    for step in range(3):
+        t = float(step)
+        spans += [Span("step", "driver", t, t + 1.0, (), {"step": step})]
+        spans += [Span("logprob", "actor/0", t + start, t + start + 0.07, (1,),
+                       {"step": step, "sequences": 2, "tokens": 60}) for start in (0.1, 0.2)]
+        spans += [Span("train", "actor/0", t + start, t + start + 0.3, (1,),
+                       {"tokens": 20, "sequences": 2, "sequence_tokens": n, "forward_s": fwd})
+                  for start, n, fwd in ((0.3, 180, 0.19), (0.6, 300, 0.31))]
+    costs = read_profile(write_spans(tmp_path / "run", spans, ("algorithm.n_minibatches=2",
+                                                                "actor.share_prompts=false")))
+    assert costs.logprob_pass_s == pytest.approx(0.01) and costs.logprob_tokens_per_s == pytest.approx(1000.0)
+    assert not any("logprob pass's fixed cost" in m for m in costs.missing)
+
+
 def test_sglangs_requests_give_its_decode_curve_by_how_many_run_at_once(tmp_path):
     """Two samples: one in flight over [0, 2] s with 20 tokens (10 tokens/s), one over [1, 2] with 10 (10 tokens/s):
     alone over [0, 1] the engine decodes 10 tokens/s, two together 20; at most one running (the other queued),
