@@ -10,6 +10,25 @@ from rlinf_pipe.planning.costs import Costs
 from rlinf_pipe.planning.search import Ranked, SearchResult
 from rlinf_pipe.planning.validate import Validation
 
+# Candidates predicted this close to the best are ties: on this machine's checks (docs/planning.md, 4. Validate) the
+# prediction ordered every pair of placements real runs told apart, and swapped ones a few percent apart.
+TIE_WITHIN = 0.05
+
+
+def _behind_best(ranked: list[Ranked]) -> list[float]:
+    """Each candidate's predicted step time over the best's, less one."""
+    best = ranked[0].prediction.step_s
+    return [r.prediction.step_s / best - 1.0 if best > 0 else 0.0 for r in ranked]
+
+
+def tie_note(ranked: list[Ranked]) -> str | None:
+    """The line that names the candidates within `TIE_WITHIN` of the best, if any."""
+    tied = [f"#{i}" for i, behind in enumerate(_behind_best(ranked), 1) if 1 < i and behind <= TIE_WITHIN]
+    if not tied:
+        return None
+    return (f"{', '.join(tied)} {'is' if len(tied) == 1 else 'are'} within {TIE_WITHIN:.0%} of #1: a tie within the "
+            "prediction's accuracy (docs/planning.md, 4. Validate); a short run of each tells them apart")
+
 
 def candidate_yaml(ranked: Ranked) -> list[str]:
     """The candidate's placement and parallel sizes as a YAML block to paste into the config."""
@@ -41,16 +60,19 @@ def render_search(result: SearchResult, costs: Costs) -> str:
         reasons = "".join(f"\n  {r}" for r in result.refusals)
         return (f"no candidate passed: {result.refused_rules} refused by the placement rules, "
                 f"{result.refused_memory} by the memory estimate{reasons}")
-    head = ("#", "mode", "placement", "parallel", "step s", "bubble", "tokens/s")
+    head = ("#", "mode", "placement", "parallel", "step s", "vs #1", "bubble", "tokens/s")
     rows = [head]
-    for i, r in enumerate(result.ranked, 1):
+    for i, (r, behind) in enumerate(zip(result.ranked, _behind_best(result.ranked)), 1):
         placement = ", ".join(f"{k}: {v}" for k, v in r.candidate.placement().items())
         rows.append((str(i), r.candidate.shape.mode, placement, _sizes(r), f"{r.prediction.step_s:.2f}",
-                     f"{r.prediction.bubble:.0%}", f"{r.prediction.tokens_per_s:,.0f}"))
+                     "" if i == 1 else f"+{behind:.0%}", f"{r.prediction.bubble:.0%}",
+                     f"{r.prediction.tokens_per_s:,.0f}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = [f"costs: {costs.source}"]
     lines += [f"  missing, taken from the default: {m}" for m in costs.missing]
     lines += ["", *("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)]
+    if (note := tie_note(result.ranked)) is not None:
+        lines.append(note)
     for i, r in enumerate(result.ranked, 1):
         lines += ["", f"# {i}: predicted {r.prediction.step_s:.2f} s/step ({costs.source})",
                   *candidate_yaml(r), f"# overrides: {' '.join(shlex.quote(o) for o in r.candidate.overrides())}"]
@@ -67,7 +89,8 @@ def search_json(result: SearchResult, costs: Costs) -> dict[str, Any]:
     return {
         "candidates": [{"component_placement": r.candidate.placement(), "mode": r.candidate.shape.mode,
                         "parallel": dict(r.candidate.sizes), "overrides": r.candidate.overrides(),
-                        **r.prediction.to_json()} for r in result.ranked],
+                        **r.prediction.to_json(), "behind_best": behind, "tie_with_best": i > 0 and behind <= TIE_WITHIN}
+                       for i, (r, behind) in enumerate(zip(result.ranked, _behind_best(result.ranked)))],
         "source": costs.source, "missing": list(costs.missing),
         "search": {"seconds": result.seconds, "enumerated": result.enumerated, "simulated": result.simulated,
                    "refused_rules": result.refused_rules, "refused_memory": result.refused_memory,
