@@ -10,9 +10,9 @@ from rlinf_pipe.planning.costs import Costs
 from rlinf_pipe.planning.search import Ranked, SearchResult
 from rlinf_pipe.planning.validate import Validation
 
-# Candidates predicted this close to the best are ties: on this machine's checks (docs/planning.md, 4. Validate) the
-# prediction ordered every pair of placements real runs told apart, and swapped ones a few percent apart.
-TIE_WITHIN = 0.05
+# Candidates predicted this close to the best are ties: in this machine's checks (docs/planning.md, 4. Validate) real
+# runs ordered 10 of 45 pairs of placements predicted within 10% of each other the other way, and 1 of 102 beyond.
+TIE_WITHIN = 0.10
 
 
 def _behind_best(ranked: list[Ranked]) -> list[float]:
