@@ -94,6 +94,12 @@ class Consumer:
             del item
         return seqs
 
+    def wait_to_leave(self, seconds: float) -> None:
+        """How long this process's closes wait for their producers' answers (`consumer.LEAVE_WAIT_S`)."""
+        from rlinf_pipe.channels import consumer
+
+        consumer.LEAVE_WAIT_S = seconds
+
     def drop_and_close(self) -> None:
         self.held.clear()
         self.channel.close()
@@ -206,9 +212,10 @@ def test_a_consumers_close_returns_once_its_producer_heard_its_last_takes(nodes)
     producer = on_node(Producer, nodes[0]).remote(ch)
     ray.get(producer.put.remote(list(range(3))))
     assert ray.get(leaving.take_and_hold.remote(2)) == [0, 1]
+    ray.get(leaving.wait_to_leave.remote(30.0))  # (far longer than the wait below, however slow the host)
     ray.get(producer.pause_io.remote())
     closed = leaving.drop_and_close.remote()
-    ready, _ = ray.wait([closed], timeout=1.0)  # (the close waits up to LEAVE_WAIT_S, 2 s)
+    ready, _ = ray.wait([closed], timeout=1.0)
     assert not ready, "the consumer's close returned before its producer read a word of it"
     ray.get(producer.resume_io.remote())
     ray.get(closed)
