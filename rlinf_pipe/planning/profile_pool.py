@@ -71,4 +71,8 @@ def pool_costs(profiles: Sequence[Costs], sources: Sequence[str]) -> Costs:
 
 def read_profiles(run_dirs: Sequence[str | Path], gpu: str | None = None, warmup: int = 1) -> Costs:
     """`read_profile` of each run, pooled (`pool_costs`); one run's profile as it is."""
+    for run_dir in run_dirs:
+        if Path(run_dir).is_file():  # (`--profile RUN CONFIG`: the list took the config too)
+            raise ConfigError(f"--profile {run_dir}: a file, where run folders go; give the config before --profile "
+                              "(rlinf-pipe plan --search CONFIG --profile RUN_DIR [RUN_DIR ...])")
     return pool_costs([read_profile(d, gpu, warmup) for d in run_dirs], [str(d) for d in run_dirs])

@@ -52,3 +52,14 @@ def test_plan_validate_takes_several_profile_runs(tmp_path, capsys):
     assert data["source"].startswith("profile of 2 runs")
     alone = [read_profile(first).step_gap_s, read_profile(second).step_gap_s]
     assert read_profiles([first, second]).step_gap_s == pytest.approx(sum(alone) / 2)  # (the median of two)
+
+
+def test_a_config_file_taken_into_the_profile_list_is_named(tmp_path, capsys):
+    from rlinf_pipe.cli import main
+
+    run = write_run(tmp_path / "run")
+    config = tmp_path / "my.yaml"
+    config.write_text("cluster: {}\n")
+    assert main(["plan", "--search", "--profile", str(run), str(config)]) == 2
+    err = capsys.readouterr().err
+    assert f"--profile {config}: a file, where run folders go; give the config before --profile" in err
