@@ -78,6 +78,8 @@ PLACEMENTS = (
     Placement("hybrid-actor-rollout", ('cluster.component_placement={"actor,rollout": 0, inference: 1}',)),
     Placement("staleness-1", (PIPELINE, "runner.max_staleness=1")),
     Placement("short-responses", (PIPELINE, "rollout.max_new_tokens=10")),  # (the tiny model's run to ~14)
+    Placement("collocated-2-tp2", ('cluster.component_placement={"actor,rollout": all}',
+                                   "rollout.tensor_parallel_size=2", "actor.tensor_parallel_size=2")),
 )
 BY_NAME = {p.name: p for p in PLACEMENTS}
 TOLD_APART = 0.75  # pooled: two placements are told apart where a run of one beats a run of the other this often

@@ -51,6 +51,7 @@ from rlinf_pipe.planning.gpu_ids import NodeLayout
 from rlinf_pipe.planning.placement import ComponentPlacement, reward_placement
 from rlinf_pipe.planning.run_plan import RunPlan, sync_calls
 from rlinf_pipe.planning.stage_graph import Stage, StageGraph, stage_graph
+from rlinf_pipe.planning.tp_comm import SLOW_HOP_S, extra_tp_s, tp_shape
 
 Arrivals = list[tuple[float, int]]  # (time, group) in a channel, for one step
 WorkKey = tuple[int, str, int]  # (step, stage, replica): the work one co-run slowdown factor applies to
@@ -139,6 +140,13 @@ class _Sim:
         self.sync = self.costs.sync_s(self.plan.weight_transport) + sync_calls(self.plan) * self.costs.call_s
         self.shared, self.passes = shares_prompts(self.cfg), logprob_passes(self.cfg)
         self.receiver_gpus = sum(len(comps[n].gpus) for n in self.plan.weight_receivers if n in comps)
+        self.tp_shape = tp_shape(self.cfg)
+
+    def tp_s(self, kind: str, tokens: float, tp: int, measured: Parallel) -> float:
+        """A pass's tensor-parallel all-reduces beyond those its profiled rate holds (`planning.tp_comm`)."""
+        if tp == measured.tp or not self.tp_shape.layers or self.costs.collective_s < SLOW_HOP_S:  # (most: none)
+            return 0.0
+        return extra_tp_s(self.costs, self.tp_shape, kind, tokens, tp, measured.tp)
 
     # --- helpers ---------------------------------------------------------------------------------------------
     def factor(self, stage: str, replica: int) -> float:
@@ -206,8 +214,12 @@ class _Sim:
             share = prefill_share(costs.prompt_tokens, g)
             requests = [Request(grp, share, n) for grp in groups for n in self.lengths[step][grp]]
             slow = self.slow.get((step, "generate", e), 1.0)
-            run = run_batched(requests, start, lambda n: costs.decode.at(n) * factor / slow,
-                              costs.prefill_rate(par) / slow, batching, costs.decode_call_s)
+            rate = lambda n: costs.decode.at(n) * factor / slow  # noqa: E731
+            if self.tp_s("decode", 1, par.tp, costs.rollout_parallel):  # (each decode step's all-reduces)
+                alone = rate
+                rate = lambda n: n / max(n / alone(n) + self.tp_s("decode", n, par.tp, costs.rollout_parallel),  # noqa: E731
+                                         1e-12)
+            run = run_batched(requests, start, rate, costs.prefill_rate(par) / slow, batching, costs.decode_call_s)
             self.record("generate", e, comp, start, run.end, step)
             done: dict[int, float] = {}
             for r, t in zip(requests, run.finish):
@@ -242,8 +254,10 @@ class _Sim:
         out = []
         for t, grp in sorted(arrivals):
             replica = pool.next_server()
-            seconds = self.passes * (self.costs.logprob_pass_s + self.group_tokens(self.current, grp) / rate)
-            seconds *= self.factor("logprob", replica)
+            tokens = self.group_tokens(self.current, grp)
+            seconds = self.passes * (self.costs.logprob_pass_s + tokens / rate) * self.factor("logprob", replica)
+            seconds = max(seconds + self.passes * self.tp_s("logprob", tokens, par.tp, self.costs.logprob_parallel),
+                          0.0)
             began, end = pool.serve(max(t, start), hold + seconds)
             self.record("logprob", replica, comp, began + hold, end)
             out.append((end, grp))
@@ -311,7 +325,8 @@ class _Sim:
                              or (rows >= least and arrival > t)):
                     break
                 t, rows, tokens, i = max(t, arrival), rows + self.group_size, tokens + more, i + 1
-            began, t = t, t + (self.costs.train_pass_s + tokens / rate) * slow
+            seconds = (self.costs.train_pass_s + tokens / rate) * slow
+            began, t = t, t + max(seconds + self.tp_s("train", tokens, self.actor.tp, self.costs.train_parallel), 0.0)
             self.record("train", replica, self.actor, began, t)
             busy += t - began
         return t, busy

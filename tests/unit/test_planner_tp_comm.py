@@ -1,0 +1,35 @@
+"""Tensor-parallel all-reduces counted apart where a hop is slow (`planning/tp_comm.py`), by hand."""
+
+from __future__ import annotations
+
+import pytest
+from test_planner_simulate import costs, predict
+
+from rlinf_pipe.planning.tp_comm import TpShape, allreduce_s, extra_tp_s
+
+
+def test_a_ring_all_reduce_pays_two_hops_per_extra_rank_and_a_pass_its_layers_all_reduces():
+    slow = costs(collective_s=0.001, collective_bytes_per_s=1e30)  # (latency only)
+    assert allreduce_s(slow, 1, 1e6) == 0.0
+    assert allreduce_s(slow, 2, 1e6) == pytest.approx(0.002) and allreduce_s(slow, 4, 1e6) == pytest.approx(0.006)
+    # bandwidth only: 1,000 values of 2 bytes, of which a ring sends 2 (tp - 1) / tp, at 1,000 bytes/s
+    assert allreduce_s(costs(collective_s=0.0, collective_bytes_per_s=1000.0), 2, 1000) == pytest.approx(2.0)
+    shape = TpShape(layers=2, hidden=64)
+    # a training pass: 4 all-reduces a layer, 2 layers, 2 ms each at TP 2
+    assert extra_tp_s(slow, shape, "train", 100, 2, 1) == pytest.approx(0.016)
+    assert extra_tp_s(slow, shape, "logprob", 100, 2, 1) == pytest.approx(0.008)
+    assert extra_tp_s(slow, shape, "train", 100, 2, 2) == 0.0  # (the profile's rate holds them)
+    assert extra_tp_s(slow, shape, "train", 100, 1, 2) == pytest.approx(-0.016)
+    assert extra_tp_s(costs(collective_s=2e-5), shape, "train", 100, 2, 1) == 0.0  # (a GPU's hop: not counted)
+
+
+def test_a_tensor_parallel_actor_pays_its_all_reduces_on_each_training_pass():
+    # The tiny model (2 layers): a TP-2 actor beside the engines trains 2 passes (a group each); each pays 4 x 2
+    # all-reduces of 2 hops of 10 ms: 0.16 s, 0.32 s a step.
+    tp2 = ("cluster.num_gpus_per_node=2", 'cluster.component_placement={"actor,rollout": all}',
+           "actor.tensor_parallel_size=2")
+    slow = predict(costs(collective_s=0.01, collective_bytes_per_s=1e30), *tp2).step_s
+    fast = predict(costs(collective_s=0.0, collective_bytes_per_s=1e30), *tp2).step_s
+    assert slow - fast == pytest.approx(0.32)
+    one = ("cluster.num_gpus_per_node=1", 'cluster.component_placement={"actor,rollout": all}')  # (TP 1: none)
+    assert predict(costs(collective_s=0.01), *one).step_s == predict(costs(collective_s=0.0), *one).step_s
