@@ -71,6 +71,13 @@ def parallel_efficiency(p: Parallel) -> float:
             * CP_EFFICIENCY ** math.log2(p.cp))
 
 
+def unpipelined(p: Parallel) -> Parallel:
+    """`p` as a pass of the actor or a log-prob worker runs on it: the streaming passes send one micro-batch (a
+    log-prob pass, a group's few) through the pipeline stages one after the other, so the stages add no throughput
+    to a pass (`engines/policy/policy.py`'s schedule call); they still hold a share of the model each."""
+    return Parallel(p.tp, 1, p.cp)
+
+
 def scale_rate(rate: float, measured: Parallel, target: Parallel) -> float:
     """A replica's rate measured on `measured` carried to `target`: `rate x target.gpus / measured.gpus x
     efficiency(target) / efficiency(measured)` (`parallel_efficiency`). The one scaling rule of the planner."""
@@ -124,10 +131,10 @@ class Costs:
         return scale_rate(self.prefill_tokens_per_s, self.rollout_parallel, target)
 
     def logprob_rate(self, target: Parallel) -> float:
-        return scale_rate(self.logprob_tokens_per_s, self.logprob_parallel, target)
+        return scale_rate(self.logprob_tokens_per_s, unpipelined(self.logprob_parallel), unpipelined(target))
 
     def train_rate(self, target: Parallel) -> float:
-        return scale_rate(self.train_tokens_per_s, self.train_parallel, target)
+        return scale_rate(self.train_tokens_per_s, unpipelined(self.train_parallel), unpipelined(target))
 
     def optimizer_s(self, target: Parallel, reduce_ranks: int = 1) -> float:
         """An optimizer step of a replica of `target`'s size, its gradients summed over `reduce_ranks` (DP x CP)."""

@@ -33,3 +33,16 @@ def test_a_tensor_parallel_actor_pays_its_all_reduces_on_each_training_pass():
     assert slow - fast == pytest.approx(0.32)
     one = ("cluster.num_gpus_per_node=1", 'cluster.component_placement={"actor,rollout": all}')  # (TP 1: none)
     assert predict(costs(collective_s=0.01), *one).step_s == predict(costs(collective_s=0.0), *one).step_s
+
+
+def test_pipeline_stages_add_no_throughput_to_a_streaming_pass():
+    # The actor's passes send one micro-batch through the stages one after the other: an actor of PP 2 on GPUs 1-2
+    # trains as fast as one of PP 1 on GPU 1 (each stage holds half the model, and they take turns).
+    from rlinf_pipe.planning.costs import Parallel
+
+    c = costs()
+    assert c.train_rate(Parallel(pp=2)) == c.train_rate(Parallel())
+    assert c.logprob_rate(Parallel(tp=2, pp=4)) == c.logprob_rate(Parallel(tp=2))
+    pp2 = predict(c, "cluster.num_gpus_per_node=3", "cluster.component_placement={rollout: 0, actor: 1-2}",
+                  "actor.pipeline_parallel_size=2").step_s
+    assert pp2 == pytest.approx(predict(c, "cluster.num_gpus_per_node=2").step_s)
