@@ -215,7 +215,9 @@ class _Sim:
             requests = [Request(grp, share, n) for grp in groups for n in self.lengths[step][grp]]
             slow = self.slow.get((step, "generate", e), 1.0)
             rate = lambda n: costs.decode.at(n) * factor / slow  # noqa: E731
-            if self.tp_s("decode", 1, par.tp, costs.rollout_parallel):  # (each decode step's all-reduces)
+            # (each decode step's all-reduces: SGLang shards the model over its TP ranks; the torch engine runs it
+            # whole in one process whatever its GPUs, and has none)
+            if self.cfg.rollout.backend == "sglang" and self.tp_s("decode", 1, par.tp, costs.rollout_parallel):
                 alone = rate
                 rate = lambda n: n / max(n / alone(n) + self.tp_s("decode", n, par.tp, costs.rollout_parallel),  # noqa: E731
                                          1e-12)

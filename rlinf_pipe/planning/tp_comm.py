@@ -1,14 +1,15 @@
 """The all-reduces a tensor-parallel replica pays: per layer, Megatron's two in a forward (after attention and
-after the MLP) and two more in a backward, and an engine's two per decode step, each a ring all-reduce of the
-activations (`tokens x hidden` values) over the replica's `tp` ranks.
+after the MLP) and two more in a backward, and an SGLang engine's two per decode step (the torch engine runs its
+model whole in one process: none), each a ring all-reduce of the activations (`tokens x hidden` values) over the
+replica's `tp` ranks.
 
 A profile's rates carry a replica's computing to other sizes (`costs.scale_rate`); the all-reduces are counted
 apart because their latency does not shrink with the work: on CPU virtual GPUs, where gloo takes milliseconds a hop
 (the profile's `collective_s`), a collocated TP-2 step of the tiny model measured 0.55-0.61 s against 0.22-0.24 s
 for two data-parallel replicas, which the rates alone predicted at 0.16 s. A profile measured at TP > 1 already holds
 its own all-reduces: only the difference to the target's is added (`extra_tp_s`). Counted only over slow links
-(`SLOW_HOP_S`); the hop measured by a profile's weight broadcast (1.8 ms here) is about twice what the TP step's
-all-reduces cost, so a TP-2 step on this machine is predicted about 2x slow (1.18 s): last, where it belongs.
+(`SLOW_HOP_S`), with the hop a profile's weight broadcast measures: the TP-2 step above is then predicted at
+0.53-0.56 s.
 """
 
 from __future__ import annotations

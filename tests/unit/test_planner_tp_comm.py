@@ -46,3 +46,14 @@ def test_pipeline_stages_add_no_throughput_to_a_streaming_pass():
     pp2 = predict(c, "cluster.num_gpus_per_node=3", "cluster.component_placement={rollout: 0, actor: 1-2}",
                   "actor.pipeline_parallel_size=2").step_s
     assert pp2 == pytest.approx(predict(c, "cluster.num_gpus_per_node=2").step_s)
+
+
+def test_only_an_sglang_engine_pays_all_reduces_per_decode_step():
+    # Rollout at TP 2 on GPUs 0-1, the actor on GPU 2: SGLang shards the model (two all-reduces a layer a decode
+    # step); the torch engine runs it whole in one process, whatever its GPUs.
+    tp2 = ("cluster.num_gpus_per_node=3", "cluster.component_placement={rollout: 0-1, actor: 2}",
+           "rollout.tensor_parallel_size=2")
+    slow, free = costs(collective_s=0.01, collective_bytes_per_s=1e30), costs(collective_s=0.0)
+    assert predict(slow, *tp2).step_s == pytest.approx(predict(free, *tp2).step_s)
+    sglang = (*tp2, "rollout.backend=sglang")
+    assert predict(slow, *sglang).step_s > predict(free, *sglang).step_s + 0.5  # (100 decode steps of 2 x 2 x 20 ms)
