@@ -17,7 +17,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 from rlinf_pipe.errors import ConfigError
-from rlinf_pipe.planning.costs import Costs, Curve, Parallel
+from rlinf_pipe.planning.costs import Costs, Curve
 from rlinf_pipe.planning.profile import read_profile
 
 PARALLEL_FIELDS = ("rollout_parallel", "logprob_parallel", "train_parallel")
@@ -50,7 +50,7 @@ def pool_costs(profiles: Sequence[Costs], sources: Sequence[str]) -> Costs:
     pooled: dict[str, object] = {}
     for f in fields(Costs):
         values = [getattr(c, f.name) for c in profiles]
-        if f.name in PARALLEL_FIELDS or isinstance(values[0], Parallel):
+        if f.name in PARALLEL_FIELDS:  # (alike in every run: checked above)
             continue
         if f.name == "decode":
             pooled[f.name] = _median_curve(values)

@@ -21,9 +21,10 @@ def _behind_best(ranked: list[Ranked]) -> list[float]:
     return [r.prediction.step_s / best - 1.0 if best > 0 else 0.0 for r in ranked]
 
 
-def tie_note(ranked: list[Ranked]) -> str | None:
-    """The line that names the candidates within `TIE_WITHIN` of the best, if any."""
-    tied = [f"#{i}" for i, behind in enumerate(_behind_best(ranked), 1) if 1 < i and behind <= TIE_WITHIN]
+def tie_note(behind_best: list[float]) -> str | None:
+    """The line that names the candidates within `TIE_WITHIN` of the best (`behind_best`: each one's `_behind_best`),
+    if any."""
+    tied = [f"#{i}" for i, behind in enumerate(behind_best, 1) if 1 < i and behind <= TIE_WITHIN]
     if not tied:
         return None
     return (f"{', '.join(tied)} {'is' if len(tied) == 1 else 'are'} within {TIE_WITHIN:.0%} of #1: a tie within the "
@@ -62,7 +63,8 @@ def render_search(result: SearchResult, costs: Costs) -> str:
                 f"{result.refused_memory} by the memory estimate{reasons}")
     head = ("#", "mode", "placement", "parallel", "step s", "vs #1", "bubble", "tokens/s")
     rows = [head]
-    for i, (r, behind) in enumerate(zip(result.ranked, _behind_best(result.ranked)), 1):
+    behind_best = _behind_best(result.ranked)
+    for i, (r, behind) in enumerate(zip(result.ranked, behind_best), 1):
         placement = ", ".join(f"{k}: {v}" for k, v in r.candidate.placement().items())
         rows.append((str(i), r.candidate.shape.mode, placement, _sizes(r), f"{r.prediction.step_s:.2f}",
                      "" if i == 1 else f"+{behind:.0%}", f"{r.prediction.bubble:.0%}",
@@ -71,7 +73,7 @@ def render_search(result: SearchResult, costs: Costs) -> str:
     lines = [f"costs: {costs.source}"]
     lines += [f"  missing, taken from the default: {m}" for m in costs.missing]
     lines += ["", *("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)]
-    if (note := tie_note(result.ranked)) is not None:
+    if (note := tie_note(behind_best)) is not None:
         lines.append(note)
     for i, r in enumerate(result.ranked, 1):
         lines += ["", f"# {i}: predicted {r.prediction.step_s:.2f} s/step ({costs.source})",
@@ -89,7 +91,8 @@ def search_json(result: SearchResult, costs: Costs) -> dict[str, Any]:
     return {
         "candidates": [{"component_placement": r.candidate.placement(), "mode": r.candidate.shape.mode,
                         "parallel": dict(r.candidate.sizes), "overrides": r.candidate.overrides(),
-                        **r.prediction.to_json(), "behind_best": behind, "tie_with_best": i > 0 and behind <= TIE_WITHIN}
+                        **r.prediction.to_json(), "behind_best": behind,
+                        "tie_with_best": i > 0 and behind <= TIE_WITHIN}
                        for i, (r, behind) in enumerate(zip(result.ranked, _behind_best(result.ranked)))],
         "source": costs.source, "missing": list(costs.missing),
         "search": {"seconds": result.seconds, "enumerated": result.enumerated, "simulated": result.simulated,

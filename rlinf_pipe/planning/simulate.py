@@ -51,7 +51,7 @@ from rlinf_pipe.planning.gpu_ids import NodeLayout
 from rlinf_pipe.planning.placement import ComponentPlacement, reward_placement
 from rlinf_pipe.planning.run_plan import RunPlan, sync_calls
 from rlinf_pipe.planning.stage_graph import Stage, StageGraph, stage_graph
-from rlinf_pipe.planning.tp_comm import SLOW_HOP_S, extra_tp_s, tp_shape
+from rlinf_pipe.planning.tp_comm import extra_tp_s, tp_shape
 
 Arrivals = list[tuple[float, int]]  # (time, group) in a channel, for one step
 WorkKey = tuple[int, str, int]  # (step, stage, replica): the work one co-run slowdown factor applies to
@@ -144,7 +144,7 @@ class _Sim:
 
     def tp_s(self, kind: str, tokens: float, tp: int, measured: Parallel) -> float:
         """A pass's tensor-parallel all-reduces beyond those its profiled rate holds (`planning.tp_comm`)."""
-        if tp == measured.tp or not self.tp_shape.layers or self.costs.collective_s < SLOW_HOP_S:  # (most: none)
+        if tp == measured.tp:  # (most candidates: nothing to add, without a call)
             return 0.0
         return extra_tp_s(self.costs, self.tp_shape, kind, tokens, tp, measured.tp)
 
@@ -219,8 +219,8 @@ class _Sim:
             # whole in one process whatever its GPUs, and has none)
             if self.cfg.rollout.backend == "sglang" and self.tp_s("decode", 1, par.tp, costs.rollout_parallel):
                 alone = rate
-                rate = lambda n: n / max(n / alone(n) + self.tp_s("decode", n, par.tp, costs.rollout_parallel),  # noqa: E731
-                                         1e-12)
+                rate = lambda n: n / max(  # noqa: E731
+                    n / alone(n) + self.tp_s("decode", n, par.tp, costs.rollout_parallel), 1e-12)
             run = run_batched(requests, start, rate, costs.prefill_rate(par) / slow, batching, costs.decode_call_s)
             self.record("generate", e, comp, start, run.end, step)
             done: dict[int, float] = {}

@@ -53,7 +53,8 @@ def allreduce_s(costs: Costs, tp: int, values: float) -> float:
     `2 (tp - 1) / tp` of the bytes at `collective_bytes_per_s`; 0 for one rank."""
     if tp <= 1:
         return 0.0
-    return 2 * (tp - 1) * costs.collective_s + 2 * (tp - 1) / tp * values * ACTIVATION_BYTES / costs.collective_bytes_per_s
+    hops = 2 * (tp - 1)
+    return hops * costs.collective_s + hops / tp * values * ACTIVATION_BYTES / costs.collective_bytes_per_s
 
 
 def extra_tp_s(costs: Costs, shape: TpShape, kind: str, tokens: float, tp: int, measured_tp: int) -> float:
