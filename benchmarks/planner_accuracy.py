@@ -2,7 +2,7 @@
 profiled, every other one is predicted from that profile and trained for real, on virtual GPUs pinned to cores.
 
     python benchmarks/planner_accuracy.py [--json] [--steps 6] [--warmup 2] [--repeats 1] [--no-ref]
-        [--profile-placement disaggregated] [--only NAME ...] [--cores-per-gpu 1] [--output-dir DIR]
+        [--profile-placement disaggregated [NAME ...]] [--only NAME ...] [--cores-per-gpu 1] [--output-dir DIR]
         [--set KEY=VALUE ...] [--pool-profile] [--predict-only DIR [DIR ...]]
 
 Every run trains examples/math/config/tiny-grpo-megatron-pipeline.yaml (the tiny model warm-started once, its data,
@@ -132,17 +132,18 @@ def wait_until_quiet(limit_s: float = 30.0, busy: float = 0.25) -> None:
         pass
 
 
-def compare(runs: dict[str, list[Path]], profiled: str, warmup: int, pool: bool = False) -> dict[str, Any]:
-    """Every placement predicted from the profiled placement's costs (as `plan --validate RUN --profile PROFILED`
-    does; of its repeats, the run whose step time is the median, or with `pool` all of them: `--profile RUN RUN
-    ...`) beside its measurement (the median over its repeats of each run's mean step, with their range); the
-    summary figures (see the module docstring)."""
+def compare(runs: dict[str, list[Path]], profiled: list[str], warmup: int, pool: bool = False) -> dict[str, Any]:
+    """Every placement predicted from the profiled placements' costs (as `plan --validate RUN --profile PROFILED
+    ...` does; of each one's repeats, the run whose step time is the median, or with `pool` all of them; several
+    runs make one profile, `planning.profile_pool`) beside its measurement (the median over its repeats of each
+    run's mean step, with their range); the summary figures (see the module docstring)."""
     from rlinf_pipe.planning.profile_pool import read_profiles
     from rlinf_pipe.planning.validate import validate_run
 
-    profile_dirs = sorted(runs[profiled], key=lambda d: mean_step_s(d, warmup))
-    if not pool:
-        profile_dirs = [profile_dirs[(len(profile_dirs) - 1) // 2]]
+    profile_dirs = []
+    for name in profiled:
+        ranked = sorted(runs[name], key=lambda d: mean_step_s(d, warmup))
+        profile_dirs += ranked if pool else [ranked[(len(ranked) - 1) // 2]]
     costs = read_profiles(profile_dirs, warmup=warmup)
     rows = []
     for name, dirs in runs.items():
@@ -150,7 +151,7 @@ def compare(runs: dict[str, list[Path]], profiled: str, warmup: int, pool: bool 
         measured = [v.measured_step_s for v in checks]
         median = statistics.median(measured)
         v = checks[0]
-        rows.append({"name": name, "overrides": list(BY_NAME[name].overrides), "profiled": name == profiled,
+        rows.append({"name": name, "overrides": list(BY_NAME[name].overrides), "profiled": name in profiled,
                      "predicted_step_s": round(v.prediction.step_s, 4), "measured_step_s": round(median, 4),
                      "measured_runs_s": [round(m, 4) for m in measured],
                      "spread": round((max(measured) - min(measured)) / median, 4),
@@ -222,14 +223,20 @@ def print_pooled(summary: dict[str, Any]) -> None:
           f"{summary['told_apart_pairs_ordered_alike']}")
 
 
-def repredict(folder: str, pool: bool = False) -> dict[str, Any]:
-    """An earlier invocation's kept runs (`--output-dir`'s `runs.json`) compared again."""
+def repredict(folder: str, pool: bool = False, profiled: list[str] | None = None) -> dict[str, Any]:
+    """An earlier invocation's kept runs (`--output-dir`'s `runs.json`) compared again, profiled from `profiled`
+    (default: the placement the invocation profiled)."""
     if not (Path(folder) / "runs.json").is_file():
         raise SystemExit(f"--predict-only {folder}: no runs.json there; give a folder an earlier --output-dir kept")
     kept = json.loads((Path(folder) / "runs.json").read_text())
     runs = {name: [Path(d) for d in ([dirs] if isinstance(dirs, str) else dirs)]
             for name, dirs in kept["runs"].items()}
-    summary = compare(runs, kept["profiled"], kept["warmup"], pool)
+    if profiled is None:
+        profiled = [kept["profiled"]] if isinstance(kept["profiled"], str) else kept["profiled"]
+    if missing := [name for name in profiled if name not in runs]:
+        raise SystemExit(f"--profile-placement {' '.join(missing)}: not among the runs {folder} kept "
+                         f"({', '.join(runs)})")
+    summary = compare(runs, profiled, kept["warmup"], pool)
     summary["settings"] = kept["settings"]
     return summary
 
@@ -249,7 +256,8 @@ def print_table(summary: dict[str, Any]) -> None:
         print(f"{r['name']:<26}{r['measured_step_s']:>11.3f}{r.get('spread', 0.0):>8.0%}{r['predicted_step_s']:>11.3f}"
               f"{r['error']:>+9.1%}{mark}")
     print(f"median |error| {summary['median_abs_error']:.1%}, worst {summary['max_abs_error']:.1%} (the "
-          f"{len(summary['placements']) - 1} placements not profiled); same ranking: {summary['same_ranking']}")
+          f"{sum(not r['profiled'] for r in summary['placements'])} placements not profiled); same ranking: "
+          f"{summary['same_ranking']}")
     if not summary["same_ranking"]:
         print(f"  predicted order: {', '.join(summary['predicted_ranking'])}")
         print(f"  measured order:  {', '.join(summary['measured_ranking'])}")
@@ -268,8 +276,10 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=6, help="steps per run (runner.max_steps)")
     parser.add_argument("--warmup", type=int, default=2, help="first steps of each run left out")
-    parser.add_argument("--profile-placement", default="disaggregated", choices=list(BY_NAME),
-                        help="the placement whose run gives the costs")
+    parser.add_argument("--profile-placement", nargs="+", default=None, choices=list(BY_NAME),
+                        help="the placements whose runs give the costs (default: disaggregated; with "
+                             "--predict-only, the one the invocation profiled); several make one profile, their "
+                             "co-run slowdowns fitted together (`plan --profile RUN RUN ...`)")
     parser.add_argument("--only", nargs="+", choices=list(BY_NAME), default=None,
                         help="train only these placements besides the profiled one (a quick check)")
     parser.add_argument("--repeats", type=int, default=1,
@@ -294,7 +304,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     if args.predict_only and len(args.predict_only) > 1:
-        summaries = [repredict(folder, args.pool_profile) for folder in args.predict_only]
+        summaries = [repredict(folder, args.pool_profile, args.profile_placement) for folder in args.predict_only]
         for folder, one in zip(args.predict_only, summaries):
             print(f"\n{folder}:")
             print_table(one)
@@ -305,7 +315,7 @@ def main() -> None:
             print(json.dumps(summary))
         return
     if args.predict_only:
-        summary = repredict(args.predict_only[0], args.pool_profile)
+        summary = repredict(args.predict_only[0], args.pool_profile, args.profile_placement)
     else:
         summary = measure(args)
     summary["commit"] = commit()
@@ -321,8 +331,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     from rlinf_pipe.models.warmstart import ensure_warm_tiny_model
 
-    names = [args.profile_placement] + [p.name for p in PLACEMENTS if p.name != args.profile_placement
-                                        and (args.only is None or p.name in args.only)]
+    profiled = args.profile_placement or ["disaggregated"]
+    names = profiled + [p.name for p in PLACEMENTS if p.name not in profiled
+                        and (args.only is None or p.name in args.only)]
     gpus = max(BY_NAME[n].gpus for n in names)
     cores = sorted(os.sched_getaffinity(0))
     if gpus * args.cores_per_gpu > len(cores):
@@ -350,7 +361,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 try:
                     run_dir = train(BY_NAME[name], args, model, out / f"r{repeat}")
                 except Exception as exc:  # (one placement's failure is reported; the others still compare)
-                    if name == args.profile_placement:
+                    if name in profiled:
                         raise
                     failed[name] = f"{type(exc).__name__}: {exc}"[:500]
                     runs.pop(name, None)
@@ -364,10 +375,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                                         f"{os.getloadavg()[0]:.2f} at the end"}
                 (out / "runs.json").write_text(json.dumps({  # (kept as it goes: --predict-only reads a partial one)
                     "runs": {k: [str(d) for d in v] for k, v in runs.items()}, "settings": settings,
-                    "profiled": args.profile_placement, "warmup": args.warmup}))
+                    "profiled": profiled, "warmup": args.warmup}))
     finally:
         ray.shutdown()
-    summary = compare(runs, args.profile_placement, args.warmup, args.pool_profile)
+    summary = compare(runs, profiled, args.warmup, args.pool_profile)
     summary["settings"] = settings
     if tmp is not None:
         tmp.cleanup()

@@ -313,8 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--validate", metavar="RUN_DIR", default=None, help="predict a run's own placement beside "
                       "its measured step time, bubble and tokens/s (profiled from itself unless --profile)")
     plan.add_argument("--profile", metavar="RUN_DIR", nargs="+", default=None, help="the costs a run measured (its "
-                      "timeline.json and metrics.jsonl), or the median of several runs'; default: derived from the "
-                      "model's size and the GPU")
+                      "timeline.json and metrics.jsonl), or the median of several runs' (of one placement or "
+                      "several: their co-run slowdown fitted together); default: derived from the model's size and "
+                      "the GPU")
     plan.add_argument("--costs", metavar="ACTOR_S,ROLLOUT_S,INFERENCE_S", default=None, help="RLinf-style "
                       "seconds per step of each, measured collocated on every GPU")
     plan.add_argument("--gpus", type=int, default=None, help="search a cluster of N GPUs (nodes of 8) instead of "

@@ -12,6 +12,8 @@ seconds against its work and its `f`, per stage); the profile's rates are carrie
 `alone_figures`: where enough of a stage's spans ran alone, their own speed; partial overlaps, where the other GPU's
 work starts or ends, slow a span more than the line says), and the simulator (`planning.simulate`) slows each stage's
 work by the `f` its own simulated timeline gives (`overlap_fractions`, the same function the profile uses).
+Several runs (`plan --profile RUN RUN ...`, `planning.profile_pool`) are fitted together: one `c` over all their
+spans, which runs of several placements make vary more than any one run does.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from rlinf_pipe.utils.tracing import Span
 K = TypeVar("K", bound=Hashable)
 
 COMPUTE_WORK = {"generate": "tokens", "logprob": "tokens", "train": "sequence_tokens"}  # span -> its work's arg
+Sample = tuple[str, float, float, float]  # one compute span: (stage, its work, its seconds, its overlap `f`)
 
 MIN_SLOWDOWN = 0.02  # a fitted slowdown below this is noise: the simulation runs once, without it
 MIN_SPREAD = 0.05  # the spans' overlap must vary this much (summed squared deviation per span) to fit a slowdown
@@ -68,7 +71,7 @@ def overlap_fractions(work: Sequence[Busy[K]], host_of: Callable[[int], int]) ->
     return {k: covered[k] / t if t > 0 else 0.0 for k, t in total.items()}
 
 
-def fit_slowdown(samples: Sequence[tuple[str, float, float, float]]) -> float | None:
+def fit_slowdown(samples: Sequence[Sample]) -> float | None:
     """`c` of the model above from compute spans, each `(stage, work, seconds, f)` (`work`: its tokens): a least-
     squares fit of `log(seconds) = a[stage] + b[stage] x log(work) + s x f` (each stage its own rate and its own
     dependence on the pass's size; one slowdown for all), `c = exp(s) - 1`; 0 below `MIN_SLOWDOWN`. None where the
@@ -100,20 +103,27 @@ def alone_factor(slowdown: float, fraction: float) -> float:
     return 1.0 + slowdown * fraction
 
 
-def measured_slowdown(work: Sequence[Span], host_of: Callable[[int], int]) -> tuple[float | None, dict[str, float]]:
-    """A run's co-run slowdown (`fit_slowdown` over its compute spans on GPUs: `COMPUTE_WORK`) and, per stage, by how
-    much its work alone runs faster than its spans did on average (per unit of work): measured directly where at
-    least `ALONE_SPANS` of the stage's spans ran alone (overlap under `ALONE_SHARE`), otherwise their seconds over
-    their seconds each divided by `alone_factor` of its overlap (1 where no slowdown was fitted). Never below 1."""
+def compute_samples(work: Sequence[Span], host_of: Callable[[int], int]) -> list[Sample]:
+    """A run's compute spans on GPUs (`COMPUTE_WORK`), each as a `Sample` with its overlap (`overlap_fractions`)."""
     spans = [s for s in work if s.name in COMPUTE_WORK and s.devices and s.duration > 0
              and float(s.args.get(COMPUTE_WORK[s.name], 0)) > 0]
     shares = overlap_fractions([Busy(i, s.start, s.end, s.devices) for i, s in enumerate(spans)], host_of)
-    slowdown = fit_slowdown([(s.name, float(s.args[COMPUTE_WORK[s.name]]), s.duration, shares[i])
-                             for i, s in enumerate(spans)])
+    return [(s.name, float(s.args[COMPUTE_WORK[s.name]]), s.duration, shares[i]) for i, s in enumerate(spans)]
+
+
+def measured_slowdown(work: Sequence[Span], host_of: Callable[[int], int], slowdown: float | None = None
+                      ) -> tuple[float | None, dict[str, float]]:
+    """A run's co-run slowdown (`fit_slowdown` over its compute spans, or `slowdown` where given: one fitted over
+    several runs' spans) and, per stage, by how much its work alone runs faster than its spans did on average (per
+    unit of work): measured directly where at least `ALONE_SPANS` of the stage's spans ran alone (overlap under
+    `ALONE_SHARE`), otherwise their seconds over their seconds each divided by `alone_factor` of its overlap (1
+    where no slowdown was fitted). Never below 1."""
+    samples = compute_samples(work, host_of)
+    if slowdown is None:
+        slowdown = fit_slowdown(samples)
     faster = {}
-    for name in {s.name for s in spans}:
-        mine = [(s.duration, float(s.args[COMPUTE_WORK[name]]), shares[i]) for i, s in enumerate(spans)
-                if s.name == name]
+    for name in {st for st, *_ in samples}:
+        mine = [(sec, w, f) for st, w, sec, f in samples if st == name]
         alone = [(sec, w) for sec, w, f in mine if f < ALONE_SHARE]
         per_work = sum(sec for sec, _, _ in mine) / sum(w for _, w, _ in mine)
         if len(alone) >= max(3, ALONE_SPANS * len(mine)):

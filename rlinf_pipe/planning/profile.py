@@ -52,7 +52,7 @@ from typing import TypeVar
 from rlinf_pipe.config.schema import Config
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.planning.batching import engine_batching, max_running
-from rlinf_pipe.planning.co_run import alone_figures, measured_slowdown
+from rlinf_pipe.planning.co_run import Sample, alone_figures, compute_samples, measured_slowdown
 from rlinf_pipe.planning.costs import (Costs, Parallel, carried, default_costs, logprob_passes, pass_tokens,
                                        shares_prompts)
 from rlinf_pipe.planning.decode_profile import decode_curve_of_requests, decode_curve_of_steps, decode_scale
@@ -137,20 +137,35 @@ def _parallel(plan: RunPlan, name: str | None) -> Parallel:
     return Parallel(comp.tp, comp.pp, comp.cp) if comp else Parallel()
 
 
-def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1) -> Costs:
-    """The costs run `run_dir` measured (see the module docstring); `gpu` names the defaults' GPU (default:
-    `default_gpu` of the run's config); the first `warmup` steps are left out (at least one step is kept)."""
-    from rlinf_pipe.utils.metrics import read_metrics
+def _read_run(run_dir: Path, warmup: int) -> tuple[Config, RunPlan, list[Span], list[Span]]:
+    """A run's config, plan, spans and its spans after the first `warmup` steps (`measured_spans`)."""
     from rlinf_pipe.utils.timeline import read_chrome_trace
 
-    run_dir = Path(run_dir)
     cfg = read_run_config(run_dir)
     plan = plan_run(cfg)
     if not (run_dir / "timeline.json").is_file():
         raise ConfigError(f"{run_dir}/timeline.json does not exist; a profile needs a run that trained a step")
     spans = read_chrome_trace(run_dir / "timeline.json")
+    return cfg, plan, spans, measured_spans(spans, warmup)
+
+
+def co_run_samples(run_dir: str | Path, warmup: int = 1) -> list[Sample]:
+    """A run's compute spans as samples of the co-run fit (`planning.co_run.compute_samples`), for one fit over
+    several runs."""
+    _, plan, _, work = _read_run(Path(run_dir), warmup)
+    return compute_samples(work, NodeLayout(plan.placement.gpus_per_node).node_of)
+
+
+def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1, co_run: float | None = None
+                 ) -> Costs:
+    """The costs run `run_dir` measured (see the module docstring); `gpu` names the defaults' GPU (default:
+    `default_gpu` of the run's config); the first `warmup` steps are left out (at least one step is kept);
+    `co_run`: the co-run slowdown fitted over several runs (`profile_pool`), in place of this run's own fit."""
+    from rlinf_pipe.utils.metrics import read_metrics
+
+    run_dir = Path(run_dir)
+    cfg, plan, spans, work = _read_run(run_dir, warmup)
     metrics = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
-    work = measured_spans(spans, warmup)
     base = carried(default_costs(cfg, gpu or default_gpu(cfg)), _parallel(plan, "rollout"),
                    _parallel(plan, plan.logprob_component or "actor"), _parallel(plan, "actor"))
     missing: list[str] = []
@@ -233,7 +248,7 @@ def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1) -
             figures[f"{key}_pass_s"], figures[f"{key}_tokens_per_s"] = fit
         elif key == "train" or logprob_spans:
             missing.append(f"a {key} pass's fixed cost (its passes are all about one size: tokens/s alone)")
-    slowdown, faster = measured_slowdown(work, NodeLayout(plan.placement.gpus_per_node).node_of)
+    slowdown, faster = measured_slowdown(work, NodeLayout(plan.placement.gpus_per_node).node_of, co_run)
     if slowdown is None:
         missing.append("the co-run slowdown (the compute spans' overlap with other GPUs' work varies too little)")
     else:

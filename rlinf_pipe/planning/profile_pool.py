@@ -1,12 +1,15 @@
 """One profile from several runs (`plan --profile RUN_DIR RUN_DIR ...`): a single run's figures move with its
 host's noise (on this 2-core machine one run fitted a co-run slowdown of 0.11 where four others of the same
-placement fitted 0.21-0.26), and the median over runs does not.
+placement fitted 0.21-0.26), and the median over runs does not; and one run rarely shows each stage both alone and
+beside another GPU's work, where runs of several placements together do.
 
-Each figure is the median of the runs' (a rate, a latency, each transport's sync seconds, each component's switch
-seconds); the decode curve, the median of the runs' curves at every concurrency any of them measured; the response
-lengths, every run's samples together; `missing`, what any run missed. The runs must share the replica sizes their
-rates were measured on (the parallel sizes of rollout, log-prob and actor replicas), so that a median compares
-like with like.
+The co-run slowdown (`planning.co_run`) is fitted once, over every run's compute spans together, and each run's
+rates are carried to work alone by that one figure. Then each figure is the median of the runs' (a rate, a latency,
+each transport's sync seconds, each component's switch seconds, where a run measured it); the decode curve, the
+median of the runs' curves at every concurrency any of them measured; the response lengths, every run's samples
+together; `missing`, what any run missed. The runs must share the replica sizes their rates were measured on (the
+parallel sizes of rollout, log-prob and actor replicas), so that a median compares like with like; their
+placements may differ.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from pathlib import Path
 
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.planning.costs import Costs, Curve
-from rlinf_pipe.planning.profile import read_profile
+from rlinf_pipe.planning.co_run import fit_slowdown
+from rlinf_pipe.planning.profile import co_run_samples, read_profile
 
 PARALLEL_FIELDS = ("rollout_parallel", "logprob_parallel", "train_parallel")
 
@@ -70,9 +74,13 @@ def pool_costs(profiles: Sequence[Costs], sources: Sequence[str]) -> Costs:
 
 
 def read_profiles(run_dirs: Sequence[str | Path], gpu: str | None = None, warmup: int = 1) -> Costs:
-    """`read_profile` of each run, pooled (`pool_costs`); one run's profile as it is."""
+    """`read_profile` of each run, pooled (`pool_costs`), each run's rates carried to work alone by one co-run fit
+    over all the runs' compute spans (`fit_slowdown`); one run's profile as it is."""
     for run_dir in run_dirs:
         if Path(run_dir).is_file():  # (`--profile RUN CONFIG`: the list took the config too)
             raise ConfigError(f"--profile {run_dir}: a file, where run folders go; give the config before --profile "
                               "(rlinf-pipe plan --search CONFIG --profile RUN_DIR [RUN_DIR ...])")
-    return pool_costs([read_profile(d, gpu, warmup) for d in run_dirs], [str(d) for d in run_dirs])
+    if len(run_dirs) == 1:
+        return read_profile(run_dirs[0], gpu, warmup)
+    fit = fit_slowdown([sample for d in run_dirs for sample in co_run_samples(d, warmup)])
+    return pool_costs([read_profile(d, gpu, warmup, fit) for d in run_dirs], [str(d) for d in run_dirs])

@@ -132,6 +132,20 @@ def test_planner_accuracy_compares_kept_runs_without_training(tmp_path):
     missing = subprocess.run([sys.executable, "benchmarks/planner_accuracy.py", "--predict-only", str(tmp_path / "no")],
                              cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert missing.returncode != 0 and "no runs.json there" in missing.stderr and "Traceback" not in missing.stderr
+    # both placements' runs as one profile (their co-run slowdowns fitted together); one it never ran is named
+    both = subprocess.run([sys.executable, "benchmarks/planner_accuracy.py", "--predict-only", str(tmp_path), "--json",
+                           "--profile-placement", "disaggregated", "staleness-1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert both.returncode == 0, both.stderr[-3000:]
+    summary = json.loads(both.stdout.strip().splitlines()[-1])
+    assert summary["profiled"] == ["disaggregated", "staleness-1"] and len(summary["profile_runs"]) == 2
+    assert all(r["profiled"] for r in summary["placements"])
+    assert summary["costs"]["source"].startswith("profile of 2 runs")
+    absent = subprocess.run([sys.executable, "benchmarks/planner_accuracy.py", "--predict-only", str(tmp_path),
+                             "--profile-placement", "collocated-1"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert absent.returncode != 0 and "Traceback" not in absent.stderr
+    assert "--profile-placement collocated-1: not among the runs" in absent.stderr
 
 
 def test_planner_accuracy_pools_invocations_and_tells_pairs_apart_by_their_runs():

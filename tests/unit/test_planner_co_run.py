@@ -10,6 +10,7 @@ import pytest
 from rlinf_pipe.planning.co_run import Busy, alone_figures, fit_slowdown, measured_slowdown, overlap_fractions
 from rlinf_pipe.planning.costs import Curve
 from rlinf_pipe.planning.profile import read_profile
+from rlinf_pipe.planning.profile_pool import read_profiles
 from rlinf_pipe.utils.tracing import Span
 
 from tests.unit.test_planner_profile import write_spans
@@ -81,3 +82,30 @@ def test_where_enough_spans_ran_alone_their_speed_is_the_speed_alone():
                   Span("train", "actor/0", t + 0.6, t + 0.85, (1,), {"sequence_tokens": 40})]
     _, faster = measured_slowdown(spans, lambda g: 0)
     assert faster["train"] == pytest.approx(1.5)
+
+
+def apart_and_together(step: int, t: float, together: bool) -> list[Span]:
+    """Step `step` from `t`, each GPU's passes 40 tokens. Apart (one GPU at a time): a 0.5 s generation on GPU 0,
+    then a 0.25 s train pass on GPU 1. Together (the same work on both GPUs at once): each 1.2x as long."""
+    spans = [Span("step", "driver", t, t + 1.5, (), {"step": step})]
+    if not together:
+        return spans + [Span("generate", "rollout/0", t, t + 0.5, (0,), {"step": step, "tokens": 40}),
+                        Span("train", "actor/0", t + 0.6, t + 0.85, (1,), {"sequence_tokens": 40})]
+    for g in (0, 1):
+        spans += [Span("generate", f"rollout/{g}", t, t + 0.6, (g,), {"step": step, "tokens": 40}),
+                  Span("train", f"actor/{g}", t + 0.7, t + 1.0, (g,), {"sequence_tokens": 40})]
+    return spans
+
+
+def test_runs_of_two_placements_fit_the_slowdown_neither_run_can_alone(tmp_path: Path):
+    apart = write_spans(tmp_path / "apart", [s for i in range(3) for s in apart_and_together(i, 2.0 * i, False)])
+    together = write_spans(tmp_path / "together",
+                           [s for i in range(3) for s in apart_and_together(i, 2.0 * i, True)])
+    for run in (apart, together):  # (each run's overlaps never vary within a stage)
+        assert read_profile(run).co_run_slowdown == 0.0 and any("co-run" in m for m in read_profile(run).missing)
+    costs = read_profiles([apart, together])
+    assert costs.co_run_slowdown == pytest.approx(0.2)
+    assert not any("co-run" in m for m in costs.missing)
+    # the training of both carried to work alone: 40 tokens in 0.25 s apart, 0.3 / 1.2 = 0.25 s together
+    assert costs.train_tokens_per_s == pytest.approx(read_profile(apart).train_tokens_per_s)
+    assert read_profile(together).train_tokens_per_s == pytest.approx(costs.train_tokens_per_s / 1.2)
