@@ -117,6 +117,7 @@ class Costs:
     train_pass_s: float = 0.0  # a training pass's (micro-batch's) fixed seconds, whatever its tokens (where measured)
     missing: tuple[str, ...] = ()  # figures the source did not have (each taken from the default, labelled)
     notes: dict[str, str] = field(default_factory=dict)  # per figure, where it came from when not from `source`
+    measured: tuple[str, ...] = ()  # the fields a profile measured (a dict's key as `field.key`); pooled alone
 
     @property
     def phase_call(self) -> float:

@@ -276,12 +276,17 @@ def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1, c
         figures["weight_sync_s"] = {k: v * measured / default for k, v in base.weight_sync_s.items()}
     else:
         missing.append(f"weight_sync spans ({plan.weight_transport})")
-    figures["switch_s"] = _switches(work, base.switch_s)
+    switches = _switches(work)
+    figures["switch_s"] = base.switch_s | switches
     launch = [s.duration for s in spans if s.name == LAUNCH_SPAN and s.args.get("phase") == "job"]
     if launch:
         figures["launch_s"] = launch[0]
     missing.append("bytes per weight version per transport (seconds only, for the run's transport)")
-    return replace(costs, **figures, source=f"profile of {run_dir}", missing=tuple(missing))  # type: ignore[arg-type]
+    measured = [k for k in figures if k not in ("switch_s", "weight_sync_s")] + [f"switch_s.{k}" for k in switches]
+    if "weight_sync_s" in figures:
+        measured.append(f"weight_sync_s.{plan.weight_transport}")
+    return replace(costs, **figures, source=f"profile of {run_dir}", missing=tuple(missing),  # type: ignore[arg-type]
+                   measured=tuple(sorted(measured)))
 
 
 def _driver_figures(spans: Sequence[Span], metrics: Sequence[dict], warmup: int, missing: list[str]
@@ -341,10 +346,11 @@ def _collective_s(work: Sequence[Span], metrics: Sequence[dict], plan: RunPlan, 
     return max(statistics.median(versions.values()) - moved, base.collective_s / 100)
 
 
-def _switches(work: Sequence[Span], default: dict[str, float]) -> dict[str, float]:
-    """Per component, its phase switches' seconds per step (onload + offload, wake + sleep), where measured."""
+def _switches(work: Sequence[Span]) -> dict[str, float]:
+    """Per component whose phase switches the run measured, their seconds per step (onload + offload, wake +
+    sleep)."""
     steps = {s.args.get("step") for s in work if "step" in s.args} or {None}
-    out = dict(default)
+    out: dict[str, float] = {}
     pairs = {"actor": ("onload", "offload"), "rollout": ("wake", "sleep")}
     for component, names in pairs.items():
         per_track: dict[str, float] = defaultdict(float)

@@ -4,10 +4,11 @@ placement fitted 0.21-0.26), and the median over runs does not; and one run rare
 beside another GPU's work, where runs of several placements together do.
 
 The co-run slowdown (`planning.co_run`) is fitted once, over every run's compute spans together, and each run's
-rates are carried to work alone by that one figure. Then each figure is the median of the runs' (a rate, a latency,
-each transport's sync seconds, each component's switch seconds, where a run measured it); the decode curve, the
-median of the runs' curves at every concurrency any of them measured; the response lengths, every run's samples
-together; `missing`, what any run missed. The runs must share the replica sizes their rates were measured on (the
+rates are carried to work alone by that one figure. Then each figure is the median of the runs' that measured it
+(`Costs.measured`: a pipeline run measures no phase switch, a collocated one no pushed broadcast; a figure no run
+measured, the median of their stand-ins): a rate, a latency, each transport's sync seconds, each component's switch
+seconds; the decode curve, the median of the runs' curves at every concurrency any of them measured; the response
+lengths, every run's samples together; `missing`, what every run missed. The runs must share the replica sizes their rates were measured on (the
 parallel sizes of rollout, log-prob and actor replicas), so that a median compares like with like; their
 placements may differ.
 """
@@ -32,9 +33,9 @@ def _median_curve(curves: Sequence[Curve]) -> Curve:
     return Curve(tuple((x, statistics.median(c.at(x) for c in curves)) for x in xs))
 
 
-def _median_by_key(maps: Sequence[dict[str, float]]) -> dict[str, float]:
-    keys = list(dict.fromkeys(k for m in maps for k in m))
-    return {k: statistics.median(m[k] for m in maps if k in m) for k in keys}
+def _measuring(profiles: Sequence[Costs], name: str) -> list[Costs]:
+    """The profiles that measured figure `name` (`Costs.measured`), or all where none did."""
+    return [c for c in profiles if name in c.measured] or list(profiles)
 
 
 def pool_costs(profiles: Sequence[Costs], sources: Sequence[str]) -> Costs:
@@ -53,21 +54,25 @@ def pool_costs(profiles: Sequence[Costs], sources: Sequence[str]) -> Costs:
                     "sizes, or give one run")
     pooled: dict[str, object] = {}
     for f in fields(Costs):
-        values = [getattr(c, f.name) for c in profiles]
         if f.name in PARALLEL_FIELDS:  # (alike in every run: checked above)
             continue
+        values = [getattr(c, f.name) for c in _measuring(profiles, f.name)]
         if f.name == "decode":
             pooled[f.name] = _median_curve(values)
         elif f.name == "response_lengths":
             pooled[f.name] = tuple(n for v in values for n in v)
-        elif f.name == "missing":
-            pooled[f.name] = tuple(dict.fromkeys(m for v in values for m in v))
+        elif f.name == "missing":  # (what every run missed: another's measurement stands in for the rest)
+            pooled[f.name] = tuple(m for m in profiles[0].missing if all(m in c.missing for c in profiles))
+        elif f.name == "measured":
+            pooled[f.name] = tuple(sorted({m for c in profiles for m in c.measured}))
         elif f.name == "notes":
             pooled[f.name] = {k: n for v in values for k, n in v.items()}
         elif f.name == "source":
             pooled[f.name] = f"profile of {len(profiles)} runs (the median of each figure): {', '.join(sources)}"
         elif isinstance(values[0], dict):
-            pooled[f.name] = _median_by_key(values)
+            keys = dict.fromkeys(k for c in profiles for k in getattr(c, f.name))
+            pooled[f.name] = {k: statistics.median(getattr(c, f.name)[k] for c in _measuring(
+                [c for c in profiles if k in getattr(c, f.name)], f"{f.name}.{k}")) for k in keys}
         elif isinstance(values[0], (int, float)):
             pooled[f.name] = statistics.median(values)
     return replace(first, **pooled)  # type: ignore[arg-type]

@@ -71,6 +71,9 @@ def test_a_profile_reads_the_rates_of_the_steps_after_the_first(tmp_path):
     assert costs.train_tokens_per_s == pytest.approx(2 * (20 + 40 / 2) / 0.5)
     assert costs.optimizer_step_s == pytest.approx(0.05)
     assert costs.reward_s_per_sample == pytest.approx(0.1)  # 2 samples on 2 pool workers: one round of 0.1 s
+    # what it measured, for pooling with other runs: a pipeline run, one transport's sync, no phase switch
+    assert {"train_tokens_per_s", "optimizer_step_s", "reward_s_per_sample"} <= set(costs.measured)
+    assert [m for m in costs.measured if m.startswith(("weight_sync_s.", "switch_s."))] == ["weight_sync_s.broadcast"]
     assert costs.sync_s("broadcast") == pytest.approx(0.02)
     assert costs.launch_s == pytest.approx(29.5)
     assert costs.logprob_tokens_per_s == pytest.approx(3 * 160)  # no log-prob stage: 3 x training
