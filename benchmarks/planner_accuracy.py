@@ -22,7 +22,9 @@ step is its median gives the costs (`planning.profile.read_profile`, its first `
 placement, the profiled one included, is then predicted from them exactly as
 `rlinf-pipe plan --validate RUN_DIR --profile PROFILE_RUN` does (`planning.validate.validate_run`) and compared with
 the median over its runs of their mean step time (the timeline's step spans after the first `--warmup`); `spread`
-is (slowest - fastest) / median of those runs.
+is (slowest - fastest) / median of those runs. `--profile-placement A B` profiles two placements together (each
+one's median run, or with `--pool-profile` every run: one profile, as `plan --profile RUN RUN ...` makes it); the
+errors are then over the placements neither is.
 
 Reported: per placement its name, overrides, predicted and measured seconds per step, the spread and the error
 ((predicted - measured) / measured); over the placements other than the profiled one, `median_abs_error` and

@@ -282,11 +282,11 @@ def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1, c
     if launch:
         figures["launch_s"] = launch[0]
     missing.append("bytes per weight version per transport (seconds only, for the run's transport)")
-    measured = [k for k in figures if k not in ("switch_s", "weight_sync_s")] + [f"switch_s.{k}" for k in switches]
+    taken = [k for k in figures if k not in ("switch_s", "weight_sync_s")] + [f"switch_s.{k}" for k in switches]
     if "weight_sync_s" in figures:
-        measured.append(f"weight_sync_s.{plan.weight_transport}")
+        taken.append(f"weight_sync_s.{plan.weight_transport}")
     return replace(costs, **figures, source=f"profile of {run_dir}", missing=tuple(missing),  # type: ignore[arg-type]
-                   measured=tuple(sorted(measured)))
+                   measured=tuple(sorted(taken)))
 
 
 def _driver_figures(spans: Sequence[Span], metrics: Sequence[dict], warmup: int, missing: list[str]
