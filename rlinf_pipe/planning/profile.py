@@ -260,11 +260,14 @@ def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1, c
         figures["collective_s"] = collective
     else:
         missing.append("a collective's latency (the spans of a pushed broadcast)")
+    stand_in: list[str] = []  # figures that rest on a default's value: not measured, for pooling
     if opt := [s.duration for s in _by(work, "optimizer_step")]:  # (less its data-parallel reduction)
         actor = plan.placement.components["actor"]
         hop = replace(base, collective_s=base.collective_s if collective is None else collective)
         figures["optimizer_step_s"] = max(0.0, statistics.median(opt) - hop.reduce_s(_parallel(plan, "actor"),
                                                                                     actor.dp * actor.cp))
+        if collective is None and actor.dp * actor.cp > 1:  # (its reduction taken off at the default's hop)
+            stand_in.append("optimizer_step_s")
     workers = cfg.reward.num_workers
     rounds = sum(math.ceil(max(int(s.args.get("samples", 1)), 1) / workers) for s in reward)
     if rounds:  # (the mean: a few slow answers take most of the scoring's time)
@@ -282,7 +285,8 @@ def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1, c
     if launch:
         figures["launch_s"] = launch[0]
     missing.append("bytes per weight version per transport (seconds only, for the run's transport)")
-    taken = [k for k in figures if k not in ("switch_s", "weight_sync_s")] + [f"switch_s.{k}" for k in switches]
+    taken = [k for k in figures if k not in ("switch_s", "weight_sync_s", *stand_in)]
+    taken += [f"switch_s.{k}" for k in switches]
     if "weight_sync_s" in figures:
         taken.append(f"weight_sync_s.{plan.weight_transport}")
     return replace(costs, **figures, source=f"profile of {run_dir}", missing=tuple(missing),  # type: ignore[arg-type]

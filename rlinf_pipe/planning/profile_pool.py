@@ -15,15 +15,17 @@ placements may differ.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 
 from rlinf_pipe.errors import ConfigError
-from rlinf_pipe.planning.costs import Costs, Curve
+from rlinf_pipe.planning.costs import OPTIMIZER_COLLECTIVES, Costs, Curve, Parallel
 from rlinf_pipe.planning.co_run import fit_slowdown
-from rlinf_pipe.planning.profile import co_run_samples, read_profile
+from rlinf_pipe.planning.profile import co_run_samples, read_profile, read_run_config
+from rlinf_pipe.planning.run_plan import plan_run
 
 PARALLEL_FIELDS = ("rollout_parallel", "logprob_parallel", "train_parallel")
 
@@ -78,9 +80,33 @@ def pool_costs(profiles: Sequence[Costs], sources: Sequence[str]) -> Costs:
     return replace(first, **pooled)  # type: ignore[arg-type]
 
 
+def reduction_hop(profiles: Sequence[Costs], actors: Sequence[tuple[Parallel, int]]) -> float | None:
+    """A collective's hop from the actor's data-parallel reduction: the optimizer step of the runs whose actor sums
+    its gradients over several ranks (`actors`: per run its replica's sizes and its reducing ranks) and had no hop
+    measured (their `optimizer_step_s` still holds the reduction: not in `Costs.measured`), less the step of the
+    runs of one rank, over the hops `Costs.reduce_s` counts (its bytes' time taken off first); the median over the
+    reducing runs. None without runs of both kinds."""
+    alone = [c.optimizer_step_s for c, (_, ranks) in zip(profiles, actors)
+             if ranks == 1 and "optimizer_step_s" in c.measured]
+    reducing = [(c, par, ranks) for c, (par, ranks) in zip(profiles, actors)
+                if ranks > 1 and "optimizer_step_s" not in c.measured]
+    if not alone or not reducing:
+        return None
+    hops = []
+    for costs, par, ranks in reducing:
+        whole = costs.optimizer_step_s + costs.reduce_s(par, ranks)  # (the step as measured)
+        count = OPTIMIZER_COLLECTIVES * 2 * math.ceil(math.log2(ranks))
+        data = replace(costs, collective_s=0.0).reduce_s(par, ranks)
+        hops.append(max(whole - statistics.median(alone) - data, 0.0) / count)
+    return statistics.median(hops)
+
+
 def read_profiles(run_dirs: Sequence[str | Path], gpu: str | None = None, warmup: int = 1) -> Costs:
     """`read_profile` of each run, pooled (`pool_costs`), each run's rates carried to work alone by one co-run fit
-    over all the runs' compute spans (`fit_slowdown`); one run's profile as it is."""
+    over all the runs' compute spans (`fit_slowdown`), and a collective's hop from the actor's data-parallel
+    reduction where the runs show one with and one without it (`reduction_hop`: an all-reduce among the actor's
+    ranks, as a tensor-parallel one is, where the pushed broadcast's hop is another kind of collective); one run's
+    profile as it is."""
     for run_dir in run_dirs:
         if Path(run_dir).is_file():  # (`--profile RUN CONFIG`: the list took the config too)
             raise ConfigError(f"--profile {run_dir}: a file, where run folders go; give the config before --profile "
@@ -88,4 +114,12 @@ def read_profiles(run_dirs: Sequence[str | Path], gpu: str | None = None, warmup
     if len(run_dirs) == 1:
         return read_profile(run_dirs[0], gpu, warmup)
     fit = fit_slowdown([sample for d in run_dirs for sample in co_run_samples(d, warmup)])
-    return pool_costs([read_profile(d, gpu, warmup, fit) for d in run_dirs], [str(d) for d in run_dirs])
+    profiles = [read_profile(d, gpu, warmup, fit) for d in run_dirs]
+    pooled = pool_costs(profiles, [str(d) for d in run_dirs])
+    actors = [plan_run(read_run_config(Path(d))).placement.components["actor"] for d in run_dirs]
+    hop = reduction_hop(profiles, [(Parallel(a.tp, a.pp, a.cp), a.dp * a.cp) for a in actors])
+    if hop is None:
+        return pooled
+    note = "the actor's data-parallel reduction: the optimizer steps of runs with and without it"
+    return replace(pooled, collective_s=hop, notes={**pooled.notes, "collective_s": note},
+                   measured=tuple(sorted({*pooled.measured, "collective_s"})))

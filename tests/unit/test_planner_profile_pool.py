@@ -7,12 +7,13 @@ import dataclasses
 import json
 
 import pytest
-from test_planner_profile import write_run
+from test_planner_profile import write_run, write_spans
 
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.planning.costs import Curve, Parallel
 from rlinf_pipe.planning.profile import read_profile
-from rlinf_pipe.planning.profile_pool import pool_costs, read_profiles
+from rlinf_pipe.planning.profile_pool import pool_costs, read_profiles, reduction_hop
+from rlinf_pipe.utils.tracing import Span
 
 
 def test_each_figure_is_the_median_of_the_runs_and_the_samples_are_all_kept(tmp_path):
@@ -85,3 +86,38 @@ def test_a_config_file_taken_into_the_profile_list_is_named(tmp_path, capsys):
     assert main(["plan", "--search", "--profile", str(run), str(config)]) == 2
     err = capsys.readouterr().err
     assert f"--profile {config}: a file, where run folders go; give the config before --profile" in err
+
+
+def test_the_hop_comes_from_the_data_parallel_reduction_of_runs_with_and_without_it(tmp_path):
+    # one rank: a 3 ms optimizer step. Two ranks: 4 collectives of 2 hops each (8 hops of 1.5 ms) and 1 ms of
+    # bytes (2 x 1/2 x 1 MB at 1 GB/s) more: 16 ms as measured, of which the profile took its default's hops off.
+    base = dataclasses.replace(read_profile(write_run(tmp_path / "run")), grad_bytes=1e6, collective_bytes_per_s=1e9)
+    alone = dataclasses.replace(base, optimizer_step_s=0.003, measured=("optimizer_step_s",))
+    reducing = dataclasses.replace(base, collective_s=2e-5, measured=())
+    reducing = dataclasses.replace(reducing, optimizer_step_s=0.016 - reducing.reduce_s(Parallel(), 2))
+    sizes = [(Parallel(), 1), (Parallel(), 2)]
+    assert reduction_hop([alone, reducing], sizes) == pytest.approx(0.0015)
+    # without a run of one rank, or where the reducing run's hop was measured (its step already net of it): none
+    assert reduction_hop([reducing], sizes[1:]) is None
+    measured = dataclasses.replace(reducing, measured=("optimizer_step_s",))
+    assert reduction_hop([alone, measured], sizes) is None
+
+
+def test_a_collocated_run_beside_a_pipeline_run_gives_the_hop_and_the_step_alone(tmp_path):
+    # the pipeline run (one actor rank): optimizer steps of 0.05 s. A collocated run on 2 GPUs (two ranks, weights
+    # by ipc: no broadcast, no hop of its own): 0.05 s + 8 hops of 2 ms, plus the tiny model's gradient bytes
+    pipeline = write_run(tmp_path / "pipeline")
+    spans = []
+    for step in range(3):
+        t = 2.0 * step
+        spans += [Span("step", "driver", t, t + 1.0, (), {"step": step}),
+                  Span("optimizer_step", "actor/0", t + 0.5, t + 0.566, (0,), {"step": step, "minibatch": 0}),
+                  Span("optimizer_step", "actor/1", t + 0.5, t + 0.566, (1,), {"step": step, "minibatch": 0})]
+    collocated = write_spans(tmp_path / "collocated", spans, ('cluster.component_placement={"actor,rollout": all}',))
+    alone = read_profile(collocated)
+    assert "optimizer_step_s" not in alone.measured  # (its reduction taken off at the default's hop: a stand-in)
+    pooled = read_profiles([pipeline, collocated])
+    assert pooled.optimizer_step_s == pytest.approx(read_profile(pipeline).optimizer_step_s)
+    data = dataclasses.replace(alone, collective_s=0.0).reduce_s(Parallel(), 2)
+    assert pooled.collective_s == pytest.approx((0.016 - data) / 8)
+    assert "data-parallel reduction" in pooled.notes["collective_s"]
