@@ -148,9 +148,8 @@ class Costs:
         `2 (ranks - 1) / ranks x grad_bytes / (tp x pp)` bytes at `collective_bytes_per_s`. 0 for one rank."""
         if ranks <= 1:
             return 0.0
-        hops = OPTIMIZER_COLLECTIVES * 2 * math.ceil(math.log2(ranks))
         shard = self.grad_bytes / (target.tp * target.pp)
-        return hops * self.collective_s + 2 * (ranks - 1) / ranks * shard / self.collective_bytes_per_s
+        return reduce_hops(ranks) * self.collective_s + 2 * (ranks - 1) / ranks * shard / self.collective_bytes_per_s
 
     def sync_s(self, transport: str) -> float:
         return self.weight_sync_s.get(transport, max(self.weight_sync_s.values(), default=0.0))
@@ -205,6 +204,12 @@ OPTIMIZER_COLLECTIVES = 4
 OBJECT_STORE_BW = 2e9  # bytes/s through Ray's object store (a copy in and a copy out through host memory)
 CONCURRENCY_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 LENGTH_SAMPLES = 64
+
+
+def reduce_hops(ranks: int) -> int:
+    """The hops of an optimizer step's data-parallel collectives over `ranks` ranks: `OPTIMIZER_COLLECTIVES` of
+    `2 x ceil(log2 ranks)` each (none for one rank)."""
+    return OPTIMIZER_COLLECTIVES * 2 * math.ceil(math.log2(ranks)) if ranks > 1 else 0
 
 
 def shares_prompts(cfg: Config) -> bool:

@@ -45,7 +45,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -137,35 +137,50 @@ def _parallel(plan: RunPlan, name: str | None) -> Parallel:
     return Parallel(comp.tp, comp.pp, comp.cp) if comp else Parallel()
 
 
-def _read_run(run_dir: Path, warmup: int) -> tuple[Config, RunPlan, list[Span], list[Span]]:
-    """A run's config, plan, spans and its spans after the first `warmup` steps (`measured_spans`)."""
+@dataclass(frozen=True)
+class RunRecord:
+    """A run folder read once: its config and plan, its timeline's spans, those after the first `warmup` steps
+    (`work`) and its metrics; what `profile_of` and the co-run fit over several runs (`planning.profile_pool`) read."""
+
+    run_dir: Path
+    warmup: int
+    cfg: Config
+    plan: RunPlan
+    spans: list[Span]
+    work: list[Span]
+    metrics: list[dict]
+
+    def co_run_samples(self) -> list[Sample]:
+        """The run's compute spans as samples of the co-run fit (`planning.co_run.compute_samples`)."""
+        return compute_samples(self.work, NodeLayout(self.plan.placement.gpus_per_node).node_of)
+
+
+def read_run(run_dir: str | Path, warmup: int = 1) -> RunRecord:
+    """Run folder `run_dir` read (`RunRecord`); a folder without a config or a timeline is named in the error."""
+    from rlinf_pipe.utils.metrics import read_metrics
     from rlinf_pipe.utils.timeline import read_chrome_trace
 
+    run_dir = Path(run_dir)
     cfg = read_run_config(run_dir)
     plan = plan_run(cfg)
     if not (run_dir / "timeline.json").is_file():
         raise ConfigError(f"{run_dir}/timeline.json does not exist; a profile needs a run that trained a step")
     spans = read_chrome_trace(run_dir / "timeline.json")
-    return cfg, plan, spans, measured_spans(spans, warmup)
-
-
-def co_run_samples(run_dir: str | Path, warmup: int = 1) -> list[Sample]:
-    """A run's compute spans as samples of the co-run fit (`planning.co_run.compute_samples`), for one fit over
-    several runs."""
-    _, plan, _, work = _read_run(Path(run_dir), warmup)
-    return compute_samples(work, NodeLayout(plan.placement.gpus_per_node).node_of)
-
-
-def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1, co_run: float | None = None
-                 ) -> Costs:
-    """The costs run `run_dir` measured (see the module docstring); `gpu` names the defaults' GPU (default:
-    `default_gpu` of the run's config); the first `warmup` steps are left out (at least one step is kept);
-    `co_run`: the co-run slowdown fitted over several runs (`profile_pool`), in place of this run's own fit."""
-    from rlinf_pipe.utils.metrics import read_metrics
-
-    run_dir = Path(run_dir)
-    cfg, plan, spans, work = _read_run(run_dir, warmup)
     metrics = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
+    return RunRecord(run_dir, warmup, cfg, plan, spans, measured_spans(spans, warmup), metrics)
+
+
+def read_profile(run_dir: str | Path, gpu: str | None = None, warmup: int = 1) -> Costs:
+    """The costs run `run_dir` measured (see the module docstring); `gpu` names the defaults' GPU (default:
+    `default_gpu` of the run's config); the first `warmup` steps are left out (at least one step is kept)."""
+    return profile_of(read_run(run_dir, warmup), gpu)
+
+
+def profile_of(run: RunRecord, gpu: str | None = None, co_run: float | None = None) -> Costs:
+    """`read_profile` of a run already read; `co_run`: the co-run slowdown fitted over several runs
+    (`profile_pool`), in place of this run's own fit."""
+    run_dir, warmup, cfg, plan, spans, work, metrics = (run.run_dir, run.warmup, run.cfg, run.plan, run.spans,
+                                                        run.work, run.metrics)
     base = carried(default_costs(cfg, gpu or default_gpu(cfg)), _parallel(plan, "rollout"),
                    _parallel(plan, plan.logprob_component or "actor"), _parallel(plan, "actor"))
     missing: list[str] = []

@@ -8,24 +8,22 @@ rates are carried to work alone by that one figure. Then each figure is the medi
 (`Costs.measured`: a pipeline run measures no phase switch, a collocated one no pushed broadcast; a figure no run
 measured, the median of their stand-ins): a rate, a latency, each transport's sync seconds, each component's switch
 seconds; the decode curve, the median of the runs' curves at every concurrency any of them measured; the response
-lengths, every run's samples together; `missing`, what every run missed. The runs must share the replica sizes their rates were measured on (the
-parallel sizes of rollout, log-prob and actor replicas), so that a median compares like with like; their
-placements may differ.
+lengths, every run's samples together; `missing`, what every run missed. The runs must share the replica sizes
+their rates were measured on (the parallel sizes of rollout, log-prob and actor replicas), so that a median compares
+like with like; their placements may differ.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 
 from rlinf_pipe.errors import ConfigError
-from rlinf_pipe.planning.costs import OPTIMIZER_COLLECTIVES, Costs, Curve, Parallel
+from rlinf_pipe.planning.costs import Costs, Curve, Parallel, reduce_hops
 from rlinf_pipe.planning.co_run import fit_slowdown
-from rlinf_pipe.planning.profile import co_run_samples, read_profile, read_run_config
-from rlinf_pipe.planning.run_plan import plan_run
+from rlinf_pipe.planning.profile import profile_of, read_profile, read_run
 
 PARALLEL_FIELDS = ("rollout_parallel", "logprob_parallel", "train_parallel")
 
@@ -92,12 +90,11 @@ def reduction_hop(profiles: Sequence[Costs], actors: Sequence[tuple[Parallel, in
                 if ranks > 1 and "optimizer_step_s" not in c.measured]
     if not alone or not reducing:
         return None
-    hops = []
+    step_alone, hops = statistics.median(alone), []
     for costs, par, ranks in reducing:
         whole = costs.optimizer_step_s + costs.reduce_s(par, ranks)  # (the step as measured)
-        count = OPTIMIZER_COLLECTIVES * 2 * math.ceil(math.log2(ranks))
         data = replace(costs, collective_s=0.0).reduce_s(par, ranks)
-        hops.append(max(whole - statistics.median(alone) - data, 0.0) / count)
+        hops.append(max(whole - step_alone - data, 0.0) / reduce_hops(ranks))
     return statistics.median(hops)
 
 
@@ -113,10 +110,11 @@ def read_profiles(run_dirs: Sequence[str | Path], gpu: str | None = None, warmup
                               "(rlinf-pipe plan --search CONFIG --profile RUN_DIR [RUN_DIR ...])")
     if len(run_dirs) == 1:
         return read_profile(run_dirs[0], gpu, warmup)
-    fit = fit_slowdown([sample for d in run_dirs for sample in co_run_samples(d, warmup)])
-    profiles = [read_profile(d, gpu, warmup, fit) for d in run_dirs]
+    runs = [read_run(d, warmup) for d in run_dirs]  # (each timeline parsed once: the fit and the profile read it)
+    fit = fit_slowdown([sample for run in runs for sample in run.co_run_samples()])
+    profiles = [profile_of(run, gpu, fit) for run in runs]
     pooled = pool_costs(profiles, [str(d) for d in run_dirs])
-    actors = [plan_run(read_run_config(Path(d))).placement.components["actor"] for d in run_dirs]
+    actors = [run.plan.placement.components["actor"] for run in runs]
     hop = reduction_hop(profiles, [(Parallel(a.tp, a.pp, a.cp), a.dp * a.cp) for a in actors])
     if hop is None:
         return pooled
