@@ -50,24 +50,26 @@ class Busy(Generic[K]):
 
 
 def overlap_fractions(work: Sequence[Busy[K]], host_of: Callable[[int], int]) -> dict[K, float]:
-    """Per key, the share of its work's time during which another GPU of its host (one that is not among its own
-    GPUs) computes, over all its intervals. Keys whose work has no GPU or no duration get 0."""
+    """Per key, the share of its work's time during which another GPU of its host computes, over all its intervals
+    and, for work on several GPUs, averaged over them: each of its GPUs computes beside the others, so a replica
+    over several GPUs of one host (tensor parallel) runs beside itself (a share of 1 where it is all the host's
+    work, as each of its ranks' spans measures). Keys whose work has no GPU or no duration get 0."""
     per_gpu: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for w in work:
         for g in w.gpus:
             per_gpu[g].append((w.start, w.end))
-    others_of: dict[tuple[int, ...], IntervalUnion] = {}  # per GPU set, the other GPUs' of its host
+    others_of: dict[int, IntervalUnion] = {}  # per GPU, the other GPUs' of its host
     covered: dict[K, float] = defaultdict(float)
     total: dict[K, float] = defaultdict(float)
     for w in work:
         total[w.key] += max(w.end - w.start, 0.0)
         if not w.gpus or w.end <= w.start:
             continue
-        if w.gpus not in others_of:
-            hosts = {host_of(g) for g in w.gpus}
-            others_of[w.gpus] = IntervalUnion(iv for g, ivs in per_gpu.items()
-                                              if g not in w.gpus and host_of(g) in hosts for iv in ivs)
-        covered[w.key] += others_of[w.gpus].covered(w.start, w.end)
+        for gpu in w.gpus:
+            if gpu not in others_of:
+                others_of[gpu] = IntervalUnion(iv for g, ivs in per_gpu.items()
+                                               if g != gpu and host_of(g) == host_of(gpu) for iv in ivs)
+            covered[w.key] += others_of[gpu].covered(w.start, w.end) / len(w.gpus)
     return {k: covered[k] / t if t > 0 else 0.0 for k, t in total.items()}
 
 

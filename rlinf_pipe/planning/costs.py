@@ -106,6 +106,8 @@ class Costs:
     train_parallel: Parallel = Parallel()
     collective_s: float = 2e-5  # one hop of a collective between two GPUs' processes (its latency)
     collective_bytes_per_s: float = 50e9  # a collective's bandwidth between GPUs
+    tp_hop_s: float = 0.0  # one hop of a tensor-parallel all-reduce, where a run at another TP size measured it
+    # (0: `collective_s`)
     grad_bytes: float = 0.0  # the model's gradient bytes, summed over the data-parallel ranks every optimizer step
     call_s: float = 0.0  # a driver call's round trip to a worker, paid where a phase starts by the driver's call
     step_gap_s: float = 0.0  # the driver's work between one step's end and the next step's start
@@ -124,6 +126,11 @@ class Costs:
         """The latency of a driver's call that starts a stage: `phase_call_s` where measured, at least a round trip
         (`call_s`)."""
         return max(self.phase_call_s, self.call_s)
+
+    @property
+    def tp_hop(self) -> float:
+        """One hop of a tensor-parallel all-reduce: `tp_hop_s` where measured, else `collective_s`."""
+        return self.tp_hop_s or self.collective_s
 
     def decode_rate(self, concurrent: float, target: Parallel) -> float:
         return scale_rate(self.decode.at(concurrent), self.rollout_parallel, target)
@@ -164,7 +171,7 @@ class Costs:
                 "prefill_tokens_per_s": self.prefill_tokens_per_s,
                 "logprob_tokens_per_s": self.logprob_tokens_per_s, "train_tokens_per_s": self.train_tokens_per_s,
                 "optimizer_step_s": self.optimizer_step_s, "weight_sync_s": self.weight_sync_s,
-                "collective_s": self.collective_s, "call_s": self.call_s, "step_gap_s": self.step_gap_s,
+                "collective_s": self.collective_s, "tp_hop_s": self.tp_hop, "call_s": self.call_s, "step_gap_s": self.step_gap_s,
                 "decode_call_s": self.decode_call_s, "co_run_slowdown": self.co_run_slowdown,
                 "phase_call_s": self.phase_call, "logprob_handoff_s": self.logprob_handoff_s,
                 "logprob_pass_s": self.logprob_pass_s, "train_pass_s": self.train_pass_s,

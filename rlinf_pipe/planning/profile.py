@@ -132,9 +132,38 @@ def _longest_per_version(work: Sequence[Span], driver: bool) -> dict[object, flo
     return versions
 
 
-def _parallel(plan: RunPlan, name: str | None) -> Parallel:
+def replica_parallel(plan: RunPlan, name: str | None) -> Parallel:
+    """The parallel sizes of a replica of component `name` in `plan` (1s where it is not placed)."""
     comp = plan.placement.components.get(name or "")
     return Parallel(comp.tp, comp.pp, comp.cp) if comp else Parallel()
+
+
+@dataclass(frozen=True)
+class SpanTokens:
+    """The tokens a run's compute spans ran (`costs.pass_tokens`: a group's prompt once where its rows share it),
+    from their args and the run's mean prompt and response."""
+
+    prompt: float
+    mean_response: float
+    group_size: int
+    shared: bool
+    passes: int  # log-prob passes a logprob span runs (old and reference log-probs where both)
+
+    @classmethod
+    def of(cls, cfg: Config, costs: Costs) -> SpanTokens:
+        return cls(costs.prompt_tokens, costs.mean_response, cfg.algorithm.group_size, shares_prompts(cfg),
+                   logprob_passes(cfg))
+
+    def train(self, s: Span) -> float:
+        """A train span's pass."""
+        sequence = s.args.get("sequence_tokens", s.args.get("tokens", 0) + s.args.get("sequences", 0) * self.prompt)
+        return pass_tokens(s.args.get("tokens", 0), sequence - s.args.get("tokens", 0), self.group_size, self.shared)
+
+    def logprob(self, s: Span) -> float:
+        """Every pass of a logprob span together."""
+        n = s.args.get("sequences", 0)
+        sequence = s.args.get("tokens", n * (self.prompt + self.mean_response))
+        return self.passes * pass_tokens(sequence - n * self.prompt, n * self.prompt, self.group_size, self.shared)
 
 
 @dataclass(frozen=True)
@@ -181,8 +210,8 @@ def profile_of(run: RunRecord, gpu: str | None = None, co_run: float | None = No
     (`profile_pool`), in place of this run's own fit."""
     run_dir, warmup, cfg, plan, spans, work, metrics = (run.run_dir, run.warmup, run.cfg, run.plan, run.spans,
                                                         run.work, run.metrics)
-    base = carried(default_costs(cfg, gpu or default_gpu(cfg)), _parallel(plan, "rollout"),
-                   _parallel(plan, plan.logprob_component or "actor"), _parallel(plan, "actor"))
+    base = carried(default_costs(cfg, gpu or default_gpu(cfg)), replica_parallel(plan, "rollout"),
+                   replica_parallel(plan, plan.logprob_component or "actor"), replica_parallel(plan, "actor"))
     missing: list[str] = []
     figures: dict[str, object] = {}
     reward = _by(work, "reward")
@@ -221,23 +250,13 @@ def profile_of(run: RunRecord, gpu: str | None = None, co_run: float | None = No
         else:
             missing.append("generate spans (decode and prefill rates)")
 
-    prompt, g, shared = costs.prompt_tokens, cfg.algorithm.group_size, shares_prompts(cfg)
-
-    def run_tokens(s: Span) -> float:  # (the tokens a train span's pass ran: `pass_tokens`)
-        sequence = s.args.get("sequence_tokens", s.args.get("tokens", 0) + s.args.get("sequences", 0) * prompt)
-        return pass_tokens(s.args.get("tokens", 0), sequence - s.args.get("tokens", 0), g, shared)
-
+    counts = SpanTokens.of(cfg, costs)
+    run_tokens = counts.train
     trained = _by(work, "train", "actor")
     train = _rate(trained, run_tokens)
     if not any("sequence_tokens" in s.args for s in trained):
         missing.append("sequence tokens per train span (response tokens plus the mean prompt)")
-    logprob_spans, passes = _by(work, "logprob"), logprob_passes(cfg)
-
-    def logprob_tokens(s: Span) -> float:  # (every pass of the span: old and reference log-probs where both)
-        n = s.args.get("sequences", 0)
-        sequence = s.args.get("tokens", n * (prompt + costs.mean_response))
-        return passes * pass_tokens(sequence - n * prompt, n * prompt, g, shared)
-
+    logprob_spans, passes, logprob_tokens = _by(work, "logprob"), counts.passes, counts.logprob
     logprob = _rate(logprob_spans, logprob_tokens)
     if logprob_spans and not any("tokens" in s.args for s in logprob_spans):
         missing.append("tokens per log-prob span (sequences x the mean sequence)")
@@ -279,7 +298,7 @@ def profile_of(run: RunRecord, gpu: str | None = None, co_run: float | None = No
     if opt := [s.duration for s in _by(work, "optimizer_step")]:  # (less its data-parallel reduction)
         actor = plan.placement.components["actor"]
         hop = replace(base, collective_s=base.collective_s if collective is None else collective)
-        figures["optimizer_step_s"] = max(0.0, statistics.median(opt) - hop.reduce_s(_parallel(plan, "actor"),
+        figures["optimizer_step_s"] = max(0.0, statistics.median(opt) - hop.reduce_s(replica_parallel(plan, "actor"),
                                                                                     actor.dp * actor.cp))
         if collective is None and actor.dp * actor.cp > 1:  # (its reduction taken off at the default's hop)
             stand_in.append("optimizer_step_s")

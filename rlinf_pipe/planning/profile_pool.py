@@ -23,7 +23,8 @@ from pathlib import Path
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.planning.costs import Costs, Curve, Parallel, reduce_hops
 from rlinf_pipe.planning.co_run import fit_slowdown
-from rlinf_pipe.planning.profile import profile_of, read_profile, read_run
+from rlinf_pipe.planning.profile import RunRecord, profile_of, read_profile, read_run, replica_parallel
+from rlinf_pipe.planning.tp_hop import fit_tp_hop
 
 PARALLEL_FIELDS = ("rollout_parallel", "logprob_parallel", "train_parallel")
 
@@ -98,12 +99,17 @@ def reduction_hop(profiles: Sequence[Costs], actors: Sequence[tuple[Parallel, in
     return statistics.median(hops)
 
 
+def replica_sizes(run: RunRecord) -> tuple[Parallel, Parallel, Parallel]:
+    """The parallel sizes a run measured its rates on: its rollout, log-prob and actor replicas'."""
+    plan = run.plan
+    return (replica_parallel(plan, "rollout"), replica_parallel(plan, plan.logprob_component or "actor"),
+            replica_parallel(plan, "actor"))
+
+
 def read_profiles(run_dirs: Sequence[str | Path], gpu: str | None = None, warmup: int = 1) -> Costs:
-    """`read_profile` of each run, pooled (`pool_costs`), each run's rates carried to work alone by one co-run fit
-    over all the runs' compute spans (`fit_slowdown`), and a collective's hop from the actor's data-parallel
-    reduction where the runs show one with and one without it (`reduction_hop`: an all-reduce among the actor's
-    ranks, as a tensor-parallel one is, where the pushed broadcast's hop is another kind of collective); one run's
-    profile as it is."""
+    """The profile of several runs: those of the smallest replicas (the first such run's sizes) pooled
+    (`pool_same_sizes`); runs whose replicas differ from them only in tensor-parallel size give one hop of a TP
+    all-reduce (`tp_hop.fit_tp_hop`, `Costs.tp_hop_s`). One run's profile as it is."""
     for run_dir in run_dirs:
         if Path(run_dir).is_file():  # (`--profile RUN CONFIG`: the list took the config too)
             raise ConfigError(f"--profile {run_dir}: a file, where run folders go; give the config before --profile "
@@ -111,9 +117,43 @@ def read_profiles(run_dirs: Sequence[str | Path], gpu: str | None = None, warmup
     if len(run_dirs) == 1:
         return read_profile(run_dirs[0], gpu, warmup)
     runs = [read_run(d, warmup) for d in run_dirs]  # (each timeline parsed once: the fit and the profile read it)
+    sizes = [replica_sizes(run) for run in runs]
+    reference = min(sizes, key=lambda s: sum(p.gpus for p in s))
+    same = [run for run, s in zip(runs, sizes) if s == reference]
+    other = [run for run, s in zip(runs, sizes) if s != reference]
+    for run, s in zip(runs, sizes):
+        if any((p.pp, p.cp) != (q.pp, q.cp) for p, q in zip(s, reference)):
+            raise ConfigError(
+                f"--profile {same[0].run_dir} and {run.run_dir} measured replicas of other pipeline or context-"
+                f"parallel sizes (rollout, log-prob, actor: {_sizes(reference)} and {_sizes(s)}); profile runs that "
+                "share them (runs that differ only in tensor-parallel size give its all-reduce's hop)")
+    pooled = pool_same_sizes(same, gpu)
+    if not other:
+        return pooled
+    hop = fit_tp_hop(pooled, other)
+    if hop is None:
+        return replace(pooled, missing=(*pooled.missing, "a tensor-parallel all-reduce's hop (the runs at other "
+                                        "sizes ran no log-prob or training pass at another TP size)"))
+    note = f"the log-prob and training passes of {len(other)} run(s) at another tensor-parallel size"
+    return replace(pooled, tp_hop_s=hop, notes={**pooled.notes, "tp_hop_s": note},
+                   measured=tuple(sorted({*pooled.measured, "tp_hop_s"})),
+                   source=f"{pooled.source}; the TP hop from {', '.join(str(r.run_dir) for r in other)}")
+
+
+def _sizes(sizes: tuple[Parallel, ...]) -> str:
+    return ", ".join(f"TP {p.tp} PP {p.pp} CP {p.cp}" for p in sizes)
+
+
+def pool_same_sizes(runs: Sequence[RunRecord], gpu: str | None = None) -> Costs:
+    """Runs of the same replica sizes in one profile: each run's rates carried to work alone by one co-run fit over
+    all their compute spans (`fit_slowdown`), pooled (`pool_costs`), and a collective's hop from the actor's
+    data-parallel reduction where the runs show one with and one without it (`reduction_hop`: an all-reduce among
+    the actor's ranks, where the pushed broadcast's hop is another kind of collective)."""
+    if len(runs) == 1:
+        return profile_of(runs[0], gpu)
     fit = fit_slowdown([sample for run in runs for sample in run.co_run_samples()])
     profiles = [profile_of(run, gpu, fit) for run in runs]
-    pooled = pool_costs(profiles, [str(d) for d in run_dirs])
+    pooled = pool_costs(profiles, [str(run.run_dir) for run in runs])
     actors = [run.plan.placement.components["actor"] for run in runs]
     hop = reduction_hop(profiles, [(Parallel(a.tp, a.pp, a.cp), a.dp * a.cp) for a in actors])
     if hop is None:

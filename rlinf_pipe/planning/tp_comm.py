@@ -48,20 +48,28 @@ def _shape_of(model_path: str) -> TpShape:  # (read once: a search simulates tho
     return TpShape(arch.num_layers, arch.hidden_size) if arch is not None else TpShape()
 
 
-def allreduce_s(costs: Costs, tp: int, values: float) -> float:
-    """One ring all-reduce of `values` activations over `tp` ranks: `2 (tp - 1)` hops of `collective_s` and
-    `2 (tp - 1) / tp` of the bytes at `collective_bytes_per_s`; 0 for one rank."""
+def allreduce_s(costs: Costs, tp: int, values: float, hop: float | None = None) -> float:
+    """One ring all-reduce of `values` activations over `tp` ranks: `2 (tp - 1)` hops of `hop` (default
+    `Costs.tp_hop`) and `2 (tp - 1) / tp` of the bytes at `collective_bytes_per_s`; 0 for one rank."""
     if tp <= 1:
         return 0.0
     hops = 2 * (tp - 1)
-    return hops * costs.collective_s + hops / tp * values * ACTIVATION_BYTES / costs.collective_bytes_per_s
+    return hops * (costs.tp_hop if hop is None else hop) + hops / tp * values * ACTIVATION_BYTES / \
+        costs.collective_bytes_per_s
 
 
-def extra_tp_s(costs: Costs, shape: TpShape, kind: str, tokens: float, tp: int, measured_tp: int) -> float:
+def extra_tp_s(costs: Costs, shape: TpShape, kind: str, tokens: float, tp: int, measured_tp: int,
+               hop: float | None = None) -> float:
     """The all-reduce seconds of one `kind` pass (`ALLREDUCES_PER_LAYER`) over `tokens` at `tp`, less those at
-    `measured_tp` that the profile's rate already holds (negative when the target has fewer)."""
-    if costs.collective_s < SLOW_HOP_S:
+    `measured_tp` that the profile's rate already holds (negative when the target has fewer); each hop `hop`, or
+    `Costs.tp_hop` where that is a slow link's (`SLOW_HOP_S`; none counted otherwise)."""
+    if hop is None and costs.tp_hop < SLOW_HOP_S:
         return 0.0
     per_layer = ALLREDUCES_PER_LAYER[kind] * shape.layers
     values = tokens * shape.hidden
-    return per_layer * (allreduce_s(costs, tp, values) - allreduce_s(costs, measured_tp, values))
+    return per_layer * (allreduce_s(costs, tp, values, hop) - allreduce_s(costs, measured_tp, values, hop))
+
+
+def extra_tp_hops(shape: TpShape, kind: str, tp: int, measured_tp: int) -> int:
+    """The hops of `extra_tp_s`: how many more one `kind` pass at `tp` waits on than at `measured_tp`."""
+    return ALLREDUCES_PER_LAYER[kind] * shape.layers * 2 * (max(tp, 1) - max(measured_tp, 1))

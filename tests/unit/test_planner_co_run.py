@@ -19,11 +19,15 @@ from tests.unit.test_planner_profile import write_spans
 def test_overlap_counts_other_gpus_of_the_same_host_only():
     # hosts of 2 GPUs. "a" on GPU 0 over [0, 4] meets GPU 1's work over [2, 4] (half its time); "b" on GPU 1 is
     # covered by "a" over [2, 4] of its [2, 4] + [7, 8] (2 of 3 s); "c" on GPU 2 (the next host) overlaps both in
-    # time but shares no host with them; "d" on GPUs 0 and 1 has no other GPU on its host.
+    # time but shares no host with them; "d" on GPUs 0 and 1 (tensor parallel) runs beside itself, its two GPUs
+    # computing together: all its time; "e" on GPUs 2 and 3 over [0, 2] meets "c" on GPU 2 over all of it: from GPU
+    # 3, GPU 2 computes all the time; from GPU 2, GPU 3 (itself) does too; "f" on GPUs 2 and 4 (two hosts) at
+    # [30, 31] is alone on each host: 0.
     work = [Busy("a", 0.0, 4.0, (0,)), Busy("b", 2.0, 4.0, (1,)), Busy("b", 7.0, 8.0, (1,)),
-            Busy("c", 0.0, 10.0, (2,)), Busy("d", 20.0, 21.0, (0, 1))]
+            Busy("c", 0.0, 10.0, (2,)), Busy("d", 20.0, 21.0, (0, 1)), Busy("e", 0.0, 2.0, (2, 3)),
+            Busy("f", 30.0, 31.0, (2, 4))]
     shares = overlap_fractions(work, lambda g: g // 2)
-    assert shares == pytest.approx({"a": 0.5, "b": 2 / 3, "c": 0.0, "d": 0.0})
+    assert shares == pytest.approx({"a": 0.5, "b": 2 / 3, "c": 0.2, "d": 1.0, "e": 1.0, "f": 0.0})
 
 
 def test_the_fit_recovers_the_slowdown_across_stages_of_different_rates_and_pass_sizes():

@@ -11,8 +11,10 @@ from test_planner_profile import write_run, write_spans
 
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.planning.costs import Curve, Parallel
-from rlinf_pipe.planning.profile import read_profile
+from rlinf_pipe.planning.profile import read_profile, read_run
 from rlinf_pipe.planning.profile_pool import pool_costs, read_profiles, reduction_hop
+from rlinf_pipe.planning.tp_comm import TpShape, extra_tp_s
+from rlinf_pipe.planning.tp_hop import pass_hop
 from rlinf_pipe.utils.tracing import Span
 
 
@@ -121,3 +123,43 @@ def test_a_collocated_run_beside_a_pipeline_run_gives_the_hop_and_the_step_alone
     data = dataclasses.replace(alone, collective_s=0.0).reduce_s(Parallel(), 2)
     assert pooled.collective_s == pytest.approx((0.016 - data) / 8)
     assert "data-parallel reduction" in pooled.notes["collective_s"]
+
+
+def tp2_run(folder, hop: float, pp: int = 1):
+    """A collocated run of a TP-2 actor (over GPUs 0 and 1) whose ranks train the pipeline run's passes (40 tokens
+    each, at 160 tokens/s on TP 1: 40 / (160 x 2 x 0.9) s at TP 2, `costs.TP_EFFICIENCY`) side by side, each pass
+    waiting on 4 all-reduces a layer of the tiny model's 2, of 2 hops of `hop` each: 16 hops."""
+    seconds = 40 / (160 * 2 * 0.9) + 16 * hop
+    spans = []
+    for step in range(3):
+        t = 2.0 * step
+        spans += [Span("step", "driver", t, t + 1.0, (), {"step": step})]
+        spans += [Span("train", f"actor/{rank}", t + 0.1 + i * seconds, t + 0.1 + (i + 1) * seconds, (rank,),
+                       {"tokens": 20, "sequences": 2, "sequence_tokens": 60}) for rank in (0, 1) for i in range(2)]
+    return write_spans(folder, spans, ('cluster.component_placement={"actor,rollout": all}',
+                                       "actor.tensor_parallel_size=2", f"actor.pipeline_parallel_size={pp}",
+                                       f"cluster.num_gpus_per_node={2 * pp}"))
+
+
+def test_a_run_at_another_tensor_parallel_size_gives_the_all_reduces_hop(tmp_path):
+    pipeline = write_run(tmp_path / "pipeline")
+    alone = read_profile(pipeline)
+    assert alone.train_tokens_per_s == pytest.approx(160.0) and alone.co_run_slowdown == 0.0
+    # (the bytes: 40 tokens x 64 values of 2 bytes, half of them sent each of 16 hops: 5 MB/s links, about 0.4 ms;
+    # the TP run's ranks compute beside each other all the time, at no slowdown here)
+    data = extra_tp_s(alone, TpShape(2, 64), "train", 40, 2, 1, hop=0.0)
+    assert data == pytest.approx(16 * 2560 / 5e9)
+    pooled = read_profiles([tp2_run(tmp_path / "tp2", 0.003 + data / 16), pipeline])
+    assert pooled.tp_hop_s == pytest.approx(0.003) and pooled.tp_hop == pooled.tp_hop_s
+    assert "tp_hop_s" in pooled.measured and "tensor-parallel" in pooled.notes["tp_hop_s"]
+    # the rates are the TP-1 run's (the smallest replicas), the TP run's passes not among them
+    assert pooled.train_tokens_per_s == alone.train_tokens_per_s and pooled.train_parallel == Parallel()
+    assert pooled.collective_s == alone.collective_s
+    # with a co-run slowdown of 0.5 each pass computes 1.5 x as long (its ranks beside each other all its time):
+    # less is left for the hops
+    compute = 40 / (160 * 2 * 0.9)
+    hops = pass_hop(dataclasses.replace(alone, co_run_slowdown=0.5), read_run(tmp_path / "tp2", warmup=1))
+    assert hops == pytest.approx([0.003 - 0.5 * compute / 16] * 8)  # (2 ranks x 2 passes x the 2 steps kept)
+    # runs of other pipeline sizes: refused, naming both
+    with pytest.raises(ConfigError, match="other pipeline or context-parallel sizes.*TP 1 PP 1.*TP 2 PP 2"):
+        read_profiles([pipeline, tp2_run(tmp_path / "pp2", 0.003, pp=2)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from test_planner_simulate import costs, predict
 
-from rlinf_pipe.planning.tp_comm import TpShape, allreduce_s, extra_tp_s
+from rlinf_pipe.planning.tp_comm import TpShape, allreduce_s, extra_tp_hops, extra_tp_s
 
 
 def test_a_ring_all_reduce_pays_two_hops_per_extra_rank_and_a_pass_its_layers_all_reduces():
@@ -21,6 +21,11 @@ def test_a_ring_all_reduce_pays_two_hops_per_extra_rank_and_a_pass_its_layers_al
     assert extra_tp_s(slow, shape, "train", 100, 2, 2) == 0.0  # (the profile's rate holds them)
     assert extra_tp_s(slow, shape, "train", 100, 1, 2) == pytest.approx(-0.016)
     assert extra_tp_s(costs(collective_s=2e-5), shape, "train", 100, 2, 1) == 0.0  # (a GPU's hop: not counted)
+    # a TP all-reduce's own hop, where a run at TP 2 measured it, in place of the other collectives' hop
+    assert extra_tp_s(costs(collective_s=2e-5, tp_hop_s=0.003, collective_bytes_per_s=1e30), shape, "train", 100, 2,
+                      1) == pytest.approx(0.048)
+    assert extra_tp_s(slow, shape, "train", 100, 2, 1, hop=0.0) == pytest.approx(0.0, abs=1e-20)  # (bytes alone)
+    assert extra_tp_hops(shape, "train", 2, 1) == 16 and extra_tp_hops(shape, "logprob", 4, 2) == 16
 
 
 def test_a_tensor_parallel_actor_pays_its_all_reduces_on_each_training_pass():

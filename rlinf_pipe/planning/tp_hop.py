@@ -1,0 +1,62 @@
+"""One hop of a tensor-parallel all-reduce, measured by runs whose actor or log-prob replicas have another TP size
+than the profile's (`plan --profile RUN RUN ...`).
+
+A profile of TP-1 runs cannot time a TP all-reduce: its hop is otherwise a pushed broadcast's or the actor's
+data-parallel reduction's, other collectives (on the 2-core machine a collocated TP-2 step was predicted 24% fast
+from the reduction's hop). A run at TP 2 holds them: each of its log-prob and training passes takes the profile's
+computing for its tokens, carried to its size and slowed by the co-run factor of its overlap (its ranks compute
+beside each other), plus the all-reduces it waits on beyond the profile's (`tp_comm.extra_tp_hops`), each a hop and
+its bytes. The hop is the median over the run's passes of what is left, over their hops."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from rlinf_pipe.planning.co_run import Busy, alone_factor, overlap_fractions
+from rlinf_pipe.planning.costs import Costs, Parallel
+from rlinf_pipe.planning.gpu_ids import NodeLayout
+from rlinf_pipe.planning.profile import RunRecord, SpanTokens, replica_parallel
+from rlinf_pipe.planning.tp_comm import extra_tp_hops, extra_tp_s, tp_shape
+
+PASS_SPANS = ("logprob", "train")
+
+
+def pass_hop(costs: Costs, run: RunRecord) -> list[float]:
+    """Per log-prob or training span of `run` whose replica's TP differs from the one `costs` measured it at, the
+    hop its all-reduces imply (see the module docstring)."""
+    shape = tp_shape(run.cfg)
+    if not shape.layers:
+        return []
+    counts = SpanTokens.of(run.cfg, costs)
+    logprob_par = replica_parallel(run.plan, run.plan.logprob_component or "actor")
+    train_par = replica_parallel(run.plan, "actor")
+    spans = [s for s in run.work if s.name in PASS_SPANS and s.devices and s.duration > 0]
+    host_of = NodeLayout(run.plan.placement.gpus_per_node).node_of
+    shares = overlap_fractions([Busy(i, s.start, s.end, s.devices) for i, s in enumerate(spans)], host_of)
+    hops_left = []
+    for i, s in enumerate(spans):
+        par: Parallel
+        if s.name == "train":
+            kind, par, passes, tokens = "train", train_par, 1, counts.train(s)
+            compute = costs.train_pass_s + tokens / costs.train_rate(par)
+            measured_tp = costs.train_parallel.tp
+        else:
+            kind, par, passes = "logprob", logprob_par, counts.passes
+            tokens = counts.logprob(s) / passes
+            compute = passes * (costs.logprob_pass_s + tokens / costs.logprob_rate(par))
+            measured_tp = costs.logprob_parallel.tp
+        hops = passes * extra_tp_hops(shape, kind, par.tp, measured_tp)
+        if hops <= 0 or tokens <= 0:
+            continue
+        data = passes * extra_tp_s(costs, shape, kind, tokens, par.tp, measured_tp, hop=0.0)
+        left = s.duration - compute * alone_factor(costs.co_run_slowdown, shares[i]) - data
+        hops_left.append(left / hops)
+    return hops_left
+
+
+def fit_tp_hop(costs: Costs, runs: Sequence[RunRecord]) -> float | None:
+    """The hop of a TP all-reduce from `runs` (at other TP sizes than `costs` measured): the median over their
+    passes (`pass_hop`), at least 0; None where none has all-reduces to count."""
+    hops = [h for run in runs for h in pass_hop(costs, run)]
+    return max(0.0, statistics.median(hops)) if hops else None
