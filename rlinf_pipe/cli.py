@@ -314,8 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "its measured step time, bubble and tokens/s (profiled from itself unless --profile)")
     plan.add_argument("--profile", metavar="RUN_DIR", nargs="+", default=None, help="the costs a run measured (its "
                       "timeline.json and metrics.jsonl), or the median of several runs' (of one placement or "
-                      "several: their co-run slowdown fitted together); default: derived from the model's size and "
-                      "the GPU")
+                      "several: their co-run slowdown fitted together; a run at another tensor-parallel size gives "
+                      "a TP all-reduce's hop); default: derived from the model's size and the GPU")
     plan.add_argument("--costs", metavar="ACTOR_S,ROLLOUT_S,INFERENCE_S", default=None, help="RLinf-style "
                       "seconds per step of each, measured collocated on every GPU")
     plan.add_argument("--gpus", type=int, default=None, help="search a cluster of N GPUs (nodes of 8) instead of "

@@ -115,6 +115,8 @@ class Costs:
     co_run_slowdown: float = 0.0  # work x (1 + this x the share of its time another GPU of its host computes)
     phase_call_s: float = 0.0  # a stage call's latency, the driver's call to the worker's first work (`phase_call`)
     logprob_handoff_s: float = 0.0  # a log-prob worker's time between its passes of one step (reading the next group)
+    share_s: float = 0.0  # a pass's input shared from a replica's input rank with its other ranks (a replica over
+    # several GPUs), beyond `logprob_handoff_s`, where a run of such replicas measured it
     logprob_pass_s: float = 0.0  # a log-prob pass's fixed seconds, whatever its tokens (where measured)
     train_pass_s: float = 0.0  # a training pass's (micro-batch's) fixed seconds, whatever its tokens (where measured)
     missing: tuple[str, ...] = ()  # figures the source did not have (each taken from the default, labelled)
@@ -173,7 +175,7 @@ class Costs:
                 "optimizer_step_s": self.optimizer_step_s, "weight_sync_s": self.weight_sync_s,
                 "collective_s": self.collective_s, "tp_hop_s": self.tp_hop, "call_s": self.call_s, "step_gap_s": self.step_gap_s,
                 "decode_call_s": self.decode_call_s, "co_run_slowdown": self.co_run_slowdown,
-                "phase_call_s": self.phase_call, "logprob_handoff_s": self.logprob_handoff_s,
+                "phase_call_s": self.phase_call, "logprob_handoff_s": self.logprob_handoff_s, "share_s": self.share_s,
                 "logprob_pass_s": self.logprob_pass_s, "train_pass_s": self.train_pass_s,
                 "reward_s_per_sample": self.reward_s_per_sample, "switch_s": self.switch_s,
                 "launch_s": self.launch_s}

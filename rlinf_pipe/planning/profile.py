@@ -343,22 +343,35 @@ def _driver_figures(spans: Sequence[Span], metrics: Sequence[dict], warmup: int,
     return out
 
 
-def _stage_calls(work: Sequence[Span], plan: RunPlan) -> dict[str, float]:
-    """What a stage's calls cost beyond its passes: a log-prob worker's time between its passes of one step (the
-    lower quartile of the gaps between consecutive `logprob` spans of a worker and step: a group read while the
-    next waited, not a wait for it to arrive), and, where the actor computes the log-probs, the latency of the
-    driver's call that starts its training (the median per step of its first `train` span's start less its last
-    `logprob` span's end: the call returns, the next goes out)."""
-    out: dict[str, float] = {}
+def _logprob_passes(work: Sequence[Span]) -> dict[tuple[str, object], list[Span]]:
+    """The `logprob` spans per worker and step."""
     passes: dict[tuple[str, object], list[Span]] = defaultdict(list)
     for s in _by(work, "logprob"):
         passes[(s.track, s.args.get("step"))].append(s)
+    return passes
+
+
+def logprob_handoff_s(work: Sequence[Span]) -> float | None:
+    """A log-prob worker's time between its passes of one step: the lower quartile of the gaps between consecutive
+    `logprob` spans of a worker and step (a group read while the next waited, not a wait for it to arrive)."""
     gaps: list[float] = []
-    for group in passes.values():
+    for group in _logprob_passes(work).values():
         ordered = sorted(group, key=lambda s: s.start)
         gaps += [b.start - a.end for a, b in zip(ordered, ordered[1:]) if b.start >= a.end]
-    if gaps:
-        out["logprob_handoff_s"] = statistics.quantiles(gaps, n=4)[0] if len(gaps) > 1 else gaps[0]
+    if not gaps:
+        return None
+    return statistics.quantiles(gaps, n=4)[0] if len(gaps) > 1 else gaps[0]
+
+
+def _stage_calls(work: Sequence[Span], plan: RunPlan) -> dict[str, float]:
+    """What a stage's calls cost beyond its passes: a log-prob worker's time between its passes of one step
+    (`logprob_handoff_s`), and, where the actor computes the log-probs, the latency of the
+    driver's call that starts its training (the median per step of its first `train` span's start less its last
+    `logprob` span's end: the call returns, the next goes out)."""
+    out: dict[str, float] = {}
+    passes = _logprob_passes(work)
+    if (handoff := logprob_handoff_s(work)) is not None:
+        out["logprob_handoff_s"] = handoff
     if plan.actor_logprobs:
         trains: dict[tuple[str, object], float] = {}
         for s in _by(work, "train", "actor"):

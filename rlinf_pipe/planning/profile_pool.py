@@ -24,7 +24,7 @@ from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.planning.costs import Costs, Curve, Parallel, reduce_hops
 from rlinf_pipe.planning.co_run import fit_slowdown
 from rlinf_pipe.planning.profile import RunRecord, profile_of, read_profile, read_run, replica_parallel
-from rlinf_pipe.planning.tp_hop import fit_tp_hop
+from rlinf_pipe.planning.tp_hop import fit_input_share, fit_tp_hop
 
 PARALLEL_FIELDS = ("rollout_parallel", "logprob_parallel", "train_parallel")
 
@@ -109,7 +109,8 @@ def replica_sizes(run: RunRecord) -> tuple[Parallel, Parallel, Parallel]:
 def read_profiles(run_dirs: Sequence[str | Path], gpu: str | None = None, warmup: int = 1) -> Costs:
     """The profile of several runs: those of the smallest replicas (the first such run's sizes) pooled
     (`pool_same_sizes`); runs whose replicas differ from them only in tensor-parallel size give one hop of a TP
-    all-reduce (`tp_hop.fit_tp_hop`, `Costs.tp_hop_s`). One run's profile as it is."""
+    all-reduce and a pass's wait for its input shared among a replica's ranks (`planning.tp_hop`, `Costs.tp_hop_s`,
+    `Costs.share_s`). One run's profile as it is."""
     for run_dir in run_dirs:
         if Path(run_dir).is_file():  # (`--profile RUN CONFIG`: the list took the config too)
             raise ConfigError(f"--profile {run_dir}: a file, where run folders go; give the config before --profile "
@@ -130,14 +131,19 @@ def read_profiles(run_dirs: Sequence[str | Path], gpu: str | None = None, warmup
     pooled = pool_same_sizes(same, gpu)
     if not other:
         return pooled
-    hop = fit_tp_hop(pooled, other)
-    if hop is None:
+    figures: dict[str, float] = {}
+    if (hop := fit_tp_hop(pooled, other)) is not None:
+        figures["tp_hop_s"] = hop
+    if (share := fit_input_share(pooled, other)) is not None:
+        figures["share_s"] = share
+    if not figures:
         return replace(pooled, missing=(*pooled.missing, "a tensor-parallel all-reduce's hop (the runs at other "
                                         "sizes ran no log-prob or training pass at another TP size)"))
     note = f"the log-prob and training passes of {len(other)} run(s) at another tensor-parallel size"
-    return replace(pooled, tp_hop_s=hop, notes={**pooled.notes, "tp_hop_s": note},
-                   measured=tuple(sorted({*pooled.measured, "tp_hop_s"})),
-                   source=f"{pooled.source}; the TP hop from {', '.join(str(r.run_dir) for r in other)}")
+    return replace(pooled, **figures,  # type: ignore[arg-type]
+                   notes={**pooled.notes, **{k: note for k in figures}},
+                   measured=tuple(sorted({*pooled.measured, *figures})),
+                   source=f"{pooled.source}; the TP figures from {', '.join(str(r.run_dir) for r in other)}")
 
 
 def _sizes(sizes: tuple[Parallel, ...]) -> str:

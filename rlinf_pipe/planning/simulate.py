@@ -252,6 +252,8 @@ class _Sim:
         # log-prob workers on a shared set hold its GPUs group by group: each hold a round trip to the lock table
         hold = self.costs.call_s if stage.turns_with and comp.name != "actor" else 0.0
         hold += self.costs.logprob_handoff_s  # (and each pass reads its group first)
+        hold += self.costs.share_s if par.gpus > 1 else 0.0  # (shared among the replica's ranks; an actor's training
+        # reads its next micro-batch while one trains)
         before = pool.busy
         out = []
         for t, grp in sorted(arrivals):

@@ -6,7 +6,11 @@ data-parallel reduction's, other collectives (on the 2-core machine a collocated
 from the reduction's hop). A run at TP 2 holds them: each of its log-prob and training passes takes the profile's
 computing for its tokens, carried to its size and slowed by the co-run factor of its overlap (its ranks compute
 beside each other), plus the all-reduces it waits on beyond the profile's (`tp_comm.extra_tp_hops`), each a hop and
-its bytes. The hop is the median over the run's passes of what is left, over their hops."""
+its bytes. The hop is the median over the run's passes of what is left, over their hops.
+
+Such a run also shows what each pass of a replica over several GPUs waits for before it starts: its input, read on the
+replica's input rank and shared with the others (`workers/replica_input.py`, a broadcast between the ranks'
+processes): its log-prob worker's time between passes less the profile's (`fit_input_share`)."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from collections.abc import Sequence
 from rlinf_pipe.planning.co_run import Busy, alone_factor, overlap_fractions
 from rlinf_pipe.planning.costs import Costs, Parallel
 from rlinf_pipe.planning.gpu_ids import NodeLayout
-from rlinf_pipe.planning.profile import RunRecord, SpanTokens, replica_parallel
+from rlinf_pipe.planning.profile import RunRecord, SpanTokens, logprob_handoff_s, replica_parallel
 from rlinf_pipe.planning.tp_comm import extra_tp_hops, extra_tp_s, tp_shape
 
 PASS_SPANS = ("logprob", "train")
@@ -60,3 +64,16 @@ def fit_tp_hop(costs: Costs, runs: Sequence[RunRecord]) -> float | None:
     passes (`pass_hop`), at least 0; None where none has all-reduces to count."""
     hops = [h for run in runs for h in pass_hop(costs, run)]
     return max(0.0, statistics.median(hops)) if hops else None
+
+
+def fit_input_share(costs: Costs, runs: Sequence[RunRecord]) -> float | None:
+    """The seconds a pass of a replica over several GPUs waits for its input to be shared among its ranks: the
+    median over `runs` whose log-prob replicas are such of their log-prob workers' time between passes
+    (`profile.logprob_handoff_s`) less `costs.logprob_handoff_s`, at least 0; None where no such run has passes."""
+    shares = []
+    for run in runs:
+        if replica_parallel(run.plan, run.plan.logprob_component or "actor").gpus > 1:
+            handoff = logprob_handoff_s(run.work)
+            if handoff is not None:
+                shares.append(max(0.0, handoff - costs.logprob_handoff_s))
+    return statistics.median(shares) if shares else None

@@ -163,3 +163,20 @@ def test_a_run_at_another_tensor_parallel_size_gives_the_all_reduces_hop(tmp_pat
     # runs of other pipeline sizes: refused, naming both
     with pytest.raises(ConfigError, match="other pipeline or context-parallel sizes.*TP 1 PP 1.*TP 2 PP 2"):
         read_profiles([pipeline, tp2_run(tmp_path / "pp2", 0.003, pp=2)])
+
+
+def test_a_tensor_parallel_run_gives_the_wait_for_a_passs_input_shared_among_its_ranks(tmp_path):
+    # The TP-2 actor computes reference log-probs: per step 3 passes on each rank, 1.5 ms apart, where the profile's
+    # log-prob worker reads its next group in `logprob_handoff_s`: the rest is the input's share among the ranks.
+    pipeline = write_run(tmp_path / "pipeline")
+    spans = []
+    for step in range(3):
+        t = 2.0 * step
+        spans.append(Span("step", "driver", t, t + 1.0, (), {"step": step}))
+        spans += [Span("logprob", f"actor/{rank}", t + 0.1 + i * 0.0115, t + 0.11 + i * 0.0115, (rank,),
+                       {"step": step, "sequences": 2, "tokens": 60}) for rank in (0, 1) for i in range(3)]
+    tp2 = write_spans(tmp_path / "tp2", spans, ('cluster.component_placement={"actor,rollout": all}',
+                                                "actor.tensor_parallel_size=2", "algorithm.compute_ref_logprobs=true"))
+    pooled = read_profiles([pipeline, tp2])
+    assert pooled.share_s == pytest.approx(0.0015 - read_profile(pipeline).logprob_handoff_s)
+    assert "share_s" in pooled.measured and "share_s" in pooled.notes

@@ -40,6 +40,18 @@ def test_a_tensor_parallel_actor_pays_its_all_reduces_on_each_training_pass():
     assert predict(costs(collective_s=0.01), *one).step_s == predict(costs(collective_s=0.0), *one).step_s
 
 
+def test_a_log_prob_pass_of_a_replica_over_several_gpus_waits_for_its_input_to_be_shared():
+    # The TP-2 actor computes reference log-probs: each of its 2 passes (a group each) first shares its group among
+    # its ranks, 10 ms; a TP-1 actor's passes do not wait so.
+    tp2 = ("cluster.num_gpus_per_node=2", 'cluster.component_placement={"actor,rollout": all}',
+           "actor.tensor_parallel_size=2", "algorithm.compute_ref_logprobs=true")
+    shared, plain = (predict(costs(share_s=s), *tp2).step_s for s in (0.01, 0.0))
+    assert shared - plain == pytest.approx(0.02)
+    one = ("cluster.num_gpus_per_node=1", 'cluster.component_placement={"actor,rollout": all}',
+           "algorithm.compute_ref_logprobs=true")
+    assert predict(costs(share_s=0.01), *one).step_s == predict(costs(), *one).step_s
+
+
 def test_pipeline_stages_add_no_throughput_to_a_streaming_pass():
     # The actor's passes send one micro-batch through the stages one after the other: an actor of PP 2 on GPUs 1-2
     # trains as fast as one of PP 1 on GPU 1 (each stage holds half the model, and they take turns).
