@@ -173,9 +173,10 @@ class Costs:
                 "prefill_tokens_per_s": self.prefill_tokens_per_s,
                 "logprob_tokens_per_s": self.logprob_tokens_per_s, "train_tokens_per_s": self.train_tokens_per_s,
                 "optimizer_step_s": self.optimizer_step_s, "weight_sync_s": self.weight_sync_s,
-                "collective_s": self.collective_s, "tp_hop_s": self.tp_hop, "call_s": self.call_s, "step_gap_s": self.step_gap_s,
-                "decode_call_s": self.decode_call_s, "co_run_slowdown": self.co_run_slowdown,
-                "phase_call_s": self.phase_call, "logprob_handoff_s": self.logprob_handoff_s, "share_s": self.share_s,
+                "collective_s": self.collective_s, "tp_hop_s": self.tp_hop, "call_s": self.call_s,
+                "step_gap_s": self.step_gap_s, "decode_call_s": self.decode_call_s,
+                "co_run_slowdown": self.co_run_slowdown, "phase_call_s": self.phase_call,
+                "logprob_handoff_s": self.logprob_handoff_s, "share_s": self.share_s,
                 "logprob_pass_s": self.logprob_pass_s, "train_pass_s": self.train_pass_s,
                 "reward_s_per_sample": self.reward_s_per_sample, "switch_s": self.switch_s,
                 "launch_s": self.launch_s}

@@ -132,10 +132,15 @@ def _longest_per_version(work: Sequence[Span], driver: bool) -> dict[object, flo
     return versions
 
 
-def replica_parallel(plan: RunPlan, name: str | None) -> Parallel:
-    """The parallel sizes of a replica of component `name` in `plan` (1s where it is not placed)."""
+def _parallel(plan: RunPlan, name: str | None) -> Parallel:
     comp = plan.placement.components.get(name or "")
     return Parallel(comp.tp, comp.pp, comp.cp) if comp else Parallel()
+
+
+def replica_sizes(plan: RunPlan) -> tuple[Parallel, Parallel, Parallel]:
+    """The parallel sizes a run measures its rates on: its rollout, log-prob and actor replicas' (1s where one is
+    not placed)."""
+    return _parallel(plan, "rollout"), _parallel(plan, plan.logprob_component or "actor"), _parallel(plan, "actor")
 
 
 @dataclass(frozen=True)
@@ -210,8 +215,7 @@ def profile_of(run: RunRecord, gpu: str | None = None, co_run: float | None = No
     (`profile_pool`), in place of this run's own fit."""
     run_dir, warmup, cfg, plan, spans, work, metrics = (run.run_dir, run.warmup, run.cfg, run.plan, run.spans,
                                                         run.work, run.metrics)
-    base = carried(default_costs(cfg, gpu or default_gpu(cfg)), replica_parallel(plan, "rollout"),
-                   replica_parallel(plan, plan.logprob_component or "actor"), replica_parallel(plan, "actor"))
+    base = carried(default_costs(cfg, gpu or default_gpu(cfg)), *replica_sizes(plan))
     missing: list[str] = []
     figures: dict[str, object] = {}
     reward = _by(work, "reward")
@@ -298,7 +302,7 @@ def profile_of(run: RunRecord, gpu: str | None = None, co_run: float | None = No
     if opt := [s.duration for s in _by(work, "optimizer_step")]:  # (less its data-parallel reduction)
         actor = plan.placement.components["actor"]
         hop = replace(base, collective_s=base.collective_s if collective is None else collective)
-        figures["optimizer_step_s"] = max(0.0, statistics.median(opt) - hop.reduce_s(replica_parallel(plan, "actor"),
+        figures["optimizer_step_s"] = max(0.0, statistics.median(opt) - hop.reduce_s(_parallel(plan, "actor"),
                                                                                     actor.dp * actor.cp))
         if collective is None and actor.dp * actor.cp > 1:  # (its reduction taken off at the default's hop)
             stand_in.append("optimizer_step_s")
@@ -354,8 +358,12 @@ def _logprob_passes(work: Sequence[Span]) -> dict[tuple[str, object], list[Span]
 def logprob_handoff_s(work: Sequence[Span]) -> float | None:
     """A log-prob worker's time between its passes of one step: the lower quartile of the gaps between consecutive
     `logprob` spans of a worker and step (a group read while the next waited, not a wait for it to arrive)."""
+    return _handoff(_logprob_passes(work))
+
+
+def _handoff(passes: dict[tuple[str, object], list[Span]]) -> float | None:
     gaps: list[float] = []
-    for group in _logprob_passes(work).values():
+    for group in passes.values():
         ordered = sorted(group, key=lambda s: s.start)
         gaps += [b.start - a.end for a, b in zip(ordered, ordered[1:]) if b.start >= a.end]
     if not gaps:
@@ -370,7 +378,7 @@ def _stage_calls(work: Sequence[Span], plan: RunPlan) -> dict[str, float]:
     `logprob` span's end: the call returns, the next goes out)."""
     out: dict[str, float] = {}
     passes = _logprob_passes(work)
-    if (handoff := logprob_handoff_s(work)) is not None:
+    if (handoff := _handoff(passes)) is not None:
         out["logprob_handoff_s"] = handoff
     if plan.actor_logprobs:
         trains: dict[tuple[str, object], float] = {}

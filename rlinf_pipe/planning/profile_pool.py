@@ -23,7 +23,7 @@ from pathlib import Path
 from rlinf_pipe.errors import ConfigError
 from rlinf_pipe.planning.costs import Costs, Curve, Parallel, reduce_hops
 from rlinf_pipe.planning.co_run import fit_slowdown
-from rlinf_pipe.planning.profile import RunRecord, profile_of, read_profile, read_run, replica_parallel
+from rlinf_pipe.planning.profile import RunRecord, profile_of, read_profile, read_run, replica_sizes
 from rlinf_pipe.planning.tp_hop import fit_input_share, fit_tp_hop
 
 PARALLEL_FIELDS = ("rollout_parallel", "logprob_parallel", "train_parallel")
@@ -99,13 +99,6 @@ def reduction_hop(profiles: Sequence[Costs], actors: Sequence[tuple[Parallel, in
     return statistics.median(hops)
 
 
-def replica_sizes(run: RunRecord) -> tuple[Parallel, Parallel, Parallel]:
-    """The parallel sizes a run measured its rates on: its rollout, log-prob and actor replicas'."""
-    plan = run.plan
-    return (replica_parallel(plan, "rollout"), replica_parallel(plan, plan.logprob_component or "actor"),
-            replica_parallel(plan, "actor"))
-
-
 def read_profiles(run_dirs: Sequence[str | Path], gpu: str | None = None, warmup: int = 1) -> Costs:
     """The profile of several runs: those of the smallest replicas (the first such run's sizes) pooled
     (`pool_same_sizes`); runs whose replicas differ from them only in tensor-parallel size give one hop of a TP
@@ -118,7 +111,7 @@ def read_profiles(run_dirs: Sequence[str | Path], gpu: str | None = None, warmup
     if len(run_dirs) == 1:
         return read_profile(run_dirs[0], gpu, warmup)
     runs = [read_run(d, warmup) for d in run_dirs]  # (each timeline parsed once: the fit and the profile read it)
-    sizes = [replica_sizes(run) for run in runs]
+    sizes = [replica_sizes(run.plan) for run in runs]
     reference = min(sizes, key=lambda s: sum(p.gpus for p in s))
     same = [run for run, s in zip(runs, sizes) if s == reference]
     other = [run for run, s in zip(runs, sizes) if s != reference]

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from rlinf_pipe.planning.co_run import Busy, alone_factor, overlap_fractions
 from rlinf_pipe.planning.costs import Costs, Parallel
 from rlinf_pipe.planning.gpu_ids import NodeLayout
-from rlinf_pipe.planning.profile import RunRecord, SpanTokens, logprob_handoff_s, replica_parallel
+from rlinf_pipe.planning.profile import RunRecord, SpanTokens, logprob_handoff_s, replica_sizes
 from rlinf_pipe.planning.tp_comm import extra_tp_hops, extra_tp_s, tp_shape
 
 PASS_SPANS = ("logprob", "train")
@@ -33,8 +33,7 @@ def pass_hop(costs: Costs, run: RunRecord) -> list[float]:
     if not shape.layers:
         return []
     counts = SpanTokens.of(run.cfg, costs)
-    logprob_par = replica_parallel(run.plan, run.plan.logprob_component or "actor")
-    train_par = replica_parallel(run.plan, "actor")
+    _, logprob_par, train_par = replica_sizes(run.plan)
     spans = [s for s in run.work if s.name in PASS_SPANS and s.devices and s.duration > 0]
     host_of = NodeLayout(run.plan.placement.gpus_per_node).node_of
     shares = overlap_fractions([Busy(i, s.start, s.end, s.devices) for i, s in enumerate(spans)], host_of)
@@ -72,7 +71,7 @@ def fit_input_share(costs: Costs, runs: Sequence[RunRecord]) -> float | None:
     (`profile.logprob_handoff_s`) less `costs.logprob_handoff_s`, at least 0; None where no such run has passes."""
     shares = []
     for run in runs:
-        if replica_parallel(run.plan, run.plan.logprob_component or "actor").gpus > 1:
+        if replica_sizes(run.plan)[1].gpus > 1:
             handoff = logprob_handoff_s(run.work)
             if handoff is not None:
                 shares.append(max(0.0, handoff - costs.logprob_handoff_s))
