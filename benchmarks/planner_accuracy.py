@@ -31,11 +31,14 @@ Reported: per placement its name, overrides, predicted and measured seconds per 
 `max_abs_error`; over all of them, `same_ranking` (the placements sorted by predicted step time == sorted by
 measured step time), and over the pairs of placements whose runs do not overlap (every run of one faster than every
 run of the other: those the measurement can tell apart on a noisy host) how many the prediction orders alike
-(`distinguishable_pairs`, `distinguishable_pairs_ordered_alike`). `--predict-only DIR` re-predicts the runs a
+(`distinguishable_pairs`, `distinguishable_pairs_ordered_alike`), and the ranking the runs measure: the largest
+set of placements every two of which they tell apart, in measured order (`ranked_placements`; where the runs of
+two placements overlap, the next invocation may measure them in either order), and whether every such set is
+predicted in that order (`ranked_alike`). `--predict-only DIR` re-predicts the runs a
 previous `--output-dir DIR` kept (its `runs.json`) without training. Given several DIRs (invocations, each with its
 own profile) it pools them (`pooled`): per placement the median of all their runs against the median of the
 invocations' predictions, and the pairs of placements their runs tell apart by how often a run of one is faster
-than a run of the other, over every pairing of their runs (`told_apart`: at least `TOLD_APART`). With --json the
+than a run of the other, over every pairing of their runs (`told_apart`: at least `accuracy_summary.TOLD_APART`). With --json the
 last printed line is one JSON object.
 """
 
@@ -48,11 +51,15 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from accuracy_summary import pooled, print_pooled, print_ranking, told_apart_ranking  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "examples" / "math" / "config"
@@ -84,7 +91,6 @@ PLACEMENTS = (
                                    "rollout.tensor_parallel_size=2", "actor.tensor_parallel_size=2")),
 )
 BY_NAME = {p.name: p for p in PLACEMENTS}
-TOLD_APART = 0.75  # pooled: two placements are told apart where a run of one beats a run of the other this often
 
 
 def load(placement: Placement, args: argparse.Namespace, model: str | None, out: Path) -> Any:
@@ -170,59 +176,14 @@ def compare(runs: dict[str, list[Path]], profiled: list[str], warmup: int, pool:
         b["measured_runs_s"]) or max(b["measured_runs_s"]) < min(a["measured_runs_s"])]
     alike = [(a, b) for a, b in told_apart if (a["measured_step_s"] < b["measured_step_s"]) == (
         a["predicted_step_s"] < b["predicted_step_s"])]
+    ranking = told_apart_ranking({r["name"]: r["measured_step_s"] for r in rows},
+                                 {r["name"]: r["predicted_step_s"] for r in rows},
+                                 {frozenset((a["name"], b["name"])) for a, b in told_apart})
     return {"profiled": profiled, "profile_runs": [str(d) for d in profile_dirs], "costs": costs.to_json(),
             "median_abs_error": round(statistics.median(others), 4), "max_abs_error": round(max(others), 4),
             "same_ranking": by_predicted == by_measured, "predicted_ranking": by_predicted,
             "measured_ranking": by_measured, "distinguishable_pairs": len(told_apart),
-            "distinguishable_pairs_ordered_alike": len(alike), "placements": rows}
-
-
-def pooled(summaries: list[dict[str, Any]]) -> dict[str, Any]:
-    """Several invocations' summaries together (see the module docstring): each placement's runs pooled, its
-    prediction the median of the invocations'; the errors over the placements not profiled; `same_ranking`; and of
-    the pairs of placements, those whose runs one wins in at least `TOLD_APART` of their pairings (`win`: how often
-    a run of the faster by median is faster than a run of the other), and how many of them the prediction orders
-    alike."""
-    names = [r["name"] for r in summaries[0]["placements"]]
-    rows = {n: [r for s in summaries for r in s["placements"] if r["name"] == n] for n in names}
-    runs = {n: [m for r in rs for m in r["measured_runs_s"]] for n, rs in rows.items()}
-    measured = {n: statistics.median(v) for n, v in runs.items()}
-    predicted = {n: statistics.median(r["predicted_step_s"] for r in rs) for n, rs in rows.items()}
-    error = {n: (predicted[n] - measured[n]) / measured[n] for n in names}
-    others = [abs(error[n]) for n in names if not rows[n][0]["profiled"]] or [abs(e) for e in error.values()]
-    pairs = []
-    for a, b in itertools.combinations(sorted(names, key=measured.__getitem__), 2):
-        win = sum(x < y for x in runs[a] for y in runs[b]) / (len(runs[a]) * len(runs[b]))
-        pairs.append({"faster": a, "slower": b, "gap": round((measured[b] - measured[a]) / measured[a], 4),
-                      "win": round(win, 3), "told_apart": win >= TOLD_APART,
-                      "predicted_alike": predicted[a] < predicted[b]})
-    told = [p for p in pairs if p["told_apart"]]
-    by_predicted, by_measured = sorted(names, key=predicted.__getitem__), sorted(names, key=measured.__getitem__)
-    return {"invocations": len(summaries), "median_abs_error": round(statistics.median(others), 4),
-            "max_abs_error": round(max(others), 4), "same_ranking": by_predicted == by_measured,
-            "predicted_ranking": by_predicted, "measured_ranking": by_measured, "told_apart_pairs": len(told),
-            "told_apart_pairs_ordered_alike": sum(p["predicted_alike"] for p in told), "pairs": pairs,
-            "placements": [{"name": n, "profiled": rows[n][0]["profiled"], "measured_step_s": round(measured[n], 4),
-                            "runs": len(runs[n]), "predicted_step_s": round(predicted[n], 4),
-                            "error": round(error[n], 4)} for n in names]}
-
-
-def print_pooled(summary: dict[str, Any]) -> None:
-    print(f"pooled over {summary['invocations']} invocations")
-    print(f"{'placement':<26}{'runs':>5}{'measured s':>11}{'predicted':>11}{'error':>9}")
-    for r in summary["placements"]:
-        mark = " (profiled)" if r["profiled"] else ""
-        print(f"{r['name']:<26}{r['runs']:>5}{r['measured_step_s']:>11.3f}{r['predicted_step_s']:>11.3f}"
-              f"{r['error']:>+9.1%}{mark}")
-    print(f"median |error| {summary['median_abs_error']:.1%}, worst {summary['max_abs_error']:.1%}; same ranking: "
-          f"{summary['same_ranking']}")
-    for p in summary["pairs"]:
-        if not p["predicted_alike"]:
-            print(f"  predicted in the other order: {p['faster']} < {p['slower']} ({p['gap']:+.1%}, a run of the "
-                  f"first faster in {p['win']:.0%} of pairings)")
-    print(f"pairs told apart (a run of one faster in at least {TOLD_APART:.0%} of pairings): "
-          f"{summary['told_apart_pairs']}, of which predicted in the same order: "
-          f"{summary['told_apart_pairs_ordered_alike']}")
+            "distinguishable_pairs_ordered_alike": len(alike), **ranking, "placements": rows}
 
 
 def repredict(folder: str, pool: bool = False, profiled: list[str] | None = None) -> dict[str, Any]:
@@ -266,6 +227,7 @@ def print_table(summary: dict[str, Any]) -> None:
     print(f"pairs of placements the runs tell apart (every run of one faster than every run of the other): "
           f"{summary['distinguishable_pairs']}, of which predicted in the same order: "
           f"{summary['distinguishable_pairs_ordered_alike']}")
+    print_ranking(summary)
 
 
 def commit() -> str:

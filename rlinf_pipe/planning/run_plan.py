@@ -27,7 +27,7 @@ from rlinf_pipe.planning.weight_routes import (
     ipc_unreachable,
     weight_routes,
 )
-from rlinf_pipe.weights.transport_names import TRANSPORTS, Transport, needs_rendezvous
+from rlinf_pipe.weights.transport_names import TRANSPORTS, Transport
 
 
 @dataclass(frozen=True)
@@ -123,19 +123,6 @@ def sync_calls(plan: RunPlan) -> int:
     comps = plan.placement.components
     actor = set(comps["actor"].gpus)
     return int(any(actor & set(comps[n].gpus) for n in plan.weight_receivers if n in comps))
-
-
-def starts_next_early(cfg: Config, plan: RunPlan) -> bool:
-    """Whether the next step's generation starts as soon as a step's training ends, before the driver's work
-    between the steps (`runner.generation.RolloutSchedule.starts_next_early`): rollout in the step (max_staleness
-    0), no dynamic sampling, and each version pushed into the engines once trained (`runner.weight_sync.WeightSync.
-    pushes`: a group transport to receivers on GPUs of their own, none of them on the engines' GPUs, engines of
-    ours: SGLang's take versions through their own ranks)."""
-    comps = plan.placement.components
-    return (plan.staleness == 0 and not plan.dynamic_sampling and needs_rendezvous(plan.weight_transport)
-            and not plan.engines_share_actor and not plan.inference_shares_rollout
-            and not (cfg.rollout.backend == "sglang" and plan.weight_transport == "broadcast")
-            and not set(comps["actor"].gpus) & {g for n in plan.weight_receivers if n in comps for g in comps[n].gpus})
 
 
 def runs_inference(placement: Placement, logprob_stage: bool) -> bool:

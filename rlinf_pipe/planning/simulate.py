@@ -8,8 +8,7 @@ reads and writing their departure times into the one it writes:
   (seeded) from the costs' response lengths, cut at `rollout.max_new_tokens`; a group leaves when its last sample
   is done. Started once the engines hold the step's version: after the weight sync (the plan's transport,
   `Costs.sync_s`, and the driver's calls on its way, `run_plan.sync_calls`) that follows the previous version's
-  training; where the version is pushed once trained (`run_plan.starts_next_early`) that is as the step before
-  ends, before the driver's work between the steps. With `runner.max_staleness` N the
+  training. With `runner.max_staleness` N the
   generations of the next N steps run back to back on the engines while earlier steps train
   (`runner.generation.RolloutSchedule`): a step's sync waits until the engines finished those started on older
   versions, then the step after the last one started ahead is begun.
@@ -29,7 +28,7 @@ reads and writing their departure times into the one it writes:
   of its host computed in the round before (`planning.co_run`).
 
 The steady step time is the mean over the steps after the first N + 1 (N: staleness; without staleness every step
-drains the pipeline, and the first is as steady as any, unless the next generation starts early: then after one), each of which starts its generation N steps ahead: N more
+drains the pipeline, and the first is as steady as any), each of which starts its generation N steps ahead: N more
 steps follow them, not measured. Not modelled: the channels'
 bounds (producers never wait for a full channel), dynamic sampling's extra rounds, the driver's work inside a step
 beyond its calls.
@@ -50,7 +49,7 @@ from rlinf_pipe.planning.costs import (Costs, Parallel, cut_at, logprob_passes, 
                                        shares_prompts)
 from rlinf_pipe.planning.gpu_ids import NodeLayout
 from rlinf_pipe.planning.placement import ComponentPlacement, reward_placement
-from rlinf_pipe.planning.run_plan import RunPlan, starts_next_early, sync_calls
+from rlinf_pipe.planning.run_plan import RunPlan, sync_calls
 from rlinf_pipe.planning.stage_graph import Stage, StageGraph, stage_graph
 from rlinf_pipe.planning.tp_comm import extra_tp_s, tp_shape
 
@@ -142,7 +141,6 @@ class _Sim:
         self.shared, self.passes = shares_prompts(self.cfg), logprob_passes(self.cfg)
         self.receiver_gpus = sum(len(comps[n].gpus) for n in self.plan.weight_receivers if n in comps)
         self.tp_shape = tp_shape(self.cfg)
-        self.early = starts_next_early(self.cfg, self.plan)
 
     def tp_s(self, kind: str, tokens: float, tp: int, measured: Parallel) -> float:
         """A pass's tensor-parallel all-reduces beyond those its profiled rate holds (`planning.tp_comm`)."""
@@ -188,16 +186,12 @@ class _Sim:
     def generate(self, stage: Stage, _: Arrivals) -> Arrivals:
         """Sync the step's version into the receivers, then run the generations due (this step's, and those
         started ahead up to the staleness)."""
-        # (a version pushed once trained: the engines take it, and start this step's generation, as the step before
-        # ends, while the driver does its work between the steps)
-        ready = self.step_start - self.costs.step_gap_s if self.early and self.current else self.step_start
-        sync_at = max(ready, self.engines_free)
+        sync_at = max(self.step_start, self.engines_free)
         self.busy[self.current]["weight_sync"] += self.sync * self.receiver_gpus
         start = sync_at + self.sync
         # the driver's calls to the log-prob workers and the actor go out once the generation is asked for: at once
         # where the engines may take it while their sync loads, after the sync where inference workers load beside
-        asked = start if self.plan.inference_shares_rollout else sync_at
-        self.calls_at = max(asked, self.step_start) + self.costs.phase_call
+        self.calls_at = (start if self.plan.inference_shares_rollout else sync_at) + self.costs.phase_call
         last = min(self.current + self.plan.staleness, self.steps - 1)
         while self.next_generation <= last:
             start = self.run_generation(stage, self.next_generation, start)
@@ -365,9 +359,7 @@ CO_RUN_ROUNDS = 3  # simulations with a co-run slowdown: each slows the work by 
 
 def simulate(cfg: Config, plan: RunPlan, costs: Costs, seed: int = 0, steps: int | None = None) -> Prediction:
     """The predicted steady step of `plan` (see the module docstring)."""
-    # (without staleness every step drains: each is steady, but the first of a run whose next generation starts
-    # as a step ends, `starts_next_early`)
-    warm = plan.staleness + 1 if plan.staleness else int(starts_next_early(cfg, plan))
+    warm = plan.staleness + 1 if plan.staleness else 0  # (without staleness every step drains: each is steady)
     steps = steps or warm + 2
     # the measured steps generate ahead as a long run's do: `staleness` more steps follow them, not measured (the
     # last steps of a run start no generation: counted, they would make a step whose engines lead look short)

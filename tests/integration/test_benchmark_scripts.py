@@ -176,3 +176,23 @@ def test_planner_accuracy_pools_invocations_and_tells_pairs_apart_by_their_runs(
     assert pairs[("b", "c")]["win"] == 0.75 and not pairs[("b", "c")]["predicted_alike"]
     assert pooled["told_apart_pairs"] == 3 and pooled["told_apart_pairs_ordered_alike"] == 2
     assert pooled["same_ranking"] is False and pooled["max_abs_error"] == pytest.approx(abs(rows["c"]["error"]))
+    # every two told apart: the runs measure a < b < c, which the prediction (c before b) does not follow
+    assert pooled["ranked_placements"] == ["a", "b", "c"] and pooled["ranked_alike"] is False
+
+
+def test_the_ranking_the_runs_measure_is_the_largest_set_they_tell_apart_two_by_two():
+    """`told_apart_ranking`: a < b < c < d measured, every pair told apart but b and c (their runs overlap): the
+    largest sets are {a, b, d} and {a, c, d}. Predicting c before b orders both as measured; predicting d before c
+    does not order {a, c, d} so."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from accuracy_summary import told_apart_ranking
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    measured = {"a": 1.0, "b": 2.0, "c": 2.1, "d": 3.0}
+    told = {frozenset(p) for p in (("a", "b"), ("a", "c"), ("a", "d"), ("b", "d"), ("c", "d"))}
+    swapped_tie = told_apart_ranking(measured, {"a": 1.0, "c": 1.9, "b": 2.0, "d": 3.1}, told)
+    assert swapped_tie == {"ranked_placements": ["a", "b", "d"], "ranked_alike": True}
+    swapped_told = told_apart_ranking(measured, {"a": 1.0, "b": 2.0, "d": 2.2, "c": 2.5}, told)
+    assert swapped_told["ranked_alike"] is False
+    assert told_apart_ranking(measured, measured, set()) == {"ranked_placements": ["a"], "ranked_alike": True}

@@ -140,24 +140,11 @@ def test_a_stage_the_simulator_does_not_know_is_an_error():
 def test_each_phase_the_driver_starts_pays_a_call_and_each_step_the_drivers_work_between_steps():
     # The collocated step above (9.4 s) with a 0.3 s call before each of its two phases and before its weight sync
     # (ipc, at the end of the actor's phase), and 0.5 s between steps: 9.4 + 3 x 0.3 + 0.5 = 10.8 s. Streaming on
-    # two GPUs with the object store (no push: the next sync waits for the driver's step), no phase starts by a
-    # call and the version moves in two calls: 6 + 0.5 + 2 x 0.3 s.
+    # two GPUs, no phase starts by a call and the version is pushed: 6 + 0.5 s.
     c = costs(switch_s={"actor": 1.0, "rollout": 0.4, "inference": 0.0}, call_s=0.3, step_gap_s=0.5)
     p = predict(c, "cluster.num_gpus_per_node=1", 'cluster.component_placement={"actor,rollout": 0}')
     assert p.step_s == pytest.approx(10.8)
-    assert predict(c, "runner.weight_sync=object_store").step_s == pytest.approx(7.1)
-
-
-def test_a_pushed_version_starts_the_next_generation_before_the_drivers_work_between_steps():
-    # The streaming step above (6 s) with 0.5 s of the driver's work between steps and a 0.25 s broadcast. Pushed
-    # once trained, the version reaches the engines, which start the next step's generation, while the driver
-    # works (as `RolloutSchedule.start_next` does): 6 + 0.25 s. The driver's calls of the step go out after its
-    # work (0.5 s) and wait for the first group anyway (2.25 s). With the engines taking turns
-    # with the actor (no push) the work between steps is paid: collocated on one GPU, 2 + 2 x 2 + 0.25 + 0.5 s.
-    c = costs(step_gap_s=0.5, weight_sync_s={"broadcast": 0.25, "ipc": 0.25, "object_store": 9.0})
-    assert predict(c).step_s == pytest.approx(6.25)
-    collocated = predict(c, "cluster.num_gpus_per_node=1", 'cluster.component_placement={"actor,rollout": 0}')
-    assert collocated.step_s == pytest.approx(2 * 2 + 2 * 2 + 0.25 + 0.5)
+    assert predict(c).step_s == pytest.approx(6.5)
 
 
 def test_a_data_parallel_actor_pays_its_gradient_reduction_at_every_optimizer_step():
