@@ -1,5 +1,5 @@
 """The summaries of `planner_accuracy.py`: the ranking the runs measure (`told_apart_ranking`) and several
-invocations pooled (`pooled`), with their printing. See that script's docstring."""
+invocations pooled (`pooled`), and their tables. See that script's docstring."""
 
 from __future__ import annotations
 
@@ -56,13 +56,20 @@ def pooled(summaries: list[dict[str, Any]]) -> dict[str, Any]:
                             "error": round(error[n], 4)} for n in names]}
 
 
-def print_pooled(summary: dict[str, Any]) -> None:
-    print(f"pooled over {summary['invocations']} invocations")
-    print(f"{'placement':<26}{'runs':>5}{'measured s':>11}{'predicted':>11}{'error':>9}")
+def print_placements(summary: dict[str, Any], pooled_runs: bool) -> None:
+    """One row a placement: measured and predicted seconds, the error, and the runs pooled or their spread."""
+    header, cell = ("runs", "{:>8}") if pooled_runs else ("spread", "{:>8.0%}")
+    print(f"{'placement':<26}{'measured s':>11}{header:>8}{'predicted':>11}{'error':>9}")
     for r in summary["placements"]:
         mark = " (profiled)" if r["profiled"] else ""
-        print(f"{r['name']:<26}{r['runs']:>5}{r['measured_step_s']:>11.3f}{r['predicted_step_s']:>11.3f}"
+        extra = cell.format(r["runs"] if pooled_runs else r.get("spread", 0.0))
+        print(f"{r['name']:<26}{r['measured_step_s']:>11.3f}{extra}{r['predicted_step_s']:>11.3f}"
               f"{r['error']:>+9.1%}{mark}")
+
+
+def print_pooled(summary: dict[str, Any]) -> None:
+    print(f"pooled over {summary['invocations']} invocations")
+    print_placements(summary, pooled_runs=True)
     print(f"median |error| {summary['median_abs_error']:.1%}, worst {summary['max_abs_error']:.1%}; same ranking: "
           f"{summary['same_ranking']}")
     for p in summary["pairs"]:
@@ -79,3 +86,17 @@ def print_ranking(summary: dict[str, Any]) -> None:
     ranked = summary["ranked_placements"]
     print(f"the ranking the runs measure (the most placements every two of which they tell apart): {len(ranked)}, "
           f"{' < '.join(ranked)}; predicted in that order: {'yes' if summary['ranked_alike'] else 'no'}")
+
+
+def print_table(summary: dict[str, Any]) -> None:
+    print_placements(summary, pooled_runs=False)
+    print(f"median |error| {summary['median_abs_error']:.1%}, worst {summary['max_abs_error']:.1%} (the "
+          f"{sum(not r['profiled'] for r in summary['placements'])} placements not profiled); same ranking: "
+          f"{summary['same_ranking']}")
+    if not summary["same_ranking"]:
+        print(f"  predicted order: {', '.join(summary['predicted_ranking'])}")
+        print(f"  measured order:  {', '.join(summary['measured_ranking'])}")
+    print(f"pairs of placements the runs tell apart (every run of one faster than every run of the other): "
+          f"{summary['distinguishable_pairs']}, of which predicted in the same order: "
+          f"{summary['distinguishable_pairs_ordered_alike']}")
+    print_ranking(summary)

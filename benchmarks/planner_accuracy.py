@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from accuracy_summary import pooled, print_pooled, print_ranking, told_apart_ranking  # noqa: E402
+from accuracy_summary import pooled, print_pooled, print_table, told_apart_ranking  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "examples" / "math" / "config"
@@ -210,24 +210,6 @@ def mean_step_s(run_dir: Path, warmup: int) -> float:
     from rlinf_pipe.utils.timeline import read_chrome_trace
 
     return step_cadence(read_chrome_trace(run_dir / "timeline.json"), warmup)
-
-
-def print_table(summary: dict[str, Any]) -> None:
-    print(f"{'placement':<26}{'measured s':>11}{'spread':>8}{'predicted':>11}{'error':>9}")
-    for r in summary["placements"]:
-        mark = " (profiled)" if r["profiled"] else ""
-        print(f"{r['name']:<26}{r['measured_step_s']:>11.3f}{r.get('spread', 0.0):>8.0%}{r['predicted_step_s']:>11.3f}"
-              f"{r['error']:>+9.1%}{mark}")
-    print(f"median |error| {summary['median_abs_error']:.1%}, worst {summary['max_abs_error']:.1%} (the "
-          f"{sum(not r['profiled'] for r in summary['placements'])} placements not profiled); same ranking: "
-          f"{summary['same_ranking']}")
-    if not summary["same_ranking"]:
-        print(f"  predicted order: {', '.join(summary['predicted_ranking'])}")
-        print(f"  measured order:  {', '.join(summary['measured_ranking'])}")
-    print(f"pairs of placements the runs tell apart (every run of one faster than every run of the other): "
-          f"{summary['distinguishable_pairs']}, of which predicted in the same order: "
-          f"{summary['distinguishable_pairs_ordered_alike']}")
-    print_ranking(summary)
 
 
 def commit() -> str:
