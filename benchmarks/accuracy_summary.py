@@ -12,9 +12,9 @@ TOLD_APART = 0.75  # pooled: two placements are told apart where a run of one be
 
 def told_apart_ranking(measured: dict[str, float], predicted: dict[str, float], told: set[frozenset[str]]
                        ) -> dict[str, Any]:
-    """The ranking the runs measure (see the module docstring): of the largest sets of placements every two of
-    which are `told` apart, one in measured order (`ranked_placements`), and whether the prediction orders every
-    such set as measured (`ranked_alike`)."""
+    """The ranking the runs measure (see `planner_accuracy.py`'s docstring): of the largest sets of placements every
+    two of which are `told` apart, one in measured order (`ranked_placements`), and whether the prediction orders
+    every such set as measured (`ranked_alike`)."""
     names = sorted(measured, key=measured.__getitem__)
     for size in range(len(names), 0, -1):
         largest = [subset for subset in itertools.combinations(names, size)
@@ -26,8 +26,8 @@ def told_apart_ranking(measured: dict[str, float], predicted: dict[str, float], 
 
 
 def pooled(summaries: list[dict[str, Any]]) -> dict[str, Any]:
-    """Several invocations' summaries together (see the module docstring): each placement's runs pooled, its
-    prediction the median of the invocations'; the errors over the placements not profiled; `same_ranking`; and of
+    """Several invocations' summaries together (see `planner_accuracy.py`'s docstring): each placement's runs pooled,
+    its prediction the median of the invocations'; the errors over the placements not profiled; `same_ranking`; and of
     the pairs of placements, those whose runs one wins in at least `TOLD_APART` of their pairings (`win`: how often
     a run of the faster by median is faster than a run of the other), and how many of them the prediction orders
     alike."""

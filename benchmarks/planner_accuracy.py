@@ -38,8 +38,8 @@ predicted in that order (`ranked_alike`). `--predict-only DIR` re-predicts the r
 previous `--output-dir DIR` kept (its `runs.json`) without training. Given several DIRs (invocations, each with its
 own profile) it pools them (`pooled`): per placement the median of all their runs against the median of the
 invocations' predictions, and the pairs of placements their runs tell apart by how often a run of one is faster
-than a run of the other, over every pairing of their runs (`told_apart`: at least `accuracy_summary.TOLD_APART`). With --json the
-last printed line is one JSON object.
+than a run of the other, over every pairing of their runs (`told_apart`: at least `accuracy_summary.TOLD_APART`).
+With --json the last printed line is one JSON object.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from rlinf_pipe.planning.co_run import Busy, alone_factor, overlap_fractions
+from rlinf_pipe.planning.co_run import COMPUTE_WORK, Busy, alone_factor, overlap_fractions
 from rlinf_pipe.planning.costs import Costs, Parallel
 from rlinf_pipe.planning.gpu_ids import NodeLayout
 from rlinf_pipe.planning.profile import RunRecord, SpanTokens, logprob_handoff_s, replica_sizes
@@ -34,11 +34,14 @@ def pass_hop(costs: Costs, run: RunRecord) -> list[float]:
         return []
     counts = SpanTokens.of(run.cfg, costs)
     _, logprob_par, train_par = replica_sizes(run.plan)
-    spans = [s for s in run.work if s.name in PASS_SPANS and s.devices and s.duration > 0]
+    # (each pass's overlap with every compute span of other GPUs, generation included, as the co-run fit counts it)
+    spans = [s for s in run.work if s.name in COMPUTE_WORK and s.devices and s.duration > 0]
     host_of = NodeLayout(run.plan.placement.gpus_per_node).node_of
     shares = overlap_fractions([Busy(i, s.start, s.end, s.devices) for i, s in enumerate(spans)], host_of)
     hops_left = []
     for i, s in enumerate(spans):
+        if s.name not in PASS_SPANS:
+            continue
         par: Parallel
         if s.name == "train":
             kind, par, passes, tokens = "train", train_par, 1, counts.train(s)
